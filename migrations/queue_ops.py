@@ -1,0 +1,57 @@
+"""Helpers the queue-kind revisions share: render a kind's SQL section for the queue being
+migrated, and keep its row in the catalog registry in step with its schema version."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import context, op
+
+from queuectl.catalog import QueueSettings, queues_table
+from queuectl.names import QueueNames
+from queuectl.sqlfiles import render, split_statements
+
+
+def _target() -> tuple[QueueNames, str, QueueSettings]:
+    attrs = context.config.attributes
+    return QueueNames(attrs["queue"], attrs["schema"]), attrs["kind"], attrs["settings"]
+
+
+def run_section(file: str, section: str) -> None:
+    """Execute one named section of sql/<engine>/<file>.sql, statement by statement."""
+    names, _kind, settings = _target()
+    engine = op.get_context().dialect.name
+    values: dict[str, str | int] = {**names.template_values(), **settings.as_dict()}
+    for statement in split_statements(render(engine, file, section, values)):
+        op.execute(sa.text(statement))
+
+
+def register(revision: str) -> None:
+    """Insert the queue's registry row (first revision of a kind)."""
+    names, kind, settings = _target()
+    table = queues_table(names.schema)
+    op.execute(
+        table.insert().values(
+            name=names.queue,
+            kind=kind,
+            schema_version=revision,
+            # a cast of a text literal renders in offline (--sql) mode too
+            settings=sa.cast(sa.literal(settings.to_json(), sa.Text()), table.c.settings.type),
+        )
+    )
+
+
+def set_version(revision: str) -> None:
+    """Record the queue's schema version after a later revision (or its downgrade)."""
+    names, _kind, _settings = _target()
+    table = queues_table(names.schema)
+    op.execute(
+        table.update()
+        .where(table.c.name == names.queue)
+        .values(schema_version=revision, updated_at=sa.func.now())
+    )
+
+
+def unregister() -> None:
+    names, _kind, _settings = _target()
+    table = queues_table(names.schema)
+    op.execute(table.delete().where(table.c.name == names.queue))

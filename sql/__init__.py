@@ -1,0 +1,1 @@
+"""SQL text per engine, loaded by queuectl.sqlfiles."""

@@ -1,0 +1,13 @@
+-- Queries over the toolkit's catalog schema as a whole.
+
+-- name: schema_contents
+-- What a schema still holds: relations (tables, indexes, sequences, views) and functions.
+SELECT
+    (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE n.nspname = :schema) AS relations,
+    (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+      WHERE n.nspname = :schema) AS functions
+
+-- name: drop_schema
+-- Drop the (empty) catalog schema; never CASCADE, so nothing of anyone else's goes with it.
+DROP SCHEMA IF EXISTS {{schema}}

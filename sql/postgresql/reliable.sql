@@ -1,0 +1,315 @@
+-- The reliable status queue on PostgreSQL.
+--
+-- Layout: <queue>_meta holds only what dequeue searches and updates (small rows, so a
+-- dequeue touches few pages); <queue>_data holds the payload, written once at enqueue and
+-- read once at dequeue; <queue>_history receives finished rows from the archive job.
+--
+-- status codes (smallint, so the ready index stays narrow):
+--   0 READY       waiting; "scheduled" while due_at > now()
+--   1 PROCESSING  leased to lease_owner until leased_until
+--   2 DONE        acknowledged (finished_at set); the archive job moves it to history
+--   3 DEAD        failed max_attempts times (last_error says why)
+--
+-- Sections are filled by queuectl.sqlfiles.render() with quoted identifiers only.
+
+-- name: create_tables
+-- The queue's tables and indexes.
+CREATE TABLE {{meta}} (
+    id            bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{meta_seq}}) PRIMARY KEY,
+    priority      smallint    NOT NULL DEFAULT 0,
+    due_at        timestamptz NOT NULL DEFAULT now(),
+    status        smallint    NOT NULL DEFAULT 0 CHECK (status BETWEEN 0 AND 3),
+    title         text,
+    attempts      integer     NOT NULL DEFAULT 0,
+    max_attempts  integer     NOT NULL DEFAULT {{max_attempts}} CHECK (max_attempts > 0),
+    lease_owner   text,
+    leased_until  timestamptz,
+    enqueued_at   timestamptz NOT NULL DEFAULT now(),
+    dequeued_at   timestamptz,
+    finished_at   timestamptz,
+    last_error    text
+) WITH (fillfactor = 80);
+-- fillfactor leaves room on each page for the status updates of ack/nack.
+
+CREATE TABLE {{data}} (
+    id       bigint PRIMARY KEY REFERENCES {{meta}} (id) ON DELETE CASCADE,
+    payload  bytea NOT NULL,
+    headers  jsonb
+);
+
+-- Only READY rows are in this index, so its size follows the backlog, not the table.
+CREATE INDEX {{ready_idx}} ON {{meta}} (priority, due_at, id) WHERE status = 0;
+
+-- Only PROCESSING rows: finds expired leases without scanning the ready backlog.
+CREATE INDEX {{leased_idx}} ON {{meta}} (leased_until) WHERE status = 1;
+
+CREATE TABLE {{history}} (
+    id            bigint PRIMARY KEY,
+    priority      smallint    NOT NULL,
+    due_at        timestamptz NOT NULL,
+    status        smallint    NOT NULL,
+    title         text,
+    attempts      integer     NOT NULL,
+    max_attempts  integer     NOT NULL,
+    lease_owner   text,
+    enqueued_at   timestamptz NOT NULL,
+    dequeued_at   timestamptz,
+    finished_at   timestamptz,
+    last_error    text,
+    payload       bytea,
+    headers       jsonb,
+    archived_at   timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: create_functions
+-- The SQL API, callable from any language.
+
+-- enqueue one item; returns its id.
+CREATE FUNCTION {{fn_enqueue}}(
+    p_payload      bytea,
+    p_headers      jsonb    DEFAULT NULL,
+    p_priority     smallint DEFAULT 0,
+    p_delay        interval DEFAULT interval '0',
+    p_title        text     DEFAULT NULL,
+    p_max_attempts integer  DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_id bigint;
+BEGIN
+    WITH m AS (
+        INSERT INTO {{meta}} (priority, due_at, title, max_attempts)
+        VALUES (coalesce(p_priority, 0), now() + coalesce(p_delay, interval '0'), p_title,
+                coalesce(p_max_attempts, {{max_attempts}}))
+        RETURNING id
+    )
+    INSERT INTO {{data}} (id, payload, headers)
+    SELECT m.id, p_payload, p_headers FROM m
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END
+$fn$;
+
+-- enqueue many items in one statement; ids come back in the order of the arrays.
+-- Shorter optional arrays are padded with NULL (defaults); ids are drawn from the
+-- identity sequence first so each payload is paired with its own id.
+CREATE FUNCTION {{fn_enqueue_many}}(
+    p_payloads      bytea[],
+    p_headers       jsonb[]    DEFAULT NULL,
+    p_priorities    smallint[] DEFAULT NULL,
+    p_delays        interval[] DEFAULT NULL,
+    p_titles        text[]     DEFAULT NULL,
+    p_max_attempts  integer    DEFAULT NULL
+) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    RETURN QUERY
+    WITH src AS MATERIALIZED (
+        SELECT nextval({{meta_seq_regclass}}::regclass) AS id, u.payload, u.headers,
+               u.priority, u.delay, u.title, u.ord
+        FROM unnest(p_payloads, p_headers, p_priorities, p_delays, p_titles)
+             WITH ORDINALITY AS u(payload, headers, priority, delay, title, ord)
+        WHERE u.ord <= cardinality(p_payloads)
+    ), m AS (
+        INSERT INTO {{meta}} (id, priority, due_at, title, max_attempts)
+        OVERRIDING SYSTEM VALUE
+        SELECT src.id, coalesce(src.priority, 0), now() + coalesce(src.delay, interval '0'),
+               src.title, coalesce(p_max_attempts, {{max_attempts}})
+        FROM src
+    ), d AS (
+        INSERT INTO {{data}} (id, payload, headers)
+        SELECT src.id, src.payload, src.headers FROM src
+    )
+    SELECT src.id FROM src ORDER BY src.ord;
+END
+$fn$;
+
+-- dequeue: ONE statement claims up to p_batch items and returns them with their payload.
+--  * expired leases are reclaimed first (their consumer died or stalled); one whose
+--    attempts are used up goes DEAD instead of running again;
+--  * then READY rows that are due, in (priority, due_at, id) order;
+--  * both picks are MATERIALIZED CTEs with FOR UPDATE SKIP LOCKED: concurrent consumers
+--    skip each other's rows, and the planner cannot flatten the pick into the UPDATE
+--    (a flattened plan may update more rows than the LIMIT, as Oban found).
+CREATE FUNCTION {{fn_dequeue}}(
+    p_batch         integer          DEFAULT 1,
+    p_lease_seconds double precision DEFAULT {{lease_seconds}},
+    p_worker        text             DEFAULT NULL
+) RETURNS TABLE (
+    id bigint, priority smallint, due_at timestamptz, title text, attempts integer,
+    max_attempts integer, enqueued_at timestamptz, dequeued_at timestamptz,
+    leased_until timestamptz, payload bytea, headers jsonb
+)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH expired AS MATERIALIZED (
+        SELECT m.id FROM {{meta}} m
+        WHERE m.status = 1 AND m.leased_until < now()
+        ORDER BY m.leased_until
+        LIMIT greatest(p_batch, 0)
+        FOR UPDATE SKIP LOCKED
+    ), ready AS MATERIALIZED (
+        SELECT m.id FROM {{meta}} m
+        WHERE m.status = 0 AND m.due_at <= now()
+        ORDER BY m.priority, m.due_at, m.id
+        LIMIT greatest(p_batch - (SELECT count(*) FROM expired), 0)
+        FOR UPDATE SKIP LOCKED
+    ), claimed AS (
+        UPDATE {{meta}} m SET
+            status       = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN 3 ELSE 1 END,
+            attempts     = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN m.attempts
+                                ELSE m.attempts + 1 END,
+            lease_owner  = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN m.lease_owner
+                                ELSE p_worker END,
+            leased_until = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN NULL
+                                ELSE now() + make_interval(secs => coalesce(p_lease_seconds, {{lease_seconds}})) END,
+            dequeued_at  = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN m.dequeued_at
+                                ELSE now() END,
+            finished_at  = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN now() END,
+            last_error   = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts
+                                THEN 'lease expired on its last attempt (' || m.attempts || ' of '
+                                     || m.max_attempts || ')'
+                                ELSE m.last_error END
+        FROM (SELECT e.id FROM expired e UNION ALL SELECT r.id FROM ready r) picked
+        WHERE m.id = picked.id
+        RETURNING m.id, m.priority, m.due_at, m.title, m.attempts, m.max_attempts,
+                  m.enqueued_at, m.dequeued_at, m.leased_until, m.status
+    )
+    SELECT c.id, c.priority, c.due_at, c.title, c.attempts, c.max_attempts, c.enqueued_at,
+           c.dequeued_at, c.leased_until, d.payload, d.headers
+    FROM claimed c JOIN {{data}} d ON d.id = c.id
+    WHERE c.status = 1
+    ORDER BY c.priority, c.due_at, c.id;
+END
+$fn$;
+
+-- ack: the items are done. Only the current lease holder (when p_worker is given) may
+-- ack, so a consumer whose lease expired and was taken over cannot finish the item twice.
+CREATE FUNCTION {{fn_ack}}(p_ids bigint[], p_worker text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_count integer;
+BEGIN
+    UPDATE {{meta}} m
+    SET status = 2, finished_at = now(), leased_until = NULL
+    WHERE m.id = ANY (p_ids) AND m.status = 1
+      AND (p_worker IS NULL OR m.lease_owner = p_worker);
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$fn$;
+
+-- nack: the attempt failed. The item is READY again after an exponential backoff
+-- (p_base_seconds * 2^(attempts-1), at most p_max_seconds), or DEAD when its attempts
+-- are used up. Returns each item's new status.
+CREATE FUNCTION {{fn_nack}}(
+    p_ids          bigint[],
+    p_error        text             DEFAULT NULL,
+    p_worker       text             DEFAULT NULL,
+    p_base_seconds double precision DEFAULT {{backoff_base_seconds}},
+    p_max_seconds  double precision DEFAULT {{backoff_max_seconds}}
+) RETURNS TABLE (id bigint, status smallint, due_at timestamptz)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    UPDATE {{meta}} m SET
+        status       = CASE WHEN m.attempts >= m.max_attempts THEN 3 ELSE 0 END,
+        due_at       = CASE WHEN m.attempts >= m.max_attempts THEN m.due_at
+                            ELSE now() + make_interval(secs => least(
+                                coalesce(p_base_seconds, {{backoff_base_seconds}})
+                                    * power(2, least(greatest(m.attempts - 1, 0), 40)),
+                                coalesce(p_max_seconds, {{backoff_max_seconds}}))) END,
+        finished_at  = CASE WHEN m.attempts >= m.max_attempts THEN now() END,
+        leased_until = NULL,
+        last_error   = p_error
+    WHERE m.id = ANY (p_ids) AND m.status = 1
+      AND (p_worker IS NULL OR m.lease_owner = p_worker)
+    RETURNING m.id, m.status, m.due_at;
+END
+$fn$;
+
+-- extend_lease: a slow handler keeps its items (heartbeat). Returns the items still held.
+CREATE FUNCTION {{fn_extend_lease}}(
+    p_ids           bigint[],
+    p_lease_seconds double precision DEFAULT {{lease_seconds}},
+    p_worker        text             DEFAULT NULL
+) RETURNS TABLE (id bigint, leased_until timestamptz)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    UPDATE {{meta}} m
+    SET leased_until = now() + make_interval(secs => coalesce(p_lease_seconds, {{lease_seconds}}))
+    WHERE m.id = ANY (p_ids) AND m.status = 1
+      AND (p_worker IS NULL OR m.lease_owner = p_worker)
+    RETURNING m.id, m.leased_until;
+END
+$fn$;
+
+-- release: give items back untouched (a consumer shutting down), without using up an attempt.
+CREATE FUNCTION {{fn_release}}(p_ids bigint[], p_worker text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_count integer;
+BEGIN
+    UPDATE {{meta}} m
+    SET status = 0, attempts = greatest(m.attempts - 1, 0), leased_until = NULL, lease_owner = NULL
+    WHERE m.id = ANY (p_ids) AND m.status = 1
+      AND (p_worker IS NULL OR m.lease_owner = p_worker);
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$fn$;
+
+-- name: drop_functions
+-- Remove the SQL API.
+DROP FUNCTION IF EXISTS {{fn_release}}(bigint[], text);
+DROP FUNCTION IF EXISTS {{fn_extend_lease}}(bigint[], double precision, text);
+DROP FUNCTION IF EXISTS {{fn_nack}}(bigint[], text, text, double precision, double precision);
+DROP FUNCTION IF EXISTS {{fn_ack}}(bigint[], text);
+DROP FUNCTION IF EXISTS {{fn_dequeue}}(integer, double precision, text);
+DROP FUNCTION IF EXISTS {{fn_enqueue_many}}(bytea[], jsonb[], smallint[], interval[], text[], integer);
+DROP FUNCTION IF EXISTS {{fn_enqueue}}(bytea, jsonb, smallint, interval, text, integer);
+
+-- name: drop_tables
+-- Remove the queue's tables (and with them its indexes and sequence).
+DROP TABLE IF EXISTS {{history}};
+DROP TABLE IF EXISTS {{data}};
+DROP TABLE IF EXISTS {{meta}};
+
+-- name: enqueue
+-- Client call: one item.
+SELECT {{fn_enqueue}}(:payload, CAST(:headers AS jsonb), CAST(:priority AS smallint),
+                      make_interval(secs => :delay), :title, CAST(:max_attempts AS integer)) AS id
+
+-- name: enqueue_many
+-- Client call: many items in one round trip.
+SELECT id FROM {{fn_enqueue_many}}(CAST(:payloads AS bytea[]), CAST(:headers AS jsonb[]),
+                                   CAST(:priorities AS smallint[]), CAST(:delays AS interval[]),
+                                   CAST(:titles AS text[]), CAST(:max_attempts AS integer)) AS id
+
+-- name: dequeue
+-- Client call: claim a batch (the one statement is in the function above).
+SELECT * FROM {{fn_dequeue}}(:batch, :lease_seconds, :worker)
+
+-- name: ack
+SELECT {{fn_ack}}(CAST(:ids AS bigint[]), :worker) AS acked
+
+-- name: nack
+SELECT * FROM {{fn_nack}}(CAST(:ids AS bigint[]), :error, :worker, :base_seconds, :max_seconds)
+
+-- name: extend_lease
+SELECT * FROM {{fn_extend_lease}}(CAST(:ids AS bigint[]), :lease_seconds, :worker)
+
+-- name: release
+SELECT {{fn_release}}(CAST(:ids AS bigint[]), :worker) AS released
+
+-- name: counts
+-- Items by status, for `queuectl list` and health; READY items not yet due count as scheduled.
+SELECT status, (status = 0 AND due_at > now()) AS scheduled, count(*) AS n
+FROM {{meta}} GROUP BY 1, 2

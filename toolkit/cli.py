@@ -1,0 +1,331 @@
+"""The `queuectl` command line: thin Typer commands over library functions.
+
+Commands parse, call one library function and render its result. Errors a user can fix
+are one line on stderr with exit code 2; database URLs are only ever shown masked.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from sqlalchemy.exc import DBAPIError
+
+from queuectl.catalog import QueueSettings
+from queuectl.engine import URL_ENV, first_line, make_engine, mask_url
+from queuectl.errors import QueuectlError
+from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
+
+app = typer.Typer(
+    name="queuectl",
+    help="Work queues as tables in the database you already run: install, use, and keep them healthy.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,  # locals may hold connection strings
+)
+db_app = typer.Typer(help="Manage the embedded PostgreSQL server used when no --url is given.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+out = Console()
+err = Console(stderr=True)
+
+UrlOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--url",
+        help=f"Database URL (e.g. postgresql://user@host/db). Default: ${URL_ENV}, else the embedded server.",
+        show_default=False,
+    ),
+]
+SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")]
+QueueArg = Annotated[str, typer.Argument(help="Queue name: lowercase letters, digits, _ (max 48).")]
+
+def print_error(message: str, prefix: str = "error") -> None:
+    """One line on stderr; the message is escaped, so user text cannot inject markup."""
+    err.print(f"[bold red]{prefix}:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+def fail(message: str, code: int = 2) -> None:
+    print_error(message)
+    raise typer.Exit(code)
+
+
+# -- queues ------------------------------------------------------------------------------
+
+
+@app.command()
+def install(
+    name: QueueArg,
+    kind: Annotated[str, typer.Option(help="Queue kind.")] = "reliable",
+    sql: Annotated[bool, typer.Option("--sql", help="Print the exact SQL script for review; change nothing.")] = False,
+    max_attempts: Annotated[int, typer.Option(help="Attempts before an item goes DEAD.")] = 5,
+    lease: Annotated[int, typer.Option(help="Default lease in seconds.")] = 30,
+    backoff_base: Annotated[int, typer.Option(help="First retry delay in seconds (doubles per attempt).")] = 1,
+    backoff_max: Annotated[int, typer.Option(help="Longest retry delay in seconds.")] = 3600,
+    url: UrlOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Install a queue (tables, indexes and its SQL API) through Alembic migrations."""
+    from queuectl.install import install_queue, install_script
+
+    validate_queue_name(name)
+    validate_schema_name(schema)
+    settings = QueueSettings(
+        max_attempts=max_attempts, lease_seconds=lease, backoff_base_seconds=backoff_base, backoff_max_seconds=backoff_max
+    )
+    if sql:
+        engine = make_engine(url) if (url or _has_env_url()) else None
+        sys.stdout.write(install_script(engine, name, kind, settings, schema))
+        return
+    info = install_queue(make_engine(url), name, kind, settings, schema)
+    out.print(f"installed queue [bold]{info.name}[/] (kind {info.kind}, version {info.schema_version}) in schema {schema}")
+
+
+def _has_env_url() -> bool:
+    import os
+
+    return bool(os.environ.get(URL_ENV))
+
+
+@app.command()
+def uninstall(
+    name: Annotated[Optional[str], typer.Argument(help="Queue to remove (omit with --all).")] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm: the queue's items and history are deleted.")] = False,
+    all_: Annotated[bool, typer.Option("--all", help="Remove every queue, the catalog and the schema.")] = False,
+    url: UrlOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Remove a queue and all its items (downgrade its migrations to base)."""
+    from queuectl.install import remove_everything, uninstall_queue
+
+    if all_ == (name is not None):
+        fail("give a queue name, or --all (not both)")
+    if name is not None:
+        validate_queue_name(name)
+    validate_schema_name(schema)
+    if not yes:
+        fail("uninstall deletes the queue's items and history: add --yes to confirm")
+    engine = make_engine(url)
+    if all_:
+        removed = remove_everything(engine, schema)
+        out.print(f"removed {len(removed)} queue(s) {', '.join(removed)}; catalog and schema {schema} dropped")
+        return
+    info = uninstall_queue(engine, name, schema)
+    out.print(f"uninstalled queue [bold]{info.name}[/] (kind {info.kind})")
+
+
+@app.command("list")
+def list_(
+    url: UrlOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List installed queues with their kind, version and item counts."""
+    from queuectl.stats import queue_overview
+
+    rows = queue_overview(make_engine(url), schema)
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2, default=str) + "\n")
+        return
+    if not rows:
+        out.print(f"no queues installed in schema {schema} (try `queuectl install orders`)")
+        return
+    table = Table("queue", "kind", "version", "ready", "scheduled", "processing", "done", "dead")
+    for row in rows:
+        c = row["counts"]
+        table.add_row(
+            row["name"], row["kind"], row["schema_version"],
+            *(f"{c[k]:,}" for k in ("ready", "scheduled", "processing", "done", "dead")),
+        )
+    out.print(table)
+
+
+@app.command()
+def upgrade(
+    name: Annotated[Optional[str], typer.Argument(help="Queue to upgrade; all queues when omitted.")] = None,
+    url: UrlOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Upgrade the catalog and one queue (or all, one at a time) to the newest schema version."""
+    from queuectl.install import upgrade_all, upgrade_queue
+
+    validate_schema_name(schema)
+    engine = make_engine(url)
+    if name is None:
+        results = upgrade_all(engine, schema)
+    else:
+        validate_queue_name(name)
+        results = [(name, *upgrade_queue(engine, name, schema))]
+    for queue, before, after in results:
+        state = "already current" if before == after else f"{before} -> {after}"
+        out.print(f"{queue}: {state}")
+    if not results:
+        out.print("catalog upgraded; no queues installed")
+
+
+@app.command()
+def enqueue(
+    name: QueueArg,
+    payload: Annotated[str, typer.Argument(help="Payload text (stored as UTF-8 bytes). Use - to read stdin.")],
+    priority: Annotated[int, typer.Option(help="Lower numbers are dequeued first.")] = 0,
+    delay: Annotated[float, typer.Option(help="Seconds before the item becomes due.")] = 0.0,
+    title: Annotated[Optional[str], typer.Option(help="Short label shown in listings.")] = None,
+    headers: Annotated[Optional[str], typer.Option(help='JSON object of headers, e.g. \'{"k": "v"}\'.')] = None,
+    url: UrlOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Add one item to a queue and print its id."""
+    from queuectl.client import Queue
+
+    validate_queue_name(name)
+    parsed_headers = None
+    if headers is not None:
+        try:
+            parsed_headers = json.loads(headers)
+        except json.JSONDecodeError as exc:
+            fail(f"--headers is not valid JSON: {exc.msg} at position {exc.pos}")
+        if not isinstance(parsed_headers, dict):
+            fail("--headers must be a JSON object")
+    body: bytes | str = sys.stdin.buffer.read() if payload == "-" else payload
+    with Queue(make_engine(url), name, schema=schema) as queue:
+        item_id = queue.enqueue(body, headers=parsed_headers, priority=priority, delay=delay, title=title)
+    out.print(item_id)
+
+
+@app.command()
+def dequeue(
+    name: QueueArg,
+    batch: Annotated[int, typer.Option(help="How many items to claim at most.")] = 1,
+    lease: Annotated[Optional[float], typer.Option(help="Lease in seconds (default: the queue's).")] = None,
+    ack: Annotated[bool, typer.Option("--ack", help="Acknowledge the items at once (done).")] = False,
+    url: UrlOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Claim due items and print them as JSON lines; with --ack mark them done."""
+    from queuectl.client import Queue
+
+    validate_queue_name(name)
+    with Queue(make_engine(url), name, schema=schema) as queue:
+        messages = queue.dequeue(batch, lease=lease)
+        if ack:
+            queue.ack(messages)
+    for m in messages:
+        try:
+            text: str | None = m.payload.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        record = {
+            "id": m.id,
+            "payload": text if text is not None else m.payload.hex(),
+            "encoding": "utf-8" if text is not None else "hex",
+            "headers": m.headers,
+            "priority": m.priority,
+            "attempts": m.attempts,
+            "title": m.title,
+            "enqueued_at": m.enqueued_at.isoformat(),
+            "leased_until": None if ack else m.leased_until.isoformat(),
+            "status": "done" if ack else "processing",
+        }
+        sys.stdout.write(json.dumps(record) + "\n")
+
+
+@app.command()
+def demo(
+    seconds: Annotated[float, typer.Option(help="How long producers and consumers run.")] = 20.0,
+    producers: Annotated[int, typer.Option(help="Producer processes.")] = 2,
+    consumers: Annotated[int, typer.Option(help="Consumer processes.")] = 2,
+    batch: Annotated[int, typer.Option(help="Consumer batch size.")] = 50,
+    rate: Annotated[float, typer.Option(help="Target enqueue rate, items/s over all producers (0: unlimited).")] = 2000.0,
+    queue: Annotated[str, typer.Option(help="Queue to use (installed if missing).")] = "orders",
+    url: UrlOption = None,
+) -> None:
+    """Install queue `orders`, run producers and consumers with a live view, print a summary."""
+    from queuectl.demo import run_demo
+
+    validate_queue_name(queue)
+    summary = run_demo(
+        url, queue=queue, seconds=seconds, producers=producers, consumers=consumers, batch=batch, rate=rate, console=out
+    )
+    if summary.completed == 0:
+        fail("the demo completed no items", code=1)
+
+
+# -- the embedded server ---------------------------------------------------------------
+
+
+@db_app.command("start")
+def db_start() -> None:
+    """Start the embedded server (initialising it on first use)."""
+    from queuectl.embedded import EmbeddedServer
+
+    server = EmbeddedServer()
+    server.ensure_running()
+    out.print(f"embedded PostgreSQL running: {mask_url(server.url())}")
+
+
+@db_app.command("stop")
+def db_stop() -> None:
+    """Stop the embedded server (fast shutdown: open transactions roll back)."""
+    from queuectl.embedded import EmbeddedServer
+
+    EmbeddedServer().stop()
+    out.print("embedded PostgreSQL stopped")
+
+
+@db_app.command("status")
+def db_status(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Show whether the embedded server runs, where, and its version. Exit 1 if stopped."""
+    from queuectl.embedded import EmbeddedServer
+
+    status = EmbeddedServer().status()
+    if as_json:
+        sys.stdout.write(json.dumps(status, default=str) + "\n")
+    else:
+        for key, value in status.items():
+            out.print(f"{key:12} {value}", highlight=False)
+    if not status.get("running"):
+        raise typer.Exit(1)
+
+
+@db_app.command("url")
+def db_url() -> None:
+    """Print the embedded server's URL (a Unix-socket URL: it carries no password)."""
+    from queuectl.embedded import EmbeddedServer
+
+    sys.stdout.write(mask_url(EmbeddedServer().ensure_running()) + "\n")
+
+
+def main() -> None:
+    """Entry point: run the app, turning known errors into one line and exit code 2."""
+    try:
+        code = app(standalone_mode=False)
+    except QueuectlError as exc:
+        print_error(str(exc))
+        sys.exit(2)
+    except DBAPIError as exc:
+        print_error(first_line(exc.orig), prefix="database error")
+        sys.exit(1)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # click usage errors come here in non-standalone mode
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""The Python client: a thin layer over the queue's SQL API in the database.
+
+Each call is one statement on one autocommit connection (a dequeue claims its whole batch
+in one round trip). A Queue object is meant for one thread; open one per thread/process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from queuectl.catalog import QueueInfo
+from queuectl.engine import adapter_for, make_engine
+from queuectl.errors import UsageError
+from queuectl.install import require_queue
+from queuectl.names import DEFAULT_SCHEMA, QueueNames
+from queuectl.sqlfiles import render
+from queuectl.stats import STATUS_NAMES, queue_counts
+
+MAX_BATCH = 10_000
+
+
+@dataclass(frozen=True)
+class Message:
+    """One dequeued item, leased to this client until `leased_until`."""
+
+    id: int
+    payload: bytes
+    headers: dict[str, Any] | None
+    priority: int
+    attempts: int
+    max_attempts: int
+    title: str | None
+    enqueued_at: datetime
+    dequeued_at: datetime
+    due_at: datetime
+    leased_until: datetime
+
+    @property
+    def text(self) -> str:
+        return self.payload.decode("utf-8")
+
+
+def _as_bytes(payload: bytes | bytearray | memoryview | str) -> bytes:
+    if isinstance(payload, str):
+        return payload.encode("utf-8")
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return bytes(payload)
+    raise UsageError(f"payload must be bytes or str, not {type(payload).__name__}")
+
+
+def _ids(items: Iterable[int | Message]) -> list[int]:
+    return [item.id if isinstance(item, Message) else int(item) for item in items]
+
+
+def _headers_json(headers: dict[str, Any] | None) -> str | None:
+    if headers is None:
+        return None
+    if not isinstance(headers, dict):
+        raise UsageError("headers must be a dict of JSON values")
+    return json.dumps(headers)
+
+
+def _check_batch(n: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_BATCH:
+        raise UsageError(f"batch size must be a whole number from 1 to {MAX_BATCH}, got {n!r}")
+    return n
+
+
+def _check_seconds(value: float | None, what: str, low: float = 0.0) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= 366 * 86400:
+        raise UsageError(f"{what} must be a number of seconds from {low:g} to 31622400, got {value!r}")
+    return float(value)
+
+
+class Queue:
+    """A handle on one installed queue.
+
+    >>> q = Queue("postgresql://app@db/app", "orders")
+    >>> q.enqueue(b'{"order": 42}', priority=0)
+    >>> with q.processing(10) as batch:        # acks on success, nacks on exception
+    ...     for message in batch: handle(message)
+    """
+
+    def __init__(
+        self,
+        url_or_engine: str | Engine | None,
+        name: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        worker: str | None = None,
+    ) -> None:
+        self.names = QueueNames(name, schema)
+        self._owns_engine = not isinstance(url_or_engine, Engine)
+        self.engine = url_or_engine if isinstance(url_or_engine, Engine) else make_engine(url_or_engine, pool_size=1)
+        self.worker = worker or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        self.info: QueueInfo = require_queue(self._conn, name, schema)
+        if self.info.kind != "reliable":
+            raise UsageError(f"queue {name!r} is of kind {self.info.kind!r}; this client speaks 'reliable'")
+        self._sql = self._statements(adapter_for(self.engine).sql_dir)
+
+    def _statements(self, engine_dir: str) -> dict[str, sa.TextClause]:
+        values = self.names.template_values()
+        wanted = ("enqueue", "enqueue_many", "dequeue", "ack", "nack", "extend_lease", "release")
+        return {key: sa.text(render(engine_dir, self.info.kind, key, values)) for key in wanted}
+
+    @property
+    def name(self) -> str:
+        return self.names.queue
+
+    # -- producing -------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        payload: bytes | str,
+        *,
+        headers: dict[str, Any] | None = None,
+        priority: int = 0,
+        delay: float = 0.0,
+        title: str | None = None,
+        max_attempts: int | None = None,
+    ) -> int:
+        """Add one item; returns its id. Lower priority numbers are dequeued first."""
+        params = {
+            "payload": _as_bytes(payload),
+            "headers": _headers_json(headers),
+            "priority": self._check_priority(priority),
+            "delay": _check_seconds(delay, "delay"),
+            "title": title,
+            "max_attempts": max_attempts,
+        }
+        return self._conn.execute(self._sql["enqueue"], params).scalar_one()
+
+    def enqueue_many(
+        self,
+        payloads: Iterable[bytes | str],
+        *,
+        headers: Sequence[dict[str, Any] | None] | None = None,
+        priority: int | Sequence[int] = 0,
+        delay: float | Sequence[float] = 0.0,
+        title: str | None | Sequence[str | None] = None,
+        max_attempts: int | None = None,
+    ) -> list[int]:
+        """Add many items in one statement; returns their ids in the same order."""
+        items = [_as_bytes(p) for p in payloads]
+        if not items:
+            return []
+        n = len(items)
+        params = {
+            "payloads": items,
+            "headers": None if headers is None else [_headers_json(h) for h in self._per_item(headers, n, "headers")],
+            "priorities": [self._check_priority(p) for p in self._spread(priority, n, "priority")],
+            "delays": [f"{_check_seconds(d or 0.0, 'delay')} seconds" for d in self._spread(delay, n, "delay")],
+            "titles": self._spread(title, n, "title"),
+            "max_attempts": max_attempts,
+        }
+        return list(self._conn.execute(self._sql["enqueue_many"], params).scalars())
+
+    @staticmethod
+    def _spread(value: Any, n: int, what: str) -> list[Any]:
+        if isinstance(value, (list, tuple)):
+            return Queue._per_item(value, n, what)
+        return [value] * n
+
+    @staticmethod
+    def _per_item(values: Sequence[Any], n: int, what: str) -> list[Any]:
+        if len(values) != n:
+            raise UsageError(f"{what} has {len(values)} entries for {n} payloads")
+        return list(values)
+
+    @staticmethod
+    def _check_priority(priority: int) -> int:
+        if isinstance(priority, bool) or not isinstance(priority, int) or not -32768 <= priority <= 32767:
+            raise UsageError(f"priority must be a whole number from -32768 to 32767, got {priority!r}")
+        return priority
+
+    # -- consuming -------------------------------------------------------------------
+
+    def dequeue(self, n: int = 1, *, lease: float | None = None) -> list[Message]:
+        """Claim up to n due items for `lease` seconds (default: the queue's setting)."""
+        params = {
+            "batch": _check_batch(n),
+            "lease_seconds": _check_seconds(lease, "lease", low=0.001),
+            "worker": self.worker,
+        }
+        rows = self._conn.execute(self._sql["dequeue"], params).mappings().all()
+        return [
+            Message(
+                id=r["id"],
+                payload=bytes(r["payload"]),
+                headers=r["headers"],
+                priority=r["priority"],
+                attempts=r["attempts"],
+                max_attempts=r["max_attempts"],
+                title=r["title"],
+                enqueued_at=r["enqueued_at"],
+                dequeued_at=r["dequeued_at"],
+                due_at=r["due_at"],
+                leased_until=r["leased_until"],
+            )
+            for r in rows
+        ]
+
+    def ack(self, items: Iterable[int | Message]) -> int:
+        """Mark items done; returns how many this client still held (others lost their lease)."""
+        ids = _ids(items)
+        if not ids:
+            return 0
+        return self._conn.execute(self._sql["ack"], {"ids": ids, "worker": self.worker}).scalar_one()
+
+    def nack(
+        self,
+        items: Iterable[int | Message],
+        error: str | None = None,
+        *,
+        base_delay: float | None = None,
+        max_delay: float | None = None,
+    ) -> dict[int, str]:
+        """Record a failed attempt: retried after exponential backoff, or DEAD after max_attempts.
+
+        Returns {id: new status} for the items this client still held.
+        """
+        ids = _ids(items)
+        if not ids:
+            return {}
+        params = {
+            "ids": ids,
+            "error": error,
+            "worker": self.worker,
+            "base_seconds": _check_seconds(base_delay, "base delay"),
+            "max_seconds": _check_seconds(max_delay, "max delay"),
+        }
+        rows = self._conn.execute(self._sql["nack"], params).all()
+        return {row.id: STATUS_NAMES[row.status] for row in rows}
+
+    def extend_lease(self, items: Iterable[int | Message], lease: float | None = None) -> list[int]:
+        """Push the lease of held items forward (a heartbeat); returns the ids still held."""
+        ids = _ids(items)
+        if not ids:
+            return []
+        params = {"ids": ids, "lease_seconds": _check_seconds(lease, "lease", low=0.001), "worker": self.worker}
+        return [row.id for row in self._conn.execute(self._sql["extend_lease"], params)]
+
+    def release(self, items: Iterable[int | Message]) -> int:
+        """Give held items back untouched, without using up an attempt."""
+        ids = _ids(items)
+        if not ids:
+            return 0
+        return self._conn.execute(self._sql["release"], {"ids": ids, "worker": self.worker}).scalar_one()
+
+    @contextmanager
+    def processing(self, n: int = 1, *, lease: float | None = None) -> Iterator[list[Message]]:
+        """Dequeue a batch; ack it all if the block succeeds, nack it all with the error if not."""
+        batch = self.dequeue(n, lease=lease)
+        try:
+            yield batch
+        except BaseException as exc:
+            if batch:
+                self.nack(batch, f"{type(exc).__name__}: {exc}"[:2000])
+            raise
+        else:
+            self.ack(batch)
+
+    # -- looking ---------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        """Items by status: ready, scheduled, processing, done, dead."""
+        return queue_counts(self._conn, self.name, self.info.kind, self.names.schema)
+
+    def close(self) -> None:
+        self._conn.close()
+        if self._owns_engine:
+            self.engine.dispose()
+
+    def __enter__(self) -> "Queue":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

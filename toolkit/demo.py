@@ -1,0 +1,201 @@
+"""`queuectl demo`: producers and consumers in separate processes on one queue, a live
+view of depth and rates, then a summary. Waits are measured between the server's own
+enqueue and dequeue timestamps, so no clock skew enters them."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from multiprocessing.sharedctypes import Synchronized
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from queuectl.client import Queue
+from queuectl.engine import make_engine, resolve_url
+from queuectl.errors import QueuectlError
+from queuectl.install import get_queue, install_queue
+from queuectl.stats import queue_counts
+
+PRODUCER_BATCH = 20
+DRAIN_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class DemoSummary:
+    seconds: float
+    producers: int
+    consumers: int
+    enqueued: int
+    completed: int
+    per_second: float
+    wait_p50_ms: float
+    wait_p99_ms: float
+    left_ready: int
+
+
+def _producer(url: str, queue: str, stop: mp.Event, enqueued: Synchronized, rate: float, seed: int) -> None:
+    rng = random.Random(seed)
+    with Queue(url, queue) as q:
+        started = time.monotonic()
+        sent = 0
+        while not stop.is_set():
+            orders = [
+                json.dumps({"order": f"{seed}-{sent + i}", "sku": rng.randrange(1000), "qty": rng.randint(1, 5)})
+                for i in range(PRODUCER_BATCH)
+            ]
+            q.enqueue_many(orders, priority=[rng.choice((0, 1, 1, 2)) for _ in orders])
+            sent += len(orders)
+            with enqueued.get_lock():
+                enqueued.value += len(orders)
+            if rate > 0:  # pace to this producer's share of the target rate
+                ahead = sent / rate - (time.monotonic() - started)
+                if ahead > 0:
+                    stop.wait(ahead)
+
+
+def _consumer(url: str, queue: str, stop: mp.Event, completed: Synchronized, batch: int, waits: mp.Queue) -> None:
+    samples: list[float] = []
+    with Queue(url, queue) as q:
+        while True:
+            with q.processing(batch, lease=30) as messages:
+                for m in messages:
+                    json.loads(m.payload)  # the "work": parse the order
+                    samples.append((m.dequeued_at - m.enqueued_at).total_seconds())
+            if messages:
+                with completed.get_lock():
+                    completed.value += len(messages)
+                continue
+            # empty queue: stop once told to (the producers are done), else poll again shortly
+            if stop.is_set():
+                break
+            time.sleep(0.02)
+    waits.put(samples)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def _live_table(elapsed: float, seconds: float, enq: int, done: int, counts: dict[str, int], rates: tuple[float, float]) -> Table:
+    table = Table(title=f"queuectl demo: {elapsed:4.1f}s of {seconds:.0f}s", title_justify="left")
+    for col in ("enqueued", "completed", "ready", "processing", "enqueue/s", "complete/s"):
+        table.add_column(col, justify="right")
+    table.add_row(
+        f"{enq:,}", f"{done:,}", f"{counts['ready']:,}", f"{counts['processing']:,}",
+        f"{rates[0]:,.0f}", f"{rates[1]:,.0f}",
+    )
+    return table
+
+
+def run_demo(
+    url: str | None,
+    *,
+    queue: str = "orders",
+    seconds: float = 20.0,
+    producers: int = 2,
+    consumers: int = 2,
+    batch: int = 50,
+    rate: float = 2000.0,
+    console: Console | None = None,
+) -> DemoSummary:
+    """Run the demo and print its live view and summary on `console`."""
+    if not 0.5 <= seconds <= 3600 or not 1 <= producers <= 64 or not 1 <= consumers <= 64 or not 1 <= batch <= 10000:
+        raise QueuectlError("demo limits: 0.5-3600 seconds, 1-64 producers and consumers, batch 1-10000")
+    console = console or Console()
+    resolved = resolve_url(url)
+    engine = make_engine(resolved)
+    with engine.connect() as conn:
+        if get_queue(conn, queue) is None:
+            install_queue(engine, queue)
+            console.print(f"installed queue [bold]{queue}[/]")
+
+    ctx = mp.get_context("spawn")
+    stop, drain = ctx.Event(), ctx.Event()
+    enqueued, completed = ctx.Value("q", 0), ctx.Value("q", 0)
+    waits: mp.Queue = ctx.Queue()
+    procs = [
+        ctx.Process(target=_producer, args=(resolved, queue, stop, enqueued, rate / producers, i), daemon=True)
+        for i in range(producers)
+    ] + [
+        ctx.Process(target=_consumer, args=(resolved, queue, drain, completed, batch, waits), daemon=True)
+        for _ in range(consumers)
+    ]
+    for p in procs:
+        p.start()
+
+    started = time.monotonic()
+    last = (started, 0, 0)
+    rates = (0.0, 0.0)
+    with engine.connect() as conn, Live(console=console, refresh_per_second=4, transient=False) as live:
+        while True:
+            now = time.monotonic()
+            elapsed = now - started
+            enq, done = enqueued.value, completed.value
+            if now - last[0] >= 1.0:
+                span = now - last[0]
+                rates = ((enq - last[1]) / span, (done - last[2]) / span)
+                last = (now, enq, done)
+            counts = queue_counts(conn, queue, "reliable")
+            conn.commit()
+            live.update(_live_table(min(elapsed, seconds), seconds, enq, done, counts, rates))
+            if elapsed >= seconds and not stop.is_set():
+                stop.set()  # producers stop; consumers drain what is left
+                drain.set()
+            if stop.is_set() and (done >= enq or elapsed >= seconds + DRAIN_SECONDS):
+                break
+            time.sleep(0.25)
+        drain.set()
+        samples: list[float] = []
+        for _ in range(consumers):
+            samples.extend(waits.get(timeout=60))
+        for p in procs:
+            p.join(timeout=30)
+        elapsed = time.monotonic() - started
+        final_counts = queue_counts(conn, queue, "reliable")
+    engine.dispose()
+    console.line()
+    failed = [p for p in procs if p.exitcode != 0]
+    if failed:
+        raise QueuectlError(f"{len(failed)} demo process(es) failed (exit codes {[p.exitcode for p in failed]})")
+
+    summary = DemoSummary(
+        seconds=elapsed,
+        producers=producers,
+        consumers=consumers,
+        enqueued=enqueued.value,
+        completed=completed.value,
+        per_second=completed.value / elapsed if elapsed else 0.0,
+        wait_p50_ms=_percentile(samples, 50) * 1000,
+        wait_p99_ms=_percentile(samples, 99) * 1000,
+        left_ready=final_counts["ready"],
+    )
+    console.print(summary_table(summary))
+    return summary
+
+
+def summary_table(s: DemoSummary) -> Table:
+    table = Table(title="demo summary", title_justify="left")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for label, value in (
+        ("producers / consumers", f"{s.producers} / {s.consumers}"),
+        ("seconds", f"{s.seconds:.1f}"),
+        ("enqueued", f"{s.enqueued:,}"),
+        ("completed", f"{s.completed:,}"),
+        ("completed messages/s", f"{s.per_second:,.0f}"),
+        ("wait p50 (ms)", f"{s.wait_p50_ms:,.1f}"),
+        ("wait p99 (ms)", f"{s.wait_p99_ms:,.1f}"),
+        ("left ready in queue", f"{s.left_ready:,}"),
+    ):
+        table.add_row(label, value)
+    return table

@@ -1,0 +1,88 @@
+"""Validation and quoting of every identifier queuectl puts into SQL.
+
+Queue and schema names reach SQL only through this module: a name is checked against a
+strict pattern first, then double-quoted. Nothing a user types is pasted into SQL text
+any other way.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from queuectl.errors import UsageError
+
+# 48 characters leave room for the longest suffix ("_schema_version", 15) inside
+# PostgreSQL's 63-byte identifier limit, and for SQL Server's object names.
+QUEUE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+SCHEMA_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+DEFAULT_SCHEMA = "queuectl"
+_IDENT_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+def validate_queue_name(name: str) -> str:
+    if not isinstance(name, str) or not QUEUE_NAME_RE.fullmatch(name):
+        shown = name if isinstance(name, str) and len(name) <= 64 else f"{str(name)[:40]}..."
+        raise UsageError(
+            f"invalid queue name {shown!r}: use 1-48 characters, lowercase letters, digits and "
+            "underscores, starting with a letter (e.g. 'orders')"
+        )
+    return name
+
+
+def validate_schema_name(name: str) -> str:
+    if not isinstance(name, str) or not SCHEMA_NAME_RE.fullmatch(name) or name.startswith("pg_"):
+        raise UsageError(
+            f"invalid schema name {name!r}: use 1-48 characters, lowercase letters, digits and "
+            "underscores, starting with a letter and not with 'pg_'"
+        )
+    return name
+
+
+def quote_ident(name: str) -> str:
+    """Double-quote an identifier built from validated names (so it holds no quote to escape)."""
+    if not _IDENT_RE.fullmatch(name):
+        raise UsageError(f"refusing to quote unvalidated identifier {name!r}")
+    return f'"{name}"'
+
+
+@dataclass(frozen=True)
+class QueueNames:
+    """Every object name of one queue, validated once, quoted on the way out."""
+
+    queue: str
+    schema: str = DEFAULT_SCHEMA
+
+    def __post_init__(self) -> None:
+        validate_queue_name(self.queue)
+        validate_schema_name(self.schema)
+
+    def table(self, suffix: str) -> str:
+        return f"{self.queue}_{suffix}"
+
+    def qualified(self, suffix: str) -> str:
+        return f"{quote_ident(self.schema)}.{quote_ident(self.table(suffix))}"
+
+    @property
+    def version_table(self) -> str:
+        """Alembic version table that tracks this queue's own schema version."""
+        return self.table("schema_version")
+
+    def template_values(self) -> dict[str, str]:
+        """The identifiers a SQL template may use, all quoted."""
+        q = self.qualified
+        values = {
+            "schema": quote_ident(self.schema),
+            "queue_literal": f"'{self.queue}'",
+            "meta": q("meta"),
+            "data": q("data"),
+            "history": q("history"),
+            "meta_seq": q("meta_id_seq"),
+            "meta_seq_regclass": f"'{q('meta_id_seq')}'",
+            "ready_idx": quote_ident(self.table("meta_ready")),
+            "leased_idx": quote_ident(self.table("meta_leased")),
+            "registry": f"{quote_ident(self.schema)}.{quote_ident('queues')}",
+        }
+        for fn in ("enqueue", "enqueue_many", "dequeue", "ack", "nack", "extend_lease", "release"):
+            values[f"fn_{fn}"] = q(fn)
+        return values

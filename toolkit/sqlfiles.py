@@ -1,0 +1,89 @@
+"""Load named SQL texts from sql/<engine>/<file>.sql and fill their identifiers.
+
+A file is a list of sections, each opened by a header line ``-- name: <section>`` and a
+comment saying what it does (Procrastinate's queries.sql habit). Templates name
+identifiers as ``{{meta}}``; they are filled only from QueueNames.template_values() or
+from validated integers, through render() below.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+from queuectl.errors import QueuectlError
+
+_HEADER = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_PLACEHOLDER = re.compile(r"\{\{([a-z_][a-z0-9_]*)\}\}")
+
+
+@cache
+def sections(engine: str, file: str) -> dict[str, str]:
+    """All sections of sql/<engine>/<file>.sql, by name."""
+    text = resources.files("queuectl.sql").joinpath(engine, f"{file}.sql").read_text("utf-8")
+    parts = _HEADER.split(text)
+    found: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2]):
+        if name in found:
+            raise QueuectlError(f"sql/{engine}/{file}.sql defines section {name!r} twice")
+        found[name] = body.strip() + "\n"
+    return found
+
+
+def render(engine: str, file: str, section: str, values: dict[str, str | int]) -> str:
+    """The section's SQL with every {{placeholder}} filled; a missing value is an error."""
+    try:
+        template = sections(engine, file)[section]
+    except KeyError:
+        raise QueuectlError(f"sql/{engine}/{file}.sql has no section {section!r}") from None
+
+    def fill(match: re.Match[str]) -> str:
+        key = match.group(1)
+        if key not in values:
+            raise QueuectlError(f"sql/{engine}/{file}.sql:{section} needs a value for {{{{{key}}}}}")
+        value = values[key]
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise QueuectlError(f"template value {key!r} must be a quoted identifier or an int")
+        return str(value)
+
+    return _PLACEHOLDER.sub(fill, template)
+
+
+def split_statements(sql: str) -> list[str]:
+    """Split a section into statements at top-level semicolons.
+
+    Aware of 'strings', "identifiers", -- comments and $tag$ bodies, which is all our own
+    SQL files use; it exists because a driver runs one statement per prepared execute.
+    """
+    statements: list[str] = []
+    start = i = 0
+    n = len(sql)
+    while i < n:
+        c = sql[i]
+        if c == "-" and sql.startswith("--", i):
+            i = sql.find("\n", i)
+            i = n if i < 0 else i
+        elif c in ("'", '"'):
+            i = sql.find(c, i + 1)
+            if i < 0:
+                raise QueuectlError("unterminated quote in SQL text")
+        elif c == "$":
+            tag = re.match(r"\$[A-Za-z_]*\$", sql[i:])
+            if tag:
+                end = sql.find(tag.group(0), i + len(tag.group(0)))
+                if end < 0:
+                    raise QueuectlError(f"unterminated {tag.group(0)} body in SQL text")
+                i = end + len(tag.group(0)) - 1
+        elif c == ";":
+            statements.append(sql[start:i])
+            start = i + 1
+        i += 1
+    statements.append(sql[start:])
+    cleaned = (_strip_comment_lines(s) for s in statements)
+    return [s for s in cleaned if s]
+
+
+def _strip_comment_lines(statement: str) -> str:
+    lines = [ln for ln in statement.strip().splitlines() if not ln.lstrip().startswith("--")]
+    return "\n".join(lines).strip()
