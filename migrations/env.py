@@ -3,7 +3,7 @@
 Two kinds of version history live in one script directory, as Alembic branches:
   * "catalog": the toolkit's own tables, tracked in <schema>.alembic_version;
   * one branch per queue kind ("reliable", ...): run once per queue, each queue tracked in
-    its own version table <schema>.<queue>_schema_version, so queues upgrade one at a time.
+    its own version table <schema>.<queue>_version, so queues upgrade one at a time.
 queuectl.install passes everything through config.attributes; there is no alembic.ini.
 """
 

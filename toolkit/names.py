@@ -12,11 +12,15 @@ from dataclasses import dataclass
 
 from queuectl.errors import UsageError
 
-# 48 characters leave room for the longest suffix ("_schema_version", 15) inside
+# 48 characters leave room for the longest derived suffix ("_enqueue_many", "_version_pkc": 13) inside
 # PostgreSQL's 63-byte identifier limit, and for SQL Server's object names.
 QUEUE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 SCHEMA_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 DEFAULT_SCHEMA = "queuectl"
+# A queue's objects are "<queue>_<suffix>" in the same schema as the catalog. The catalog's
+# own tables must therefore never end in a queue suffix (_meta, _data, _history, _version,
+# ...), and a queue may not be named so that "<queue>_version" is the catalog's version table.
+RESERVED_QUEUE_NAMES = frozenset({"alembic"})
 _IDENT_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
@@ -27,6 +31,8 @@ def validate_queue_name(name: str) -> str:
             f"invalid queue name {shown!r}: use 1-48 characters, lowercase letters, digits and "
             "underscores, starting with a letter (e.g. 'orders')"
         )
+    if name in RESERVED_QUEUE_NAMES:
+        raise UsageError(f"queue name {name!r} is reserved for queuectl's catalog: choose another")
     return name
 
 
@@ -66,7 +72,7 @@ class QueueNames:
     @property
     def version_table(self) -> str:
         """Alembic version table that tracks this queue's own schema version."""
-        return self.table("schema_version")
+        return self.table("version")
 
     def template_values(self) -> dict[str, str]:
         """The identifiers a SQL template may use, all quoted."""

@@ -1,0 +1,47 @@
+# The two commands: `make demo` (the demo on the embedded server) and `make test` (the suite).
+# Both create or update the local venv from pyproject.toml by themselves.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: demo test venv venv-test postgres clean
+
+demo: venv postgres
+	$(BIN)/queuectl demo
+
+# pytest exits 5 when it collected no test: that is a failure here, not a pass.
+test: venv-test postgres
+	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
+
+venv: $(VENV)/.installed-base
+venv-test: $(VENV)/.installed-test
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed-base: pyproject.toml | $(VENV)/bin/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
+	$(BIN)/python -m pip install --quiet -e '.[test,mssql,spark]'
+	touch $@ $(VENV)/.installed-base
+
+# The embedded server needs PostgreSQL's server binaries (Debian's postgresql package, or
+# QUEUECTL_PG_BIN pointing at a bin folder). Installed here only when missing, and only as
+# root; otherwise this says what to do.
+postgres:
+	@if [ -n "$$QUEUECTL_PG_BIN" ] || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing PostgreSQL server binaries (apt-get install postgresql postgresql-contrib)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql postgresql-contrib >/dev/null; \
+	else \
+	  echo "PostgreSQL server binaries not found: install postgresql and postgresql-contrib, set QUEUECTL_PG_BIN, or give QUEUECTL_URL" >&2; exit 1; \
+	fi
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,103 @@
+"""Fixtures: a real PostgreSQL for the whole run, a fresh database per test.
+
+The server is the embedded one, started in a private temporary home (so a developer's own
+embedded server is never touched), or the server at $QUEUECTL_TEST_URL when given: that
+URL must allow CREATE DATABASE.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine, make_url
+
+from queuectl.client import Queue
+from queuectl.engine import make_engine
+from queuectl.install import install_queue
+
+TEST_URL_ENV = "QUEUECTL_TEST_URL"
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[str]:
+    """Admin URL of the test server (database 'postgres')."""
+    given = os.environ.get(TEST_URL_ENV)
+    if given:
+        yield given
+        return
+    from queuectl.embedded import EmbeddedServer
+
+    # Under /tmp, not pytest's tmp_path: as root the server runs as an unprivileged user
+    # that must be able to reach its data directory.
+    home = Path(tempfile.mkdtemp(prefix="queuectl-test-", dir="/tmp"))
+    os.chmod(home, 0o755)
+    server = EmbeddedServer(home / "pg")
+    os.environ["QUEUECTL_HOME"] = str(home / "unused-default")  # never start the user's server
+    try:
+        server.ensure_running()
+        yield server.url("postgres")
+    finally:
+        server.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def admin_engine(server_url: str) -> Iterator[Engine]:
+    engine = make_engine(server_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def db_url(admin_engine: Engine, server_url: str) -> Iterator[str]:
+    """A fresh, empty database for one test; dropped afterwards."""
+    name = f"qt_{uuid.uuid4().hex[:12]}"
+    with admin_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with admin_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    engine = make_engine(db_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def orders(engine: Engine) -> Iterator[Queue]:
+    """An installed reliable queue 'orders' and a client on it."""
+    install_queue(engine, "orders")
+    queue = Queue(engine, "orders")
+    yield queue
+    queue.close()
+
+
+def run_cli(*args: str, url: str | None = None, input: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `queuectl ARGS` in a subprocess, as a user would."""
+    env = dict(os.environ)
+    env.pop("QUEUECTL_URL", None)
+    if url is not None:
+        env["QUEUECTL_URL"] = url
+    env["COLUMNS"] = "200"
+    return subprocess.run(
+        [sys.executable, "-m", "queuectl.cli", *args],
+        input=input,
+        capture_output=True,
+        env=env,
+        timeout=timeout,
+    )
