@@ -87,9 +87,16 @@ def orders(engine: Engine) -> Iterator[Queue]:
     queue.close()
 
 
-def run_cli(*args: str, url: str | None = None, input: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str,
+    url: str | None = None,
+    input: bytes | None = None,
+    timeout: float = 120,
+    env_extra: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
     """Run `queuectl ARGS` in a subprocess, as a user would."""
     env = dict(os.environ)
+    env.update(env_extra or {})
     env.pop("QUEUECTL_URL", None)
     if url is not None:
         env["QUEUECTL_URL"] = url

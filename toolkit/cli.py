@@ -294,7 +294,7 @@ def db_status(as_json: Annotated[bool, typer.Option("--json", help="Print JSON."
 
 @db_app.command("url")
 def db_url() -> None:
-    """Print the embedded server's URL (a Unix-socket URL: it carries no password)."""
+    """Print the embedded server's URL, starting it if needed (a Unix-socket URL: no password in it)."""
     from queuectl.embedded import EmbeddedServer
 
     sys.stdout.write(mask_url(EmbeddedServer().ensure_running()) + "\n")

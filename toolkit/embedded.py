@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from queuectl.errors import QueuectlError
+
 log = logging.getLogger(__name__)
 
 HOME_ENV = "QUEUECTL_HOME"
@@ -50,7 +52,7 @@ MAX_SOCKET_PATH = 107
 CONF_FILE = "queuectl.conf"
 
 
-class EmbeddedServerError(RuntimeError):
+class EmbeddedServerError(QueuectlError):
     """The embedded server cannot be set up or started; the message says what to do."""
 
 
