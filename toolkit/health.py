@@ -721,7 +721,7 @@ def _storage_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptio
                             f"{fmt_count(dead)} dead / {fmt_count(live)} live", dead, "count", advice))
 
         bloat = table_bloat_pct(t)
-        if bloat is not None and t["relpages"] >= options.table_min_pages:
+        if bloat is not None and t["pages"] >= options.table_min_pages:
             status = grade(bloat, th["table_bloat"])
             advice = None if status == OK else (
                 f"table {name} ~{bloat:.0f}% bloated ({fmt_bytes(t['table_bytes'])}): VACUUM makes the space "
@@ -935,7 +935,7 @@ def _table_dict(t: dict[str, Any]) -> dict[str, Any]:
         "queue": t["queue"], "table": t["table_name"], "live_tuples": live, "dead_tuples": dead,
         "dead_pct": round(100.0 * dead / (live + dead), 1) if live + dead else 0.0,
         "hot_update_pct": round(100.0 * (t["n_tup_hot_upd"] or 0) / upd, 1) if upd else None,
-        "table_bytes": t["table_bytes"], "index_bytes": t["index_bytes"], "pages": t["relpages"],
+        "table_bytes": t["table_bytes"], "index_bytes": t["index_bytes"], "pages": t["pages"],
         "fillfactor": t["fillfactor"], "bloat_pct": table_bloat_pct(t),
         "last_vacuum": t["last_vacuum"], "last_autovacuum": t["last_autovacuum"],
         "last_analyze": t["last_analyze"], "last_autoanalyze": t["last_autoanalyze"],
@@ -980,3 +980,11 @@ def health_report(
     options = options or HealthOptions()
     facts = gather_facts(engine, queues, schema, options)
     return HealthReport(facts, evaluate(facts, options), options, url=mask_url(engine.url))
+
+
+def report_schema() -> dict[str, Any]:
+    """The JSON Schema of HealthReport.to_dict() (packaged as queuectl/health_schema.json)."""
+    import json
+    from importlib import resources
+
+    return json.loads(resources.files("queuectl").joinpath("health_schema.json").read_text("utf-8"))

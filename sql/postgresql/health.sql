@@ -83,7 +83,7 @@ SELECT t.name                                    AS qualified,
        s.n_tup_upd, s.n_tup_hot_upd,
        s.last_vacuum, s.last_autovacuum, s.last_analyze, s.last_autoanalyze,
        s.vacuum_count, s.autovacuum_count,
-       c.relpages,
+       pg_relation_size(c.oid) / current_setting('block_size')::bigint AS pages,
        pg_table_size(c.oid)                      AS table_bytes,
        pg_indexes_size(c.oid)                    AS index_bytes,
        coalesce((SELECT substr(o, 12)::int FROM unnest(c.reloptions) o

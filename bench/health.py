@@ -1,0 +1,94 @@
+"""How long `queuectl health` takes for many queues on one database, and how many statements.
+
+    python -m queuectl.bench.health --url postgresql://... [--queues 20] [--items 2000] [--runs 7]
+
+Installs N reliable queues in a scratch schema (default ``bench_health``), gives each a
+backlog and some finished, dead and leased items, then builds the full report (facts,
+checks, rich rendering) --runs times and prints the median, min and max wall time and the
+number of SQL statements one report sends. The schema is removed afterwards.
+With --sample FILE it also writes the rendered text of a report with a few problems
+(the README's sample).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import sqlalchemy as sa
+from rich.console import Console
+
+from queuectl.catalog import QueueSettings
+from queuectl.client import Queue
+from queuectl.cli_health import render
+from queuectl.engine import make_engine
+from queuectl.health import HealthOptions, health_report
+from queuectl.install import install_queue, remove_everything
+
+
+def _load(engine: sa.Engine, name: str, schema: str, items: int) -> None:
+    install_queue(engine, name, settings=QueueSettings(max_attempts=1), schema=schema)
+    with Queue(engine, name, schema=schema) as q:
+        q.enqueue_many([b"payload"] * items)
+        q.ack(q.dequeue(items // 2))  # half done
+        q.nack(q.dequeue(2), "boom")  # dead letters (max_attempts=1)
+        q.dequeue(3, lease=600)  # in processing
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="database URL (default: $QUEUECTL_URL, else the embedded server)")
+    parser.add_argument("--schema", default="bench_health")
+    parser.add_argument("--queues", type=int, default=20)
+    parser.add_argument("--items", type=int, default=2000, help="items enqueued per queue")
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--sample", help="write a rendered sample report (text) to this file")
+    args = parser.parse_args()
+
+    engine = make_engine(args.url)
+    statements = 0
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def _count(*_a, **_k) -> None:
+        nonlocal statements
+        statements += 1
+
+    names = [f"hq{i:02d}" for i in range(1, args.queues + 1)]
+    try:
+        t0 = time.perf_counter()
+        for name in names:
+            _load(engine, name, args.schema, args.items)
+        print(f"loaded {len(names)} queues x {args.items} items in {time.perf_counter() - t0:.1f}s")
+
+        options = HealthOptions()
+        health_report(engine, schema=args.schema, options=options)  # warm-up (and CREATE EXTENSION)
+        timings, counts = [], []
+        sink = Console(file=open("/dev/null", "w"), width=160, force_terminal=True)
+        for _ in range(args.runs):
+            statements = 0
+            start = time.perf_counter()
+            report = health_report(engine, schema=args.schema, options=options)
+            sink.print(render(report))
+            timings.append(time.perf_counter() - start)
+            counts.append(statements)
+        print(f"health report for {len(names)} queues, {args.runs} runs: median {statistics.median(timings) * 1000:.0f} ms, "
+              f"min {min(timings) * 1000:.0f} ms, max {max(timings) * 1000:.0f} ms; "
+              f"{statistics.median(counts):.0f} SQL statements per report; verdict {report.verdict}, "
+              f"{len(report.checks)} checks")
+
+        if args.sample:
+            console = Console(record=True, width=150, force_terminal=True, file=open("/dev/null", "w"))
+            sample = health_report(engine, names[:3], schema=args.schema,
+                                   options=options.with_settings(["oldest_ready_age.warn=30s"]))
+            console.print(render(sample))
+            with open(args.sample, "w") as f:
+                f.write(console.export_text())
+            print(f"sample written to {args.sample}")
+    finally:
+        remove_everything(engine, args.schema)
+        engine.dispose()
+
+
+if __name__ == "__main__":
+    main()
