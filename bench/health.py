@@ -25,6 +25,7 @@ from queuectl.cli_health import render
 from queuectl.engine import make_engine
 from queuectl.health import HealthOptions, health_report
 from queuectl.install import install_queue, remove_everything
+from queuectl.names import QueueNames
 
 
 def _load(engine: sa.Engine, name: str, schema: str, items: int) -> None:
@@ -34,6 +35,42 @@ def _load(engine: sa.Engine, name: str, schema: str, items: int) -> None:
         q.ack(q.dequeue(items // 2))  # half done
         q.nack(q.dequeue(2), "boom")  # dead letters (max_attempts=1)
         q.dequeue(3, lease=600)  # in processing
+
+
+def _write_sample(engine: sa.Engine, schema: str, path: str, options: HealthOptions) -> None:
+    """A report with a few real problems: a bloated index, an open transaction with dead
+    rows behind it, an expired lease, dead letters; and one healthy queue."""
+    install_queue(engine, "orders", schema=schema)
+    install_queue(engine, "mail", settings=QueueSettings(max_attempts=1), schema=schema)
+    install_queue(engine, "billing", schema=schema)
+    with Queue(engine, "orders", schema=schema) as orders, Queue(engine, "mail", schema=schema) as mail, \
+            Queue(engine, "billing", schema=schema) as billing:
+        for _ in range(4):
+            orders.enqueue_many([b"order"] * 5000)
+        taken = [m for _ in range(20) for m in orders.dequeue(1000)]
+        orders.release([m for m in taken if m.id % 10 == 0])
+        orders.ack([m for m in taken if m.id % 10 != 0])
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(sa.text(f"VACUUM (ANALYZE) {QueueNames('orders', schema).qualified('meta')}"))
+        holder = engine.connect()
+        holder.begin()
+        holder.execute(sa.select(sa.func.txid_current()))  # an application forgot to commit
+        for _ in range(12):
+            billing.enqueue_many([b"invoice"] * 1000)
+            billing.ack(billing.dequeue(1000))
+        billing.enqueue_many([b"invoice"] * 40)
+        mail.enqueue_many([b"mail"] * 3)
+        mail.nack(mail.dequeue(3), "smtp: 550 mailbox unavailable")
+        orders.dequeue(2, lease=0.5)  # a consumer that died
+        time.sleep(2)
+        sample = health_report(engine, ["orders", "mail", "billing"], schema=schema,
+                               options=options.with_settings(["xact_age.warn=1s"]))
+        holder.rollback()
+        holder.close()
+    console = Console(record=True, width=160, force_terminal=True, file=open("/dev/null", "w"))
+    console.print(render(sample))
+    with open(path, "w") as f:
+        f.write(console.export_text())
 
 
 def main() -> None:
@@ -78,12 +115,7 @@ def main() -> None:
               f"{len(report.checks)} checks")
 
         if args.sample:
-            console = Console(record=True, width=150, force_terminal=True, file=open("/dev/null", "w"))
-            sample = health_report(engine, names[:3], schema=args.schema,
-                                   options=options.with_settings(["oldest_ready_age.warn=30s"]))
-            console.print(render(sample))
-            with open(args.sample, "w") as f:
-                f.write(console.export_text())
+            _write_sample(engine, args.schema, args.sample, options)
             print(f"sample written to {args.sample}")
     finally:
         remove_everything(engine, args.schema)

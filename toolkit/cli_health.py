@@ -98,7 +98,10 @@ def _emit(report: HealthReport, as_json: bool, *, compact: bool = False) -> None
         sys.stdout.flush()
         return
     console = _console()
-    console.print(render(report, plain=not console.is_terminal))
+    plain = not console.is_terminal
+    for part in render_parts(report, plain=plain):
+        # Piped: advice and notes stay one line each, whatever their length (grep, logs).
+        console.print(part, soft_wrap=plain and isinstance(part, Text))
 
 
 def _watch(run, seconds: float, as_json: bool) -> int:
@@ -117,14 +120,15 @@ def _watch(run, seconds: float, as_json: bool) -> int:
                 time.sleep(seconds)
         from rich.live import Live
 
+        footer = f"refreshing every {seconds:g}s; Ctrl-C to stop"
         report = run()
         code = report.exit_code
-        with Live(render(report), console=console, auto_refresh=False, screen=False) as live:
+        with Live(render(report, footer=footer), console=console, auto_refresh=False, screen=False) as live:
             while True:
                 time.sleep(seconds)
                 report = run()
                 code = report.exit_code
-                live.update(render(report, footer=f"refreshing every {seconds:g}s; Ctrl-C to stop"), refresh=True)
+                live.update(render(report, footer=footer), refresh=True)
     except KeyboardInterrupt:
         return code
 
@@ -150,6 +154,11 @@ def _worst_for(report: HealthReport, section: str, obj: str) -> str:
 
 def render(report: HealthReport, plain: bool = False, footer: str | None = None) -> RenderableType:
     """The whole report as one rich renderable (tables, advice, notes)."""
+    return Group(*render_parts(report, plain, footer))
+
+
+def render_parts(report: HealthReport, plain: bool = False, footer: str | None = None) -> list[RenderableType]:
+    """The report's pieces in order: headline, tables, advice lines, notes."""
     d = report.to_dict()
     db = d["database"]
     parts: list[RenderableType] = []
@@ -160,7 +169,6 @@ def render(report: HealthReport, plain: bool = False, footer: str | None = None)
     head.append(d["verdict"], style="" if plain else STYLE[d["verdict"]])
     c = d["counts"]
     head.append(f"  ({c[CRITICAL]} critical, {c[WARNING]} warning, {c[OK]} ok)")
-    parts.append(head)
 
     queues = _table("Queues", ["queue", "kind", "ready", "scheduled", "processing", "done", "dead",
                                "oldest ready", "stuck", "in/min", "done/min", "status"], plain, right=set(range(2, 11)))
@@ -181,7 +189,7 @@ def render(report: HealthReport, plain: bool = False, footer: str | None = None)
             tables.add_row(t["table"], fmt_count(t["live_tuples"]), fmt_count(t["dead_tuples"]), f"{t['dead_pct']:g}",
                            "-" if t["hot_update_pct"] is None else f"{t['hot_update_pct']:g}",
                            fmt_bytes(t["table_bytes"]), fmt_bytes(t["index_bytes"]),
-                           "-" if t["bloat_pct"] is None else f"{t['bloat_pct']:.0f}%",
+                           _graded_pct(report, "storage.table_bloat", t["table"], t["bloat_pct"]),
                            _ago(now, report.facts, t["table"], ("last_vacuum", "last_autovacuum")),
                            _ago(now, report.facts, t["table"], ("last_analyze", "last_autoanalyze")),
                            _status(status, plain))
@@ -190,7 +198,8 @@ def render(report: HealthReport, plain: bool = False, footer: str | None = None)
                                      "status"], plain, right=set(range(1, 7)))
         for ix in d["storage"]["indexes"]:
             indexes.add_row(ix["index"], fmt_bytes(ix["index_bytes"]), fmt_count(ix["leaf_pages"]),
-                            _pct(ix["avg_leaf_density"]), _pct(ix["leaf_fragmentation"]), _pct(ix["bloat_pct"]),
+                            _pct(ix["avg_leaf_density"]), _pct(ix["leaf_fragmentation"]),
+                            _graded_pct(report, "storage.index_bloat", ix["index"], ix["bloat_pct"]),
                             fmt_count(ix["scans"]), _status(_worst_for(report, "storage", ix["index"]), plain))
         parts.append(indexes)
 
@@ -212,19 +221,20 @@ def render(report: HealthReport, plain: bool = False, footer: str | None = None)
     else:
         parts.append(Text(f"Jobs: {jobs['note'] or 'no runs recorded'}"))
 
-    advice = report.advice
-    if advice:
-        parts.append(Text("Advice", style="" if plain else "bold"))
-        for check in advice:
+    advice: list[RenderableType] = []
+    if report.advice:
+        advice.append(Text(""))
+        advice.append(Text("Advice", style="" if plain else "bold"))
+        for check in report.advice:
             line = Text()
             line.append(f"{check.status:<8} ", style="" if plain else STYLE[check.status])
             line.append(check.advice)
-            parts.append(line)
-    for note in d["notes"]:
-        parts.append(Text(f"note: {note}", style="" if plain else "dim"))
+            advice.append(line)
+    advice += [Text(f"note: {note}", style="" if plain else "dim") for note in d["notes"]]
     if footer:
-        parts.append(Text(footer, style="" if plain else "dim"))
-    return Group(*_spaced(parts))
+        # Watching: what to act on first, so a screen too short for the tables crops them, not the advice.
+        return [head, Text(footer, style="" if plain else "dim"), *advice, *_spaced(parts)]
+    return [head, *_spaced(parts), *advice]
 
 
 def _spaced(parts: list[RenderableType]) -> list[RenderableType]:
@@ -238,6 +248,12 @@ def _spaced(parts: list[RenderableType]) -> list[RenderableType]:
 
 def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f}"
+
+
+def _graded_pct(report: HealthReport, check_id: str, obj: str, value: float | None) -> str:
+    """A bloat ratio only where it was graded: tiny relations show high ratios naturally."""
+    graded = any(c.id == check_id and c.object == obj for c in report.checks)
+    return _pct(value) if graded else "-"
 
 
 def _pct(value: float | None) -> str:

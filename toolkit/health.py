@@ -43,6 +43,8 @@ OK, INFO, WARNING, CRITICAL = "OK", "INFO", "WARNING", "CRITICAL"
 STATUSES = (OK, INFO, WARNING, CRITICAL)
 _RANK = {OK: 0, INFO: 0, WARNING: 1, CRITICAL: 2}
 EXIT_CODES = {OK: 0, WARNING: 1, CRITICAL: 2}
+# Advice order within a severity: what holds cleanup back explains much of the rest.
+_ROOT_CAUSE_FIRST = {"blockers": 0, "queues": 1, "storage": 2, "jobs": 3}
 
 # The job-run history the scheduler writes (jobs issue): read only when the table exists.
 JOB_RUNS_TABLE = "job_runs"
@@ -83,7 +85,7 @@ DEFAULT_THRESHOLDS: dict[str, Threshold] = {
         _t("watermark_lag", "count", 10_000, 1_000_000, "rows between the stored watermark and the head"),
         _t("ring_fill", "percent", 80, 95, "share of a ring's slots in use"),
         _t("dead_tuples", "count", 10_000, 100_000, "dead row versions in one queue table"),
-        _t("table_bloat", "percent", 40, 70, "dead + surplus free space of a queue table (pgstattuple_approx)"),
+        _t("table_bloat", "percent", 40, 70, "free space beyond fillfactor in a queue table (pgstattuple_approx)"),
         _t("index_bloat", "percent", 30, 60, "wasted leaf space of a B-tree index (pgstatindex)"),
         _t("xact_age", "seconds", 300, 3600, "age of a transaction or snapshot that holds back cleanup"),
         _t("idle_in_transaction", "seconds", 60, 600, "time a session has sat idle inside a transaction"),
@@ -587,12 +589,12 @@ def index_bloat_pct(ix: dict[str, Any]) -> float | None:
 
 
 def table_bloat_pct(t: dict[str, Any]) -> float | None:
-    """Dead space plus free space beyond the table's fillfactor reserve (pgstattuple_approx)."""
+    """Free space beyond the table's fillfactor reserve (pgstattuple_approx): room VACUUM has
+    already reclaimed but the file still holds. Dead tuples are graded on their own."""
     p = t.get("physical")
     if not p or p.get("approx_free_percent") is None:
         return None
-    surplus_free = max(0.0, p["approx_free_percent"] - (100 - t["fillfactor"]))
-    return round(min(100.0, surplus_free + (p["dead_tuple_percent"] or 0.0)), 1)
+    return round(max(0.0, min(100.0, p["approx_free_percent"] - (100 - t["fillfactor"]))), 1)
 
 
 def evaluate(facts: Facts, options: HealthOptions | None = None) -> list[Check]:
@@ -724,8 +726,9 @@ def _storage_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptio
         if bloat is not None and t["pages"] >= options.table_min_pages:
             status = grade(bloat, th["table_bloat"])
             advice = None if status == OK else (
-                f"table {name} ~{bloat:.0f}% bloated ({fmt_bytes(t['table_bytes'])}): VACUUM makes the space "
-                f"reusable; to shrink the file rewrite it online with pg_repack (or VACUUM FULL in a quiet window)")
+                f"table {name} ~{bloat:.0f}% bloated ({fmt_bytes(t['table_bytes'])} with {bloat:.0f}% free beyond "
+                f"fillfactor {t['fillfactor']}): new rows reuse it; to shrink the file rewrite the table online "
+                "with pg_repack (or VACUUM FULL in a quiet window)")
             checks.append(Check("storage.table_bloat", "storage", name, status,
                                 f"~{bloat:.0f}% bloat of {fmt_bytes(t['table_bytes'])}", bloat, "percent", advice))
 
@@ -745,7 +748,7 @@ def _storage_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptio
         status = grade(bloat, th["index_bloat"])
         advice = None
         if status != OK:
-            wait = f" (end {_holder_phrase(holders)} first: the rebuild waits for old snapshots)" if holders else ""
+            wait = f", after ending {_holder_phrase(holders)}: the rebuild waits for older snapshots" if holders else ""
             advice = (f"index {name} {bloat:.0f}% bloated (leaf density {p['avg_leaf_density']:.0f}%, "
                       f"{fmt_count(p['leaf_pages'])} leaf pages, {fmt_bytes(ix['index_bytes'])}): "
                       f"run queuectl reorganize {ix['queue']}{wait}")
@@ -878,7 +881,7 @@ class HealthReport:
     @property
     def advice(self) -> list[Check]:
         """Non-OK checks, worst first: the lines a DBA acts on."""
-        return sorted((c for c in self.checks if c.advice), key=lambda c: -_RANK[c.status])
+        return sorted((c for c in self.checks if c.advice), key=lambda c: (-_RANK[c.status], _ROOT_CAUSE_FIRST[c.section]))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object documented by health_schema.json."""
