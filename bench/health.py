@@ -39,34 +39,40 @@ def _load(engine: sa.Engine, name: str, schema: str, items: int) -> None:
 
 def _write_sample(engine: sa.Engine, schema: str, path: str, options: HealthOptions) -> None:
     """A report with a few real problems: a bloated index, an open transaction with dead
-    rows behind it, an expired lease, dead letters; and one healthy queue."""
+    rows behind it, an expired lease, dead letters; and one healthy queue. Each client has
+    its own connection, closed after its work, so its statistics are flushed (a backend
+    sends them at exit, otherwise up to 10 s later)."""
+    url = engine.url.render_as_string(hide_password=False)
     install_queue(engine, "orders", schema=schema)
     install_queue(engine, "mail", settings=QueueSettings(max_attempts=1), schema=schema)
     install_queue(engine, "billing", schema=schema)
-    with Queue(engine, "orders", schema=schema) as orders, Queue(engine, "mail", schema=schema) as mail, \
-            Queue(engine, "billing", schema=schema) as billing:
+    with Queue(url, "orders", schema=schema) as orders:
         for _ in range(4):
             orders.enqueue_many([b"order"] * 5000)
         taken = [m for _ in range(20) for m in orders.dequeue(1000)]
         orders.release([m for m in taken if m.id % 10 == 0])
         orders.ack([m for m in taken if m.id % 10 != 0])
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(sa.text(f"VACUUM (ANALYZE) {QueueNames('orders', schema).qualified('meta')}"))
-        holder = engine.connect()
-        holder.begin()
-        holder.execute(sa.select(sa.func.txid_current()))  # an application forgot to commit
+    time.sleep(1)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text(f"VACUUM (ANALYZE) {QueueNames('orders', schema).qualified('meta')}"))
+    holder = engine.connect()
+    holder.begin()
+    holder.execute(sa.select(sa.func.txid_current()))  # an application forgot to commit
+    with Queue(url, "billing", schema=schema) as billing:
         for _ in range(12):
             billing.enqueue_many([b"invoice"] * 1000)
             billing.ack(billing.dequeue(1000))
         billing.enqueue_many([b"invoice"] * 40)
+    with Queue(url, "mail", schema=schema) as mail:
         mail.enqueue_many([b"mail"] * 3)
         mail.nack(mail.dequeue(3), "smtp: 550 mailbox unavailable")
+    with Queue(url, "orders", schema=schema) as orders:
         orders.dequeue(2, lease=0.5)  # a consumer that died
-        time.sleep(2)
-        sample = health_report(engine, ["orders", "mail", "billing"], schema=schema,
-                               options=options.with_settings(["xact_age.warn=1s"]))
-        holder.rollback()
-        holder.close()
+    time.sleep(2)
+    sample = health_report(engine, ["orders", "mail", "billing"], schema=schema,
+                           options=options.with_settings(["xact_age.warn=1s"]))
+    holder.rollback()
+    holder.close()
     console = Console(record=True, width=160, force_terminal=True, file=open("/dev/null", "w"))
     console.print(render(sample))
     with open(path, "w") as f:
