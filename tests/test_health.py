@@ -269,6 +269,41 @@ def test_without_pgstattuple_rights_the_report_degrades_with_a_note(orders, engi
             conn.execute(sa.text(f"DROP ROLE {role}"))
 
 
+def test_pgstatindex_denied_and_a_locked_queue_become_notes_not_a_failed_report(orders, engine, admin_engine, db_url):
+    """pgstatindex needs pg_stat_scan_tables; a queue locked by DDL hits the lock timeout."""
+    install_queue(engine, "mail")
+    role = f"qt_mon_{uuid.uuid4().hex[:8]}"
+    with admin_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text(f"CREATE ROLE {role} LOGIN"))
+    locker = engine.connect()
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pgstattuple"))
+            conn.execute(sa.text(f"GRANT USAGE ON SCHEMA queuectl TO {role}"))
+            conn.execute(sa.text(f"GRANT SELECT ON ALL TABLES IN SCHEMA queuectl TO {role}"))
+        locker.begin()
+        locker.execute(sa.text("LOCK TABLE queuectl.mail_meta IN ACCESS EXCLUSIVE MODE"))
+        monitor = make_engine(make_url(db_url).set(username=role).render_as_string(hide_password=False))
+        try:
+            rep = health_report(monitor, options=HealthOptions(lock_timeout_ms=300))
+        finally:
+            monitor.dispose()
+        assert any(n.startswith("pgstatindex not read: permission denied") for n in rep.facts.notes), rep.facts.notes
+        assert all(ix.get("physical") is None for ix in rep.facts.indexes)
+        locked = the(rep, "queue.probe", "mail")
+        assert locked.status == WARNING and "lock timeout" in locked.advice
+        assert the(rep, "queue.oldest_ready_age", "orders").status == OK
+        assert any(n.startswith("locked in ACCESS EXCLUSIVE mode") and "mail_meta" in n for n in rep.facts.notes)
+        jsonschema.validate(rep.to_dict(), report_schema())
+    finally:
+        locker.rollback()
+        locker.close()
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP OWNED BY {role}"))
+        with admin_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(sa.text(f"DROP ROLE {role}"))
+
+
 # -- jobs --------------------------------------------------------------------------------------------
 
 

@@ -418,7 +418,12 @@ def gather_facts(
                 queue_facts.append(QueueFacts(info.name, info.kind, probed=False,
                                               notes=[f"no health probe for kind {info.kind!r} yet"]))
                 continue
-            queue_facts.append(kind.probe(conn, names, info, options))
+            try:
+                with conn.begin_nested():  # a lock timeout on one queue must not cost the whole report
+                    queue_facts.append(kind.probe(conn, names, info, options))
+            except DBAPIError as exc:
+                queue_facts.append(QueueFacts(info.name, info.kind, probed=False,
+                                              notes=[f"could not be read: {first_line(exc.orig)}"]))
             for suffix in kind.tables:
                 table_owner[names.qualified(suffix)] = (info.name, suffix, suffix in kind.measured)
 
@@ -426,6 +431,10 @@ def gather_facts(
         indexes = _rows(conn, "indexes", {"tables": list(table_owner)})
         for row in tables + indexes:
             row["queue"], row["suffix"], row["measured"] = table_owner[row.pop("qualified")]
+
+        locked = [t["table_name"] for t in tables if t["locked"]]
+        if locked:
+            notes.append(f"locked in ACCESS EXCLUSIVE mode (DDL, VACUUM FULL, REINDEX?): sizes not read for {', '.join(locked)}")
 
         pgs_schema = server["pgstattuple_schema"]
         if pgs_schema and not re.fullmatch(r"[a-z][a-z0-9_]{0,62}", pgs_schema):
@@ -453,8 +462,9 @@ def gather_facts(
 def _measure(conn: Connection, tables: list[dict], indexes: list[dict], pgs: str, options: HealthOptions, notes: list[str]) -> None:
     """pgstatindex on the measured B-tree indexes and pgstattuple_approx on the measured tables."""
     index_oids = [ix["index_oid"] for ix in indexes if ix["measured"] and ix["method"] == "btree" and ix["valid"]
-                  and ix["index_bytes"] <= options.physical_max_bytes]
-    skipped = [ix["index_name"] for ix in indexes if ix["measured"] and ix["index_bytes"] > options.physical_max_bytes]
+                  and ix["index_bytes"] is not None and ix["index_bytes"] <= options.physical_max_bytes]
+    skipped = [ix["index_name"] for ix in indexes
+               if ix["measured"] and ix["index_bytes"] is not None and ix["index_bytes"] > options.physical_max_bytes]
     if skipped:
         notes.append(f"indexes over {options.physical_max_bytes // 2**20} MB not measured (pgstatindex reads them "
                      f"whole): {', '.join(skipped)}")
@@ -465,7 +475,8 @@ def _measure(conn: Connection, tables: list[dict], indexes: list[dict], pgs: str
         p = physical.get(ix["index_oid"])
         ix["physical"] = None if p is None else {k: _finite(v) for k, v in p.items() if k != "index_oid"}
 
-    table_oids = [t["table_oid"] for t in tables if t["measured"] and t["table_bytes"] <= options.physical_max_bytes]
+    table_oids = [t["table_oid"] for t in tables if t["measured"] and t["table_bytes"] is not None
+                  and t["table_bytes"] <= options.physical_max_bytes]
     rows = _optional(
         conn, notes, "pgstattuple_approx",
         lambda: _rows(conn, "table_physical", {"oids": table_oids}, {"pgstattuple_schema": pgs}),
@@ -621,10 +632,13 @@ def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions
     checks: list[Check] = []
     for q in facts.queues:
         if not q.probed:
+            if q.kind in KIND_HEALTH:
+                advice = (f"queue {q.name} {q.notes[0] if q.notes else 'could not be read'}: "
+                          "look for a long lock on its tables (pg_locks) and run health again")
+            else:
+                advice = f"queue {q.name} is of kind {q.kind!r}, which this queuectl cannot inspect yet: upgrade queuectl"
             checks.append(Check("queue.probe", "queues", q.name, WARNING,
-                                f"kind {q.kind}: depth and ages not checked",
-                                advice=f"queue {q.name} is of kind {q.kind!r}, which this queuectl cannot inspect yet: "
-                                       "upgrade queuectl"))
+                                f"kind {q.kind}: depth and ages not checked", advice=advice))
             continue
         window = fmt_duration(q.window_s)
         done_rate = q.per_minute(q.completed_in_window)
@@ -723,7 +737,7 @@ def _storage_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptio
                             f"{fmt_count(dead)} dead / {fmt_count(live)} live", dead, "count", advice))
 
         bloat = table_bloat_pct(t)
-        if bloat is not None and t["pages"] >= options.table_min_pages:
+        if bloat is not None and (t["pages"] or 0) >= options.table_min_pages:
             status = grade(bloat, th["table_bloat"])
             advice = None if status == OK else (
                 f"table {name} ~{bloat:.0f}% bloated ({fmt_bytes(t['table_bytes'])} with {bloat:.0f}% free beyond "

@@ -75,7 +75,14 @@ FROM live, archived
 
 -- name: tables
 -- Vital signs of the given tables (text[] of qualified names): tuples, churn, sizes,
--- vacuum/analyze times, fillfactor. Missing tables are left out.
+-- vacuum/analyze times, fillfactor. Missing tables are left out. Sizes need a lock on the
+-- relation, so a table someone holds (or waits for) in ACCESS EXCLUSIVE mode gets NULL
+-- sizes instead of stalling the report; pg_stat_user_tables needs no lock.
+WITH exclusive AS (
+    SELECT DISTINCT l.relation FROM pg_locks l
+    WHERE l.locktype = 'relation' AND l.mode = 'AccessExclusiveLock'
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+)
 SELECT t.name                                    AS qualified,
        c.oid                                     AS table_oid,
        c.relname                                 AS table_name,
@@ -83,24 +90,33 @@ SELECT t.name                                    AS qualified,
        s.n_tup_upd, s.n_tup_hot_upd,
        s.last_vacuum, s.last_autovacuum, s.last_analyze, s.last_autoanalyze,
        s.vacuum_count, s.autovacuum_count,
-       pg_relation_size(c.oid) / current_setting('block_size')::bigint AS pages,
-       pg_table_size(c.oid)                      AS table_bytes,
-       pg_indexes_size(c.oid)                    AS index_bytes,
+       x.relation IS NOT NULL                    AS locked,
+       CASE WHEN x.relation IS NULL
+            THEN pg_relation_size(c.oid) / current_setting('block_size')::bigint END AS pages,
+       CASE WHEN x.relation IS NULL THEN pg_table_size(c.oid) END   AS table_bytes,
+       CASE WHEN x.relation IS NULL THEN pg_indexes_size(c.oid) END AS index_bytes,
        coalesce((SELECT substr(o, 12)::int FROM unnest(c.reloptions) o
                  WHERE o LIKE 'fillfactor=%'), 100) AS fillfactor
 FROM unnest(CAST(:tables AS text[])) WITH ORDINALITY AS t(name, ord)
 JOIN pg_class c ON c.oid = to_regclass(t.name)
 JOIN pg_stat_user_tables s ON s.relid = c.oid
+LEFT JOIN exclusive x ON x.relation = c.oid
 ORDER BY t.ord
 
 -- name: indexes
 -- Every index of the given tables: size, validity, method, use, and leftovers of an
--- interrupted REINDEX CONCURRENTLY (_ccnew / _ccold).
+-- interrupted REINDEX CONCURRENTLY (_ccnew / _ccold). Locked indexes/tables: NULL size.
+WITH exclusive AS (
+    SELECT DISTINCT l.relation FROM pg_locks l
+    WHERE l.locktype = 'relation' AND l.mode = 'AccessExclusiveLock'
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+)
 SELECT t.name                                    AS qualified,
        ic.oid                                    AS index_oid,
        ic.relname                                AS index_name,
        am.amname                                 AS method,
-       pg_relation_size(ic.oid)                  AS index_bytes,
+       CASE WHEN NOT EXISTS (SELECT 1 FROM exclusive x WHERE x.relation IN (ic.oid, i.indrelid))
+            THEN pg_relation_size(ic.oid) END    AS index_bytes,
        i.indisvalid                              AS valid,
        ic.relname ~ '_cc(new|old)[0-9]*$'        AS reindex_leftover,
        coalesce(si.idx_scan, 0)                  AS idx_scan,
