@@ -383,8 +383,6 @@ def test_unknown_queue_and_bad_thresholds_are_one_line_unknown_exit_3(orders, db
     for args, words in (
         (["health", "nosuch"], "not installed"),
         (["health", "--set", "oldest_ready_age.warn=soon"], "not a duration"),
-        (["health", "--set", "no_such_check.warn=1"], "unknown health threshold"),
-        (["health", "--set", "dead_letters.warn=10", "--set", "dead_letters.crit=5"], "above crit"),
         (["health", "--config", "/nonexistent/queuectl.toml"], "cannot read config"),
     ):
         result = run_cli(*args, url=db_url)
@@ -416,6 +414,12 @@ def test_threshold_values_parse_with_units():
     changed = apply_settings(DEFAULT_THRESHOLDS, ["dead_tuples.crit=off", "stuck_items.warn=5"])
     assert changed["dead_tuples"].crit is None and changed["stuck_items"].warn == 5
     assert DEFAULT_THRESHOLDS["stuck_items"].warn == 1  # defaults untouched
+    with pytest.raises(UsageError, match="unknown health threshold"):
+        apply_settings(DEFAULT_THRESHOLDS, ["no_such_check.warn=1"])
+    with pytest.raises(UsageError, match="above crit"):
+        apply_settings(DEFAULT_THRESHOLDS, ["dead_letters.warn=10", "dead_letters.crit=5"])
+    with pytest.raises(UsageError, match="NAME.warn=VALUE"):
+        apply_settings(DEFAULT_THRESHOLDS, ["dead_letters=10"])
     with pytest.raises(UsageError):
         load_config("/nonexistent.toml")
 
