@@ -357,13 +357,20 @@ def _ensure_pgstattuple(engine: Engine, server: dict[str, Any], options: HealthO
         return "unavailable: not installed, and a standby cannot install it (create it on the primary)"
     if not options.create_extension:
         return "unavailable: not installed (create_extension = false): run CREATE EXTENSION pgstattuple"
+    key = engine.url.render_as_string(hide_password=True)
+    if key in _EXTENSION_REFUSED:  # --watch: do not fill the server log with the same error
+        return _EXTENSION_REFUSED[key]
     try:
         with engine.begin() as conn:
             conn.execute(_sql(conn, "create_pgstattuple"))
     except DBAPIError as exc:
-        return (f"unavailable: CREATE EXTENSION pgstattuple failed ({first_line(exc.orig)}): "
-                "ask a superuser to run it in this database")
+        _EXTENSION_REFUSED[key] = (f"unavailable: CREATE EXTENSION pgstattuple failed ({first_line(exc.orig)}): "
+                                   "ask a superuser to run it in this database")
+        return _EXTENSION_REFUSED[key]
     return "created"
+
+
+_EXTENSION_REFUSED: dict[str, str] = {}
 
 
 def _optional(conn: Connection, notes: list[str], what: str, fn: Callable[[], list[dict]]) -> list[dict]:
