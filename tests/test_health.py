@@ -390,6 +390,8 @@ def test_unknown_queue_and_bad_thresholds_are_one_line_unknown_exit_3(orders, db
         assert result.returncode == 3, (args, result.stderr)
         assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], lines
         assert result.stdout == b""
+    helped = run_cli("health", "--help")
+    assert helped.returncode == 0 and b"3 UNKNOWN" in helped.stdout and b"oldest_ready_age (5m/1h)" in helped.stdout
 
 
 def test_config_file_sets_thresholds_and_set_wins(tmp_path, orders, db_url):
