@@ -78,7 +78,7 @@ FROM live, archived
 -- vacuum/analyze times, fillfactor. Missing tables are left out. Sizes need a lock on the
 -- relation, so a table someone holds (or waits for) in ACCESS EXCLUSIVE mode gets NULL
 -- sizes instead of stalling the report; pg_stat_user_tables needs no lock.
-WITH exclusive AS (
+WITH exclusive AS MATERIALIZED (
     SELECT DISTINCT l.relation FROM pg_locks l
     WHERE l.locktype = 'relation' AND l.mode = 'AccessExclusiveLock'
       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -106,7 +106,7 @@ ORDER BY t.ord
 -- name: indexes
 -- Every index of the given tables: size, validity, method, use, and leftovers of an
 -- interrupted REINDEX CONCURRENTLY (_ccnew / _ccold). Locked indexes/tables: NULL size.
-WITH exclusive AS (
+WITH exclusive AS MATERIALIZED (
     SELECT DISTINCT l.relation FROM pg_locks l
     WHERE l.locktype = 'relation' AND l.mode = 'AccessExclusiveLock'
       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
