@@ -300,6 +300,11 @@ def db_url() -> None:
     sys.stdout.write(mask_url(EmbeddedServer().ensure_running()) + "\n")
 
 
+from queuectl.cli_health import health  # noqa: E402  (own module: fewer merge conflicts)
+
+app.command()(health)
+
+
 def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 2."""
     try:

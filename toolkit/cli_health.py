@@ -1,0 +1,269 @@
+"""`queuectl health`: one command that says whether the queues are healthy, and if not, why.
+
+Renders queuectl.health.HealthReport: rich tables with colour on a terminal, the same
+tables as plain aligned text when piped, or the JSON object of health_schema.json.
+Exit codes follow the Nagios plugin convention so cron and monitors can use them:
+
+    0 OK   1 WARNING   2 CRITICAL   3 UNKNOWN (no verdict: bad option, database unreachable)
+
+(Elsewhere queuectl exits 2 for a user error; health keeps 2 for CRITICAL and uses 3 for
+errors so a monitor never mistakes a typo or an outage for a graded verdict. A mistyped
+option name is rejected by the parser itself, with its usage message and exit code 2.)
+
+This module must not import queuectl.cli (which imports it): `python -m queuectl.cli`
+runs cli.py as __main__, and a second copy would be imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Annotated, Optional
+
+import typer
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+from sqlalchemy.exc import DBAPIError
+
+from queuectl.engine import URL_ENV, first_line, make_engine
+from queuectl.errors import QueuectlError
+from queuectl.health import (
+    CRITICAL, DEFAULT_THRESHOLDS, INFO, OK, WARNING, HealthOptions, HealthReport, fmt_bytes, fmt_count,
+    fmt_duration, fmt_threshold, health_report, load_config, worst,
+)
+from queuectl.names import DEFAULT_SCHEMA
+
+UNKNOWN_EXIT = 3
+STYLE = {OK: "green", INFO: "cyan", WARNING: "bold yellow", CRITICAL: "bold red"}
+PLAIN_WIDTH = 220  # piped output is for grep and logs: never fold a line
+
+
+def _threshold_help() -> str:
+    return "; ".join(
+        f"{t.name} ({fmt_threshold(t.unit, t.warn)}/{fmt_threshold(t.unit, t.crit)})" for t in DEFAULT_THRESHOLDS.values()
+    )
+
+
+def health(
+    names: Annotated[Optional[list[str]], typer.Argument(help="Queues to check (default: every installed queue).", show_default=False)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object (see health_schema.json).")] = False,
+    watch: Annotated[Optional[float], typer.Option("--watch", metavar="SECONDS", help="Refresh every SECONDS until Ctrl-C (in place on a terminal; JSON lines with --json).", show_default=False)] = None,
+    settings: Annotated[Optional[list[str]], typer.Option("--set", metavar="NAME.warn|crit=VALUE", help="Override a threshold, e.g. --set oldest_ready_age.warn=60s --set dead_letters.crit=off. Repeatable. Defaults (warn/crit): " + _threshold_help(), show_default=False)] = None,
+    config: Annotated[Optional[str], typer.Option("--config", help="TOML file with a \\[health] table (thresholds and options); --set wins over it.", show_default=False)] = None,
+    url: Annotated[Optional[str], typer.Option("--url", help=f"Database URL. Default: ${URL_ENV}, else the embedded server.", show_default=False)] = None,
+    schema: Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")] = DEFAULT_SCHEMA,
+) -> None:
+    """Check queues, storage, cleanup blockers and jobs; give a verdict and advice.
+
+    Exit code: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (could not check).
+    """
+    err = Console(stderr=True)
+    try:
+        options = HealthOptions()
+        if config:
+            options = load_config(config, options)
+        options = options.with_settings(settings or [])
+        if watch is not None and not 0.5 <= watch <= 86400:
+            raise QueuectlError("--watch must be from 0.5 to 86400 seconds")
+        engine = make_engine(url)
+        run = lambda: health_report(engine, names or None, schema, options)  # noqa: E731
+        if watch is None:
+            report = run()
+            _emit(report, as_json)
+            raise typer.Exit(report.exit_code)
+        raise typer.Exit(_watch(run, watch, as_json))
+    except QueuectlError as exc:
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(UNKNOWN_EXIT) from None
+    except DBAPIError as exc:
+        err.print(f"[bold red]database error:[/] {escape(first_line(exc.orig))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(UNKNOWN_EXIT) from None
+
+
+def _console() -> Console:
+    terminal = sys.stdout.isatty()
+    if terminal:
+        return Console()
+    return Console(width=max(PLAIN_WIDTH, int(os.environ.get("COLUMNS", 0) or 0)), no_color=True, highlight=False)
+
+
+def _emit(report: HealthReport, as_json: bool, *, compact: bool = False) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=None if compact else 2) + "\n")
+        sys.stdout.flush()
+        return
+    console = _console()
+    plain = not console.is_terminal
+    for part in render_parts(report, plain=plain):
+        # Piped: advice and notes stay one line each, whatever their length (grep, logs).
+        console.print(part, soft_wrap=plain and isinstance(part, Text))
+
+
+def _watch(run, seconds: float, as_json: bool) -> int:
+    """Refresh until Ctrl-C; the exit code is the last verdict's."""
+    code = UNKNOWN_EXIT
+    console = _console()
+    try:
+        if as_json or not console.is_terminal:
+            while True:
+                report = run()
+                code = report.exit_code
+                _emit(report, as_json, compact=True)
+                if not as_json:
+                    sys.stdout.write("\n")
+                    sys.stdout.flush()
+                time.sleep(seconds)
+        from rich.live import Live
+
+        footer = f"refreshing every {seconds:g}s; Ctrl-C to stop"
+        report = run()
+        code = report.exit_code
+        with Live(render(report, footer=footer), console=console, auto_refresh=False, screen=False) as live:
+            while True:
+                time.sleep(seconds)
+                report = run()
+                code = report.exit_code
+                live.update(render(report, footer=footer), refresh=True)
+    except KeyboardInterrupt:
+        return code
+
+
+# -- rendering (shared by terminal and plain text) -------------------------------------------------
+
+
+def _status(status: str, plain: bool) -> Text:
+    return Text(status, style="" if plain else STYLE[status])
+
+
+def _table(title: str, columns: list[str], plain: bool, right: set[int] = frozenset()) -> Table:
+    table = Table(title=title, title_justify="left", box=None if plain else box.SIMPLE_HEAD,
+                  show_edge=False, pad_edge=False, title_style="" if plain else "bold")
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="right" if i in right else "left", no_wrap=True)
+    return table
+
+
+def _worst_for(report: HealthReport, section: str, obj: str) -> str:
+    return worst(OK, *(c.status for c in report.checks if c.section == section and c.object == obj))
+
+
+def render(report: HealthReport, plain: bool = False, footer: str | None = None) -> RenderableType:
+    """The whole report as one rich renderable (tables, advice, notes)."""
+    return Group(*render_parts(report, plain, footer))
+
+
+def render_parts(report: HealthReport, plain: bool = False, footer: str | None = None) -> list[RenderableType]:
+    """The report's pieces in order: headline, tables, advice lines, notes."""
+    d = report.to_dict()
+    db = d["database"]
+    parts: list[RenderableType] = []
+    head = Text()
+    head.append("queuectl health ", style="" if plain else "bold")
+    head.append(f"{db['name']} (PostgreSQL {db['server_version'].split()[0]}, schema {db['schema']}) "
+                f"at {d['generated_at'][:19].replace('T', ' ')}: ")
+    head.append(d["verdict"], style="" if plain else STYLE[d["verdict"]])
+    c = d["counts"]
+    head.append(f"  ({c[CRITICAL]} critical, {c[WARNING]} warning, {c[OK]} ok)")
+
+    queues = _table("Queues", ["queue", "kind", "ready", "scheduled", "processing", "done", "dead",
+                               "oldest ready", "stuck", "in/min", "done/min", "status"], plain, right=set(range(2, 11)))
+    for q in d["queues"]:
+        dep, rates = q["depth"], q["rates"]
+        queues.add_row(q["name"], q["kind"], *(fmt_count(dep[k]) for k in ("ready", "scheduled", "processing", "done", "dead")),
+                       fmt_duration(q["oldest_ready_age_s"]), fmt_count(q["stuck"]),
+                       _rate(rates["enqueued_per_min"]), _rate(rates["completed_per_min"]),
+                       _status(_worst_for(report, "queues", q["name"]), plain))
+    parts.append(queues if d["queues"] else Text(f"no queues installed in schema {db['schema']}"))
+
+    if d["storage"]["tables"]:
+        tables = _table("Storage", ["table", "live", "dead", "dead %", "hot upd %", "size", "indexes", "bloat",
+                                    "last vacuum", "last analyze", "status"], plain, right=set(range(1, 10)))
+        now = report.facts.generated_at
+        for t in d["storage"]["tables"]:
+            status = worst(_worst_for(report, "storage", t["table"]))
+            tables.add_row(t["table"], fmt_count(t["live_tuples"]), fmt_count(t["dead_tuples"]), f"{t['dead_pct']:g}",
+                           "-" if t["hot_update_pct"] is None else f"{t['hot_update_pct']:g}",
+                           fmt_bytes(t["table_bytes"]), fmt_bytes(t["index_bytes"]),
+                           _graded_pct(report, "storage.table_bloat", t["table"], t["bloat_pct"]),
+                           _ago(now, report.facts, t["table"], ("last_vacuum", "last_autovacuum")),
+                           _ago(now, report.facts, t["table"], ("last_analyze", "last_autoanalyze")),
+                           _status(status, plain))
+        parts.append(tables)
+        indexes = _table("Indexes", ["index", "size", "leaf pages", "leaf density", "fragmentation", "bloat", "scans",
+                                     "status"], plain, right=set(range(1, 7)))
+        for ix in d["storage"]["indexes"]:
+            indexes.add_row(ix["index"], fmt_bytes(ix["index_bytes"]), fmt_count(ix["leaf_pages"]),
+                            _pct(ix["avg_leaf_density"]), _pct(ix["leaf_fragmentation"]),
+                            _graded_pct(report, "storage.index_bloat", ix["index"], ix["bloat_pct"]),
+                            fmt_count(ix["scans"]), _status(_worst_for(report, "storage", ix["index"]), plain))
+        parts.append(indexes)
+
+    blockers = _table("Cleanup blockers", ["what", "status", "finding"], plain)
+    for check in report.checks:
+        if check.section == "blockers":
+            blockers.add_row(check.object, _status(check.status, plain), check.summary)
+    parts.append(blockers)
+
+    jobs = d["jobs"]
+    if jobs["runs"]:
+        table = _table("Jobs", ["job", "queue", "last run", "outcome", "duration", "rows", "failures", "next run"],
+                       plain, right={4, 5, 6})
+        for r in jobs["runs"]:
+            table.add_row(r["job"], r["queue"] or "-", (r["started_at"] or "-")[:19].replace("T", " "),
+                          r["outcome"] or "running", fmt_duration(r["duration_s"]), fmt_count(r["rows"]),
+                          str(r["failures"]), r["next_run"] or "-")
+        parts.append(table)
+    else:
+        parts.append(Text(f"Jobs: {jobs['note'] or 'no runs recorded'}"))
+
+    advice: list[RenderableType] = []
+    if report.advice:
+        advice.append(Text(""))
+        advice.append(Text("Advice", style="" if plain else "bold"))
+        for check in report.advice:
+            line = Text()
+            line.append(f"{check.status:<8} ", style="" if plain else STYLE[check.status])
+            line.append(check.advice)
+            advice.append(line)
+    advice += [Text(f"note: {note}", style="" if plain else "dim") for note in d["notes"]]
+    if footer:
+        # Watching: what to act on first, so a screen too short for the tables crops them, not the advice.
+        return [head, Text(footer, style="" if plain else "dim"), *advice, *_spaced(parts)]
+    return [head, *_spaced(parts), *advice]
+
+
+def _spaced(parts: list[RenderableType]) -> list[RenderableType]:
+    out: list[RenderableType] = []
+    for part in parts:
+        if out and isinstance(part, Table):
+            out.append(Text(""))
+        out.append(part)
+    return out
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def _graded_pct(report: HealthReport, check_id: str, obj: str, value: float | None) -> str:
+    """A bloat ratio only where it was graded: tiny relations show high ratios naturally."""
+    graded = any(c.id == check_id and c.object == obj for c in report.checks)
+    return _pct(value) if graded else "-"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def _ago(now, facts, table: str, keys: tuple[str, ...]) -> str:
+    row = next((t for t in facts.tables if t["table_name"] == table), None)
+    stamps = [(row[k], k) for k in keys if row and row.get(k)]
+    if not stamps:
+        return "never"
+    when, key = max(stamps)
+    return f"{fmt_duration((now - when).total_seconds())} ago" + (" (auto)" if key.startswith("last_auto") else "")

@@ -1,0 +1,1014 @@
+"""Health of the queues in one database: gather facts, grade them, say what to do.
+
+Three steps, each usable on its own:
+
+1. ``gather_facts`` reads the server in a fixed number of statements (sql/<engine>/health.sql)
+   plus one pass per queue (each queue kind contributes its own probe, see KIND_HEALTH);
+2. ``evaluate`` grades the facts against named thresholds (DEFAULT_THRESHOLDS, overridable
+   with ``--set name.warn=VALUE`` or a TOML file) into checks OK / INFO / WARNING / CRITICAL,
+   each non-OK one with one line of concrete advice;
+3. ``HealthReport`` holds both, gives the verdict, the exit code (0 OK, 1 WARNING,
+   2 CRITICAL) and the JSON object described by health_schema.json.
+
+On PostgreSQL the early warning for a queue is not its depth but dead tuples and the age of
+whatever holds the xmin horizon back (see shared reference dba.md section 2.3/2.9): the
+blocker checks name the pid, its age and how many dead tuples wait behind it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+
+from queuectl.catalog import QueueInfo
+from queuectl.engine import adapter_for, first_line, mask_url
+from queuectl.errors import UsageError
+from queuectl.install import list_queues
+from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident, validate_queue_name, validate_schema_name
+from queuectl.sqlfiles import render
+
+REPORT_FORMAT = 1  # bumped when the JSON object changes incompatibly (see health_schema.json)
+
+OK, INFO, WARNING, CRITICAL = "OK", "INFO", "WARNING", "CRITICAL"
+STATUSES = (OK, INFO, WARNING, CRITICAL)
+_RANK = {OK: 0, INFO: 0, WARNING: 1, CRITICAL: 2}
+EXIT_CODES = {OK: 0, WARNING: 1, CRITICAL: 2}
+# Advice order within a severity: what holds cleanup back explains much of the rest.
+_ROOT_CAUSE_FIRST = {"blockers": 0, "queues": 1, "storage": 2, "jobs": 3}
+
+# The job-run history the scheduler writes (jobs issue): read only when the table exists.
+JOB_RUNS_TABLE = "job_runs"
+JOB_RUNS_COLUMNS = ("job", "queue", "started_at", "finished_at", "rows", "outcome", "error")
+JOB_SUCCESS_OUTCOMES = ("ok", "success", "succeeded")
+JOB_NOT_FAILURE_OUTCOMES = JOB_SUCCESS_OUTCOMES + ("skipped", "running")
+
+
+# -- thresholds -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A value at or above ``warn`` is a WARNING, at or above ``crit`` CRITICAL; None = off."""
+
+    name: str
+    unit: str  # seconds | count | percent | xids
+    warn: float | None
+    crit: float | None
+    help: str
+
+
+def _t(name: str, unit: str, warn: float | None, crit: float | None, help: str) -> Threshold:
+    return Threshold(name, unit, warn, crit, help)
+
+
+# Sources: dba.md 3.6 (suggested checks), PlanetScale's ~24k dead tuples that tripled claim
+# time, pganalyze's xmin-horizon check (24 h there; a queue needs minutes), check_postgres
+# txn_idle, pgstatindex practice (density < 50-60 % = rebuild). A queue is app-specific:
+# every value can be changed with --set or [health.thresholds] in a TOML file.
+DEFAULT_THRESHOLDS: dict[str, Threshold] = {
+    t.name: t
+    for t in (
+        _t("oldest_ready_age", "seconds", 300, 3600, "how long the oldest due item has waited"),
+        _t("stuck_items", "count", 1, 100, "items in processing whose lease expired"),
+        _t("dead_letters", "count", 1, 1000, "items that used up their attempts (dead)"),
+        _t("backlog", "count", None, None, "due items waiting (off by default: app-specific)"),
+        _t("watermark_lag", "count", 10_000, 1_000_000, "rows between the stored watermark and the head"),
+        _t("ring_fill", "percent", 80, 95, "share of a ring's slots in use"),
+        _t("dead_tuples", "count", 10_000, 100_000, "dead row versions in one queue table"),
+        _t("table_bloat", "percent", 40, 70, "free space beyond fillfactor in a queue table (pgstattuple_approx)"),
+        _t("index_bloat", "percent", 30, 60, "wasted leaf space of a B-tree index (pgstatindex)"),
+        _t("xact_age", "seconds", 300, 3600, "age of a transaction or snapshot that holds back cleanup"),
+        _t("idle_in_transaction", "seconds", 60, 600, "time a session has sat idle inside a transaction"),
+        _t("prepared_xact_age", "seconds", 300, 3600, "age of a prepared (two-phase) transaction"),
+        _t("slot_xmin_age", "xids", 1_000_000, 100_000_000, "transactions a replication slot or standby holds back"),
+        _t("job_failures", "count", 1, 3, "failed runs of one job on one queue in the failure window"),
+    )
+}
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?$")
+_COUNT = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmMgG])?$")
+_DURATION_FACTORS = {None: 1, "s": 1, "ms": 0.001, "m": 60, "min": 60, "h": 3600, "d": 86400}
+_COUNT_FACTORS = {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}
+
+
+def parse_value(unit: str, text: str | int | float) -> float | None:
+    """'90s', '5m', '2h' (seconds); '10k', '1.5M' (counts); '61%' (percent); 'off' = None."""
+    if isinstance(text, bool):
+        raise UsageError(f"expected a number, got {text!r}")
+    if isinstance(text, (int, float)):
+        return float(text)
+    raw = str(text).strip()
+    if raw.lower() in ("off", "none", ""):
+        return None
+    if unit == "seconds":
+        m = _DURATION.fullmatch(raw.lower())
+        if m:
+            return float(m.group(1)) * _DURATION_FACTORS[m.group(2)]
+        raise UsageError(f"{raw!r} is not a duration: use e.g. 90s, 5m, 2h, 1d")
+    if unit == "percent":
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*%?", raw)
+        if m and float(m.group(1)) <= 100:
+            return float(m.group(1))
+        raise UsageError(f"{raw!r} is not a percentage from 0 to 100")
+    m = _COUNT.fullmatch(raw)
+    if m:
+        return float(m.group(1)) * _COUNT_FACTORS[(m.group(2) or "").lower() or None]
+    raise UsageError(f"{raw!r} is not a count: use e.g. 100, 10k, 1.5M")
+
+
+def with_threshold(thresholds: dict[str, Threshold], name: str, level: str, value: Any) -> dict[str, Threshold]:
+    if name not in thresholds:
+        raise UsageError(f"unknown health threshold {name!r}: choose one of {', '.join(sorted(thresholds))}")
+    if level not in ("warn", "crit"):
+        raise UsageError(f"threshold level must be warn or crit, got {level!r} (e.g. {name}.warn=...)")
+    updated = dict(thresholds)
+    updated[name] = replace(thresholds[name], **{level: parse_value(thresholds[name].unit, value)})
+    return updated
+
+
+def apply_settings(thresholds: dict[str, Threshold], settings: Iterable[str]) -> dict[str, Threshold]:
+    """Apply ``name.warn=VALUE`` / ``name.crit=VALUE`` strings (the CLI's --set)."""
+    for item in settings:
+        key, sep, value = item.partition("=")
+        name, dot, level = key.strip().partition(".")
+        if not sep or not dot:
+            raise UsageError(f"--set expects NAME.warn=VALUE or NAME.crit=VALUE, got {item!r}")
+        thresholds = with_threshold(thresholds, name, level.strip(), value.strip())
+    _check_order(thresholds)
+    return thresholds
+
+
+def _check_order(thresholds: dict[str, Threshold]) -> None:
+    for t in thresholds.values():
+        if t.warn is not None and t.crit is not None and t.warn > t.crit:
+            raise UsageError(f"threshold {t.name}: warn ({t.warn:g}) is above crit ({t.crit:g})")
+
+
+# -- options ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HealthOptions:
+    """How a report is gathered and graded. Every default is named here."""
+
+    thresholds: dict[str, Threshold] = field(default_factory=lambda: dict(DEFAULT_THRESHOLDS))
+    rate_window_s: float = 300.0  # enqueue/completion rates over the last 5 minutes
+    history_scan: int = 10_000  # newest archived rows looked at for the rates (bounded cost)
+    physical_max_bytes: int = 128 * 2**20  # pgstatindex / pgstattuple_approx read the whole relation
+    index_min_leaf_pages: int = 8  # smaller indexes are left alone (their density means little)
+    table_min_pages: int = 128  # 1 MB: small tables show high bloat ratios naturally
+    create_extension: bool = True  # try CREATE EXTENSION pgstattuple when it is available
+    job_lookback_s: float = 7 * 86400.0
+    job_failure_window_s: float = 86400.0
+    statement_timeout_ms: int = 10_000
+    lock_timeout_ms: int = 2_000
+
+    _OPTION_KEYS = {
+        "rate_window": "seconds", "history_scan": "count", "physical_max_mb": "count",
+        "index_min_leaf_pages": "count", "table_min_pages": "count", "create_extension": "bool",
+        "job_failure_window": "seconds", "statement_timeout": "seconds",
+    }
+
+    def with_settings(self, settings: Iterable[str]) -> "HealthOptions":
+        return replace(self, thresholds=apply_settings(self.thresholds, settings))
+
+
+def load_config(path: str | Path, options: HealthOptions | None = None) -> HealthOptions:
+    """Read the ``[health]`` table of a TOML file (the scheduler's queuectl.toml may hold it).
+
+    [health]
+    rate_window = "5m"
+    [health.thresholds]
+    oldest_ready_age = { warn = "1m", crit = "15m" }
+    dead_letters = { warn = 10, crit = "off" }
+    """
+    options = options or HealthOptions()
+    try:
+        data = tomllib.loads(Path(path).read_text("utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read config {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"config {path} is not valid TOML: {exc}") from None
+    section = data.get("health", {})
+    if not isinstance(section, dict):
+        raise UsageError(f"config {path}: [health] must be a table")
+    thresholds = dict(options.thresholds)
+    for name, levels in (section.get("thresholds") or {}).items():
+        if not isinstance(levels, dict):
+            raise UsageError(f"config {path}: health.thresholds.{name} must be a table like {{ warn = ..., crit = ... }}")
+        for level, value in levels.items():
+            thresholds = with_threshold(thresholds, name, level, value)
+    _check_order(thresholds)
+    changes: dict[str, Any] = {"thresholds": thresholds}
+    for key, value in section.items():
+        if key == "thresholds":
+            continue
+        kind = HealthOptions._OPTION_KEYS.get(key)
+        if kind is None:
+            raise UsageError(f"config {path}: unknown health option {key!r}")
+        if kind == "bool":
+            if not isinstance(value, bool):
+                raise UsageError(f"config {path}: health.{key} must be true or false")
+            changes[key] = value
+            continue
+        number = parse_value(kind, value)
+        if number is None or number <= 0:
+            raise UsageError(f"config {path}: health.{key} must be positive")
+        if key == "rate_window":
+            changes["rate_window_s"] = number
+        elif key == "job_failure_window":
+            changes["job_failure_window_s"] = number
+        elif key == "physical_max_mb":
+            changes["physical_max_bytes"] = int(number * 2**20)
+        elif key == "statement_timeout":
+            changes["statement_timeout_ms"] = int(number * 1000)
+        else:
+            changes[key] = int(number)
+    return replace(options, **changes)
+
+
+# -- per-kind queue probes -----------------------------------------------------------------------
+
+
+@dataclass
+class QueueFacts:
+    """What one queue's probe found. Counts a kind does not have stay None."""
+
+    name: str
+    kind: str
+    ready: int | None = None
+    scheduled: int | None = None
+    processing: int | None = None
+    done: int | None = None
+    dead: int | None = None
+    stuck: int | None = None
+    oldest_expired_lease_s: float | None = None
+    oldest_ready_age_s: float | None = None
+    window_s: float | None = None
+    enqueued_in_window: int | None = None
+    completed_in_window: int | None = None
+    died_in_window: int | None = None
+    watermark_lag: int | None = None  # watermark kind: rows between stored watermark and head
+    ring_fill_pct: float | None = None  # ring kind: slots in use / slots
+    probed: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    def per_minute(self, count: int | None) -> float | None:
+        if count is None or not self.window_s:
+            return None
+        return round(count * 60.0 / self.window_s, 2)
+
+
+Probe = Callable[[Connection, QueueNames, QueueInfo, HealthOptions], QueueFacts]
+
+
+@dataclass(frozen=True)
+class KindHealth:
+    """What a queue kind contributes to a health report.
+
+    tables:   suffixes of the queue's tables (for the storage section), e.g. ("meta", ...)
+    measured: the subset whose indexes/tables get pgstatindex / pgstattuple_approx (the
+              churned ones; append-only history is left out: big, and it does not bloat)
+    probe:    one statement (or very few) over the queue's tables returning QueueFacts
+    """
+
+    tables: tuple[str, ...]
+    measured: tuple[str, ...]
+    probe: Probe
+
+
+def _probe_reliable(conn: Connection, names: QueueNames, info: QueueInfo, options: HealthOptions) -> QueueFacts:
+    sql = render(adapter_for(conn).sql_dir, "health", "queue_reliable", names.template_values())
+    row = conn.execute(
+        sa.text(sql), {"window_s": options.rate_window_s, "history_scan": options.history_scan}
+    ).mappings().one()
+    return QueueFacts(
+        name=info.name,
+        kind=info.kind,
+        ready=row["ready"],
+        scheduled=row["scheduled"],
+        processing=row["processing"],
+        done=row["done"],
+        dead=row["dead"],
+        stuck=row["stuck"],
+        oldest_expired_lease_s=row["oldest_expired_lease_s"],
+        oldest_ready_age_s=row["oldest_ready_age_s"],
+        window_s=options.rate_window_s,
+        enqueued_in_window=row["enqueued_in_window"],
+        completed_in_window=row["completed_in_window"],
+        died_in_window=row["died_in_window"],
+    )
+
+
+# The lead adds the other kinds here (heap, fifo, stack, pending, watermark, ring): a
+# KindHealth with the kind's table suffixes and a probe filling the QueueFacts fields the
+# kind has (depth as `ready`, watermark_lag, ring_fill_pct, ...), its SQL in health.sql.
+KIND_HEALTH: dict[str, KindHealth] = {
+    "reliable": KindHealth(tables=("meta", "data", "history"), measured=("meta", "data"), probe=_probe_reliable),
+}
+
+
+# -- facts ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Facts:
+    """Everything read from the server for one report (plain data, JSON-friendly)."""
+
+    generated_at: datetime
+    server: dict[str, Any]
+    schema: str
+    queues: list[QueueFacts]
+    tables: list[dict[str, Any]]
+    indexes: list[dict[str, Any]]
+    sessions: list[dict[str, Any]]
+    replication_slots: list[dict[str, Any]]
+    standby_feedback: list[dict[str, Any]]
+    prepared_xacts: list[dict[str, Any]]
+    jobs: dict[str, Any]
+    pgstattuple: str  # installed | created | unavailable: <why>
+    notes: list[str]
+
+
+def _sql(conn: Connection, section: str, values: dict[str, str | int] | None = None) -> sa.TextClause:
+    return sa.text(render(adapter_for(conn).sql_dir, "health", section, values or {}))
+
+
+def _rows(conn: Connection, section: str, params: dict[str, Any] | None = None, values: dict | None = None) -> list[dict]:
+    return [dict(r) for r in conn.execute(_sql(conn, section, values), params or {}).mappings()]
+
+
+def _ensure_pgstattuple(engine: Engine, server: dict[str, Any], options: HealthOptions) -> str:
+    if server["pgstattuple_schema"]:
+        return "installed"
+    if not server["pgstattuple_available"]:
+        return "unavailable: the pgstattuple extension is not on the server (install postgresql-contrib)"
+    if server["in_recovery"]:
+        return "unavailable: not installed, and a standby cannot install it (create it on the primary)"
+    if not options.create_extension:
+        return "unavailable: not installed (create_extension = false): run CREATE EXTENSION pgstattuple"
+    key = engine.url.render_as_string(hide_password=True)
+    if key in _EXTENSION_REFUSED:  # --watch: do not fill the server log with the same error
+        return _EXTENSION_REFUSED[key]
+    try:
+        with engine.begin() as conn:
+            conn.execute(_sql(conn, "create_pgstattuple"))
+    except DBAPIError as exc:
+        _EXTENSION_REFUSED[key] = (f"unavailable: CREATE EXTENSION pgstattuple failed ({first_line(exc.orig)}): "
+                                   "ask a superuser to run it in this database")
+        return _EXTENSION_REFUSED[key]
+    return "created"
+
+
+_EXTENSION_REFUSED: dict[str, str] = {}
+
+
+def _optional(conn: Connection, notes: list[str], what: str, fn: Callable[[], list[dict]]) -> list[dict]:
+    """Run an optional read in a savepoint; a failure becomes a note, not a failed report."""
+    try:
+        with conn.begin_nested():
+            return fn()
+    except DBAPIError as exc:
+        notes.append(f"{what} not read: {first_line(exc.orig)}")
+        return []
+
+
+def _select_queues(conn: Connection, schema: str, names: Sequence[str] | None) -> list[QueueInfo]:
+    installed = list_queues(conn, schema)
+    if not names:
+        return installed
+    by_name = {q.name: q for q in installed}
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise UsageError(f"queue(s) not installed in schema {schema!r}: {', '.join(missing)}")
+    return [by_name[n] for n in dict.fromkeys(names)]
+
+
+def gather_facts(
+    engine: Engine, queues: Sequence[str] | None = None, schema: str = DEFAULT_SCHEMA, options: HealthOptions | None = None
+) -> Facts:
+    """Read everything a report needs: a fixed number of statements plus one per queue."""
+    options = options or HealthOptions()
+    validate_schema_name(schema)
+    for name in queues or ():
+        validate_queue_name(name)
+    notes: list[str] = []
+    with engine.connect() as conn:
+        server = dict(conn.execute(_sql(conn, "server")).mappings().one())
+    pgstattuple = _ensure_pgstattuple(engine, server, options)
+    if pgstattuple == "created":
+        with engine.connect() as conn:
+            server = dict(conn.execute(_sql(conn, "server")).mappings().one())
+
+    with engine.connect() as conn, conn.begin():
+        conn.execute(_sql(conn, "session_limits"),
+                     {"statement_timeout": f"{options.statement_timeout_ms}ms", "lock_timeout": f"{options.lock_timeout_ms}ms"})
+        generated_at = conn.execute(_sql(conn, "now")).scalar_one()
+        infos = _select_queues(conn, schema, queues)
+
+        queue_facts: list[QueueFacts] = []
+        table_owner: dict[str, tuple[str, str, bool]] = {}  # qualified -> (queue, suffix, measured)
+        for info in infos:
+            names = QueueNames(info.name, schema)
+            kind = KIND_HEALTH.get(info.kind)
+            if kind is None:
+                queue_facts.append(QueueFacts(info.name, info.kind, probed=False,
+                                              notes=[f"no health probe for kind {info.kind!r} yet"]))
+                continue
+            try:
+                with conn.begin_nested():  # a lock timeout on one queue must not cost the whole report
+                    queue_facts.append(kind.probe(conn, names, info, options))
+            except DBAPIError as exc:
+                queue_facts.append(QueueFacts(info.name, info.kind, probed=False,
+                                              notes=[f"could not be read: {first_line(exc.orig)}"]))
+            for suffix in kind.tables:
+                table_owner[names.qualified(suffix)] = (info.name, suffix, suffix in kind.measured)
+
+        tables = _rows(conn, "tables", {"tables": list(table_owner)})
+        indexes = _rows(conn, "indexes", {"tables": list(table_owner)})
+        for row in tables + indexes:
+            row["queue"], row["suffix"], row["measured"] = table_owner[row.pop("qualified")]
+
+        locked = [t["table_name"] for t in tables if t["locked"]]
+        if locked:
+            notes.append(f"locked in ACCESS EXCLUSIVE mode (DDL, VACUUM FULL, REINDEX?): sizes not read for {', '.join(locked)}")
+
+        pgs_schema = server["pgstattuple_schema"]
+        if pgs_schema and not re.fullmatch(r"[a-z][a-z0-9_]{0,62}", pgs_schema):
+            notes.append(f"pgstattuple is installed in schema {pgs_schema!r}, which queuectl does not quote: not measured")
+            pgs_schema = None
+        if pgs_schema:
+            _measure(conn, tables, indexes, quote_ident(pgs_schema), options, notes)
+
+        sessions = _rows(conn, "sessions")
+        slots = _rows(conn, "replication_slots")
+        feedback = _rows(conn, "standby_feedback")
+        prepared = _rows(conn, "prepared_xacts")
+        jobs = _job_history(conn, schema, options, notes)
+
+    if not server["sees_all_sessions"]:
+        notes.append("this role is not a member of pg_read_all_stats: other users' sessions show no "
+                     "transaction details, so cleanup blockers may be missed (GRANT pg_monitor TO ...)")
+    return Facts(
+        generated_at=generated_at, server=server, schema=schema, queues=queue_facts, tables=tables,
+        indexes=indexes, sessions=sessions, replication_slots=slots, standby_feedback=feedback,
+        prepared_xacts=prepared, jobs=jobs, pgstattuple=pgstattuple, notes=notes,
+    )
+
+
+def _measure(conn: Connection, tables: list[dict], indexes: list[dict], pgs: str, options: HealthOptions, notes: list[str]) -> None:
+    """pgstatindex on the measured B-tree indexes and pgstattuple_approx on the measured tables."""
+    index_oids = [ix["index_oid"] for ix in indexes if ix["measured"] and ix["method"] == "btree" and ix["valid"]
+                  and ix["index_bytes"] is not None and ix["index_bytes"] <= options.physical_max_bytes]
+    skipped = [ix["index_name"] for ix in indexes
+               if ix["measured"] and ix["index_bytes"] is not None and ix["index_bytes"] > options.physical_max_bytes]
+    if skipped:
+        notes.append(f"indexes over {options.physical_max_bytes // 2**20} MB not measured (pgstatindex reads them "
+                     f"whole): {', '.join(skipped)}")
+    physical = {r["index_oid"]: r for r in _optional(
+        conn, notes, "pgstatindex", lambda: _rows(conn, "index_physical", {"oids": index_oids}, {"pgstattuple_schema": pgs})
+    )} if index_oids else {}
+    for ix in indexes:
+        p = physical.get(ix["index_oid"])
+        ix["physical"] = None if p is None else {k: _finite(v) for k, v in p.items() if k != "index_oid"}
+
+    table_oids = [t["table_oid"] for t in tables if t["measured"] and t["table_bytes"] is not None
+                  and t["table_bytes"] <= options.physical_max_bytes]
+    rows = _optional(
+        conn, notes, "pgstattuple_approx",
+        lambda: _rows(conn, "table_physical", {"oids": table_oids}, {"pgstattuple_schema": pgs}),
+    ) if table_oids else []
+    by_oid = {r["table_oid"]: r for r in rows}
+    for t in tables:
+        p = by_oid.get(t["table_oid"])
+        t["physical"] = None if p is None else {k: _finite(v) for k, v in p.items() if k != "table_oid"}
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _job_history(conn: Connection, schema: str, options: HealthOptions, notes: list[str]) -> dict[str, Any]:
+    """The scheduler's job-run history when its table exists; otherwise say so."""
+    inspector = sa.inspect(conn)
+    if not inspector.has_table(JOB_RUNS_TABLE, schema=schema):
+        return {"available": False, "note": "no job history (scheduler not installed)", "runs": []}
+    columns = {c["name"] for c in inspector.get_columns(JOB_RUNS_TABLE, schema=schema)}
+    missing = [c for c in JOB_RUNS_COLUMNS if c not in columns]
+    if missing:
+        return {"available": False, "runs": [],
+                "note": f"job history table {schema}.{JOB_RUNS_TABLE} lacks column(s) {', '.join(missing)}: not read"}
+    values = {"job_runs": f"{quote_ident(schema)}.{quote_ident(JOB_RUNS_TABLE)}"}
+    params = {
+        "lookback_s": options.job_lookback_s, "failure_window_s": options.job_failure_window_s,
+        "success": list(JOB_SUCCESS_OUTCOMES), "not_failure": list(JOB_NOT_FAILURE_OUTCOMES),
+    }
+    runs = _optional(conn, notes, "job history", lambda: _rows(conn, "job_runs", params, values))
+    for run in runs:
+        run["next_run"] = None  # the scheduler's next fire times live in its process, not the catalog
+    return {"available": True, "note": None, "runs": runs}
+
+
+# -- checks --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Check:
+    """One graded finding. ``advice`` is one line, present exactly when status is not OK."""
+
+    id: str  # stable, e.g. "queue.oldest_ready_age"
+    section: str  # queues | storage | blockers | jobs
+    object: str  # the queue, table, index, pid or slot it is about
+    status: str
+    summary: str
+    value: float | None = None
+    unit: str | None = None
+    advice: str | None = None
+
+
+def grade(value: float | None, threshold: Threshold) -> str:
+    if value is None:
+        return OK
+    if threshold.crit is not None and value >= threshold.crit:
+        return CRITICAL
+    if threshold.warn is not None and value >= threshold.warn:
+        return WARNING
+    return OK
+
+
+def worst(*statuses: str) -> str:
+    return max(statuses, key=lambda s: (_RANK[s], s == INFO), default=OK)
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = max(0.0, float(seconds))
+    if s < 60:
+        return f"{s:.0f}s" if s >= 10 or s == int(s) else f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m" + (f" {int(s % 60)}s" if s < 600 and int(s % 60) else "")
+    if s < 86400:
+        return f"{int(s // 3600)}h" + (f" {int(s % 3600 // 60)}m" if int(s % 3600 // 60) else "")
+    return f"{int(s // 86400)}d" + (f" {int(s % 86400 // 3600)}h" if int(s % 86400 // 3600) else "")
+
+
+def fmt_count(n: float | None) -> str:
+    if n is None:
+        return "-"
+    n = float(n)
+    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= factor * 10 or (abs(n) >= factor and suffix != "k"):
+            return f"{n / factor:.1f}".rstrip("0").rstrip(".") + suffix
+    return f"{n:,.0f}"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for factor, suffix in ((2**40, "TB"), (2**30, "GB"), (2**20, "MB"), (2**10, "kB")):
+        if n >= factor:
+            return f"{n / factor:.1f} {suffix}"
+    return f"{int(n)} B"
+
+
+def fmt_threshold(unit: str, value: float | None) -> str:
+    if value is None:
+        return "off"
+    if unit == "seconds":
+        return fmt_duration(value)
+    if unit == "percent":
+        return f"{value:g}%"
+    return fmt_count(value)
+
+
+def index_bloat_pct(ix: dict[str, Any]) -> float | None:
+    """Wasted share of the leaf level: free space beyond the index's fillfactor, plus empty
+    and deleted pages. A fresh B-tree (density = fillfactor) scores 0."""
+    p = ix.get("physical")
+    if not p or not p.get("leaf_pages") or p.get("avg_leaf_density") is None:
+        return None
+    leaf, empty, deleted = p["leaf_pages"], p["empty_pages"] or 0, p["deleted_pages"] or 0
+    fill = max(1.0, float(ix["fillfactor"]))
+    used = leaf * min(1.0, p["avg_leaf_density"] / fill)
+    return round(max(0.0, 100.0 * (1 - used / (leaf + empty + deleted))), 1)
+
+
+def table_bloat_pct(t: dict[str, Any]) -> float | None:
+    """Free space beyond the table's fillfactor reserve (pgstattuple_approx): room VACUUM has
+    already reclaimed but the file still holds. Dead tuples are graded on their own."""
+    p = t.get("physical")
+    if not p or p.get("approx_free_percent") is None:
+        return None
+    return round(max(0.0, min(100.0, p["approx_free_percent"] - (100 - t["fillfactor"]))), 1)
+
+
+def evaluate(facts: Facts, options: HealthOptions | None = None) -> list[Check]:
+    """Grade the facts: every check carries its status, and advice when it is not OK."""
+    options = options or HealthOptions()
+    th = options.thresholds
+    holders = _horizon_holders(facts)
+    dead_total = sum(t["n_dead_tup"] or 0 for t in facts.tables)
+    checks: list[Check] = []
+    checks += _queue_checks(facts, th, options)
+    checks += _storage_checks(facts, th, options, holders)
+    checks += _blocker_checks(facts, th, dead_total)
+    checks += _job_checks(facts, th, options)
+    return checks
+
+
+def _horizon_holders(facts: Facts) -> list[dict[str, Any]]:
+    """Sessions holding a snapshot or an xid in this database, oldest first."""
+    held = [s for s in facts.sessions if (s["backend_xmin"] or s["backend_xid"]) and s["xact_age_s"] is not None]
+    return sorted(held, key=lambda s: -s["xact_age_s"])
+
+
+def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions) -> list[Check]:
+    checks: list[Check] = []
+    for q in facts.queues:
+        if not q.probed:
+            if q.kind in KIND_HEALTH:
+                advice = (f"queue {q.name} {q.notes[0] if q.notes else 'could not be read'}: "
+                          "look for a long lock on its tables (pg_locks) and run health again")
+            else:
+                advice = f"queue {q.name} is of kind {q.kind!r}, which this queuectl cannot inspect yet: upgrade queuectl"
+            checks.append(Check("queue.probe", "queues", q.name, WARNING,
+                                f"kind {q.kind}: depth and ages not checked", advice=advice))
+            continue
+        window = fmt_duration(q.window_s)
+        done_rate = q.per_minute(q.completed_in_window)
+
+        status = grade(q.oldest_ready_age_s, th["oldest_ready_age"])
+        if q.oldest_ready_age_s is None:
+            summary = "no due item waiting"
+        else:
+            summary = f"oldest due item waiting {fmt_duration(q.oldest_ready_age_s)} ({fmt_count(q.ready)} ready)"
+        advice = None
+        if status != OK:
+            if q.completed_in_window == 0:
+                why = f"nothing completed in the last {window}: are consumers running?"
+            else:
+                why = f"{done_rate:g}/min completed over {window}: add consumers or find what slows them"
+            advice = (f"queue {q.name}: oldest due item has waited {fmt_duration(q.oldest_ready_age_s)} "
+                      f"with {fmt_count(q.ready)} ready; {why}")
+        checks.append(Check("queue.oldest_ready_age", "queues", q.name, status, summary,
+                            q.oldest_ready_age_s, "seconds", advice))
+
+        if q.stuck is not None:
+            status = grade(q.stuck, th["stuck_items"])
+            advice = None
+            if status != OK:
+                advice = (f"queue {q.name}: {fmt_count(q.stuck)} item(s) hold leases that expired up to "
+                          f"{fmt_duration(q.oldest_expired_lease_s)} ago: their consumers died or stalled; the next "
+                          "dequeue (or the stale-reset job) takes them back: check the consumers' logs")
+            checks.append(Check("queue.stuck_items", "queues", q.name, status,
+                                f"{fmt_count(q.stuck)} expired lease(s)", q.stuck, "count", advice))
+
+        if q.dead is not None:
+            status = grade(q.dead, th["dead_letters"])
+            advice = None
+            if status != OK:
+                names = QueueNames(q.name, facts.schema)
+                advice = (f"queue {q.name}: {fmt_count(q.dead)} dead letter(s) used up their attempts: read "
+                          f"last_error (SELECT id, last_error FROM {names.qualified('meta')} WHERE status = 3), "
+                          "fix the cause, then re-enqueue or archive them")
+            checks.append(Check("queue.dead_letters", "queues", q.name, status,
+                                f"{fmt_count(q.dead)} dead", q.dead, "count", advice))
+
+        if q.ready is not None and (th["backlog"].warn is not None or th["backlog"].crit is not None):
+            status = grade(q.ready, th["backlog"])
+            advice = None if status == OK else (
+                f"queue {q.name}: {fmt_count(q.ready)} due items waiting, {done_rate or 0:g}/min completed: "
+                "add consumers or slow producers")
+            checks.append(Check("queue.backlog", "queues", q.name, status, f"{fmt_count(q.ready)} due",
+                                q.ready, "count", advice))
+
+        if q.watermark_lag is not None:
+            status = grade(q.watermark_lag, th["watermark_lag"])
+            advice = None if status == OK else (
+                f"queue {q.name}: stored watermark lags the head by {fmt_count(q.watermark_lag)} rows: "
+                "dequeues re-scan them; run the watermark correction job")
+            checks.append(Check("queue.watermark_lag", "queues", q.name, status,
+                                f"watermark lag {fmt_count(q.watermark_lag)}", q.watermark_lag, "count", advice))
+
+        if q.ring_fill_pct is not None:
+            status = grade(q.ring_fill_pct, th["ring_fill"])
+            advice = None if status == OK else (
+                f"ring {q.name} is {q.ring_fill_pct:.0f}% full: producers will wait when it fills; "
+                "add consumers or reinstall with more slots")
+            checks.append(Check("queue.ring_fill", "queues", q.name, status, f"{q.ring_fill_pct:.0f}% full",
+                                q.ring_fill_pct, "percent", advice))
+    return checks
+
+
+def _holder_phrase(holders: list[dict[str, Any]]) -> str:
+    h = holders[0]
+    return f"pid {h['pid']} (open {fmt_duration(h['xact_age_s'])})"
+
+
+def _storage_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions, holders: list[dict]) -> list[Check]:
+    checks: list[Check] = []
+    if facts.pgstattuple.startswith("unavailable"):
+        checks.append(Check("storage.pgstattuple", "storage", "pgstattuple", INFO,
+                            f"index density and table bloat not measured: {facts.pgstattuple.split(': ', 1)[1]}"))
+    for t in facts.tables:
+        name = t["table_name"]
+        dead = t["n_dead_tup"] or 0
+        status = grade(dead, th["dead_tuples"])
+        live = t["n_live_tup"] or 0
+        pct = 100.0 * dead / (live + dead) if live + dead else 0.0
+        advice = None
+        if status != OK:
+            if holders:
+                advice = (f"{name}: {fmt_count(dead)} dead tuples ({pct:.0f}%) that VACUUM cannot remove while "
+                          f"{_holder_phrase(holders)} holds the xmin horizon: end that transaction first")
+            else:
+                last = max((d for d in (t["last_vacuum"], t["last_autovacuum"]) if d), default=None)
+                since = "never vacuumed" if last is None else f"last vacuum {fmt_duration((facts.generated_at - last).total_seconds())} ago"
+                advice = (f"{name}: {fmt_count(dead)} dead tuples ({pct:.0f}%), {since}: run VACUUM (ANALYZE) "
+                          f"{facts.schema}.{name}; if it recurs, lower autovacuum_vacuum_threshold / scale_factor "
+                          "for this table")
+        checks.append(Check("storage.dead_tuples", "storage", name, status,
+                            f"{fmt_count(dead)} dead / {fmt_count(live)} live", dead, "count", advice))
+
+        bloat = table_bloat_pct(t)
+        if bloat is not None and (t["pages"] or 0) >= options.table_min_pages:
+            status = grade(bloat, th["table_bloat"])
+            advice = None if status == OK else (
+                f"table {name} ~{bloat:.0f}% bloated ({fmt_bytes(t['table_bytes'])} with {bloat:.0f}% free beyond "
+                f"fillfactor {t['fillfactor']}): new rows reuse it; to shrink the file rewrite the table online "
+                "with pg_repack (or VACUUM FULL in a quiet window)")
+            checks.append(Check("storage.table_bloat", "storage", name, status,
+                                f"~{bloat:.0f}% bloat of {fmt_bytes(t['table_bytes'])}", bloat, "percent", advice))
+
+    for ix in facts.indexes:
+        name = ix["index_name"]
+        if not ix["valid"] or ix["reindex_leftover"]:
+            checks.append(Check("storage.invalid_index", "storage", name, WARNING,
+                                "invalid index (leftover of an interrupted build or REINDEX CONCURRENTLY)",
+                                advice=f"index {name} is invalid: writes still maintain it but no query uses it: "
+                                       f"DROP INDEX CONCURRENTLY {facts.schema}.{name} (queuectl reorganize "
+                                       f"{ix['queue']} cleans leftovers)"))
+            continue
+        bloat = index_bloat_pct(ix)
+        p = ix.get("physical")
+        if bloat is None or p["leaf_pages"] < options.index_min_leaf_pages:
+            continue
+        status = grade(bloat, th["index_bloat"])
+        advice = None
+        if status != OK:
+            wait = f", after ending {_holder_phrase(holders)}: the rebuild waits for older snapshots" if holders else ""
+            advice = (f"index {name} {bloat:.0f}% bloated (leaf density {p['avg_leaf_density']:.0f}%, "
+                      f"{fmt_count(p['leaf_pages'])} leaf pages, {fmt_bytes(ix['index_bytes'])}): "
+                      f"run queuectl reorganize {ix['queue']}{wait}")
+        checks.append(Check("storage.index_bloat", "storage", name, status,
+                            f"{bloat:.0f}% bloat, leaf density {p['avg_leaf_density']:.0f}%", bloat, "percent", advice))
+    return checks
+
+
+def _session_label(s: dict[str, Any]) -> str:
+    who = s["usename"] or s["backend_type"]
+    app = f", app {s['application_name']!r}" if s["application_name"] else ""
+    return f"{who}, {s['state'] or s['backend_type']}{app}"
+
+
+def _blocker_checks(facts: Facts, th: dict[str, Threshold], dead_total: int) -> list[Check]:
+    checks: list[Check] = []
+    worst_session = OK
+    for s in facts.sessions:
+        holds = bool(s["backend_xmin"] or s["backend_xid"])
+        idle = (s["state"] or "").startswith("idle in transaction")
+        age_status = grade(s["xact_age_s"], th["xact_age"]) if holds else OK
+        idle_status = grade(s["state_age_s"], th["idle_in_transaction"]) if idle else OK
+        status = worst(age_status, idle_status)
+        worst_session = worst(worst_session, status)
+        if status == OK:
+            continue
+        pid = s["pid"]
+        if _RANK[age_status] >= _RANK[idle_status]:
+            summary = f"transaction open {fmt_duration(s['xact_age_s'])} holds the xmin horizon ({_session_label(s)})"
+            advice = (f"transaction pid {pid} ({_session_label(s)}) open for {fmt_duration(s['xact_age_s'])} holds "
+                      f"{fmt_count(dead_total)} dead tuples in queue tables: commit it or end it "
+                      f"(SELECT pg_terminate_backend({pid})); set idle_in_transaction_session_timeout for its role")
+        else:
+            summary = f"idle in transaction for {fmt_duration(s['state_age_s'])} ({_session_label(s)})"
+            advice = (f"session pid {pid} ({_session_label(s)}) idle in transaction for "
+                      f"{fmt_duration(s['state_age_s'])}: it holds its locks{' and the xmin horizon' if holds else ''}; "
+                      f"fix the client or end it (SELECT pg_terminate_backend({pid}))")
+        checks.append(Check("blockers.session", "blockers", f"pid {pid}", status, summary,
+                            s["xact_age_s"] if holds else s["state_age_s"], "seconds", advice))
+    if worst_session == OK:
+        holders = _horizon_holders(facts)
+        summary = (f"oldest transaction {fmt_duration(holders[0]['xact_age_s'])} (pid {holders[0]['pid']})"
+                   if holders else "no open transaction holds cleanup back")
+        checks.append(Check("blockers.session", "blockers", facts.server["database"], OK, summary,
+                            holders[0]["xact_age_s"] if holders else 0.0, "seconds"))
+
+    for slot in facts.replication_slots:
+        name = slot["slot_name"]
+        age_status = grade(slot["xmin_age_xids"], th["slot_xmin_age"])
+        status = worst(age_status, WARNING if not slot["active"] else OK)
+        wal = fmt_bytes(slot["retained_wal_bytes"]) if slot["retained_wal_bytes"] is not None else "unknown"
+        summary = (f"{slot['slot_type']} slot, {'active' if slot['active'] else 'INACTIVE'}, retains {wal} of WAL"
+                   + (f", xmin {fmt_count(slot['xmin_age_xids'])} xids old" if slot["xmin_age_xids"] is not None else ""))
+        advice = None
+        if status != OK:
+            holds = " and the xmin horizon of every database" if slot["xmin_age_xids"] is not None else ""
+            advice = (f"replication slot {name} ({'inactive' if not slot['active'] else 'active'}) keeps {wal} of WAL"
+                      f"{holds}: if its consumer is gone, SELECT pg_drop_replication_slot('{name}')")
+        checks.append(Check("blockers.replication_slot", "blockers", name, status, summary,
+                            slot["xmin_age_xids"], "xids", advice))
+
+    for r in facts.standby_feedback:
+        status = grade(r["xmin_age_xids"], th["slot_xmin_age"])
+        advice = None if status == OK else (
+            f"standby {r['application_name'] or r['client_addr']} (hot_standby_feedback) holds the horizon "
+            f"{fmt_count(r['xmin_age_xids'])} xids back: cancel its long queries or lower max_standby_streaming_delay")
+        checks.append(Check("blockers.standby_feedback", "blockers", r["application_name"] or str(r["pid"]), status,
+                            f"standby xmin {fmt_count(r['xmin_age_xids'])} xids old", r["xmin_age_xids"], "xids", advice))
+
+    for p in facts.prepared_xacts:
+        gid = p["gid"]
+        if p["this_database"]:
+            status = grade(p["age_s"], th["prepared_xact_age"])
+            advice = None if status == OK else (
+                f"prepared transaction {gid!r} (owner {p['owner']}) waits for COMMIT PREPARED for "
+                f"{fmt_duration(p['age_s'])} and holds {fmt_count(dead_total)} dead tuples: let its transaction "
+                f"manager finish it, or COMMIT PREPARED / ROLLBACK PREPARED '{gid}'")
+        else:
+            status = INFO
+            advice = (f"prepared transaction {gid!r} in database {p['database']} ({fmt_duration(p['age_s'])}) "
+                      "does not hold this database's queue tables, but holds shared catalogs: resolve it there")
+        checks.append(Check("blockers.prepared_xact", "blockers", gid, status,
+                            f"prepared {fmt_duration(p['age_s'])} ago in {p['database']}", p["age_s"], "seconds", advice))
+    return checks
+
+
+def _job_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions) -> list[Check]:
+    jobs = facts.jobs
+    if not jobs["available"]:
+        return [Check("jobs.history", "jobs", "scheduler", INFO, jobs["note"])]
+    if not jobs["runs"]:
+        return [Check("jobs.history", "jobs", "scheduler", INFO,
+                      f"no job ran in the last {fmt_duration(options.job_lookback_s)}")]
+    checks: list[Check] = []
+    window = fmt_duration(options.job_failure_window_s)
+    for run in jobs["runs"]:
+        target = f"{run['job']}" + (f" on {run['queue']}" if run["queue"] else "")
+        failed_last = run["finished_at"] is not None and run["outcome"] not in JOB_NOT_FAILURE_OUTCOMES
+        status = worst(grade(run["failures"], th["job_failures"]), WARNING if failed_last else OK)
+        summary = (f"last run {run['outcome'] or 'running'}"
+                   + (f" in {fmt_duration(run['duration_s'])}" if run["duration_s"] is not None else "")
+                   + f", {run['failures']} failure(s) in {window}")
+        advice = None
+        if status != OK:
+            error = f": {run['error']}" if run["error"] else ""
+            advice = (f"job {target} failed {run['failures']} time(s) in {window}, last outcome "
+                      f"{run['outcome']}{error}: see queuectl jobs history")
+        checks.append(Check("jobs.last_run", "jobs", target, status, summary, run["failures"], "count", advice))
+    return checks
+
+
+# -- the report ----------------------------------------------------------------------------------
+
+
+@dataclass
+class HealthReport:
+    facts: Facts
+    checks: list[Check]
+    options: HealthOptions
+    url: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        return worst(OK, *(c.status for c in self.checks if c.status != INFO))
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    @property
+    def advice(self) -> list[Check]:
+        """Non-OK checks, worst first: the lines a DBA acts on."""
+        return sorted((c for c in self.checks if c.advice), key=lambda c: (-_RANK[c.status], _ROOT_CAUSE_FIRST[c.section]))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object documented by health_schema.json."""
+        f = self.facts
+        counts = dict.fromkeys(STATUSES, 0)
+        for c in self.checks:
+            counts[c.status] += 1
+        return _jsonable({
+            "format": REPORT_FORMAT,
+            "generated_at": f.generated_at,
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "counts": counts,
+            "database": {
+                "name": f.server["database"], "url": self.url, "server_version": f.server["server_version"],
+                "in_recovery": f.server["in_recovery"], "schema": f.schema,
+                "autovacuum": f.server["autovacuum_on"], "pgstattuple": f.pgstattuple,
+            },
+            "thresholds": {t.name: {"unit": t.unit, "warn": t.warn, "crit": t.crit}
+                           for t in self.options.thresholds.values()},
+            "queues": [_queue_dict(q) for q in f.queues],
+            "storage": {
+                "tables": [_table_dict(t) for t in f.tables],
+                "indexes": [_index_dict(ix) for ix in f.indexes],
+            },
+            "blockers": {
+                "sessions": f.sessions, "replication_slots": f.replication_slots,
+                "standby_feedback": f.standby_feedback, "prepared_xacts": f.prepared_xacts,
+                "dead_tuples_in_queue_tables": sum(t["n_dead_tup"] or 0 for t in f.tables),
+            },
+            "jobs": f.jobs,
+            "checks": [asdict(c) for c in self.checks],
+            "notes": f.notes,
+        })
+
+
+def _queue_dict(q: QueueFacts) -> dict[str, Any]:
+    return {
+        "name": q.name, "kind": q.kind, "probed": q.probed,
+        "depth": {k: getattr(q, k) for k in ("ready", "scheduled", "processing", "done", "dead")},
+        "oldest_ready_age_s": q.oldest_ready_age_s, "stuck": q.stuck,
+        "oldest_expired_lease_s": q.oldest_expired_lease_s,
+        "rates": {"window_s": q.window_s, "enqueued": q.enqueued_in_window, "completed": q.completed_in_window,
+                  "died": q.died_in_window, "enqueued_per_min": q.per_minute(q.enqueued_in_window),
+                  "completed_per_min": q.per_minute(q.completed_in_window)},
+        "watermark_lag": q.watermark_lag, "ring_fill_pct": q.ring_fill_pct, "notes": q.notes,
+    }
+
+
+def _table_dict(t: dict[str, Any]) -> dict[str, Any]:
+    live, dead = t["n_live_tup"] or 0, t["n_dead_tup"] or 0
+    upd = t["n_tup_upd"] or 0
+    return {
+        "queue": t["queue"], "table": t["table_name"], "live_tuples": live, "dead_tuples": dead,
+        "dead_pct": round(100.0 * dead / (live + dead), 1) if live + dead else 0.0,
+        "hot_update_pct": round(100.0 * (t["n_tup_hot_upd"] or 0) / upd, 1) if upd else None,
+        "table_bytes": t["table_bytes"], "index_bytes": t["index_bytes"], "pages": t["pages"],
+        "fillfactor": t["fillfactor"], "bloat_pct": table_bloat_pct(t),
+        "last_vacuum": t["last_vacuum"], "last_autovacuum": t["last_autovacuum"],
+        "last_analyze": t["last_analyze"], "last_autoanalyze": t["last_autoanalyze"],
+        "vacuum_count": t["vacuum_count"], "autovacuum_count": t["autovacuum_count"],
+        "physical": t.get("physical"),
+    }
+
+
+def _index_dict(ix: dict[str, Any]) -> dict[str, Any]:
+    p = ix.get("physical")
+    return {
+        "queue": ix["queue"], "index": ix["index_name"], "method": ix["method"], "index_bytes": ix["index_bytes"],
+        "valid": ix["valid"] and not ix["reindex_leftover"], "scans": ix["idx_scan"], "fillfactor": ix["fillfactor"],
+        "leaf_pages": p["leaf_pages"] if p else None,
+        "avg_leaf_density": p["avg_leaf_density"] if p else None,
+        "leaf_fragmentation": p["leaf_fragmentation"] if p else None,
+        "bloat_pct": index_bloat_pct(ix), "physical": p,
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).isoformat()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "is_finite"):  # Decimal from numeric columns
+        return float(value) if value.is_finite() else None
+    return value
+
+
+def health_report(
+    engine: Engine,
+    queues: Sequence[str] | None = None,
+    schema: str = DEFAULT_SCHEMA,
+    options: HealthOptions | None = None,
+) -> HealthReport:
+    """Gather and grade: the one call behind `queuectl health`."""
+    options = options or HealthOptions()
+    facts = gather_facts(engine, queues, schema, options)
+    return HealthReport(facts, evaluate(facts, options), options, url=mask_url(engine.url))
+
+
+def report_schema() -> dict[str, Any]:
+    """The JSON Schema of HealthReport.to_dict() (packaged as queuectl/health_schema.json)."""
+    import json
+    from importlib import resources
+
+    return json.loads(resources.files("queuectl").joinpath("health_schema.json").read_text("utf-8"))
