@@ -24,6 +24,7 @@ from queuectl.stats import queue_counts
 
 PRODUCER_BATCH = 20
 DRAIN_SECONDS = 10.0
+STARTUP_TIMEOUT_S = 120.0  # spawned processes may start slowly on a loaded machine
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,21 @@ class DemoSummary:
     left_ready: int
 
 
-def _producer(url: str, queue: str, stop: mp.Event, enqueued: Synchronized, rate: float, seed: int) -> None:
+def _ready(ready: Synchronized, go: mp.Event) -> None:
+    """Report this process connected, then wait for the common start (so slow process
+    start-up on a busy machine does not eat into the measured seconds)."""
+    with ready.get_lock():
+        ready.value += 1
+    go.wait()
+
+
+def _producer(
+    url: str, queue: str, stop: mp.Event, enqueued: Synchronized, rate: float, seed: int,
+    ready: Synchronized, go: mp.Event,
+) -> None:  # fmt: skip
     rng = random.Random(seed)
     with Queue(url, queue) as q:
+        _ready(ready, go)
         started = time.monotonic()
         sent = 0
         while not stop.is_set():
@@ -59,9 +72,13 @@ def _producer(url: str, queue: str, stop: mp.Event, enqueued: Synchronized, rate
                     stop.wait(ahead)
 
 
-def _consumer(url: str, queue: str, stop: mp.Event, completed: Synchronized, batch: int, waits: mp.Queue) -> None:
+def _consumer(
+    url: str, queue: str, stop: mp.Event, completed: Synchronized, batch: int, waits: mp.Queue,
+    ready: Synchronized, go: mp.Event,
+) -> None:  # fmt: skip
     samples: list[float] = []
     with Queue(url, queue) as q:
+        _ready(ready, go)
         while True:
             with q.processing(batch, lease=30) as messages:
                 for m in messages:
@@ -76,6 +93,22 @@ def _consumer(url: str, queue: str, stop: mp.Event, completed: Synchronized, bat
                 break
             time.sleep(0.02)
     waits.put(samples)
+
+
+def _wait_for_workers(procs: list, ready: Synchronized, timeout: float = STARTUP_TIMEOUT_S) -> None:
+    """Every process connected to the queue, or a clear error (one died, or too slow)."""
+    deadline = time.monotonic() + timeout
+    while ready.value < len(procs):
+        dead = [p for p in procs if p.exitcode is not None]
+        if dead:
+            for p in procs:
+                p.kill()
+            raise QueuectlError(f"{len(dead)} demo process(es) failed to start (exit codes {[p.exitcode for p in dead]})")
+        if time.monotonic() > deadline:
+            for p in procs:
+                p.kill()
+            raise QueuectlError(f"demo processes did not connect within {timeout:.0f}s")
+        time.sleep(0.05)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -120,18 +153,20 @@ def run_demo(
             console.print(f"installed queue [bold]{queue}[/]")
 
     ctx = mp.get_context("spawn")
-    stop, drain = ctx.Event(), ctx.Event()
-    enqueued, completed = ctx.Value("q", 0), ctx.Value("q", 0)
+    stop, drain, go = ctx.Event(), ctx.Event(), ctx.Event()
+    enqueued, completed, ready = ctx.Value("q", 0), ctx.Value("q", 0), ctx.Value("i", 0)
     waits: mp.Queue = ctx.Queue()
     procs = [
-        ctx.Process(target=_producer, args=(resolved, queue, stop, enqueued, rate / producers, i), daemon=True)
+        ctx.Process(target=_producer, args=(resolved, queue, stop, enqueued, rate / producers, i, ready, go), daemon=True)
         for i in range(producers)
     ] + [
-        ctx.Process(target=_consumer, args=(resolved, queue, drain, completed, batch, waits), daemon=True)
+        ctx.Process(target=_consumer, args=(resolved, queue, drain, completed, batch, waits, ready, go), daemon=True)
         for _ in range(consumers)
     ]
     for p in procs:
         p.start()
+    _wait_for_workers(procs, ready)
+    go.set()
 
     started = time.monotonic()
     last = (started, 0, 0)
