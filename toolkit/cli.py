@@ -300,6 +300,11 @@ def db_url() -> None:
     sys.stdout.write(mask_url(EmbeddedServer().ensure_running()) + "\n")
 
 
+from queuectl.cli_jobs import register as _register_jobs  # noqa: E402  (maintenance jobs, scheduler)
+
+_register_jobs(app)
+
+
 def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 2."""
     try:

@@ -143,14 +143,15 @@ FROM {{pgstattuple_schema}}.pgstattuple_approx(CAST(:table_name AS regclass)) a
 
 -- name: xmin_holders
 -- What holds the xmin horizon back (VACUUM cannot remove row versions newer than it):
--- sessions of this database with an old snapshot or transaction, replication slots,
--- prepared transactions. Oldest first.
+-- sessions of this database with an old snapshot (backend_xmin) or an open transaction
+-- that wrote (backend_xid: an idle-in-transaction session has no snapshot but still
+-- holds the horizon at its own xid), replication slots, prepared transactions. Oldest first.
 SELECT 'backend' AS source,
        'pid ' || a.pid || ' (' || coalesce(a.state, '?') || ', ' || coalesce(a.usename::text, '?') || ')' AS holder,
-       age(a.backend_xmin) AS xmin_age,
+       greatest(age(a.backend_xmin), age(a.backend_xid)) AS xmin_age,
        extract(epoch FROM clock_timestamp() - a.xact_start) AS seconds
 FROM pg_stat_activity a
-WHERE a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid()
+WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL) AND a.pid <> pg_backend_pid()
   AND a.datname = current_database()
 UNION ALL
 SELECT 'replication_slot', 'slot ' || s.slot_name || CASE WHEN s.active THEN '' ELSE ' (inactive)' END,
