@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from queuectl.errors import UsageError
-from queuectl.jobs.base import JobTarget
+from queuectl.jobs.base import JobTarget, check_number
 from queuectl.jobs.reorganize import estimated_bloat_pct
 from queuectl.names import DEFAULT_SCHEMA, quote_ident
 from queuectl.sqlfiles import render
@@ -33,15 +33,23 @@ from queuectl.stats import queue_counts
 KINDS = ("reliable",)
 
 
+DEFAULT_LOCK_TIMEOUT = 2.0          # reads take ACCESS SHARE locks: never queue behind DDL for long
+DEFAULT_STATEMENT_TIMEOUT = 60.0
+
+
 @dataclass(frozen=True)
 class InspectConfig:
     physical: bool = True     # pgstattuple_approx / pgstatindex on the meta table when installed
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT
 
-    DURATIONS = ()
+    DURATIONS = ("lock_timeout", "statement_timeout")
 
     def __post_init__(self) -> None:
         if not isinstance(self.physical, bool):
             raise UsageError("physical must be true or false")
+        check_number("lock_timeout", self.lock_timeout, 0.001, 3600)
+        check_number("statement_timeout", self.statement_timeout, 0.001, 24 * 3600)
 
 
 @dataclass
@@ -163,6 +171,7 @@ def run_once(
     started = time.monotonic()
     insert = sa.text(render(target.sql_dir, "catalog_jobs", "snapshot_insert", {"schema": quote_ident(schema)}))
     with engine.begin() as conn:
+        target.set_local_timeouts(conn, config.lock_timeout, config.statement_timeout)
         snap = take_snapshot(conn, target, config)
         row = conn.execute(insert, {**snap, "queue": queue, "details": json.dumps(snap["details"], default=str)}).one()
     return InspectResult(snapshot_id=row.id, taken_at=row.taken_at, snapshot=snap, seconds=time.monotonic() - started)
