@@ -175,6 +175,11 @@ class _Reorganizer:
             try:
                 conn.execute(self.target.sql("create_pgstattuple"))
             except DBAPIError as exc:
+                # Another runner (another queue's reorganize) may have created it meanwhile.
+                found = conn.execute(self.target.sql("pgstattuple_schema")).scalar()
+                if found is not None:
+                    self.stattuple_schema = quote_ident(found)
+                    return
                 raise QueuectlError(
                     "reorganize measures indexes with the pgstattuple extension, which is not installed "
                     f"and this role cannot create it ({error_text(exc)}): ask a superuser to run "

@@ -42,3 +42,33 @@ def placement(engine: Engine, queue: str = "orders", schema: str = "queuectl") -
 
 def job_runs(engine: Engine, schema: str = "queuectl") -> list[sa.Row]:
     return rows(engine, f'SELECT * FROM "{schema}".job_runs ORDER BY started_at, id')
+
+
+def add_finished_rows(engine: Engine, n: int, queue: str = "orders", schema: str = "queuectl") -> None:
+    """n DONE items with payloads, written directly (fast test setup for archive backlogs)."""
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            f'WITH m AS (INSERT INTO "{schema}"."{queue}_meta" (status, attempts, dequeued_at, finished_at) '
+            f"SELECT 2, 1, now(), now() FROM generate_series(1, :n) RETURNING id) "
+            f'INSERT INTO "{schema}"."{queue}_data" (id, payload) SELECT id, convert_to(\'done-\' || id, \'UTF8\') FROM m'),
+            {"n": n})
+
+
+def invoke(capsys, monkeypatch, *args: str, url: str | None = None) -> tuple[int, str, str]:
+    """Run `queuectl ARGS` in this process through cli.main (fast; same exit-code mapping)."""
+    import sys
+
+    from queuectl import cli
+
+    if url is not None:
+        monkeypatch.setenv("QUEUECTL_URL", url)
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(sys, "argv", ["queuectl", *args])
+    capsys.readouterr()
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
