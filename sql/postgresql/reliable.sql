@@ -66,7 +66,7 @@ CREATE TABLE {{history}} (
 );
 
 -- History retention purges oldest-archived first, in small batches.
-CREATE INDEX {{history_archived_idx}} ON {{history}} (archived_at);
+CREATE INDEX {{history_at_idx}} ON {{history}} (archived_at);
 
 -- name: create_functions
 -- The SQL API, callable from any language.
