@@ -1,14 +1,15 @@
 """Foreground throughput with continuous archiving on vs off, in the same run.
 
-    python -m queuectl.bench.archive_load [--url URL] [--seconds 15] [--repeats 3]
+    python -m queuectl.bench.archive_load [--url URL] [--repeats 3] [--pairs 3] [--window 5]
 
-Each trial installs a fresh queue, runs P producers (enqueue_many of 20) and C consumers
-(dequeue 20 + ack) in separate processes at full speed, and with archiving "on" one more
-process running `archive --continuous` (the library's run_continuous). Throughput is the
-number of items acked per second over the measured window, after a warm-up. Off and on
-alternate (off/on, on/off, ...) so drift on the machine hits both alike; the result is
-the median per mode and the loss = 1 - median(on) / median(off). Prints a table and
-writes JSON (--json).
+Each repeat installs a fresh queue and starts P producers (enqueue_many of 20) and C
+consumers (dequeue 20 + ack) in separate processes at full speed, plus one archiver
+process (the library's archive.run_continuous). After a warm-up the archiver is switched
+off and on in alternating windows (off, on, off, on, ...) while the load keeps running, so
+both modes see the same table, the same machine and the same drift; throughput is the
+number of items acked per second in each window. A repeat's loss is
+1 - median(on windows) / median(off windows); the result is the median over repeats.
+Prints every window and writes JSON (--json).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import json
 import multiprocessing as mp
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -49,24 +51,33 @@ def _consumer(url: str, stop: Any, acked: Any) -> None:
                 time.sleep(0.005)
 
 
-def _archiver(url: str, stop: Any, moved: Any, min_age: float, delay: float, batch: int) -> None:
+def _archiver(url: str, stop: Any, active: Any, moved: Any, min_age: float, delay: float, batch: int) -> None:
+    """Archive continuously while `active` is set; pause (between batches) while it is not."""
     from queuectl.engine import make_engine
     from queuectl.jobs.archive import ArchiveConfig, run_continuous
 
     engine = make_engine(url)
     config = ArchiveConfig(min_age=min_age, delay=delay, batch=batch)
+    base = 0
 
     def progress(p: Any) -> None:
-        moved.value = p.rows
+        moved.value = base + p.rows
 
-    import threading
+    while not stop.is_set():
+        if not active.wait(0.05):
+            continue
+        pause = threading.Event()
 
-    event = threading.Event()
-    threading.Thread(target=lambda: (stop.wait(), event.set()), daemon=True).start()
-    run_continuous(engine, QUEUE, config, stop=event, on_progress=progress)
+        def watch() -> None:
+            while active.is_set() and not stop.is_set():
+                time.sleep(0.01)
+            pause.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+        base += run_continuous(engine, QUEUE, config, stop=pause, on_progress=progress).rows
 
 
-def trial(url: str, archiving: bool, args: argparse.Namespace) -> dict[str, float]:
+def repeat(url: str, args: argparse.Namespace) -> dict[str, Any]:
     from queuectl.engine import make_engine
     from queuectl.install import get_queue, install_queue, uninstall_queue
 
@@ -77,34 +88,50 @@ def trial(url: str, archiving: bool, args: argparse.Namespace) -> dict[str, floa
     install_queue(engine, QUEUE)
     engine.dispose()
     ctx = mp.get_context("spawn")
-    stop = ctx.Event()
+    stop, active = ctx.Event(), ctx.Event()
     enqueued, acked, moved = ctx.Value("q", 0), ctx.Value("q", 0), ctx.Value("q", 0)
     procs = [ctx.Process(target=_producer, args=(url, stop, enqueued)) for _ in range(args.producers)]
     procs += [ctx.Process(target=_consumer, args=(url, stop, acked)) for _ in range(args.consumers)]
-    if archiving:
-        procs.append(ctx.Process(target=_archiver, args=(url, stop, moved, args.min_age, args.delay, args.batch)))
+    procs.append(ctx.Process(target=_archiver, args=(url, stop, active, moved, args.min_age, args.delay, args.batch)))
     for p in procs:
         p.start()
+    deadline = time.monotonic() + 120
+    while acked.value == 0 and time.monotonic() < deadline:  # every process up and working
+        time.sleep(0.1)
     time.sleep(args.warmup)
-    a0, e0, m0, t0 = acked.value, enqueued.value, moved.value, time.monotonic()
-    time.sleep(args.seconds)
-    a1, e1, m1, t1 = acked.value, enqueued.value, moved.value, time.monotonic()
+    windows = []
+    for i in range(2 * args.pairs):
+        on = i % 2 == 1
+        (active.set if on else active.clear)()
+        time.sleep(args.settle)
+        a0, e0, m0, t0 = acked.value, enqueued.value, moved.value, time.monotonic()
+        time.sleep(args.window)
+        a1, e1, m1, t1 = acked.value, enqueued.value, moved.value, time.monotonic()
+        dt = t1 - t0
+        windows.append({"archive": "on" if on else "off", "acked_per_s": (a1 - a0) / dt,
+                        "enqueued_per_s": (e1 - e0) / dt, "archived_per_s": (m1 - m0) / dt})
+        w = windows[-1]
+        print(f"  window {i + 1:2} archive {w['archive']:3}: acked {w['acked_per_s']:7.0f}/s  enqueued "
+              f"{w['enqueued_per_s']:7.0f}/s  archived {w['archived_per_s']:7.0f}/s", flush=True)
     stop.set()
+    active.clear()
     for p in procs:
         p.join(timeout=30)
         if p.is_alive():
             p.kill()
-    elapsed = t1 - t0
-    return {"acked_per_s": (a1 - a0) / elapsed, "enqueued_per_s": (e1 - e0) / elapsed,
-            "archived_per_s": (m1 - m0) / elapsed}
+    off = statistics.median(w["acked_per_s"] for w in windows if w["archive"] == "off")
+    on = statistics.median(w["acked_per_s"] for w in windows if w["archive"] == "on")
+    return {"windows": windows, "off": off, "on": on, "loss": 1 - on / off if off else None}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default=None, help="database URL (default: $QUEUECTL_URL, else the embedded server)")
-    parser.add_argument("--seconds", type=float, default=15.0, help="measured window per trial")
-    parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=3, help="off/on window pairs per repeat")
+    parser.add_argument("--window", type=float, default=5.0, help="measured seconds per window")
+    parser.add_argument("--settle", type=float, default=1.0, help="seconds after each switch before measuring")
+    parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--consumers", type=int, default=4)
     parser.add_argument("--min-age", type=float, default=1.0, help="archive min age in seconds")
@@ -115,25 +142,25 @@ def main() -> None:
     from queuectl.engine import mask_url, resolve_url
 
     url = resolve_url(args.url)
-    results: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
+    results = []
     for r in range(args.repeats):
-        for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
-            res = trial(url, mode == "on", args)
-            results[mode].append(res)
-            print(f"repeat {r + 1} archive {mode:3}: acked {res['acked_per_s']:8.0f}/s  enqueued "
-                  f"{res['enqueued_per_s']:8.0f}/s  archived {res['archived_per_s']:8.0f}/s", flush=True)
-    med = {mode: {k: statistics.median(x[k] for x in runs) for k in runs[0]} for mode, runs in results.items()}
-    loss = 1 - med["on"]["acked_per_s"] / med["off"]["acked_per_s"]
+        print(f"repeat {r + 1}:", flush=True)
+        res = repeat(url, args)
+        results.append(res)
+        print(f"  median acked/s: off {res['off']:.0f}, on {res['on']:.0f}, loss {res['loss'] * 100:.1f} %", flush=True)
+    off = statistics.median(r["off"] for r in results)
+    on = statistics.median(r["on"] for r in results)
+    loss = statistics.median(r["loss"] for r in results)
+    per_repeat = ", ".join(f"{r['loss'] * 100:.1f} %" for r in results)
     print(f"\nmedians over {args.repeats} repeats ({args.producers} producers, {args.consumers} consumers, "
-          f"{args.seconds:g} s windows, archive min-age {args.min_age:g}s delay {args.delay:g}s batch {args.batch}):")
-    for mode in ("off", "on"):
-        m = med[mode]
-        print(f"  archive {mode:3}: acked {m['acked_per_s']:8.0f}/s  enqueued {m['enqueued_per_s']:8.0f}/s  "
-              f"archived {m['archived_per_s']:8.0f}/s")
-    print(f"  foreground (acked/s) loss with archiving on: {loss * 100:.1f} %")
+          f"{args.pairs} off/on pairs of {args.window:g} s; archive min-age {args.min_age:g}s, delay {args.delay:g}s, "
+          f"batch {args.batch}):")
+    print(f"  acked/s with archiving off {off:.0f}, on {on:.0f}; foreground loss {loss * 100:.1f} % "
+          f"(per repeat: {per_repeat})")
     if args.json_path:
         with open(args.json_path, "w") as fh:
-            json.dump({"url": mask_url(url), "args": vars(args), "runs": results, "medians": med, "loss": loss}, fh, indent=2)
+            json.dump({"url": mask_url(url), "args": vars(args), "repeats": results,
+                       "median_off": off, "median_on": on, "median_loss": loss}, fh, indent=2)
 
 
 if __name__ == "__main__":
