@@ -304,6 +304,10 @@ from queuectl.cli_health import health  # noqa: E402  (own module: fewer merge c
 
 app.command()(health)
 
+from queuectl.cli_jobs import register as _register_jobs  # noqa: E402  (maintenance jobs, scheduler)
+
+_register_jobs(app)
+
 
 def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 2."""

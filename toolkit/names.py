@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from queuectl.errors import UsageError
 
-# 48 characters leave room for the longest derived suffix ("_enqueue_many", "_version_pkc": 13) inside
+# 48 characters leave room for the longest derived suffix ("_meta_finished": 14) inside
 # PostgreSQL's 63-byte identifier limit, and for SQL Server's object names.
 QUEUE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 SCHEMA_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
@@ -87,6 +87,8 @@ class QueueNames:
             "meta_seq_regclass": f"'{q('meta_id_seq')}'",
             "ready_idx": quote_ident(self.table("meta_ready")),
             "leased_idx": quote_ident(self.table("meta_leased")),
+            "finished_idx": quote_ident(self.table("meta_finished")),
+            "history_at_idx": quote_ident(self.table("history_at")),
             "registry": f"{quote_ident(self.schema)}.{quote_ident('queues')}",
         }
         for fn in ("enqueue", "enqueue_many", "dequeue", "ack", "nack", "extend_lease", "release"):

@@ -43,6 +43,10 @@ CREATE INDEX {{ready_idx}} ON {{meta}} (priority, due_at, id) WHERE status = 0;
 -- Only PROCESSING rows: finds expired leases without scanning the ready backlog.
 CREATE INDEX {{leased_idx}} ON {{meta}} (leased_until) WHERE status = 1;
 
+-- Only finished rows (DONE, DEAD): the archive job picks its batches here, oldest first,
+-- without walking the ready backlog or re-reading rows it cannot move yet.
+CREATE INDEX {{finished_idx}} ON {{meta}} (status, finished_at) WHERE status >= 2;
+
 CREATE TABLE {{history}} (
     id            bigint PRIMARY KEY,
     priority      smallint    NOT NULL,
@@ -60,6 +64,9 @@ CREATE TABLE {{history}} (
     headers       jsonb,
     archived_at   timestamptz NOT NULL DEFAULT now()
 );
+
+-- History retention purges oldest-archived first, in small batches.
+CREATE INDEX {{history_at_idx}} ON {{history}} (archived_at);
 
 -- name: create_functions
 -- The SQL API, callable from any language.

@@ -1,0 +1,167 @@
+"""Foreground throughput with continuous archiving on vs off, in the same run.
+
+    python -m queuectl.bench.archive_load [--url URL] [--repeats 3] [--pairs 3] [--window 5]
+
+Each repeat installs a fresh queue and starts P producers (enqueue_many of 20) and C
+consumers (dequeue 20 + ack) in separate processes at full speed, plus one archiver
+process (the library's archive.run_continuous). After a warm-up the archiver is switched
+off and on in alternating windows (off, on, off, on, ...) while the load keeps running, so
+both modes see the same table, the same machine and the same drift; throughput is the
+number of items acked per second in each window. A repeat's loss is
+1 - median(on windows) / median(off windows); the result is the median over repeats.
+Prints every window and writes JSON (--json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import threading
+import time
+from typing import Any
+
+QUEUE = "bench_archive"
+
+
+def _producer(url: str, stop: Any, enqueued: Any) -> None:
+    from queuectl.client import Queue
+
+    with Queue(url, QUEUE) as q:
+        n = 0
+        while not stop.is_set():
+            q.enqueue_many([f'{{"n": {n + i}}}'.encode() for i in range(20)])
+            n += 20
+            with enqueued.get_lock():
+                enqueued.value += 20
+
+
+def _consumer(url: str, stop: Any, acked: Any) -> None:
+    from queuectl.client import Queue
+
+    with Queue(url, QUEUE) as q:
+        while not stop.is_set():
+            batch = q.dequeue(20, lease=60)
+            if batch:
+                done = q.ack(batch)
+                with acked.get_lock():
+                    acked.value += done
+            else:
+                time.sleep(0.005)
+
+
+def _archiver(url: str, stop: Any, active: Any, moved: Any, min_age: float, delay: float, batch: int) -> None:
+    """Archive continuously while `active` is set; pause (between batches) while it is not."""
+    from queuectl.engine import make_engine
+    from queuectl.jobs.archive import ArchiveConfig, run_continuous
+
+    engine = make_engine(url)
+    config = ArchiveConfig(min_age=min_age, delay=delay, batch=batch)
+    base = 0
+
+    def progress(p: Any) -> None:
+        moved.value = base + p.rows
+
+    while not stop.is_set():
+        if not active.wait(0.05):
+            continue
+        pause = threading.Event()
+
+        def watch() -> None:
+            while active.is_set() and not stop.is_set():
+                time.sleep(0.01)
+            pause.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+        base += run_continuous(engine, QUEUE, config, stop=pause, on_progress=progress).rows
+
+
+def repeat(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    from queuectl.engine import make_engine
+    from queuectl.install import get_queue, install_queue, uninstall_queue
+
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        if get_queue(conn, QUEUE):
+            uninstall_queue(engine, QUEUE)
+    install_queue(engine, QUEUE)
+    engine.dispose()
+    ctx = mp.get_context("spawn")
+    stop, active = ctx.Event(), ctx.Event()
+    enqueued, acked, moved = ctx.Value("q", 0), ctx.Value("q", 0), ctx.Value("q", 0)
+    procs = [ctx.Process(target=_producer, args=(url, stop, enqueued)) for _ in range(args.producers)]
+    procs += [ctx.Process(target=_consumer, args=(url, stop, acked)) for _ in range(args.consumers)]
+    procs.append(ctx.Process(target=_archiver, args=(url, stop, active, moved, args.min_age, args.delay, args.batch)))
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + 120
+    while acked.value == 0 and time.monotonic() < deadline:  # every process up and working
+        time.sleep(0.1)
+    time.sleep(args.warmup)
+    windows = []
+    for i in range(2 * args.pairs):
+        on = i % 2 == 1
+        (active.set if on else active.clear)()
+        time.sleep(args.settle)
+        a0, e0, m0, t0 = acked.value, enqueued.value, moved.value, time.monotonic()
+        time.sleep(args.window)
+        a1, e1, m1, t1 = acked.value, enqueued.value, moved.value, time.monotonic()
+        dt = t1 - t0
+        windows.append({"archive": "on" if on else "off", "acked_per_s": (a1 - a0) / dt,
+                        "enqueued_per_s": (e1 - e0) / dt, "archived_per_s": (m1 - m0) / dt})
+        w = windows[-1]
+        print(f"  window {i + 1:2} archive {w['archive']:3}: acked {w['acked_per_s']:7.0f}/s  enqueued "
+              f"{w['enqueued_per_s']:7.0f}/s  archived {w['archived_per_s']:7.0f}/s", flush=True)
+    stop.set()
+    active.clear()
+    for p in procs:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+    off = statistics.median(w["acked_per_s"] for w in windows if w["archive"] == "off")
+    on = statistics.median(w["acked_per_s"] for w in windows if w["archive"] == "on")
+    return {"windows": windows, "off": off, "on": on, "loss": 1 - on / off if off else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default=None, help="database URL (default: $QUEUECTL_URL, else the embedded server)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=3, help="off/on window pairs per repeat")
+    parser.add_argument("--window", type=float, default=5.0, help="measured seconds per window")
+    parser.add_argument("--settle", type=float, default=1.0, help="seconds after each switch before measuring")
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--producers", type=int, default=4)
+    parser.add_argument("--consumers", type=int, default=4)
+    parser.add_argument("--min-age", type=float, default=1.0, help="archive min age in seconds")
+    parser.add_argument("--delay", type=float, default=0.2, help="archive pause between batches in seconds")
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--json", dest="json_path", default=None)
+    args = parser.parse_args()
+    from queuectl.engine import mask_url, resolve_url
+
+    url = resolve_url(args.url)
+    results = []
+    for r in range(args.repeats):
+        print(f"repeat {r + 1}:", flush=True)
+        res = repeat(url, args)
+        results.append(res)
+        print(f"  median acked/s: off {res['off']:.0f}, on {res['on']:.0f}, loss {res['loss'] * 100:.1f} %", flush=True)
+    off = statistics.median(r["off"] for r in results)
+    on = statistics.median(r["on"] for r in results)
+    loss = statistics.median(r["loss"] for r in results)
+    per_repeat = ", ".join(f"{r['loss'] * 100:.1f} %" for r in results)
+    print(f"\nmedians over {args.repeats} repeats ({args.producers} producers, {args.consumers} consumers, "
+          f"{args.pairs} off/on pairs of {args.window:g} s; archive min-age {args.min_age:g}s, delay {args.delay:g}s, "
+          f"batch {args.batch}):")
+    print(f"  acked/s with archiving off {off:.0f}, on {on:.0f}; foreground loss {loss * 100:.1f} % "
+          f"(per repeat: {per_repeat})")
+    if args.json_path:
+        with open(args.json_path, "w") as fh:
+            json.dump({"url": mask_url(url), "args": vars(args), "repeats": results,
+                       "median_off": off, "median_on": on, "median_loss": loss}, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()

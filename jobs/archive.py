@@ -1,0 +1,299 @@
+"""archive: move finished rows, with their payloads, from the live tables to history.
+
+Each batch is ONE short transaction (`WITH moved AS (DELETE ... RETURNING ...) INSERT
+INTO history ...`, sql/postgresql/jobs.sql:archive_batch) under a `lock_timeout`, so a
+killed archiver loses nothing (the batch in flight rolls back whole) and never stalls
+producers or consumers (rows they hold are skipped, not waited for). Batches are
+separated by a short jittered pause.
+
+run_once: batches until one comes back smaller than the batch size (or max_seconds).
+run_continuous: until stopped; the pause shrinks while batches come back full (backlog),
+returns to `delay` when they come back partial, and grows towards `idle_delay` while there
+is nothing to move. A lock or statement timeout in continuous mode is logged and retried
+after a pause; MAX_CONSECUTIVE_ERRORS in a row end the run.
+History retention (`history_retention`) purges history archived longer ago than that, in
+the same small-batch way.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
+
+from queuectl.jobs.base import JobTarget, check_number, error_text, format_duration, sleep_unless_stopped
+from queuectl.names import DEFAULT_SCHEMA
+
+log = logging.getLogger("queuectl.jobs.archive")
+
+KINDS = ("reliable",)
+DEFAULT_BATCH = 1000                # rows per transaction: short, well under a second
+MAX_BATCH = 10_000
+DEFAULT_MIN_AGE = 60.0              # DONE rows stay this long before they move (recent work stays visible)
+DEFAULT_DEAD_MIN_AGE = 7 * 86400.0  # DEAD rows stay a week: someone should look at them first
+DEFAULT_DELAY = 0.2                 # pause between batches
+MIN_DELAY = 0.01                    # continuous: shortest pause while there is backlog
+DEFAULT_IDLE_DELAY = 5.0            # continuous: longest pause while there is nothing to move
+DEFAULT_LOCK_TIMEOUT = 2.0          # a batch waits at most this long for any lock
+DEFAULT_STATEMENT_TIMEOUT = 30.0    # and runs at most this long
+DEFAULT_PURGE_EVERY = 60.0          # continuous: how often history retention runs
+JITTER = 0.1                        # +-10 % on every pause, so several archivers drift apart
+MAX_CONSECUTIVE_ERRORS = 10
+
+
+@dataclass(frozen=True)
+class ArchiveConfig:
+    batch: int = DEFAULT_BATCH
+    min_age: float = DEFAULT_MIN_AGE
+    dead_min_age: float = DEFAULT_DEAD_MIN_AGE
+    delay: float = DEFAULT_DELAY
+    max_seconds: float | None = None
+    history_retention: float | None = None
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT
+    idle_delay: float = DEFAULT_IDLE_DELAY
+    purge_every: float = DEFAULT_PURGE_EVERY
+
+    DURATIONS = ("min_age", "dead_min_age", "delay", "max_seconds", "history_retention", "lock_timeout",
+                 "statement_timeout", "idle_delay", "purge_every")
+
+    def __post_init__(self) -> None:
+        check_number("batch", self.batch, 1, MAX_BATCH, integer=True)
+        for name in ("min_age", "dead_min_age", "delay", "idle_delay", "purge_every"):
+            check_number(name, getattr(self, name), 0, 10 * 366 * 86400)
+        check_number("max_seconds", self.max_seconds, 0, 10 * 366 * 86400, optional=True)
+        check_number("history_retention", self.history_retention, 0, 10 * 366 * 86400, optional=True)
+        check_number("lock_timeout", self.lock_timeout, 0.001, 3600)
+        check_number("statement_timeout", self.statement_timeout, 0.001, 24 * 3600)
+
+
+@dataclass
+class ArchiveResult:
+    rows: int = 0                    # rows moved to history
+    purged: int = 0                  # history rows removed by retention
+    batches: int = 0
+    seconds: float = 0.0
+    errors: int = 0                  # batches that failed and were retried (continuous)
+    stopped: str = "done"            # done | max_seconds | stop requested | errors
+    last_error: str | None = None
+
+    @property
+    def error(self) -> str | None:
+        return self.last_error if self.stopped == "errors" else None
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        text = f"moved {self.rows:,} rows in {self.batches:,} batches ({self.rate:,.0f} rows/s)"
+        if self.purged:
+            text += f", purged {self.purged:,} history rows"
+        if self.errors:
+            text += f", {self.errors} failed batches retried"
+        return f"{text}; {self.stopped}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ArchiveProgress:
+    """What a progress display shows; updated after every batch."""
+
+    queue: str
+    rows: int = 0
+    purged: int = 0
+    batches: int = 0
+    errors: int = 0
+    last_batch: int = 0
+    last_batch_ms: float = 0.0
+    pause: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+    recent: list[tuple[float, int]] = field(default_factory=list)
+
+    def note(self, moved: int) -> None:
+        now = time.monotonic()
+        self.recent.append((now, self.rows))
+        while self.recent and now - self.recent[0][0] > 10:
+            self.recent.pop(0)
+
+    @property
+    def rate(self) -> float:
+        """Rows/s over the last 10 s."""
+        if len(self.recent) < 2:
+            elapsed = time.monotonic() - self.started
+            return self.rows / elapsed if elapsed > 0 else 0.0
+        (t0, r0), (t1, r1) = self.recent[0], self.recent[-1]
+        return (r1 - r0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def line(self) -> str:
+        return (f"archive {self.queue}: {self.rows:,} rows moved ({self.rate:,.0f}/s over 10 s), "
+                f"{self.batches:,} batches, last {self.last_batch:,} rows in {self.last_batch_ms:.0f} ms, "
+                f"pause {self.pause * 1000:.0f} ms"
+                + (f", {self.purged:,} purged" if self.purged else "")
+                + (f", {self.errors} errors" if self.errors else ""))
+
+
+class Archiver:
+    """The batch statements of one queue."""
+
+    def __init__(self, engine: Engine, queue: str, config: ArchiveConfig, schema: str) -> None:
+        self.engine = engine
+        self.config = config
+        self.target = JobTarget.resolve(engine, queue, schema, KINDS)
+        self._archive = self.target.sql("archive_batch")
+        self._purge = self.target.sql("purge_history_batch")
+
+    def move_batch(self) -> int:
+        """One transaction: move up to `batch` finished rows; returns how many moved."""
+        c = self.config
+        with self.engine.begin() as conn:
+            self.target.set_local_timeouts(conn, c.lock_timeout, c.statement_timeout)
+            result = conn.execute(
+                self._archive,
+                {"batch": c.batch, "min_age_seconds": c.min_age, "dead_min_age_seconds": c.dead_min_age},
+            )
+            return max(result.rowcount, 0)
+
+    def purge_batch(self) -> int:
+        """One transaction: delete up to `batch` history rows older than the retention."""
+        c = self.config
+        assert c.history_retention is not None
+        with self.engine.begin() as conn:
+            self.target.set_local_timeouts(conn, c.lock_timeout, c.statement_timeout)
+            result = conn.execute(self._purge, {"batch": c.batch, "retention_seconds": c.history_retention})
+            return max(result.rowcount, 0)
+
+
+def _jittered(seconds: float) -> float:
+    return seconds * random.uniform(1 - JITTER, 1 + JITTER)
+
+
+def run_once(
+    engine: Engine,
+    queue: str,
+    config: ArchiveConfig | None = None,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    stop: threading.Event | None = None,
+) -> ArchiveResult:
+    """Move finished rows until a batch comes back short; then purge old history if asked.
+
+    Errors propagate (the runner records them): a batch that failed rolled back whole.
+    """
+    config = config or ArchiveConfig()
+    archiver = Archiver(engine, queue, config, schema)
+    result = ArchiveResult()
+    started = time.monotonic()
+    deadline = None if config.max_seconds is None else started + config.max_seconds
+
+    def should_stop() -> str | None:
+        if stop is not None and stop.is_set():
+            return "stop requested"
+        if deadline is not None and time.monotonic() >= deadline:
+            return "max_seconds"
+        return None
+
+    def batches(step: Callable[[], int], counter: str) -> bool:
+        """Run `step` batch after batch until one comes back short; False when told to stop."""
+        while True:
+            reason = should_stop()
+            if reason:
+                result.stopped = reason
+                return False
+            n = step()
+            result.batches += 1
+            setattr(result, counter, getattr(result, counter) + n)
+            if n < config.batch:
+                return True
+            if sleep_unless_stopped(stop, _jittered(config.delay)):
+                result.stopped = "stop requested"
+                return False
+
+    if batches(archiver.move_batch, "rows") and config.history_retention is not None:
+        batches(archiver.purge_batch, "purged")
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def run_continuous(
+    engine: Engine,
+    queue: str,
+    config: ArchiveConfig | None = None,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    stop: threading.Event | None = None,
+    on_progress: Callable[[ArchiveProgress], None] | None = None,
+) -> ArchiveResult:
+    """Archive until `stop` is set (or max_seconds): the batch in flight always finishes."""
+    config = config or ArchiveConfig()
+    stop = stop or threading.Event()
+    archiver = Archiver(engine, queue, config, schema)
+    progress = ArchiveProgress(queue)
+    result = ArchiveResult()
+    started = time.monotonic()
+    deadline = None if config.max_seconds is None else started + config.max_seconds
+    next_purge = started if config.history_retention is not None else None
+    pause = config.delay
+    consecutive_errors = 0
+    while True:
+        if stop.is_set():
+            result.stopped = "stop requested"
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            result.stopped = "max_seconds"
+            break
+        t0 = time.monotonic()
+        try:
+            moved = archiver.move_batch()
+            if next_purge is not None and t0 >= next_purge:
+                while not stop.is_set():
+                    purged = archiver.purge_batch()
+                    result.purged += purged
+                    if purged < config.batch:
+                        break
+                    sleep_unless_stopped(stop, _jittered(config.delay))
+                next_purge = time.monotonic() + config.purge_every
+            consecutive_errors = 0
+        except DBAPIError as exc:
+            # lock_timeout / statement_timeout / a lost connection: the batch rolled back whole.
+            consecutive_errors += 1
+            result.errors += 1
+            result.last_error = error_text(exc, engine)
+            log.warning("archive %s: batch failed (%s); retrying", queue, result.last_error)
+            if consecutive_errors >= MAX_CONSECUTIVE_ERRORS:
+                result.stopped = "errors"
+                break
+            moved = 0
+            pause = config.idle_delay
+        else:
+            if moved >= config.batch:          # backlog: speed up
+                pause = max(min(pause, config.delay) / 2, min(MIN_DELAY, config.delay))
+            elif moved > 0:                    # caught up
+                pause = config.delay
+            else:                              # idle: back off
+                pause = min(max(pause, config.delay, MIN_DELAY) * 2, max(config.idle_delay, config.delay))
+        result.rows += moved
+        result.batches += 1
+        progress.rows, progress.purged, progress.batches, progress.errors = (
+            result.rows, result.purged, result.batches, result.errors)
+        progress.last_batch, progress.last_batch_ms, progress.pause = moved, (time.monotonic() - t0) * 1000, pause
+        progress.note(moved)
+        if on_progress is not None:
+            on_progress(progress)
+        if deadline is not None:
+            pause = min(pause, max(deadline - time.monotonic(), 0))
+        if sleep_unless_stopped(stop, _jittered(pause)):
+            result.stopped = "stop requested"
+            break
+    result.seconds = time.monotonic() - started
+    log.info("archive %s: %s (min age %s)", queue, result.summary(), format_duration(config.min_age))
+    return result

@@ -1,0 +1,154 @@
+"""What every maintenance job shares: durations, the queue a job works on, its SQL.
+
+A job is a module with a config dataclass (named defaults, validated at construction),
+a `run_once(engine, queue, config, *, schema, stop)` that works in short batches and
+returns a small result, and nothing else. The runner (queuectl.jobs.runner) adds the
+single-runner lock and the job-run history; the scheduler only calls the runner.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from queuectl.catalog import QueueInfo
+from queuectl.engine import adapter_for, first_line
+from queuectl.errors import QueuectlError, UsageError
+from queuectl.install import require_queue
+from queuectl.names import QueueNames
+from queuectl.sqlfiles import render
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|min|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: str | int | float, what: str = "duration") -> float:
+    """Seconds from '250ms', '30s', '5m', '2h', '30d' or a plain number of seconds."""
+    if isinstance(value, bool):
+        raise UsageError(f"{what} must be a duration like 30s, 5m, 2h or 30d, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise UsageError(f"{what} must be a duration like 30s, 5m, 2h or 30d, got {value!r}")
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if not 0 <= seconds <= 10 * 366 * 86400:
+        raise UsageError(f"{what} must be between 0 and 10 years, got {value!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def pg_interval(seconds: float) -> str:
+    """A timeout setting value: whole milliseconds ('0' switches the timeout off)."""
+    return f"{max(int(round(seconds * 1000)), 0)}ms"
+
+
+def config_from_options(config_cls: type, options: dict[str, Any], what: str) -> Any:
+    """Build a job's config dataclass from TOML/CLI options; durations may be strings."""
+    known = {f.name: f for f in fields(config_cls)}
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise UsageError(f"{what}: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    values: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in getattr(config_cls, "DURATIONS", ()):
+            values[key] = None if value is None else parse_duration(value, f"{what} {key}")
+        else:
+            values[key] = value
+    return config_cls(**values)
+
+
+def check_number(name: str, value: Any, low: float, high: float, *, integer: bool = False, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type or not low <= value <= high:
+        kind = "a whole number" if integer else "a number"
+        raise UsageError(f"{name.replace('_', '-')} must be {kind} from {low:g} to {high:g}, got {value!r}")
+
+
+class JobResult(Protocol):
+    """What a job's run_once returns: rows it worked on, a one-line summary, details."""
+
+    rows: int
+
+    @property
+    def error(self) -> str | None: ...
+
+    def summary(self) -> str: ...
+
+    def as_dict(self) -> dict[str, Any]: ...
+
+
+class JobFailed(QueuectlError):
+    """A job run failed; the job-run history has the error."""
+
+
+class JobBusy(QueuectlError):
+    """Another runner holds the single-runner lock of this job and queue."""
+
+
+@dataclass(frozen=True)
+class JobTarget:
+    """The queue a job works on, with its statements rendered from sql/<engine>/jobs.sql."""
+
+    names: QueueNames
+    info: QueueInfo
+    sql_dir: str
+
+    @classmethod
+    def resolve(cls, engine: Engine, queue: str, schema: str, kinds: tuple[str, ...]) -> "JobTarget":
+        names = QueueNames(queue, schema)
+        with engine.connect() as conn:
+            info = require_queue(conn, queue, schema)
+        if info.kind not in kinds:
+            raise UsageError(f"queue {queue!r} is of kind {info.kind!r}; this job works on {', '.join(kinds)} queues")
+        return cls(names, info, adapter_for(engine).sql_dir)
+
+    def sql(self, section: str, **extra: str) -> sa.TextClause:
+        values: dict[str, str | int] = {**self.names.template_values(), **extra}
+        return sa.text(render(self.sql_dir, "jobs", section, values))
+
+    def set_local_timeouts(self, conn: Connection, lock_timeout: float, statement_timeout: float) -> None:
+        conn.execute(
+            self.sql("set_local_timeouts"),
+            {"lock_timeout": pg_interval(lock_timeout), "statement_timeout": pg_interval(statement_timeout)},
+        )
+
+    def set_session_timeouts(self, conn: Connection, lock_timeout: float, statement_timeout: float) -> None:
+        conn.execute(
+            self.sql("set_session_timeouts"),
+            {"lock_timeout": pg_interval(lock_timeout), "statement_timeout": pg_interval(statement_timeout)},
+        )
+
+
+def error_text(exc: BaseException, engine: Engine | None = None) -> str:
+    """One line for an error, from the database's message when there is one; no password."""
+    orig = getattr(exc, "orig", None)
+    text = f"{type(exc).__name__}: {first_line(exc)}" if orig is None else first_line(orig)
+    password = engine.url.password if engine is not None else None
+    if password:
+        text = text.replace(str(password), "***")
+    return text
+
+
+def sleep_unless_stopped(stop: threading.Event | None, seconds: float) -> bool:
+    """Pause; True when asked to stop meanwhile."""
+    if seconds <= 0:
+        return bool(stop and stop.is_set())
+    if stop is None:
+        threading.Event().wait(seconds)
+        return False
+    return stop.wait(seconds)

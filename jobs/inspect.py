@@ -1,0 +1,177 @@
+"""inspect: record one health snapshot of a queue into the catalog (health_snapshots).
+
+What it records, so trends can be drawn later (`queuectl health` reads the table):
+  * items by status (ready, scheduled, processing, done, dead);
+  * per table (meta, data, history) the statistics collector's live/dead tuples, HOT
+    update share, last (auto)vacuum and sizes (pg_stat_user_tables: cheap, no scan);
+  * physical numbers when pgstattuple is installed and `physical` is on: the meta
+    table's free space (pgstattuple_approx) and its indexes' leaf density, fragmentation
+    and estimated bloat (pgstatindex). The meta table is small by design, so this is cheap;
+  * what holds the cleanup horizon back: the oldest snapshot of this database's sessions
+    (age in transactions and seconds, and who), replication slots with an xmin, prepared
+    transactions. Dead tuples newer than that horizon cannot be removed by any VACUUM.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from queuectl.errors import UsageError
+from queuectl.jobs.base import JobTarget, check_number
+from queuectl.jobs.reorganize import estimated_bloat_pct
+from queuectl.names import DEFAULT_SCHEMA, quote_ident
+from queuectl.sqlfiles import render
+from queuectl.stats import queue_counts
+
+KINDS = ("reliable",)
+
+
+DEFAULT_LOCK_TIMEOUT = 2.0          # reads take ACCESS SHARE locks: never queue behind DDL for long
+DEFAULT_STATEMENT_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class InspectConfig:
+    physical: bool = True     # pgstattuple_approx / pgstatindex on the meta table when installed
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT
+
+    DURATIONS = ("lock_timeout", "statement_timeout")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.physical, bool):
+            raise UsageError("physical must be true or false")
+        check_number("lock_timeout", self.lock_timeout, 0.001, 3600)
+        check_number("statement_timeout", self.statement_timeout, 0.001, 24 * 3600)
+
+
+@dataclass
+class InspectResult:
+    snapshot_id: int = 0
+    taken_at: Any = None
+    snapshot: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    error = None
+
+    @property
+    def rows(self) -> int:
+        return 1 if self.snapshot_id else 0
+
+    def summary(self) -> str:
+        s = self.snapshot
+        text = (f"meta {s.get('meta_live_tuples')} live / {s.get('meta_dead_tuples')} dead tuples, "
+                f"oldest xmin age {s.get('oldest_xmin_age') or 0} xids")
+        if s.get("oldest_xmin_holder"):
+            text += f" (held by {s['oldest_xmin_holder']})"
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _vitals(conn: Connection, target: JobTarget, table: str) -> dict[str, Any]:
+    row = conn.execute(target.sql("table_vitals"), {"table_name": target.names.qualified(table)}).mappings().first()
+    return dict(row) if row else {}
+
+
+def take_snapshot(conn: Connection, target: JobTarget, config: InspectConfig) -> dict[str, Any]:
+    names = target.names
+    snap: dict[str, Any] = dict(queue_counts(conn, names.queue, target.info.kind, names.schema))
+    meta, data, history = (_vitals(conn, target, t) for t in ("meta", "data", "history"))
+    snap.update(
+        meta_live_tuples=meta.get("n_live_tup"), meta_dead_tuples=meta.get("n_dead_tup"),
+        meta_dead_pct=_f(meta.get("dead_pct")), meta_hot_update_pct=_f(meta.get("hot_pct")),
+        meta_table_bytes=meta.get("table_bytes"), meta_index_bytes=meta.get("index_bytes"),
+        data_live_tuples=data.get("n_live_tup"), data_dead_tuples=data.get("n_dead_tup"),
+        data_table_bytes=data.get("table_bytes"), data_index_bytes=data.get("index_bytes"),
+        history_rows=history.get("n_live_tup"),
+        history_bytes=(history.get("table_bytes") or 0) + (history.get("index_bytes") or 0) if history else None,
+        last_autovacuum=meta.get("last_autovacuum"), last_vacuum=meta.get("last_vacuum"),
+        meta_free_pct=None, min_index_leaf_density=None, max_index_fragmentation=None, index_bloat_pct=None,
+    )
+    details: dict[str, Any] = {"indexes": []}
+    indexes = list(conn.execute(target.sql("table_indexes"), {"table_name": names.qualified("meta")}).mappings())
+    snap["invalid_indexes"] = sum(1 for i in indexes if not i["valid"])
+    stattuple = conn.execute(target.sql("pgstattuple_schema")).scalar()
+    if stattuple is None:
+        details["note"] = "pgstattuple not installed: no physical numbers"
+    elif config.physical:
+        ext = quote_ident(stattuple)
+        phys = conn.execute(target.sql("table_physical", pgstattuple_schema=ext),
+                            {"table_name": names.qualified("meta")}).mappings().one()
+        snap["meta_free_pct"] = _f(phys["approx_free_percent"])
+        details["meta_physical"] = {k: _f(v) for k, v in phys.items()}
+        total_pages = needed_pages = 0.0
+        for idx in indexes:
+            if not idx["valid"] or idx["method"] != "btree":
+                continue
+            m = conn.execute(target.sql("index_measure", pgstattuple_schema=ext),
+                             {"index_name": f"{quote_ident(names.schema)}.{quote_ident(idx['index_name'])}"}
+                             ).mappings().one()
+            pages = int(m["index_size"]) // 8192
+            bloat = estimated_bloat_pct(pages, int(m["internal_pages"]), int(m["leaf_pages"]), _f(m["avg_leaf_density"]))
+            entry = {"index": idx["index_name"], "bytes": int(m["index_size"]), "pages": pages,
+                     "leaf_density": _f(m["avg_leaf_density"]), "leaf_fragmentation": _f(m["leaf_fragmentation"]),
+                     "bloat_pct": bloat, "deleted_pages": int(m["deleted_pages"]), "empty_pages": int(m["empty_pages"])}
+            details["indexes"].append(entry)
+            total_pages += pages
+            needed_pages += pages * (1 - bloat / 100)
+        densities = [e["leaf_density"] for e in details["indexes"] if e["leaf_density"] is not None]
+        fragmentations = [e["leaf_fragmentation"] for e in details["indexes"] if e["leaf_fragmentation"] is not None]
+        snap["min_index_leaf_density"] = min(densities, default=None)
+        snap["max_index_fragmentation"] = max(fragmentations, default=None)
+        if total_pages:
+            snap["index_bloat_pct"] = round(100 * (1 - needed_pages / total_pages), 2)
+    holders = [dict(r) for r in conn.execute(target.sql("xmin_holders")).mappings()]
+    details["xmin_holders"] = [{k: _f(v) if k in ("xmin_age", "seconds") else v for k, v in h.items()} for h in holders[:10]]
+    backends = [h for h in holders if h["source"] == "backend"]
+    slots = [h for h in holders if h["source"] == "replication_slot"]
+    prepared = [h for h in holders if h["source"] == "prepared_xact"]
+    oldest = holders[0] if holders else None
+    snap.update(
+        oldest_xmin_age=oldest["xmin_age"] if oldest else None,
+        oldest_xmin_holder=oldest["holder"] if oldest else None,
+        oldest_xact_seconds=max((h["seconds"] or 0.0 for h in backends), default=None),
+        replication_slots_holding=len(slots),
+        oldest_slot_xmin_age=max((h["xmin_age"] or 0 for h in slots), default=None),
+        prepared_xacts=len(prepared),
+        oldest_prepared_seconds=max((h["seconds"] or 0.0 for h in prepared), default=None),
+    )
+    for key in ("oldest_xact_seconds", "oldest_prepared_seconds"):
+        snap[key] = _f(snap[key])
+    snap["details"] = details
+    return snap
+
+
+def _f(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return None if value != value else round(value, 2)  # NaN (empty index) -> None
+
+
+def run_once(
+    engine: Engine,
+    queue: str,
+    config: InspectConfig | None = None,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    stop: threading.Event | None = None,
+) -> InspectResult:
+    config = config or InspectConfig()
+    target = JobTarget.resolve(engine, queue, schema, KINDS)
+    started = time.monotonic()
+    insert = sa.text(render(target.sql_dir, "catalog_jobs", "snapshot_insert", {"schema": quote_ident(schema)}))
+    with engine.begin() as conn:
+        target.set_local_timeouts(conn, config.lock_timeout, config.statement_timeout)
+        snap = take_snapshot(conn, target, config)
+        row = conn.execute(insert, {**snap, "queue": queue, "details": json.dumps(snap["details"], default=str)}).one()
+    return InspectResult(snapshot_id=row.id, taken_at=row.taken_at, snapshot=snap, seconds=time.monotonic() - started)

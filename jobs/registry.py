@@ -1,0 +1,51 @@
+"""The jobs queuectl knows: name -> what it does, which queue kinds it serves, its config,
+its run_once, and its default schedule. The scheduler and the CLI read only this table,
+so adding a job is one entry here and one module beside it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from queuectl.errors import UsageError
+from queuectl.jobs import archive, inspect, reorganize, stale, watermark
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    description: str
+    kinds: tuple[str, ...]           # queue kinds the job applies to
+    config_cls: type
+    run_once: Callable[..., Any]     # run_once(engine, queue, config, *, schema, stop) -> result
+    interval: float | None = None    # default trigger: every `interval` seconds ...
+    cron: str | None = None          # ... or this crontab expression
+
+
+JOBS: dict[str, JobSpec] = {
+    spec.name: spec
+    for spec in (
+        JobSpec("archive", "move finished rows with their payloads to history, in small batches",
+                archive.KINDS, archive.ArchiveConfig, archive.run_once, interval=60.0),
+        JobSpec("reset_stale", "expired leases back to ready (or dead after max attempts)",
+                stale.KINDS, stale.StaleConfig, stale.run_once, interval=30.0),
+        JobSpec("inspect", "record dead tuples, bloat, fragmentation and cleanup blockers",
+                inspect.KINDS, inspect.InspectConfig, inspect.run_once, interval=300.0),
+        JobSpec("reorganize", "rebuild bloated indexes online, then VACUUM (ANALYZE)",
+                reorganize.KINDS, reorganize.ReorganizeConfig, reorganize.run_once, cron="17 3 * * *"),
+        JobSpec("correct_watermark", "recompute a watermark queue's low bound and fix it",
+                watermark.KINDS, watermark.WatermarkConfig, watermark.run_once, interval=300.0),
+    )
+}
+
+
+def job_spec(name: str) -> JobSpec:
+    key = name.replace("-", "_")
+    if key not in JOBS:
+        raise UsageError(f"unknown job {name!r}: choose one of {', '.join(JOBS)}")
+    return JOBS[key]
+
+
+def jobs_for_kind(kind: str) -> list[JobSpec]:
+    return [spec for spec in JOBS.values() if kind in spec.kinds]

@@ -1,0 +1,89 @@
+"""The archive job: finished rows move to history with their payloads, in small batches."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from queuectl.client import Queue
+from queuectl.errors import UsageError
+from queuectl.jobs import archive
+from queuectl.jobs.archive import ArchiveConfig
+from queuectl.jobs.base import parse_duration
+
+from jobs_helpers import placement, rows, scalar
+
+
+def finish(queue: Queue, n: int) -> list[int]:
+    """Dequeue n items and ack them."""
+    batch = queue.dequeue(n)
+    queue.ack(batch)
+    return [m.id for m in batch]
+
+
+def test_archive_moves_done_rows_with_payload_and_headers_and_leaves_the_rest(engine, orders: Queue):
+    ids = orders.enqueue_many([f"p{i}".encode() for i in range(30)], headers=[{"i": i} for i in range(30)])
+    done = finish(orders, 10)
+    processing = [m.id for m in orders.dequeue(5)]
+    result = archive.run_once(engine, "orders", ArchiveConfig(min_age=0, batch=4, delay=0))
+    assert result.rows == 10 and result.batches == 3  # 4 + 4 + 2: stops on the short batch
+    history = rows(engine, "SELECT id, status, payload, headers, attempts, finished_at, archived_at FROM queuectl.orders_history")
+    assert sorted(r.id for r in history) == sorted(done)
+    by_id = {r.id: r for r in history}
+    for n, item_id in enumerate(ids[:10]):
+        assert bytes(by_id[item_id].payload) == f"p{n}".encode() and by_id[item_id].headers == {"i": n}
+        assert by_id[item_id].status == 2 and by_id[item_id].attempts == 1
+        assert by_id[item_id].finished_at <= by_id[item_id].archived_at
+    live_ids = {r.id for r in rows(engine, "SELECT id FROM queuectl.orders_meta")}
+    assert live_ids == set(ids) - set(done)
+    assert scalar(engine, "SELECT count(*) FROM queuectl.orders_data") == 20
+    assert set(processing) <= live_ids
+
+
+def test_archive_waits_for_min_age_and_keeps_dead_rows_for_their_own_retention(engine, orders: Queue):
+    orders.enqueue_many([b"a", b"b", b"c", b"d"])
+    finish(orders, 2)
+    with engine.begin() as conn:  # the other two DEAD (nack would retry them 4 more times first)
+        conn.execute(sa.text("UPDATE queuectl.orders_meta SET status = 3, finished_at = now() WHERE status = 0"))
+    assert archive.run_once(engine, "orders", ArchiveConfig(min_age=3600)).rows == 0
+    assert archive.run_once(engine, "orders", ArchiveConfig(min_age=0)).rows == 2  # DONE only
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE queuectl.orders_meta SET finished_at = now() - interval '8 days' WHERE status = 3"))
+    assert archive.run_once(engine, "orders", ArchiveConfig(min_age=0)).rows == 2  # DEAD after a week
+    assert scalar(engine, "SELECT count(*) FROM queuectl.orders_meta") == 0
+    assert sorted(r.status for r in rows(engine, "SELECT status FROM queuectl.orders_history")) == [2, 2, 3, 3]
+
+
+def test_history_retention_purges_old_history_in_batches(engine, orders: Queue):
+    orders.enqueue_many([str(i) for i in range(25)])
+    finish(orders, 25)
+    archive.run_once(engine, "orders", ArchiveConfig(min_age=0))
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE queuectl.orders_history SET archived_at = now() - interval '31 days' WHERE id % 5 <> 0"))
+    result = archive.run_once(engine, "orders", ArchiveConfig(min_age=0, batch=7, delay=0,
+                                                              history_retention=parse_duration("30d")))
+    assert result.purged == 20 and result.rows == 0
+    assert result.batches == 1 + 3  # one empty archive batch, then 7 + 7 + 6
+    assert all(r.id % 5 == 0 for r in rows(engine, "SELECT id FROM queuectl.orders_history"))
+
+
+def test_max_seconds_stops_between_batches_without_losing_rows(engine, orders: Queue):
+    orders.enqueue_many([str(i) for i in range(50)])
+    finish(orders, 50)
+    before = placement(engine)
+    result = archive.run_once(engine, "orders", ArchiveConfig(min_age=0, batch=5, delay=0.2, max_seconds=0.3))
+    assert result.stopped == "max_seconds" and 0 < result.rows < 50
+    after = placement(engine)
+    assert after["live"] + after["history"] == before["live"]
+
+
+@pytest.mark.parametrize("options", [{"batch": 0}, {"batch": 100_000}, {"min_age": -1}, {"lock_timeout": 0}])
+def test_bad_archive_options_are_refused(options):
+    with pytest.raises(UsageError):
+        ArchiveConfig(**options)
+
+
+def test_durations_parse_with_units():
+    assert [parse_duration(v) for v in ("250ms", "30s", "5m", "2h", "30d", 7, "1.5")] == [0.25, 30, 300, 7200, 2592000, 7, 1.5]
+    with pytest.raises(UsageError):
+        parse_duration("soon")

@@ -1,0 +1,371 @@
+"""CLI commands of the maintenance jobs and the scheduler (registered by queuectl.cli).
+
+    queuectl archive NAME [--continuous] ...     queuectl jobs list [--config]
+    queuectl reorganize NAME [--dry-run]         queuectl jobs history [--last N]
+    queuectl inspect NAME                        queuectl jobs run JOB NAME [-o key=value]
+    queuectl reset-stale NAME                    queuectl scheduler run [--config] [--max-seconds]
+
+Thin: parse, call one library function (queuectl.jobs.runner.run_job or the scheduler),
+render. Errors a user can fix raise QueuectlError (one line, exit 2, by cli.main); a job
+that ran and failed prints its error and exits 1. This module does not import
+queuectl.cli (which imports it), so it defines its own shared options.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from queuectl.engine import URL_ENV, make_engine
+from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
+
+out = Console()
+err = Console(stderr=True)
+
+UrlOption = Annotated[
+    Optional[str],
+    typer.Option("--url", help=f"Database URL. Default: ${URL_ENV}, else the embedded server.", show_default=False),
+]
+SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")]
+QueueArg = Annotated[str, typer.Argument(help="Queue name.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+LockTimeoutOption = Annotated[Optional[str], typer.Option("--lock-timeout", help="Longest wait for a lock per statement (e.g. 2s).", show_default=False)]
+
+
+def _logging(verbose: bool = False) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """SIGINT/SIGTERM set the event: the job stops after its current batch."""
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: Any) -> None:
+        if not stop.is_set():
+            err.print(f"{signal.Signals(signum).name}: stopping after the current batch", highlight=False)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _options(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _run(job: str, name: str, options: dict[str, Any], url: str | None, schema: str, as_json: bool,
+         render: Callable[[Any], None], call: Callable[..., Any] | None = None, stop: threading.Event | None = None) -> None:
+    from queuectl.jobs.base import config_from_options
+    from queuectl.jobs.registry import job_spec
+    from queuectl.jobs.runner import run_job
+
+    validate_queue_name(name)
+    validate_schema_name(schema)
+    spec = job_spec(job)
+    config = config_from_options(spec.config_cls, options, job)
+    engine = make_engine(url)
+    with _stop_on_signals() if stop is None else _nullcontext(stop) as stop_event:
+        record = run_job(engine, spec, name, config, schema=schema, trigger="manual", stop=stop_event, call=call)
+    if as_json:
+        payload = {"run_id": record.run_id, "job": record.job, "queue": record.queue, "outcome": record.outcome,
+                   "rows": record.rows, "error": record.error,
+                   "result": record.result.as_dict() if record.result is not None else None}
+        sys.stdout.write(json.dumps(payload, default=str, indent=2) + "\n")
+    elif record.result is not None:
+        render(record.result)
+    if record.outcome != "succeeded":
+        err.print(f"[bold red]{job} failed:[/] {escape(record.error or 'unknown error')}", highlight=False)
+        raise typer.Exit(1)
+
+
+@contextmanager
+def _nullcontext(value: Any) -> Iterator[Any]:
+    yield value
+
+
+# -- archive -----------------------------------------------------------------------------
+
+
+def archive(
+    name: QueueArg,
+    batch: Annotated[int, typer.Option(help="Rows moved per transaction.")] = 1000,
+    min_age: Annotated[str, typer.Option("--min-age", help="Done rows stay at least this long (e.g. 60s, 5m).")] = "60s",
+    dead_min_age: Annotated[str, typer.Option("--dead-min-age", help="Dead rows stay at least this long.")] = "7d",
+    delay: Annotated[str, typer.Option(help="Pause between batches (e.g. 0.2s, 200ms).")] = "0.2s",
+    max_seconds: Annotated[Optional[str], typer.Option("--max-seconds", help="Stop after this long (between batches).", show_default=False)] = None,
+    continuous: Annotated[bool, typer.Option("--continuous", help="Run until stopped (Ctrl-C / SIGTERM), adapting to the backlog.")] = False,
+    history_retention: Annotated[Optional[str], typer.Option("--history-retention", help="Also purge history archived longer ago than this (e.g. 30d).", show_default=False)] = None,
+    lock_timeout: LockTimeoutOption = None,
+    url: UrlOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+    as_json: JsonOption = False,
+) -> None:
+    """Move finished rows with their payloads to the history table, in small batches.
+
+    Each batch is one short transaction; a killed archiver loses nothing. With
+    --continuous it keeps going, faster while there is backlog, slower when idle, and
+    stops cleanly after the current batch on Ctrl-C or SIGTERM.
+    """
+    from queuectl.jobs import archive as archive_job
+
+    options = _options(batch=batch, min_age=min_age, dead_min_age=dead_min_age, delay=delay,
+                       max_seconds=max_seconds, history_retention=history_retention, lock_timeout=lock_timeout)
+    if not continuous:
+        _run("archive", name, options, url, schema, as_json, lambda r: out.print(f"archive {name}: {r.summary()}"))
+        return
+    _logging()
+    live = out.is_terminal and not as_json
+    log = logging.getLogger("queuectl.jobs.archive")
+    shown = {"at": 0.0}
+    display = Live(Text(""), console=out, refresh_per_second=4, transient=False) if live else None
+
+    def progress(p: Any) -> None:
+        if display is not None:
+            display.update(Text(p.line()))
+        elif time.monotonic() - shown["at"] >= 10:  # plain logs: a line every 10 s
+            shown["at"] = time.monotonic()
+            log.info(p.line())
+
+    def call(engine: Any, queue: str, config: Any, *, schema: str, stop: threading.Event) -> Any:
+        return archive_job.run_continuous(engine, queue, config, schema=schema, stop=stop, on_progress=progress)
+
+    def render(result: Any) -> None:
+        out.print(f"archive {name}: {result.summary()}")
+
+    if display is not None:
+        with display:
+            _run("archive", name, options, url, schema, as_json, render, call=call)
+    else:
+        _run("archive", name, options, url, schema, as_json, render, call=call)
+
+
+# -- reorganize ----------------------------------------------------------------------------
+
+
+def _mb(n: int | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 1048576:,.1f} MB" if n >= 1048576 else f"{n / 1024:,.0f} kB"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}%"
+
+
+def _render_reorganize(result: Any) -> None:
+    title = "reorganize (dry run: nothing changed)" if result.dry_run else "reorganize"
+    table = Table("table", "index", "size before", "size after", "leaf density", "fragmentation", "bloat", "decision",
+                  "action", title=title)
+    for i in result.indexes:
+        b, a = i.before, i.after
+        table.add_row(
+            i.table, i.index, _mb(b.bytes), _mb(a.bytes) if a else "-",
+            _pct(b.leaf_density) + (f" -> {_pct(a.leaf_density)}" if a and a.leaf_density is not None else ""),
+            _pct(b.leaf_fragmentation), _pct(b.bloat_pct) + (f" -> {_pct(a.bloat_pct)}" if a and a.bloat_pct is not None else ""),
+            i.decision, escape(i.action or "") + (f" ({escape(i.error)})" if i.error else ""),
+        )
+    out.print(table)
+    for entry in result.leftovers:
+        out.print(f"leftover index {entry['index']} ({_mb(entry['bytes'])}): {entry['action']}"
+                  + (f" ({escape(entry['error'])})" if entry.get("error") else ""), highlight=False)
+    for note in result.notes:
+        out.print(f"note: {escape(note)}", highlight=False)
+    out.print(result.summary(), highlight=False)
+
+
+def reorganize(
+    name: QueueArg,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Measure and report what would be done; change nothing.")] = False,
+    min_pages: Annotated[int, typer.Option("--min-pages", help="Leave indexes smaller than this many 8 kB pages alone.")] = 1000,
+    bloat: Annotated[float, typer.Option("--bloat", help="Rebuild at or above this estimated bloat %.")] = 30.0,
+    fragmentation: Annotated[float, typer.Option("--fragmentation", help="Rebuild at or above this leaf fragmentation %.")] = 30.0,
+    lock_timeout: LockTimeoutOption = None,
+    time_limit: Annotated[Optional[str], typer.Option("--time-limit", help="Longest REINDEX / VACUUM (statement_timeout), e.g. 10m.", show_default=False)] = None,
+    url: UrlOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+    as_json: JsonOption = False,
+) -> None:
+    """Rebuild the queue's bloated indexes online (REINDEX CONCURRENTLY), then VACUUM (ANALYZE).
+
+    Indexes are measured with pgstatindex (the pgstattuple extension is created when
+    missing and permitted); only those above the thresholds and the minimum size are
+    rebuilt. Leftovers of an interrupted earlier rebuild are dropped first.
+    """
+    options = _options(dry_run=dry_run, min_pages=min_pages, rebuild_bloat_pct=bloat,
+                       rebuild_fragmentation_pct=fragmentation, lock_timeout=lock_timeout, statement_timeout=time_limit)
+    _run("reorganize", name, options, url, schema, as_json, _render_reorganize)
+
+
+# -- inspect / reset-stale -------------------------------------------------------------------
+
+
+def _render_inspect(result: Any) -> None:
+    table = Table("measure", "value", title=f"health snapshot #{result.snapshot_id} at {result.taken_at:%Y-%m-%d %H:%M:%S}")
+    for key, value in result.snapshot.items():
+        if key != "details":
+            table.add_row(key, "-" if value is None else escape(str(value)))
+    out.print(table)
+
+
+def inspect(
+    name: QueueArg,
+    physical: Annotated[bool, typer.Option("--physical/--no-physical", help="Also measure the meta table and its indexes with pgstattuple (when installed).")] = True,
+    url: UrlOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+    as_json: JsonOption = False,
+) -> None:
+    """Record a health snapshot: dead tuples, bloat, fragmentation, what holds cleanup back."""
+    _run("inspect", name, {"physical": physical}, url, schema, as_json, _render_inspect)
+
+
+def reset_stale(
+    name: QueueArg,
+    batch: Annotated[int, typer.Option(help="Rows per transaction.")] = 1000,
+    url: UrlOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+    as_json: JsonOption = False,
+) -> None:
+    """Put items whose lease expired back to ready (or dead after their last attempt)."""
+    _run("reset_stale", name, {"batch": batch}, url, schema, as_json, lambda r: out.print(f"reset-stale {name}: {r.summary()}"))
+
+
+# -- jobs and the scheduler ----------------------------------------------------------------
+
+jobs_app = typer.Typer(help="Maintenance jobs: what is scheduled, what ran, run one by hand.", no_args_is_help=True)
+scheduler_app = typer.Typer(help="Run the maintenance jobs on a schedule.", no_args_is_help=True)
+ConfigOption = Annotated[Optional[str], typer.Option("--config", help="TOML config (default: every job on every queue, default schedules).", show_default=False)]
+
+
+def _when(value: Any) -> str:
+    return "-" if value is None else f"{value:%Y-%m-%d %H:%M:%S}"
+
+
+@jobs_app.command("list")
+def jobs_list(config: ConfigOption = None, url: UrlOption = None, as_json: JsonOption = False) -> None:
+    """Jobs per queue with their trigger, last run and next run time."""
+    from queuectl.jobs.scheduler import load_config, overview
+
+    settings = load_config(config)
+    rows = overview(make_engine(url), settings)
+    if as_json:
+        sys.stdout.write(json.dumps(rows, default=str, indent=2) + "\n")
+        return
+    if not rows:
+        out.print(f"no jobs: no queues installed in schema {settings.schema}")
+        return
+    table = Table("job", "queue", "trigger", "last run", "outcome", "rows", "next run")
+    for r in rows:
+        table.add_row(r["job"], r["queue"], r["trigger"], _when(r["last_started"]), r["last_outcome"] or "-",
+                      "-" if r["last_rows"] is None else f"{r['last_rows']:,}", _when(r["next_run"]))
+    out.print(table)
+
+
+@jobs_app.command("history")
+def jobs_history(
+    last: Annotated[int, typer.Option("--last", help="How many runs, newest first.")] = 20,
+    job: Annotated[Optional[str], typer.Option("--job", help="Only this job.", show_default=False)] = None,
+    queue: Annotated[Optional[str], typer.Option("--queue", help="Only this queue.", show_default=False)] = None,
+    url: UrlOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+    as_json: JsonOption = False,
+) -> None:
+    """The job-run history: start, duration, outcome, rows, error, runner."""
+    from queuectl.errors import UsageError
+    from queuectl.jobs.registry import job_spec
+    from queuectl.jobs.runner import recent_runs
+
+    if not 1 <= last <= 100_000:
+        raise UsageError("--last must be from 1 to 100000")
+    validate_schema_name(schema)
+    job = job_spec(job).name if job else None
+    if queue:
+        validate_queue_name(queue)
+    runs = recent_runs(make_engine(url), schema=schema, last=last, job=job, queue=queue)
+    if as_json:
+        sys.stdout.write(json.dumps(runs, default=str, indent=2) + "\n")
+        return
+    table = Table("id", "job", "queue", "started", "seconds", "outcome", "rows", "runner", "error / summary")
+    for r in runs:
+        style = {"failed": "red", "abandoned": "yellow", "running": "cyan"}.get(r["outcome"], "")
+        table.add_row(str(r["id"]), r["job"], r["queue"], _when(r["started_at"]), f"{r['seconds']:.2f}",
+                      Text(r["outcome"], style=style), "-" if r["rows"] is None else f"{r['rows']:,}",
+                      f"{r['runner_host']}:{r['runner_pid']}", escape(r["error"] or r["summary"] or ""))
+    out.print(table)
+
+
+@jobs_app.command("run")
+def jobs_run(
+    job: Annotated[str, typer.Argument(help="Job: archive, reset_stale, inspect, reorganize, correct_watermark.")],
+    name: QueueArg,
+    option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="Job option key=value (repeatable), e.g. -o batch=500 -o min_age=5m.", show_default=False)] = None,
+    url: UrlOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+    as_json: JsonOption = False,
+) -> None:
+    """Run one job once on one queue, as the scheduler would (recorded in the history)."""
+    from queuectl.errors import UsageError
+
+    options: dict[str, Any] = {}
+    for item in option or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--option {item!r}: expected key=value")
+        options[key.strip().replace("-", "_")] = _toml_value(value.strip())
+    _run(job, name, options, url, schema, as_json, lambda r: out.print(f"{job} {name}: {r.summary()}"))
+
+
+def _toml_value(text: str) -> Any:
+    """A TOML scalar (42, 1.5, true, "x"); anything else is a string (durations like 5m)."""
+    import tomllib
+
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+@scheduler_app.command("run")
+def scheduler_run(
+    config: ConfigOption = None,
+    max_seconds: Annotated[Optional[float], typer.Option("--max-seconds", help="Stop after this many seconds (default: run until SIGINT/SIGTERM).", show_default=False)] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Debug logging.")] = False,
+    url: UrlOption = None,
+) -> None:
+    """Run the jobs on their schedules until stopped. Several schedulers may share a database:
+    each run takes a per-(job, queue) lock, so no job runs twice at once."""
+    from queuectl.jobs.scheduler import Scheduler, load_config
+
+    settings = load_config(config)
+    _logging(verbose)
+    Scheduler(make_engine(url, pool_size=settings.workers + 2), settings).run(max_seconds=max_seconds)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the job commands to the main `queuectl` app."""
+    app.command()(archive)
+    app.command()(reorganize)
+    app.command()(inspect)
+    app.command("reset-stale")(reset_stale)
+    app.add_typer(jobs_app, name="jobs")
+    app.add_typer(scheduler_app, name="scheduler")
