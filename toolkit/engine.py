@@ -7,6 +7,7 @@ single-runner lock (pg_advisory_lock / sp_getapplock) and how to read storage he
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -77,6 +78,29 @@ class Adapter:
         """Login timeout in seconds, so an unreachable server fails fast."""
         return {"connect_timeout": 10}
 
+    # -- how the client's values travel ------------------------------------------------
+
+    def list_param(self, values: list) -> object:
+        """A list of ids as one bind value: a PostgreSQL array."""
+        return values
+
+    def json_value(self, value: object) -> object:
+        """A JSON column as Python: psycopg already decodes jsonb."""
+        return value
+
+    def enqueue_many_params(self, items: list[dict[str, object]], max_attempts: int | None) -> dict[str, object]:
+        """enqueue_many's bind values from per-item dicts (payload bytes, headers JSON text,
+        priority, delay seconds, title): parallel arrays on PostgreSQL."""
+        with_headers = any(item["headers"] is not None for item in items)
+        return {
+            "payloads": [item["payload"] for item in items],
+            "headers": [item["headers"] for item in items] if with_headers else None,
+            "priorities": [item["priority"] for item in items],
+            "delays": [f"{item['delay']} seconds" for item in items],
+            "titles": [item["title"] for item in items],
+            "max_attempts": max_attempts,
+        }
+
     def storage_health(self, conn: sa.Connection, names: "QueueNames") -> list[dict[str, object]]:
         """Physical health of a queue's tables and indexes, one dict per index (or heap).
 
@@ -120,6 +144,28 @@ class MssqlAdapter(Adapter):
 
     def connect_args(self) -> dict[str, object]:
         return {"timeout": 10}  # pyodbc's login timeout
+
+    def list_param(self, values: list) -> object:
+        """ODBC has no arrays: a JSON array, read by OPENJSON in the procedures."""
+        return json.dumps(values)
+
+    def json_value(self, value: object) -> object:
+        """JSON columns are nvarchar on SQL Server."""
+        return json.loads(value) if isinstance(value, str) else value
+
+    def enqueue_many_params(self, items: list[dict[str, object]], max_attempts: int | None) -> dict[str, object]:
+        """One JSON array of item objects; payloads as hex (CONVERT style 2 decodes them)."""
+        doc = [
+            {
+                "payload": bytes(item["payload"]).hex(),
+                "headers": None if item["headers"] is None else json.loads(item["headers"]),
+                "priority": item["priority"],
+                "delay": item["delay"],
+                "title": item["title"],
+            }
+            for item in items
+        ]
+        return {"items": json.dumps(doc), "max_attempts": max_attempts}
 
 
 ADAPTERS = {
