@@ -104,7 +104,8 @@ def kind_values(kind: str) -> dict[str, str | int]:
             push_seq_regclass=f"'{q('push_seq')}'", pop_seq_regclass=f"'{q('pop_seq')}'",
             ring_regclass=f"'{q('ring')}'", fn_ring_repair=q("ring_repair"), fn_ring_release=q("ring_release"),
         )
-    values.update(size=1024, schema_literal="'queuectl'", lock_timeout_ms=5000)
+    values.update(size=1024, schema_literal="'queuectl'", lock_timeout_ms=5000, role=quote_ident("app_producer"),
+                  function_literals="'orders_enqueue', 'orders_enqueue_many'")
     return values
 
 

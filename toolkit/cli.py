@@ -299,6 +299,11 @@ def db_url() -> None:
     sys.stdout.write(mask_url(EmbeddedServer().ensure_running()) + "\n")
 
 
+from queuectl.cli_grant import grant as _grant  # noqa: E402  (its own module: least-privilege roles)
+
+app.command("grant")(_grant)
+
+
 def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 2."""
     try:

@@ -20,6 +20,10 @@
 -- Claims a push or pop keeps for its next call (a full ring, an empty queue) live in the
 -- session (SESSION_CONTEXT, keyed by the procedure's object id); ring_release gives them up.
 --
+-- Procedures that read catalog metadata (sys.sequences, OBJECT_ID) run WITH EXECUTE AS
+-- OWNER: metadata visibility follows the caller, and a role granted only EXECUTE
+-- (`queuectl grant`) would see no sequence and no table.
+--
 -- Batches inside a section are separated by GO lines (see reliable.sql). Sections are
 -- filled by queuectl.sqlfiles.render() with quoted identifiers only.
 
@@ -57,6 +61,7 @@ CREATE PROCEDURE {{fn_enqueue}}
     @payload varbinary(max),
     @headers nvarchar(max) = NULL,
     @timeout float         = 1.0
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON;
@@ -136,6 +141,7 @@ GO
 CREATE PROCEDURE {{fn_dequeue}}
     @batch   int   = 1,
     @timeout float = 0
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON;
@@ -185,6 +191,7 @@ GO
 CREATE PROCEDURE {{fn_ring_repair}}
     @grace_seconds float = 30,
     @timeout       float = 1.0
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON;
@@ -248,6 +255,7 @@ GO
 -- ring_release: give up this session's kept claims (a client closing its connection).
 -- A claim whose slot is free for it is tombstoned at once. Returns the released positions.
 CREATE PROCEDURE {{fn_ring_release}}
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON;

@@ -25,6 +25,10 @@
 -- in-flight enqueue is never stepped over. Insert into the table only through the
 -- enqueue procedures.
 --
+-- Procedures that read catalog metadata (sys.sequences, OBJECT_ID) run WITH EXECUTE AS
+-- OWNER: metadata visibility follows the caller, and a role granted only EXECUTE
+-- (`queuectl grant`) would see no sequence and no table.
+--
 -- Batches inside a section are separated by GO lines (see reliable.sql). Sections are
 -- filled by queuectl.sqlfiles.render() with quoted identifiers only.
 
@@ -98,6 +102,7 @@ GO
 -- session's watermark (see the header).
 CREATE PROCEDURE {{fn_dequeue}}
     @batch int = 1
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON;
@@ -177,6 +182,7 @@ GO
 --    before that run have long since inserted their rows), so a fresh raise takes two runs.
 -- Returns one row: old_low, new_low, true_low, changed, reason.
 CREATE PROCEDURE {{fn_correct_watermark}}
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON;
