@@ -87,8 +87,6 @@ class QueueNames:
             "meta_seq_regclass": f"'{q('meta_id_seq')}'",
             "ready_idx": quote_ident(self.table("meta_ready")),
             "leased_idx": quote_ident(self.table("meta_leased")),
-            "finished_idx": quote_ident(self.table("meta_finished")),
-            "history_archived_idx": quote_ident(self.table("history_archived")),
             "registry": f"{quote_ident(self.schema)}.{quote_ident('queues')}",
         }
         for fn in ("enqueue", "enqueue_many", "dequeue", "ack", "nack", "extend_lease", "release"):

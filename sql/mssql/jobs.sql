@@ -18,7 +18,9 @@ SET DEADLOCK_PRIORITY LOW;
 -- name: archive_batch
 -- Move one batch of finished rows, with their payloads, from meta/data to history.
 -- DONE rows older than :min_age_seconds and DEAD rows older than :dead_min_age_seconds,
--- DONE first then DEAD, oldest first, through the filtered index on finished rows.
+-- DONE first then DEAD, oldest first. (A filtered index on finished rows, meta (status,
+-- finished_at) WHERE status >= 2, makes this pick a seek; it comes with the jobs' index
+-- names in names.py, until then the pick scans meta.)
 --  1. The pick locks the batch's keys (UPDLOCK, held to COMMIT; READPAST skips rows
 --     someone else holds) and deletes their data rows, keeping the payloads in @moved.
 --  2. DELETE TOP (@batch) ... OUTPUT deleted.* INTO history moves the meta rows with
@@ -63,7 +65,7 @@ SELECT @rows AS moved;
 
 -- name: purge_history_batch
 -- Delete one batch of history rows archived more than :retention_seconds ago, oldest
--- first (through the archived_at index). Returns one row: purged.
+-- first (an index on history (archived_at) makes this a seek). Returns one row: purged.
 SET NOCOUNT ON;
 DECLARE @batch int = :batch;
 DECLARE @before datetime2(6) = DATEADD(second, -CAST(:retention_seconds AS int), SYSUTCDATETIME());
