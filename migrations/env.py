@@ -5,12 +5,16 @@ Two kinds of version history live in one script directory, as Alembic branches:
   * one branch per queue kind ("reliable", ...): run once per queue, each queue tracked in
     its own version table <schema>.<queue>_version, so queues upgrade one at a time.
 queuectl.install passes everything through config.attributes; there is no alembic.ini.
+What differs per engine (the SQL folder, how a section splits into batches) comes from the
+engine adapter; on SQL Server, Alembic itself writes `GO` after every batch in --sql mode.
 """
 
 from alembic import context
 from sqlalchemy import text
 
+from queuectl.engine import ADAPTERS
 from queuectl.names import quote_ident
+from queuectl.sqlfiles import render
 
 config = context.config
 schema: str = config.attributes["schema"]
@@ -21,7 +25,18 @@ common = dict(
     version_table_schema=schema,
     transaction_per_migration=False,
 )
-create_schema = f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}"
+
+
+def setup_statements(dialect: str) -> list[str]:
+    """Session settings, then the schema (the version table lives in it, so it comes first)."""
+    adapter = ADAPTERS[dialect]
+    values = {"schema": quote_ident(schema), "schema_literal": f"'{schema}'"}
+    return [
+        statement
+        for section in ("session_settings", "create_schema")
+        for statement in adapter.split_batches(render(adapter.sql_dir, "catalog", section, values))
+    ]
+
 
 if context.is_offline_mode():
     context.configure(
@@ -31,12 +46,13 @@ if context.is_offline_mode():
         **common,
     )
     with context.begin_transaction():
-        # The version table lives in the schema, so the schema comes first.
-        context.execute(create_schema)
+        for statement in setup_statements(config.attributes["dialect"]):
+            context.execute(statement)
         context.run_migrations()
 else:
     connection = config.attributes["connection"]
     context.configure(connection=connection, **common)
     with context.begin_transaction():
-        connection.execute(text(create_schema))
+        for statement in setup_statements(connection.dialect.name):
+            connection.execute(text(statement))
         context.run_migrations()

@@ -7,8 +7,9 @@ import sqlalchemy as sa
 from alembic import context, op
 
 from queuectl.catalog import QueueSettings, queues_table
+from queuectl.engine import ADAPTERS
 from queuectl.names import QueueNames
-from queuectl.sqlfiles import render, split_statements
+from queuectl.sqlfiles import render
 
 
 def _target() -> tuple[QueueNames, str, QueueSettings]:
@@ -17,11 +18,15 @@ def _target() -> tuple[QueueNames, str, QueueSettings]:
 
 
 def run_section(file: str, section: str) -> None:
-    """Execute one named section of sql/<engine>/<file>.sql, statement by statement."""
+    """Execute one named section of sql/<engine>/<file>.sql, batch by batch.
+
+    The engine adapter names the SQL folder and splits the section (statements on
+    PostgreSQL, GO batches on SQL Server, where Alembic's --sql output puts GO after each).
+    """
     names, _kind, settings = _target()
-    engine = op.get_context().dialect.name
+    adapter = ADAPTERS[op.get_context().dialect.name]
     values: dict[str, str | int] = {**names.template_values(), **settings.as_dict()}
-    for statement in split_statements(render(engine, file, section, values)):
+    for statement in adapter.split_batches(render(adapter.sql_dir, file, section, values)):
         op.execute(sa.text(statement))
 
 

@@ -15,18 +15,23 @@ from queuectl.names import validate_schema_name
 CATALOG_BRANCH = "catalog"
 CATALOG_VERSION_TABLE = "alembic_version"
 
+# Column types of the registry, per engine: text/jsonb on PostgreSQL; on SQL Server a key
+# column must be bounded (index keys are at most 900/1700 bytes) and JSON is nvarchar.
+NAME_TYPE = sa.Text().with_variant(sa.NVARCHAR(128), "mssql")
+SETTINGS_TYPE = JSONB().with_variant(sa.NVARCHAR(None), "mssql")
+
 
 def queues_table(schema: str) -> sa.Table:
     """The registry of installed queues (one row per queue)."""
     return sa.Table(
         "queues",
         sa.MetaData(),
-        sa.Column("name", sa.Text, primary_key=True),
-        sa.Column("kind", sa.Text, nullable=False),
-        sa.Column("schema_version", sa.Text, nullable=False),
+        sa.Column("name", NAME_TYPE, primary_key=True),
+        sa.Column("kind", NAME_TYPE, nullable=False),
+        sa.Column("schema_version", NAME_TYPE, nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
-        sa.Column("settings", JSONB().with_variant(sa.Text(), "mssql"), nullable=False),
+        sa.Column("settings", SETTINGS_TYPE, nullable=False),
         schema=validate_schema_name(schema),
     )
 

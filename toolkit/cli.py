@@ -71,7 +71,7 @@ def install(
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Install a queue (tables, indexes and its SQL API) through Alembic migrations."""
-    from queuectl.install import install_queue, install_script
+    from queuectl.install import install_queue, review_script
 
     validate_queue_name(name)
     validate_schema_name(schema)
@@ -79,8 +79,7 @@ def install(
         max_attempts=max_attempts, lease_seconds=lease, backoff_base_seconds=backoff_base, backoff_max_seconds=backoff_max
     )
     if sql:
-        engine = make_engine(url) if (url or _has_env_url()) else None
-        sys.stdout.write(install_script(engine, name, kind, settings, schema))
+        sys.stdout.write(review_script(url, name, kind, settings, schema))
         return
     info = install_queue(make_engine(url), name, kind, settings, schema)
     out.print(f"installed queue [bold]{info.name}[/] (kind {info.kind}, version {info.schema_version}) in schema {schema}")
@@ -307,6 +306,10 @@ app.command()(health)
 from queuectl.cli_jobs import register as _register_jobs  # noqa: E402  (maintenance jobs, scheduler)
 
 _register_jobs(app)
+
+from queuectl.cli_grant import grant as _grant  # noqa: E402  (its own module: least-privilege roles)
+
+app.command("grant")(_grant)
 
 
 def main() -> None:

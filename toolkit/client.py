@@ -110,7 +110,8 @@ class Queue:
         self.info: QueueInfo = require_queue(self._conn, name, schema)
         if self.info.kind != "reliable":
             raise UsageError(f"queue {name!r} is of kind {self.info.kind!r}; this client speaks 'reliable'")
-        self._sql = self._statements(adapter_for(self.engine).sql_dir)
+        self._adapter = adapter_for(self.engine)
+        self._sql = self._statements(self._adapter.sql_dir)
 
     def _statements(self, engine_dir: str) -> dict[str, sa.TextClause]:
         values = self.names.template_values()
@@ -159,14 +160,17 @@ class Queue:
         if not items:
             return []
         n = len(items)
-        params = {
-            "payloads": items,
-            "headers": None if headers is None else [_headers_json(h) for h in self._per_item(headers, n, "headers")],
-            "priorities": [self._check_priority(p) for p in self._spread(priority, n, "priority")],
-            "delays": [f"{_check_seconds(d or 0.0, 'delay')} seconds" for d in self._spread(delay, n, "delay")],
-            "titles": self._spread(title, n, "title"),
-            "max_attempts": max_attempts,
-        }
+        rows = [
+            {"payload": p, "headers": h, "priority": self._check_priority(pr), "delay": _check_seconds(d or 0.0, "delay"), "title": t}
+            for p, h, pr, d, t in zip(
+                items,
+                [None] * n if headers is None else [_headers_json(h) for h in self._per_item(headers, n, "headers")],
+                self._spread(priority, n, "priority"),
+                self._spread(delay, n, "delay"),
+                self._spread(title, n, "title"),
+            )
+        ]
+        params = self._adapter.enqueue_many_params(rows, max_attempts)
         return list(self._conn.execute(self._sql["enqueue_many"], params).scalars())
 
     @staticmethod
@@ -201,7 +205,7 @@ class Queue:
             Message(
                 id=r["id"],
                 payload=bytes(r["payload"]),
-                headers=r["headers"],
+                headers=self._adapter.json_value(r["headers"]),
                 priority=r["priority"],
                 attempts=r["attempts"],
                 max_attempts=r["max_attempts"],
@@ -219,7 +223,7 @@ class Queue:
         ids = _ids(items)
         if not ids:
             return 0
-        return self._conn.execute(self._sql["ack"], {"ids": ids, "worker": self.worker}).scalar_one()
+        return self._conn.execute(self._sql["ack"], {"ids": self._adapter.list_param(ids), "worker": self.worker}).scalar_one()
 
     def nack(
         self,
@@ -237,7 +241,7 @@ class Queue:
         if not ids:
             return {}
         params = {
-            "ids": ids,
+            "ids": self._adapter.list_param(ids),
             "error": error,
             "worker": self.worker,
             "base_seconds": _check_seconds(base_delay, "base delay"),
@@ -251,7 +255,7 @@ class Queue:
         ids = _ids(items)
         if not ids:
             return []
-        params = {"ids": ids, "lease_seconds": _check_seconds(lease, "lease", low=0.001), "worker": self.worker}
+        params = {"ids": self._adapter.list_param(ids), "lease_seconds": _check_seconds(lease, "lease", low=0.001), "worker": self.worker}
         return [row.id for row in self._conn.execute(self._sql["extend_lease"], params)]
 
     def release(self, items: Iterable[int | Message]) -> int:
@@ -259,7 +263,7 @@ class Queue:
         ids = _ids(items)
         if not ids:
             return 0
-        return self._conn.execute(self._sql["release"], {"ids": ids, "worker": self.worker}).scalar_one()
+        return self._conn.execute(self._sql["release"], {"ids": self._adapter.list_param(ids), "worker": self.worker}).scalar_one()
 
     @contextmanager
     def processing(self, n: int = 1, *, lease: float | None = None) -> Iterator[list[Message]]:

@@ -1,13 +1,16 @@
 """Reaching a database: URL resolution, engine creation, and the per-engine seam.
 
 Everything above this module is engine-neutral. The adapter answers "how do I say this
-on this server": which SQL folder to read and how to take a single-runner lock.
+on this server": which SQL folder to read, how a section splits into batches, how to take a
+single-runner lock (pg_advisory_lock / sp_getapplock) and how to read storage health.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
@@ -15,35 +18,166 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 
 from queuectl.errors import ConnectionFailed, UsageError
 
+if TYPE_CHECKING:
+    from queuectl.names import QueueNames
+
 URL_ENV = "QUEUECTL_URL"
 _DRIVERS = {"postgresql": "psycopg", "mssql": "pyodbc"}
 
 
+MSSQL_DRIVER = "ODBC Driver 18 for SQL Server"
+MSODBC_HOWTO = (
+    "install Microsoft's msodbcsql18 (Debian/Ubuntu: add packages.microsoft.com's apt repository, "
+    "then `ACCEPT_EULA=Y apt-get install msodbcsql18 unixodbc`; see "
+    "https://learn.microsoft.com/sql/connect/odbc/linux-mac/installing-the-microsoft-odbc-driver-for-sql-server)"
+)
+
+
 @dataclass(frozen=True)
 class Adapter:
-    """What differs per engine, in one place."""
+    """What differs per engine, in one place.
+
+    Statements come from sql/<sql_dir>/*.sql like all other SQL; this class only knows
+    which file holds them, how a section splits into batches, and what the driver needs.
+    """
 
     dialect: str
     sql_dir: str
+    # On SQL Server a review script (`install --sql`) never connects: it is the complete
+    # script, written for a DBA who may review it on a machine without the ODBC driver.
+    # On PostgreSQL it starts from the database's current catalog version when a URL is given.
+    review_script_connects: bool = True
 
     def lock_statement(self) -> str:
-        """Session-level try-lock for single-runner work; :key is a text key."""
-        if self.dialect == "postgresql":
-            return "SELECT pg_try_advisory_lock(hashtextextended(:key, 0))"
-        raise UsageError(f"locks are not implemented for {self.dialect} yet")
+        """Session-level try-lock for single-runner work; :key is a text key; returns 1/true if taken."""
+        return self._sql("locks", "try_lock")
 
     def unlock_statement(self) -> str:
-        if self.dialect == "postgresql":
-            return "SELECT pg_advisory_unlock(hashtextextended(:key, 0))"
-        raise UsageError(f"locks are not implemented for {self.dialect} yet")
+        return self._sql("locks", "unlock")
 
     def wait_lock_statement(self) -> str:
-        if self.dialect == "postgresql":
-            return "SELECT pg_advisory_lock(hashtextextended(:key, 0))"
-        raise UsageError(f"locks are not implemented for {self.dialect} yet")
+        """Session-level lock that waits until it is granted."""
+        return self._sql("locks", "wait_lock")
+
+    def _sql(self, file: str, section: str, values: dict[str, str | int] | None = None) -> str:
+        from queuectl.sqlfiles import render
+
+        return render(self.sql_dir, file, section, values or {})
+
+    def split_batches(self, sql: str) -> list[str]:
+        """One section's text as the units a driver executes one by one: on PostgreSQL the
+        statements at top-level semicolons."""
+        from queuectl.sqlfiles import split_statements
+
+        return split_statements(sql)
+
+    def check_driver(self, url: URL) -> None:
+        """Fail with one line saying what to install when the DBAPI driver cannot load."""
+
+    def connect_args(self) -> dict[str, object]:
+        """Login timeout in seconds, so an unreachable server fails fast."""
+        return {"connect_timeout": 10}
+
+    # -- how the client's values travel ------------------------------------------------
+
+    def list_param(self, values: list) -> object:
+        """A list of ids as one bind value: a PostgreSQL array."""
+        return values
+
+    def json_value(self, value: object) -> object:
+        """A JSON column as Python: psycopg already decodes jsonb."""
+        return value
+
+    def enqueue_many_params(self, items: list[dict[str, object]], max_attempts: int | None) -> dict[str, object]:
+        """enqueue_many's bind values from per-item dicts (payload bytes, headers JSON text,
+        priority, delay seconds, title): parallel arrays on PostgreSQL."""
+        with_headers = any(item["headers"] is not None for item in items)
+        return {
+            "payloads": [item["payload"] for item in items],
+            "headers": [item["headers"] for item in items] if with_headers else None,
+            "priorities": [item["priority"] for item in items],
+            "delays": [f"{item['delay']} seconds" for item in items],
+            "titles": [item["title"] for item in items],
+            "max_attempts": max_attempts,
+        }
+
+    def storage_health(self, conn: sa.Connection, names: "QueueNames") -> list[dict[str, object]]:
+        """Physical health of a queue's tables and indexes, one dict per index (or heap).
+
+        Same keys on both engines: table_name, index_name, pages, live_rows, dead_rows (dead
+        tuples / ghost records), version_dead_rows (version ghosts; None on PostgreSQL),
+        fragmentation_pct, page_density_pct (None where the engine does not say cheaply).
+        """
+        sql = self._sql("storage", "storage_health", names.template_values())
+        rows = conn.execute(sa.text(sql), {"schema": names.schema, "queue": names.queue}).mappings()
+        return [dict(row) for row in rows]
 
 
-ADAPTERS = {"postgresql": Adapter("postgresql", "postgresql"), "mssql": Adapter("mssql", "mssql")}
+@dataclass(frozen=True)
+class MssqlAdapter(Adapter):
+    """SQL Server through pyodbc and Microsoft's ODBC Driver 18."""
+
+    def split_batches(self, sql: str) -> list[str]:
+        """Batches separated by `GO` lines, as sqlcmd and SSMS split them (a CREATE
+        PROCEDURE must be alone in its batch)."""
+        from queuectl.sqlfiles import split_go_batches
+
+        return split_go_batches(sql)
+
+    def check_driver(self, url: URL) -> None:
+        try:
+            import pyodbc
+        except ModuleNotFoundError:
+            raise ConnectionFailed(
+                "SQL Server needs the pyodbc package: pip install 'queuectl[mssql]', and " + MSODBC_HOWTO
+            ) from None
+        except ImportError as exc:  # pyodbc is there but the unixODBC library is not
+            raise ConnectionFailed(
+                f"pyodbc cannot load ({first_line(exc)}): no ODBC driver manager: " + MSODBC_HOWTO
+            ) from None
+        wanted = url.query.get("driver", MSSQL_DRIVER)
+        if wanted not in pyodbc.drivers():
+            found = ", ".join(pyodbc.drivers()) or "none"
+            raise ConnectionFailed(
+                f"ODBC driver {wanted!r} is not installed (installed: {found}): " + MSODBC_HOWTO
+            )
+
+    def connect_args(self) -> dict[str, object]:
+        return {"timeout": 10}  # pyodbc's login timeout
+
+    def list_param(self, values: list) -> object:
+        """ODBC has no arrays: a JSON array, read by OPENJSON in the procedures."""
+        return json.dumps(values)
+
+    def json_value(self, value: object) -> object:
+        """JSON columns are nvarchar on SQL Server."""
+        return json.loads(value) if isinstance(value, str) else value
+
+    def enqueue_many_params(self, items: list[dict[str, object]], max_attempts: int | None) -> dict[str, object]:
+        """One JSON array of item objects; payloads as hex (CONVERT style 2 decodes them)."""
+        doc = [
+            {
+                "payload": bytes(item["payload"]).hex(),
+                "headers": None if item["headers"] is None else json.loads(item["headers"]),
+                "priority": item["priority"],
+                "delay": item["delay"],
+                "title": item["title"],
+            }
+            for item in items
+        ]
+        return {"items": json.dumps(doc), "max_attempts": max_attempts}
+
+
+ADAPTERS = {
+    "postgresql": Adapter("postgresql", "postgresql"),
+    "mssql": MssqlAdapter("mssql", "mssql", review_script_connects=False),
+}
+
+
+def adapter_for_url(url: str | URL) -> Adapter:
+    """The adapter for a URL's dialect, without connecting (and without loading a driver)."""
+    text = url.render_as_string(hide_password=False) if isinstance(url, URL) else url
+    return ADAPTERS[parse_url(text).get_backend_name()]
 
 
 def adapter_for(engine_or_conn: Engine | sa.Connection) -> Adapter:
@@ -75,7 +209,10 @@ def parse_url(url: str) -> URL:
             f"unsupported database dialect {backend!r} in {mask_url(parsed)}: "
             "queuectl supports postgresql and mssql"
         )
-    return parsed.set(drivername=f"{backend}+{_DRIVERS[backend]}")
+    parsed = parsed.set(drivername=f"{backend}+{_DRIVERS[backend]}")
+    if backend == "mssql" and "driver" not in parsed.query:
+        parsed = parsed.update_query_dict({"driver": MSSQL_DRIVER})
+    return parsed
 
 
 def resolve_url(url: str | None) -> str:
@@ -95,9 +232,10 @@ def resolve_url(url: str | None) -> str:
 def make_engine(url: str | None = None, *, pool_size: int = 5) -> Engine:
     """An engine for the resolved URL; fails with a one-line error when unreachable."""
     parsed = parse_url(resolve_url(url))
-    connect_args = {"connect_timeout": 10} if parsed.get_backend_name() == "postgresql" else {}
+    adapter = ADAPTERS[parsed.get_backend_name()]
+    adapter.check_driver(parsed)
     engine = sa.create_engine(
-        parsed, pool_size=pool_size, pool_pre_ping=True, connect_args=connect_args
+        parsed, pool_size=pool_size, pool_pre_ping=True, connect_args=adapter.connect_args()
     )
     check_connection(engine)
     return engine

@@ -7,6 +7,7 @@ the queue's own version table. Concurrent installers serialise on an advisory lo
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 
 import queuectl.migrations
 from queuectl.catalog import CATALOG_BRANCH, CATALOG_VERSION_TABLE, QueueInfo, QueueSettings, queues_table
-from queuectl.engine import adapter_for
+from queuectl.engine import ADAPTERS, URL_ENV, adapter_for, adapter_for_url, make_engine
 from queuectl.errors import NotInstalledError, QueuectlError, UsageError
 from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident, validate_schema_name
 from queuectl.sqlfiles import render
@@ -173,6 +174,22 @@ def install_script(
         )
     command.upgrade(_queue_config(names, kind, settings, dialect=dialect, output=out), f"{kind}@head", sql=True)
     return out.getvalue()
+
+
+def review_script(
+    url: str | None,
+    name: str,
+    kind: str = "reliable",
+    settings: QueueSettings | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> str:
+    """`install --sql`: the script for the URL's engine (--url, else $QUEUECTL_URL, else
+    PostgreSQL). It connects only where the engine adapter says a review script starts from
+    the database's state (PostgreSQL); a SQL Server script is complete and made offline."""
+    resolved = url or os.environ.get(URL_ENV)
+    adapter = adapter_for_url(resolved) if resolved else ADAPTERS["postgresql"]
+    engine = make_engine(resolved) if resolved and adapter.review_script_connects else None
+    return install_script(engine, name, kind, settings, schema, dialect=adapter.dialect)
 
 
 def upgrade_queue(engine: Engine, name: str, schema: str = DEFAULT_SCHEMA) -> tuple[str, str]:

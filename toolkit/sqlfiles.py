@@ -84,6 +84,20 @@ def split_statements(sql: str) -> list[str]:
     return [s for s in cleaned if s]
 
 
+_GO_LINE = re.compile(r"^[ \t]*GO[ \t]*;?[ \t]*$", re.MULTILINE | re.IGNORECASE)
+
+
+def split_go_batches(sql: str) -> list[str]:
+    """Split a T-SQL section into batches at lines holding only `GO` (sqlcmd's separator).
+
+    GO is not T-SQL: the client sends each batch on its own. Our T-SQL files never put GO
+    inside a string or a block comment, so a line-based split is exact for them. A final
+    semicolon is dropped (Alembic's --sql output appends its own terminator).
+    """
+    batches = (_strip_comment_lines(b).rstrip(";").rstrip() for b in _GO_LINE.split(sql))
+    return [b for b in batches if b]
+
+
 def _strip_comment_lines(statement: str) -> str:
     lines = [ln for ln in statement.strip().splitlines() if not ln.lstrip().startswith("--")]
     return "\n".join(lines).strip()

@@ -11,3 +11,10 @@ SELECT
 -- name: drop_schema
 -- Drop the (empty) catalog schema; never CASCADE, so nothing of anyone else's goes with it.
 DROP SCHEMA IF EXISTS {{schema}}
+
+-- name: create_schema
+-- The schema holding the catalog and the queues (the version tables live in it too).
+CREATE SCHEMA IF NOT EXISTS {{schema}}
+
+-- name: session_settings
+-- Settings every install session and review script starts with: none needed on PostgreSQL.

@@ -1,0 +1,106 @@
+-- The heap queue on SQL Server: no order is promised. The same sections as
+-- sql/postgresql/heap.sql.
+--
+-- One table holds id, payload and headers. Dequeue is ONE statement: DELETE through a CTE
+-- that takes whichever unlocked rows the scan meets first (TOP without ORDER BY,
+-- READPAST), OUTPUT deleted.* returns them: the cheapest destructive read.
+--
+-- Batches inside a section are separated by GO lines (see reliable.sql). Sections are
+-- filled by queuectl.sqlfiles.render() with quoted identifiers only.
+
+-- name: create_tables
+-- The queue's id sequence and its one table; the clustered primary key is the dequeue's
+-- index for the id order.
+CREATE SEQUENCE {{items_seq}} AS bigint START WITH 1 INCREMENT BY 1 CACHE 1000;
+GO
+CREATE TABLE {{items}} (
+    id          bigint         NOT NULL DEFAULT (NEXT VALUE FOR {{items_seq}}) PRIMARY KEY CLUSTERED,
+    payload     varbinary(max) NOT NULL,
+    headers     nvarchar(max)  NULL CHECK (headers IS NULL OR ISJSON(headers) = 1),
+    enqueued_at datetime2(6)   NOT NULL DEFAULT SYSUTCDATETIME()
+);
+
+-- name: create_functions
+-- The SQL API as stored procedures, callable from any language.
+
+-- enqueue one item; returns its id.
+CREATE PROCEDURE {{fn_enqueue}}
+    @payload varbinary(max),
+    @headers nvarchar(max) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @ids TABLE (id bigint NOT NULL);
+    INSERT INTO {{items}} (payload, headers) OUTPUT inserted.id INTO @ids (id)
+    VALUES (@payload, @headers);
+    SELECT id FROM @ids;
+END
+GO
+-- enqueue many items in one call; ids are drawn in input order and returned in it.
+-- @items is a JSON array of {"payload": "<hex>", "headers": {...} | null} (why JSON and
+-- not a table-valued parameter: reliable.sql).
+CREATE PROCEDURE {{fn_enqueue_many}}
+    @items nvarchar(max)
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @src TABLE (ord int NOT NULL PRIMARY KEY, id bigint NOT NULL,
+                        payload varbinary(max) NOT NULL, headers nvarchar(max) NULL);
+    INSERT INTO @src (ord, id, payload, headers)
+    SELECT CAST(j.[key] AS int),
+           NEXT VALUE FOR {{items_seq}} OVER (ORDER BY CAST(j.[key] AS int)),
+           CONVERT(varbinary(max), v.payload_hex, 2), v.headers
+    FROM OPENJSON(@items) AS j
+    CROSS APPLY OPENJSON(j.[value]) WITH (
+        payload_hex nvarchar(max) '$.payload',
+        headers     nvarchar(max) '$.headers' AS JSON
+    ) AS v;
+    INSERT INTO {{items}} (id, payload, headers)
+    SELECT s.id, s.payload, s.headers FROM @src AS s;
+    SELECT s.id FROM @src AS s ORDER BY s.ord;
+END
+GO
+-- dequeue: ONE statement takes up to @batch items: no ORDER BY, any unlocked rows will do,
+-- so the scan stops at the first rows it can lock. Rows come back in no particular order.
+CREATE PROCEDURE {{fn_dequeue}}
+    @batch int = 1
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @n int = CASE WHEN @batch > 0 THEN @batch ELSE 0 END;
+    DECLARE @now datetime2(6) = SYSUTCDATETIME();
+    WITH picked AS (
+        SELECT TOP (@n) i.id, i.payload, i.headers, i.enqueued_at
+        FROM {{items}} AS i WITH (UPDLOCK, READPAST, ROWLOCK)
+    )
+    DELETE FROM picked
+    OUTPUT deleted.id, deleted.payload, deleted.headers, deleted.enqueued_at, @now AS dequeued_at;
+END
+
+-- name: drop_functions
+-- Remove the SQL API.
+DROP PROCEDURE IF EXISTS {{fn_dequeue}};
+DROP PROCEDURE IF EXISTS {{fn_enqueue_many}};
+DROP PROCEDURE IF EXISTS {{fn_enqueue}};
+
+-- name: drop_tables
+-- Remove the queue's table (and with it its indexes), then its sequence.
+DROP TABLE IF EXISTS {{items}};
+DROP SEQUENCE IF EXISTS {{items_seq}};
+
+-- name: enqueue
+-- Client call: one item.
+EXEC {{fn_enqueue}} @payload = :payload, @headers = :headers
+
+-- name: enqueue_many
+-- Client call: many items in one round trip (:items is the JSON array described above).
+EXEC {{fn_enqueue_many}} @items = :items
+
+-- name: dequeue
+-- Client call: take (delete and return) up to :batch items.
+EXEC {{fn_dequeue}} @batch = :batch
+
+-- name: counts
+-- Depth for `queuectl list`: every row in the table is waiting (dequeued rows are deleted).
+SELECT CAST(0 AS smallint) AS status, CAST(0 AS bit) AS scheduled, COUNT_BIG(*) AS n FROM {{items}}

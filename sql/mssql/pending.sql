@@ -1,0 +1,126 @@
+-- The pending queue on SQL Server: items become ready at their due time (UTC). The same
+-- sections as sql/postgresql/pending.sql.
+--
+-- One table holds id, due_at, payload and headers, with an index on (due_at, id).
+-- Dequeue is ONE statement: DELETE through a CTE that picks the earliest-due n rows whose
+-- due_at <= SYSUTCDATETIME() it can lock (READPAST), OUTPUT deleted.* returns them. An
+-- item is never returned before its due time, on the server's clock.
+--
+-- Batches inside a section are separated by GO lines (see reliable.sql). Sections are
+-- filled by queuectl.sqlfiles.render() with quoted identifiers only.
+
+-- name: create_tables
+-- The queue's id sequence and its one table; the clustered primary key is the dequeue's
+-- index.
+CREATE SEQUENCE {{items_seq}} AS bigint START WITH 1 INCREMENT BY 1 CACHE 1000;
+GO
+CREATE TABLE {{items}} (
+    id          bigint         NOT NULL DEFAULT (NEXT VALUE FOR {{items_seq}}) PRIMARY KEY CLUSTERED,
+    due_at      datetime2(6)   NOT NULL DEFAULT SYSUTCDATETIME(),
+    payload     varbinary(max) NOT NULL,
+    headers     nvarchar(max)  NULL CHECK (headers IS NULL OR ISJSON(headers) = 1),
+    enqueued_at datetime2(6)   NOT NULL DEFAULT SYSUTCDATETIME()
+);
+GO
+-- The dequeue reads this index from its low end: due items first, then by id.
+CREATE INDEX {{due_idx}} ON {{items}} (due_at, id);
+
+-- name: create_functions
+-- The SQL API as stored procedures, callable from any language.
+
+-- enqueue one item, due at @due_at (UTC), else now + @delay_seconds, else now; returns its id.
+CREATE PROCEDURE {{fn_enqueue}}
+    @payload       varbinary(max),
+    @headers       nvarchar(max) = NULL,
+    @due_at        datetime2(6)  = NULL,
+    @delay_seconds float         = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @delay float = COALESCE(@delay_seconds, 0);
+    DECLARE @ids TABLE (id bigint NOT NULL);
+    INSERT INTO {{items}} (due_at, payload, headers)
+    OUTPUT inserted.id INTO @ids (id)
+    VALUES (COALESCE(@due_at, DATEADD(millisecond,
+                CAST(ROUND((@delay - FLOOR(@delay / 86400e0) * 86400e0) * 1000e0, 0) AS int),
+                DATEADD(day, CAST(FLOOR(@delay / 86400e0) AS int), SYSUTCDATETIME()))),
+            @payload, @headers);
+    SELECT id FROM @ids;
+END
+GO
+-- enqueue many items in one call; ids come back in input order. @items is a JSON array
+-- of {"payload": "<hex>", "headers": {...} | null, "due_at": "<ISO 8601 UTC>" | null,
+-- "delay": seconds | null} (why JSON and not a table-valued parameter: reliable.sql).
+CREATE PROCEDURE {{fn_enqueue_many}}
+    @items nvarchar(max)
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @now datetime2(6) = SYSUTCDATETIME();
+    DECLARE @src TABLE (ord int NOT NULL PRIMARY KEY, id bigint NOT NULL, due_at datetime2(6) NOT NULL,
+                        payload varbinary(max) NOT NULL, headers nvarchar(max) NULL);
+    INSERT INTO @src (ord, id, due_at, payload, headers)
+    SELECT CAST(j.[key] AS int),
+           NEXT VALUE FOR {{items_seq}} OVER (ORDER BY CAST(j.[key] AS int)),
+           COALESCE(v.due_at, DATEADD(millisecond,
+               CAST(ROUND((COALESCE(v.delay, 0) - FLOOR(COALESCE(v.delay, 0) / 86400e0) * 86400e0) * 1000e0, 0) AS int),
+               DATEADD(day, CAST(FLOOR(COALESCE(v.delay, 0) / 86400e0) AS int), @now))),
+           CONVERT(varbinary(max), v.payload_hex, 2), v.headers
+    FROM OPENJSON(@items) AS j
+    CROSS APPLY OPENJSON(j.[value]) WITH (
+        payload_hex nvarchar(max) '$.payload',
+        headers     nvarchar(max) '$.headers' AS JSON,
+        due_at      datetime2(6)  '$.due_at',
+        delay       float         '$.delay'
+    ) AS v;
+    INSERT INTO {{items}} (id, due_at, payload, headers)
+    SELECT s.id, s.due_at, s.payload, s.headers FROM @src AS s;
+    SELECT s.id FROM @src AS s ORDER BY s.ord;
+END
+GO
+-- dequeue: ONE statement takes up to @batch due items, earliest due first (then id),
+-- skipping rows others hold.
+CREATE PROCEDURE {{fn_dequeue}}
+    @batch int = 1
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @n int = CASE WHEN @batch > 0 THEN @batch ELSE 0 END;
+    DECLARE @now datetime2(6) = SYSUTCDATETIME();
+    WITH picked AS (
+        SELECT TOP (@n) i.id, i.payload, i.headers, i.enqueued_at
+        FROM {{items}} AS i WITH (UPDLOCK, READPAST, ROWLOCK)
+        WHERE i.due_at <= @now
+        ORDER BY i.due_at, i.id
+    )
+    DELETE FROM picked
+    OUTPUT deleted.id, deleted.payload, deleted.headers, deleted.enqueued_at, @now AS dequeued_at;
+END
+
+-- name: drop_functions
+-- Remove the SQL API.
+DROP PROCEDURE IF EXISTS {{fn_dequeue}};
+DROP PROCEDURE IF EXISTS {{fn_enqueue_many}};
+DROP PROCEDURE IF EXISTS {{fn_enqueue}};
+
+-- name: drop_tables
+-- Remove the queue's table (and with it its indexes), then its sequence.
+DROP TABLE IF EXISTS {{items}};
+DROP SEQUENCE IF EXISTS {{items_seq}};
+
+-- name: enqueue
+-- Client call: one item.
+EXEC {{fn_enqueue}} @payload = :payload, @headers = :headers, @due_at = :due_at, @delay_seconds = :delay
+
+-- name: enqueue_many
+-- Client call: many items in one round trip (:items is the JSON array described above).
+EXEC {{fn_enqueue_many}} @items = :items
+
+-- name: dequeue
+-- Client call: take (delete and return) up to :batch items.
+EXEC {{fn_dequeue}} @batch = :batch
+
+-- name: counts
+-- Depth for `queuectl list`: every row in the table is waiting (dequeued rows are deleted).
+SELECT CAST(0 AS smallint) AS status, CAST(0 AS bit) AS scheduled, COUNT_BIG(*) AS n FROM {{items}}

@@ -1,0 +1,376 @@
+-- The reliable status queue on SQL Server (2016 SP1 or later: DROP ... IF EXISTS, OPENJSON,
+-- compatibility level 130+). The same sections as sql/postgresql/reliable.sql.
+--
+-- Layout: <queue>_meta holds only what dequeue searches and updates (narrow rows, so a
+-- dequeue touches few pages); <queue>_data holds the payload, written once at enqueue and
+-- read once at dequeue; <queue>_history receives finished rows from the archive job.
+--
+-- status codes (smallint, so the ready index stays narrow):
+--   0 READY       waiting; "scheduled" while due_at > SYSUTCDATETIME()
+--   1 PROCESSING  leased to lease_owner until leased_until
+--   2 DONE        acknowledged (finished_at set); the archive job moves it to history
+--   3 DEAD        failed max_attempts times (last_error says why)
+--
+-- Times are datetime2(6) in UTC (SYSUTCDATETIME()): no time zone arithmetic in any
+-- predicate, and pyodbc reads datetime2 natively.
+--
+-- Batches inside a section are separated by GO lines: the installer sends each batch on
+-- its own, and `queuectl install --sql` prints them with GO (CREATE PROCEDURE must be the
+-- first statement of its batch). Everything runs with QUOTED_IDENTIFIER and ANSI_NULLS ON
+-- (catalog.sql:session_settings): the identifiers are double-quoted, and filtered indexes
+-- need both settings in every session that writes the table, which procedures created
+-- under them guarantee.
+--
+-- Sections are filled by queuectl.sqlfiles.render() with quoted identifiers only.
+
+-- name: create_tables
+-- The queue's id sequence, tables and indexes.
+
+-- Ids come from a sequence (not IDENTITY) so enqueue_many can draw them in input order
+-- before it writes (NEXT VALUE FOR ... OVER (ORDER BY ...)), as PostgreSQL's nextval does.
+CREATE SEQUENCE {{meta_seq}} AS bigint START WITH 1 INCREMENT BY 1 CACHE 1000;
+GO
+-- FILLFACTOR 80 leaves room on each page for rows that grow when leased or nacked
+-- (lease_owner, last_error), so ack/nack/dequeue updates split fewer pages after a
+-- rebuild or reorganize compacts the table.
+CREATE TABLE {{meta}} (
+    id            bigint        NOT NULL DEFAULT (NEXT VALUE FOR {{meta_seq}}),
+    priority      smallint      NOT NULL DEFAULT 0,
+    due_at        datetime2(6)  NOT NULL DEFAULT SYSUTCDATETIME(),
+    status        smallint      NOT NULL DEFAULT 0 CHECK (status BETWEEN 0 AND 3),
+    title         nvarchar(400) NULL,
+    attempts      int           NOT NULL DEFAULT 0,
+    max_attempts  int           NOT NULL DEFAULT {{max_attempts}} CHECK (max_attempts > 0),
+    lease_owner   nvarchar(200) NULL,
+    leased_until  datetime2(6)  NULL,
+    enqueued_at   datetime2(6)  NOT NULL DEFAULT SYSUTCDATETIME(),
+    dequeued_at   datetime2(6)  NULL,
+    finished_at   datetime2(6)  NULL,
+    last_error    nvarchar(4000) NULL,
+    PRIMARY KEY CLUSTERED (id) WITH (FILLFACTOR = 80)
+);
+GO
+-- No ON DELETE CASCADE: the archive job deletes the data row first, then the meta row,
+-- each with OUTPUT, so the payload reaches history in the same transaction.
+CREATE TABLE {{data}} (
+    id       bigint         NOT NULL PRIMARY KEY CLUSTERED,
+    payload  varbinary(max) NOT NULL,
+    headers  nvarchar(max)  NULL CHECK (headers IS NULL OR ISJSON(headers) = 1),
+    FOREIGN KEY (id) REFERENCES {{meta}} (id)
+);
+GO
+-- Only READY rows are in this filtered index, so its size follows the backlog, not the
+-- table; the dequeue's ORDER BY is its key order, so the pick is an ordered range seek.
+CREATE INDEX {{ready_idx}} ON {{meta}} (priority, due_at, id) WHERE status = 0;
+GO
+-- Only PROCESSING rows: finds expired leases without scanning the ready backlog.
+CREATE INDEX {{leased_idx}} ON {{meta}} (leased_until) WHERE status = 1;
+GO
+-- The OUTPUT ... INTO target of the archive job: no triggers, no foreign keys, no CHECK
+-- constraints (SQL Server refuses them on an OUTPUT INTO table).
+CREATE TABLE {{history}} (
+    id            bigint         NOT NULL PRIMARY KEY CLUSTERED,
+    priority      smallint       NOT NULL,
+    due_at        datetime2(6)   NOT NULL,
+    status        smallint       NOT NULL,
+    title         nvarchar(400)  NULL,
+    attempts      int            NOT NULL,
+    max_attempts  int            NOT NULL,
+    lease_owner   nvarchar(200)  NULL,
+    enqueued_at   datetime2(6)   NOT NULL,
+    dequeued_at   datetime2(6)   NULL,
+    finished_at   datetime2(6)   NULL,
+    last_error    nvarchar(4000) NULL,
+    payload       varbinary(max) NULL,
+    headers       nvarchar(max)  NULL,
+    archived_at   datetime2(6)   NOT NULL DEFAULT SYSUTCDATETIME()
+);
+
+-- name: create_functions
+-- The SQL API as stored procedures, callable from any language.
+
+-- enqueue one item; returns its id (one row, column id). Two inserts, one transaction:
+-- XACT_ABORT rolls both back on any error (and the caller's transaction with them).
+CREATE PROCEDURE {{fn_enqueue}}
+    @payload       varbinary(max),
+    @headers       nvarchar(max) = NULL,
+    @priority      smallint      = 0,
+    @delay_seconds float         = 0,
+    @title         nvarchar(400) = NULL,
+    @max_attempts  int           = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @id bigint = NEXT VALUE FOR {{meta_seq}};
+    DECLARE @delay float = COALESCE(@delay_seconds, 0);
+    -- DATEADD takes an int: whole days, then the remaining milliseconds (delays up to years).
+    DECLARE @due datetime2(6) = DATEADD(millisecond,
+        CAST(ROUND((@delay - FLOOR(@delay / 86400e0) * 86400e0) * 1000e0, 0) AS int),
+        DATEADD(day, CAST(FLOOR(@delay / 86400e0) AS int), SYSUTCDATETIME()));
+    BEGIN TRANSACTION;
+    INSERT INTO {{meta}} (id, priority, due_at, title, max_attempts)
+    VALUES (@id, COALESCE(@priority, 0), @due, @title, COALESCE(@max_attempts, {{max_attempts}}));
+    INSERT INTO {{data}} (id, payload, headers) VALUES (@id, @payload, @headers);
+    COMMIT TRANSACTION;
+    SELECT @id AS id;
+END
+GO
+-- enqueue many items in one call; ids come back in input order.
+-- Input: @items, a JSON array of objects {"payload": "<hex>", "headers": {...} | null,
+-- "priority": n, "delay": seconds, "title": "..."}. JSON rather than a table-valued
+-- parameter: any language and driver can send a string (pyodbc's TVP support and most
+-- ORMs' cannot bind a TVP), and a TVP would need a user-defined table type that every
+-- later change of the procedure's input has to drop and recreate. Payloads travel as hex
+-- (CONVERT style 2), which JSON can carry and T-SQL decodes without XML tricks.
+CREATE PROCEDURE {{fn_enqueue_many}}
+    @items        nvarchar(max),
+    @max_attempts int = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @now datetime2(6) = SYSUTCDATETIME();
+    DECLARE @src TABLE (
+        ord      int            NOT NULL PRIMARY KEY,
+        id       bigint         NOT NULL,
+        payload  varbinary(max) NOT NULL,
+        headers  nvarchar(max)  NULL,
+        priority smallint       NULL,
+        delay    float          NULL,
+        title    nvarchar(400)  NULL
+    );
+    -- Ids drawn from the sequence in input order, before anything is written.
+    INSERT INTO @src (ord, id, payload, headers, priority, delay, title)
+    SELECT CAST(j.[key] AS int),
+           NEXT VALUE FOR {{meta_seq}} OVER (ORDER BY CAST(j.[key] AS int)),
+           CONVERT(varbinary(max), v.payload_hex, 2), v.headers, v.priority, v.delay, v.title
+    FROM OPENJSON(@items) AS j
+    CROSS APPLY OPENJSON(j.[value]) WITH (
+        payload_hex nvarchar(max) '$.payload',
+        headers     nvarchar(max) '$.headers' AS JSON,
+        priority    smallint      '$.priority',
+        delay       float         '$.delay',
+        title       nvarchar(400) '$.title'
+    ) AS v;
+    BEGIN TRANSACTION;
+    INSERT INTO {{meta}} (id, priority, due_at, title, max_attempts)
+    SELECT s.id, COALESCE(s.priority, 0),
+           DATEADD(millisecond,
+               CAST(ROUND((COALESCE(s.delay, 0) - FLOOR(COALESCE(s.delay, 0) / 86400e0) * 86400e0) * 1000e0, 0) AS int),
+               DATEADD(day, CAST(FLOOR(COALESCE(s.delay, 0) / 86400e0) AS int), @now)),
+           s.title, COALESCE(@max_attempts, {{max_attempts}})
+    FROM @src AS s;
+    INSERT INTO {{data}} (id, payload, headers)
+    SELECT s.id, s.payload, s.headers FROM @src AS s;
+    COMMIT TRANSACTION;
+    SELECT s.id FROM @src AS s ORDER BY s.ord;
+END
+GO
+-- dequeue: claims up to @batch items and returns them with their payload.
+--  1. Expired leases (their consumer died or stalled) go back to READY, or DEAD when that
+--     was their last attempt: a bounded UPDATE through the filtered index on PROCESSING
+--     rows, so the claim below reads only the ready index.
+--  2. THE claim is ONE statement: the CTE picks up to @batch READY, due rows in
+--     (priority, due_at, id) order with UPDLOCK, READPAST, ROWLOCK: concurrent consumers
+--     skip each other's rows (READPAST), the picked keys stay locked until the update
+--     (UPDLOCK), and no page or table lock blocks the others (ROWLOCK). UPDATE TOP has no
+--     ORDER BY, hence the CTE: TOP with ORDER BY inside, the UPDATE through it. OUTPUT
+--     returns the updated meta row joined to its payload in the same statement.
+-- Row versioning caveat: READPAST is rejected under SNAPSHOT isolation (error 650); run
+-- consumers at READ COMMITTED (the default).
+CREATE PROCEDURE {{fn_dequeue}}
+    @batch         int           = 1,
+    @lease_seconds float         = NULL,
+    @worker        nvarchar(200) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @now datetime2(6) = SYSUTCDATETIME();
+    DECLARE @n int = CASE WHEN @batch > 0 THEN @batch ELSE 0 END;
+    -- leases are at most 7 days: the milliseconds fit DATEADD's int
+    DECLARE @lease_ms int = CAST(ROUND(COALESCE(@lease_seconds, {{lease_seconds}}) * 1000e0, 0) AS int);
+
+    WITH expired AS (
+        SELECT TOP (@n) m.status, m.attempts, m.max_attempts, m.lease_owner, m.leased_until,
+                        m.finished_at, m.last_error
+        FROM {{meta}} AS m WITH (UPDLOCK, READPAST, ROWLOCK)
+        WHERE m.status = 1 AND m.leased_until < @now
+        ORDER BY m.leased_until
+    )
+    UPDATE expired SET
+        status       = CASE WHEN attempts >= max_attempts THEN 3 ELSE 0 END,
+        finished_at  = CASE WHEN attempts >= max_attempts THEN @now END,
+        last_error   = CASE WHEN attempts >= max_attempts
+                            THEN CONCAT(N'lease expired on its last attempt (', attempts,
+                                        N' of ', max_attempts, N')')
+                            ELSE last_error END,
+        lease_owner  = CASE WHEN attempts >= max_attempts THEN lease_owner END,
+        leased_until = NULL;
+
+    WITH picked AS (
+        -- every column the OUTPUT names: inserted.* of a CTE target has the CTE's columns
+        SELECT TOP (@n) m.id, m.priority, m.due_at, m.status, m.title, m.attempts,
+                        m.max_attempts, m.lease_owner, m.leased_until, m.enqueued_at,
+                        m.dequeued_at
+        FROM {{meta}} AS m WITH (UPDLOCK, READPAST, ROWLOCK)
+        WHERE m.status = 0 AND m.due_at <= @now
+        ORDER BY m.priority, m.due_at, m.id
+    )
+    UPDATE p SET
+        status       = 1,
+        attempts     = p.attempts + 1,
+        lease_owner  = @worker,
+        leased_until = DATEADD(millisecond, @lease_ms, @now),
+        dequeued_at  = @now
+    OUTPUT inserted.id, inserted.priority, inserted.due_at, inserted.title, inserted.attempts,
+           inserted.max_attempts, inserted.enqueued_at, inserted.dequeued_at,
+           inserted.leased_until, d.payload, d.headers
+    FROM picked AS p
+    JOIN {{data}} AS d ON d.id = p.id;
+END
+GO
+-- ack: the items are done. Only the current lease holder (when @worker is given) may ack,
+-- so a consumer whose lease expired and was taken over cannot finish the item twice.
+-- @ids is a JSON array of ids. Returns one row: acked.
+CREATE PROCEDURE {{fn_ack}}
+    @ids    nvarchar(max),
+    @worker nvarchar(200) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    UPDATE m SET status = 2, finished_at = SYSUTCDATETIME(), leased_until = NULL
+    FROM {{meta}} AS m WITH (ROWLOCK)
+    WHERE m.id IN (SELECT i.id FROM OPENJSON(@ids) WITH (id bigint '$') AS i)
+      AND m.status = 1
+      AND (@worker IS NULL OR m.lease_owner = @worker);
+    SELECT @@ROWCOUNT AS acked;
+END
+GO
+-- nack: the attempt failed. The item is READY again after an exponential backoff
+-- (@base_seconds * 2^(attempts-1), at most @max_seconds), or DEAD when its attempts are
+-- used up. Returns each item's new status (id, status, due_at).
+CREATE PROCEDURE {{fn_nack}}
+    @ids          nvarchar(max),
+    @error        nvarchar(4000) = NULL,
+    @worker       nvarchar(200)  = NULL,
+    @base_seconds float          = NULL,
+    @max_seconds  float          = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @now datetime2(6) = SYSUTCDATETIME();
+    DECLARE @base float = COALESCE(@base_seconds, {{backoff_base_seconds}});
+    DECLARE @max float = COALESCE(@max_seconds, {{backoff_max_seconds}});
+    UPDATE m SET
+        status       = CASE WHEN m.attempts >= m.max_attempts THEN 3 ELSE 0 END,
+        due_at       = CASE WHEN m.attempts >= m.max_attempts THEN m.due_at
+                            ELSE DATEADD(millisecond, s.ms, DATEADD(day, s.days, @now)) END,
+        finished_at  = CASE WHEN m.attempts >= m.max_attempts THEN @now END,
+        leased_until = NULL,
+        last_error   = @error
+    OUTPUT inserted.id, inserted.status, inserted.due_at
+    FROM {{meta}} AS m WITH (ROWLOCK)
+    CROSS APPLY (
+        SELECT @base * POWER(2e0, CASE WHEN m.attempts < 1 THEN 0
+                                       WHEN m.attempts > 41 THEN 40
+                                       ELSE m.attempts - 1 END) AS raw
+    ) AS r
+    CROSS APPLY (SELECT CASE WHEN r.raw < @max THEN r.raw ELSE @max END AS seconds) AS b
+    CROSS APPLY (
+        SELECT CAST(FLOOR(b.seconds / 86400e0) AS int) AS days,
+               CAST(ROUND((b.seconds - FLOOR(b.seconds / 86400e0) * 86400e0) * 1000e0, 0) AS int) AS ms
+    ) AS s
+    WHERE m.id IN (SELECT i.id FROM OPENJSON(@ids) WITH (id bigint '$') AS i)
+      AND m.status = 1
+      AND (@worker IS NULL OR m.lease_owner = @worker);
+END
+GO
+-- extend_lease: a slow handler keeps its items (heartbeat). Returns the items still held
+-- (id, leased_until).
+CREATE PROCEDURE {{fn_extend_lease}}
+    @ids           nvarchar(max),
+    @lease_seconds float         = NULL,
+    @worker        nvarchar(200) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @lease_ms int = CAST(ROUND(COALESCE(@lease_seconds, {{lease_seconds}}) * 1000e0, 0) AS int);
+    UPDATE m SET leased_until = DATEADD(millisecond, @lease_ms, SYSUTCDATETIME())
+    OUTPUT inserted.id, inserted.leased_until
+    FROM {{meta}} AS m WITH (ROWLOCK)
+    WHERE m.id IN (SELECT i.id FROM OPENJSON(@ids) WITH (id bigint '$') AS i)
+      AND m.status = 1
+      AND (@worker IS NULL OR m.lease_owner = @worker);
+END
+GO
+-- release: give items back untouched (a consumer shutting down), without using up an
+-- attempt. Returns one row: released.
+CREATE PROCEDURE {{fn_release}}
+    @ids    nvarchar(max),
+    @worker nvarchar(200) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    UPDATE m SET
+        status       = 0,
+        attempts     = CASE WHEN m.attempts > 0 THEN m.attempts - 1 ELSE 0 END,
+        leased_until = NULL,
+        lease_owner  = NULL
+    FROM {{meta}} AS m WITH (ROWLOCK)
+    WHERE m.id IN (SELECT i.id FROM OPENJSON(@ids) WITH (id bigint '$') AS i)
+      AND m.status = 1
+      AND (@worker IS NULL OR m.lease_owner = @worker);
+    SELECT @@ROWCOUNT AS released;
+END
+
+-- name: drop_functions
+-- Remove the SQL API.
+DROP PROCEDURE IF EXISTS {{fn_release}};
+DROP PROCEDURE IF EXISTS {{fn_extend_lease}};
+DROP PROCEDURE IF EXISTS {{fn_nack}};
+DROP PROCEDURE IF EXISTS {{fn_ack}};
+DROP PROCEDURE IF EXISTS {{fn_dequeue}};
+DROP PROCEDURE IF EXISTS {{fn_enqueue_many}};
+DROP PROCEDURE IF EXISTS {{fn_enqueue}};
+
+-- name: drop_tables
+-- Remove the queue's tables (and with them their indexes), then its sequence.
+DROP TABLE IF EXISTS {{history}};
+DROP TABLE IF EXISTS {{data}};
+DROP TABLE IF EXISTS {{meta}};
+DROP SEQUENCE IF EXISTS {{meta_seq}};
+
+-- name: enqueue
+-- Client call: one item.
+EXEC {{fn_enqueue}} @payload = :payload, @headers = :headers, @priority = :priority,
+     @delay_seconds = :delay, @title = :title, @max_attempts = :max_attempts
+
+-- name: enqueue_many
+-- Client call: many items in one round trip (:items is the JSON array described above).
+EXEC {{fn_enqueue_many}} @items = :items, @max_attempts = :max_attempts
+
+-- name: dequeue
+-- Client call: claim a batch (the one statement is in the procedure above).
+EXEC {{fn_dequeue}} @batch = :batch, @lease_seconds = :lease_seconds, @worker = :worker
+
+-- name: ack
+EXEC {{fn_ack}} @ids = :ids, @worker = :worker
+
+-- name: nack
+EXEC {{fn_nack}} @ids = :ids, @error = :error, @worker = :worker,
+     @base_seconds = :base_seconds, @max_seconds = :max_seconds
+
+-- name: extend_lease
+EXEC {{fn_extend_lease}} @ids = :ids, @lease_seconds = :lease_seconds, @worker = :worker
+
+-- name: release
+EXEC {{fn_release}} @ids = :ids, @worker = :worker
+
+-- name: counts
+-- Items by status, for `queuectl list` and health; READY items not yet due count as scheduled.
+SELECT m.status,
+       CAST(CASE WHEN m.status = 0 AND m.due_at > SYSUTCDATETIME() THEN 1 ELSE 0 END AS bit) AS scheduled,
+       COUNT_BIG(*) AS n
+FROM {{meta}} AS m
+GROUP BY m.status, CASE WHEN m.status = 0 AND m.due_at > SYSUTCDATETIME() THEN 1 ELSE 0 END

@@ -1,0 +1,64 @@
+-- Least privilege on PostgreSQL (`queuectl grant`): roles get EXECUTE on the queue's
+-- functions and nothing on its tables.
+--
+-- A function runs with its caller's rights unless it is SECURITY DEFINER, so the
+-- queue's API functions are switched to SECURITY DEFINER here (they then run as their
+-- owner, the role that installed the queue), each with a fixed search_path (pg_catalog,
+-- then pg_temp last) so a caller cannot plant objects that the function would resolve
+-- (every table the functions touch is schema-qualified already). PostgreSQL grants
+-- EXECUTE on new functions to PUBLIC: that is revoked, or every role could use the
+-- owner's rights. Done at grant time rather than in the install migration, so the
+-- functions' definitions stay as installed; re-run `queuectl grant` after an upgrade
+-- that recreates them. {{function_literals}} are the queue's own function names
+-- (validated identifiers as string literals).
+
+-- name: role_exists
+-- Whether a role of that name exists (grants name existing roles only).
+SELECT count(*) AS n FROM pg_roles WHERE rolname = :role
+
+-- name: secure_functions
+-- SECURITY DEFINER with a safe search_path, and no EXECUTE for PUBLIC, on each function.
+DO $grant$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN
+        SELECT p.oid::regprocedure FROM pg_proc p
+        WHERE p.pronamespace = {{schema_literal}}::regnamespace
+          AND p.proname IN ({{function_literals}})
+    LOOP
+        -- f::text is the server's own quoted signature, e.g. queuectl.orders_ack(bigint[],text)
+        EXECUTE 'ALTER FUNCTION ' || f::text || ' SECURITY DEFINER SET search_path = pg_catalog, pg_temp';
+        EXECUTE 'REVOKE ALL ON FUNCTION ' || f::text || ' FROM PUBLIC';
+    END LOOP;
+END
+$grant$
+
+-- name: grant_execute
+-- The role may call these functions, and reach them in the schema, and read the catalog's
+-- registry (which queues exist, their kind and settings: the client looks its queue up
+-- there). No privilege on the queue's tables.
+DO $grant$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN
+        SELECT p.oid::regprocedure FROM pg_proc p
+        WHERE p.pronamespace = {{schema_literal}}::regnamespace
+          AND p.proname IN ({{function_literals}})
+    LOOP
+        EXECUTE 'GRANT EXECUTE ON FUNCTION ' || f::text || ' TO {{role}}';
+    END LOOP;
+END
+$grant$;
+GRANT USAGE ON SCHEMA {{schema}} TO {{role}};
+GRANT SELECT ON {{schema}}.queues, {{schema}}.alembic_version TO {{role}}
+
+-- name: granted_functions
+-- The queue functions a role may execute (for the command's report and the tests).
+SELECT p.proname AS function_name
+FROM pg_proc p
+WHERE p.pronamespace = {{schema_literal}}::regnamespace
+  AND p.proname IN ({{function_literals}})
+  AND has_function_privilege(:role, p.oid, 'EXECUTE')
+ORDER BY 1

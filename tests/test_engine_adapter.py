@@ -1,0 +1,35 @@
+"""The engine adapter on PostgreSQL: single-runner locks and the storage-health reader."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from queuectl.engine import adapter_for
+from queuectl.names import QueueNames
+
+
+def test_try_lock_is_exclusive_per_session_until_unlocked(engine):
+    adapter = adapter_for(engine)
+    key = {"key": "queuectl.test.lock"}
+    with engine.connect() as a, engine.connect() as b:
+        assert a.execute(sa.text(adapter.lock_statement()), key).scalar() is True
+        assert b.execute(sa.text(adapter.lock_statement()), key).scalar() is False
+        assert a.execute(sa.text(adapter.unlock_statement()), key).scalar() is True
+        assert b.execute(sa.text(adapter.lock_statement()), key).scalar() is True
+        b.execute(sa.text(adapter.unlock_statement()), key)
+
+
+def test_storage_health_lists_the_queue_tables_and_indexes_with_dead_rows(engine, orders):
+    ids = orders.enqueue_many([b"x"] * 50)
+    orders.ack(orders.dequeue(50))
+    with engine.connect() as conn:
+        conn.execute(sa.text("ANALYZE queuectl.orders_meta"))
+        conn.commit()
+        rows = adapter_for(engine).storage_health(conn, QueueNames("orders"))
+    tables = {r["table_name"] for r in rows if r["index_name"] is None}
+    indexes = {r["index_name"] for r in rows if r["index_name"] is not None}
+    assert tables == {"orders_meta", "orders_data", "orders_history"}
+    assert {"orders_meta_pkey", "orders_meta_ready", "orders_meta_leased"} <= indexes
+    assert set(rows[0]) == {"table_name", "index_name", "pages", "live_rows", "dead_rows", "version_dead_rows",
+                            "fragmentation_pct", "page_density_pct"}
+    assert len(ids) == 50

@@ -1,0 +1,138 @@
+"""`queuectl grant` on PostgreSQL: roles reach the queue only through its functions."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import ProgrammingError
+
+from queuectl.client import Queue
+from queuectl.errors import UsageError
+from queuectl.grants import grant_queue
+from queuectl.install import install_queue
+
+from conftest import run_cli
+
+
+@pytest.fixture
+def roles(engine) -> Iterator[tuple[str, str, str]]:
+    """Three fresh roles without any privilege: producer, consumer, bystander."""
+    made = tuple(f"qt_{what}_{uuid.uuid4().hex[:8]}" for what in ("producer", "consumer", "other"))
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        for role in made:
+            conn.execute(sa.text(f'CREATE ROLE "{role}" NOLOGIN'))
+    yield made
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        for role in made:
+            conn.execute(sa.text(f'DROP OWNED BY "{role}"'))
+            conn.execute(sa.text(f'DROP ROLE "{role}"'))
+
+
+def engine_as(db_url: str, role: str) -> sa.Engine:
+    """Connections that act as `role` from their first statement (the server's own SET ROLE)."""
+    return sa.create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1), connect_args={"options": f"-c role={role}"})
+
+
+def denied(engine: sa.Engine, statement: str) -> bool:
+    with engine.connect() as conn:
+        try:
+            conn.execute(sa.text(statement))
+        except ProgrammingError as exc:
+            return "permission denied" in str(exc.orig)
+    return False
+
+
+def test_producer_can_enqueue_but_cannot_read_or_delete_the_tables(engine, db_url, roles):
+    producer, consumer, _ = roles
+    install_queue(engine, "orders")
+    granted = grant_queue(engine, "orders", producer=producer, consumer=consumer)
+    assert granted == {
+        producer: ["orders_enqueue", "orders_enqueue_many"],
+        consumer: ["orders_ack", "orders_dequeue", "orders_extend_lease", "orders_nack", "orders_release"],
+    }
+    as_producer = engine_as(db_url, producer)
+    try:
+        with Queue(as_producer, "orders") as queue:
+            first = queue.enqueue("from the producer role")
+            more = queue.enqueue_many(["a", "b"])
+            with pytest.raises(ProgrammingError, match="permission denied for function orders_dequeue"):
+                queue.dequeue(1)
+        for table, column in (("orders_meta", "priority"), ("orders_data", "payload"), ("orders_history", "title")):
+            assert denied(as_producer, f"SELECT count(*) FROM queuectl.{table}")
+            assert denied(as_producer, f"DELETE FROM queuectl.{table}")
+            assert denied(as_producer, f"UPDATE queuectl.{table} SET {column} = {column}")
+    finally:
+        as_producer.dispose()
+    # what the producer enqueued is there, seen by the owner
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM queuectl.orders_meta")).scalar() == 3
+    assert more == [first + 1, first + 2]
+
+
+def test_consumer_can_dequeue_ack_and_nack_but_not_enqueue_or_touch_tables(engine, db_url, roles):
+    producer, consumer, _ = roles
+    install_queue(engine, "orders")
+    with Queue(engine, "orders") as owner:
+        ids = owner.enqueue_many(["one", "two"])
+    grant_queue(engine, "orders", producer=producer, consumer=consumer)
+    as_consumer = engine_as(db_url, consumer)
+    try:
+        with Queue(as_consumer, "orders") as queue:
+            batch = queue.dequeue(2, lease=60)
+            assert sorted(m.id for m in batch) == ids
+            assert queue.ack(batch[:1]) == 1
+            assert queue.nack(batch[1:], "retry later") == {batch[1].id: "ready"}
+            with pytest.raises(ProgrammingError, match="permission denied for function orders_enqueue"):
+                queue.enqueue("not allowed")
+        assert denied(as_consumer, "SELECT count(*) FROM queuectl.orders_data")
+        assert denied(as_consumer, "DELETE FROM queuectl.orders_meta")
+    finally:
+        as_consumer.dispose()
+
+
+def test_a_role_without_a_grant_cannot_call_the_functions(engine, db_url, roles):
+    producer, _, other = roles
+    install_queue(engine, "orders")
+    grant_queue(engine, "orders", producer=producer)
+    with engine.connect() as conn:
+        # a NULL acl means the default one, which lets PUBLIC execute: it must be explicit now
+        public = conn.execute(sa.text(
+            "SELECT count(*) FILTER (WHERE p.proacl IS NULL) "
+            "+ (SELECT count(*) FROM pg_proc q, aclexplode(q.proacl) a "
+            "   WHERE q.proname LIKE 'orders\\_%' AND a.grantee = 0) "
+            "FROM pg_proc p WHERE p.proname LIKE 'orders\\_%'"
+        )).scalar()
+        definer = conn.execute(sa.text(
+            "SELECT bool_and(prosecdef) AND bool_and(proconfig = '{\"search_path=pg_catalog, pg_temp\"}') "
+            "FROM pg_proc WHERE proname IN ('orders_enqueue', 'orders_dequeue', 'orders_ack')"
+        )).scalar()
+    assert public == 0 and definer  # no EXECUTE for PUBLIC; definer rights with a fixed search_path
+    bystander = engine_as(db_url, other)
+    try:
+        assert denied(bystander, "SELECT queuectl.orders_enqueue('\\x00'::bytea)")
+        assert denied(bystander, "SELECT * FROM queuectl.orders_dequeue(1)")
+    finally:
+        bystander.dispose()
+
+
+def test_grant_refuses_unknown_roles_and_bad_names(engine, db_url):
+    install_queue(engine, "orders")
+    with pytest.raises(UsageError, match="does not exist"):
+        grant_queue(engine, "orders", producer="nobody_here")
+    with pytest.raises(UsageError, match="invalid role name"):
+        grant_queue(engine, "orders", consumer='x"; drop table t; --')
+    with pytest.raises(UsageError, match="--producer ROLE and/or --consumer ROLE"):
+        grant_queue(engine, "orders")
+    result = run_cli("grant", "orders", "--producer", "Bad-Role", url=db_url)
+    assert result.returncode == 2 and b"invalid role name" in result.stderr
+
+
+def test_grant_command_reports_the_functions(engine, db_url, roles):
+    producer, consumer, _ = roles
+    install_queue(engine, "orders")
+    result = run_cli("grant", "orders", "--producer", producer, "--consumer", consumer, "--json", url=db_url)
+    assert result.returncode == 0, result.stderr.decode()
+    assert b'"orders_enqueue_many"' in result.stdout and b'"orders_extend_lease"' in result.stdout

@@ -1,0 +1,311 @@
+"""SQL Server, checked without a server: every T-SQL text parses with a real T-SQL parser.
+
+No SQL Server runs here, so the mssql engine is verified offline:
+  * every section of every sql/mssql/*.sql file, and the complete review script that
+    `queuectl install NAME --url mssql+pyodbc://... --sql` prints, parse with sqlfluff's
+    tsql dialect, batch by batch (split at GO, as sqlcmd and SSMS do). sqlfluff raises on
+    any unparsable segment; on top of it the check refuses a bare word at the start of a
+    batch (T-SQL would run it as a procedure call, so `SELEC 1` parses), which sqlfluff
+    alone lets through. sqlglot is not the checker: its tsql reader rejects valid
+    `UPDATE TOP (n)` and rewrites DELETE TOP / WHILE (DESIGN.md, section 10);
+  * the check fails on broken statements (tests below break real ones);
+  * both engines' SQL files define the same sections;
+  * SQLAlchemy-built statements compile for the mssql dialect;
+  * the mssql engine's errors are one line and say how to install the ODBC driver.
+What this cannot show is behaviour: tests/test_mssql_live.py runs against a real server
+when QUEUECTL_TEST_MSSQL_URL is set.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import pytest
+import sqlalchemy as sa
+import sqlfluff
+from alembic.migration import MigrationContext
+from alembic.operations import Operations
+from sqlalchemy.dialects import mssql
+from sqlfluff.core import FluffConfig, Linter
+
+from queuectl.catalog import NAME_TYPE, SETTINGS_TYPE, QueueSettings, queues_table
+from queuectl.engine import ADAPTERS, MssqlAdapter, adapter_for_url, make_engine
+from queuectl.errors import ConnectionFailed
+from queuectl.install import KINDS, install_script
+from queuectl.names import QueueNames, quote_ident
+from queuectl.sqlfiles import _PLACEHOLDER, render, sections, split_go_batches
+
+from conftest import run_cli
+
+MSSQL_URL = "mssql+pyodbc://sa:Not-Shown-42@nowhere.invalid:1433/app"
+
+# Files one engine has and the other need not, and why.
+POSTGRESQL_ONLY = {"bench": "benchmark helpers (VACUUM, REPEATABLE READ snapshots) run on PostgreSQL only"}
+# Sections of one engine's file with no counterpart in the other's, and why. The job
+# statements differ where the engines' tools do: pgstattuple/REINDEX CONCURRENTLY/VACUUM
+# on one side, sys.dm_db_index_physical_stats/ALTER INDEX on the other.
+ENGINE_SPECIFIC = {
+    "jobs": {
+        "postgresql": {
+            "set_local_timeouts", "pgstattuple_schema", "create_pgstattuple", "table_indexes",
+            "index_measure", "drop_index_concurrently", "reindex_concurrently", "vacuum_meta",
+            "vacuum_data", "table_vitals", "table_physical", "xmin_holders",
+        },
+        "mssql": {"index_physical", "maintain_index", "version_store", "snapshot_holders"},
+    },
+}
+
+_LINTER = Linter(config=FluffConfig(overrides={"dialect": "tsql"}))
+_BIND = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")  # SQLAlchemy's own bind-parameter pattern
+
+
+class TsqlError(AssertionError):
+    pass
+
+
+def check_tsql(script: str) -> int:
+    """Parse every GO batch of a T-SQL script; raise TsqlError on the first bad one.
+
+    Bind parameters (:name) become variables (@name): a value where the driver puts `?`.
+    Returns the number of batches checked.
+    """
+    batches = split_go_batches(script)
+    for number, batch in enumerate(batches, 1):
+        text = _BIND.sub(r"@\1", batch)
+        parsed = _LINTER.parse_string(text)
+        if parsed.violations or not parsed.parsed_variants or parsed.parsed_variants[0].tree is None:
+            raise TsqlError(f"batch {number}: {parsed.violations}\n{text}")
+        tree = parsed.tree
+        for segment in tree.recursive_crawl("execute_script_statement"):
+            first = segment.raw.lstrip().split(None, 1)[0].upper()
+            if first not in ("EXEC", "EXECUTE"):
+                raise TsqlError(f"batch {number}: bare word {first!r} would run as a procedure call\n{text}")
+        for segment in tree.recursive_crawl("unparsable"):
+            raise TsqlError(f"batch {number}: unparsable {segment.raw!r}")
+    return len(batches)
+
+
+def kind_values(kind: str) -> dict[str, str | int]:
+    """Every template value a file of `kind` may use, for queue 'orders' in schema 'queuectl'."""
+    names = QueueNames("orders")
+    q = names.qualified
+    values: dict[str, str | int] = {**names.template_values(), **QueueSettings().as_dict()}
+    try:  # the queue kinds' own names, once queuectl.kindspec is merged
+        from queuectl.kindspec import kind_template_values
+
+        values.update(kind_template_values(names, kind) if kind in ("heap", "fifo", "stack", "pending", "watermark", "ring") else {})
+    except ImportError:
+        values.update(
+            items=q("items"), items_seq=q("items_id_seq"), items_seq_regclass=f"'{q('items_id_seq')}'",
+            items_regclass=f"'{q('items')}'", due_idx=quote_ident("orders_items_due"),
+            watermark=q("watermark"), fn_correct_watermark=q("correct_watermark"),
+            ring=q("ring"), push_seq=q("push_seq"), pop_seq=q("pop_seq"),
+            push_seq_regclass=f"'{q('push_seq')}'", pop_seq_regclass=f"'{q('pop_seq')}'",
+            ring_regclass=f"'{q('ring')}'", fn_ring_repair=q("ring_repair"), fn_ring_release=q("ring_release"),
+        )
+    values.update(size=1024, schema_literal="'queuectl'", lock_timeout_ms=5000, role=quote_ident("app_producer"),
+                  function_literals="'orders_enqueue', 'orders_enqueue_many'")
+    return values
+
+
+def sql_files(engine: str) -> list[str]:
+    folder = resources.files("queuectl.sql").joinpath(engine)
+    return sorted(p.name[:-4] for p in folder.iterdir() if p.name.endswith(".sql"))
+
+
+def mssql_sections() -> list[tuple[str, str]]:
+    return [(file, section) for file in sql_files("mssql") for section in sections("mssql", file)]
+
+
+def rendered(file: str, section: str) -> str:
+    values = kind_values(file)
+    wanted = set(_PLACEHOLDER.findall(sections("mssql", file)[section]))
+    return render("mssql", file, section, {k: values[k] for k in wanted})
+
+
+# -- every T-SQL text parses ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("file", "section"), mssql_sections(), ids=lambda v: v)
+def test_every_mssql_section_parses_as_tsql(file, section):
+    check_tsql(rendered(file, section))
+
+
+def test_mssql_has_every_queue_kind_and_feature_file():
+    files = set(sql_files("mssql"))
+    assert {"catalog", "catalog_jobs", "locks", "storage", "jobs", "reliable", "heap", "fifo", "stack",
+            "pending", "watermark", "ring"} <= files
+    missing = set(sql_files("postgresql")) - files - set(POSTGRESQL_ONLY)
+    assert not missing, f"PostgreSQL SQL files without T-SQL: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_offline_install_script_is_complete_tsql_with_go_batches(kind):
+    script = install_script(None, "orders", kind, dialect="mssql")
+    batches = split_go_batches(script)
+    assert check_tsql(script) == len(batches) > 10
+    assert re.search(r"^GO$", script, re.MULTILINE)
+    assert script.count("BEGIN TRANSACTION") == script.count("COMMIT") >= 1
+    # QUOTED_IDENTIFIER ON comes first: sqlcmd's default is OFF, and the double-quoted
+    # names, filtered indexes and the procedures created over them all need it ON.
+    assert batches[0].split() == "BEGIN TRANSACTION; SET QUOTED_IDENTIFIER ON; SET ANSI_NULLS ON".split()
+    procedures = [b for b in batches if "CREATE PROCEDURE" in b]
+    assert procedures and all(b.startswith("CREATE PROCEDURE") for b in procedures)
+    assert "CREATE TABLE queuectl.queues" in script and "INSERT INTO queuectl.queues" in script
+
+
+def test_reliable_install_script_holds_the_seed_forms():
+    script = install_script(None, "orders", "reliable", dialect="mssql")
+    flat = " ".join(script.split())
+    # filtered index on ready rows; the one-statement dequeue through an ordered CTE
+    assert 'CREATE INDEX "orders_meta_ready" ON "queuectl"."orders_meta" (priority, due_at, id) WHERE status = 0' in flat
+    assert "WITH picked AS ( SELECT TOP (@n)" in flat and "WITH (UPDLOCK, READPAST, ROWLOCK)" in flat
+    assert "ORDER BY m.priority, m.due_at, m.id ) UPDATE p SET" in flat
+    assert "OUTPUT inserted.id," in flat and "d.payload, d.headers FROM picked AS p JOIN" in flat
+
+
+def test_jobs_tsql_holds_the_seed_forms():
+    archive = " ".join(rendered("jobs", "archive_batch").split())
+    assert "DELETE TOP (@batch) m OUTPUT deleted.id" in archive and 'INTO "queuectl"."orders_history"' in archive
+    assert "@batch > 4000" in archive  # below lock escalation (5000 locks per statement)
+    physical = " ".join(rendered("jobs", "index_physical").split())
+    for column in ("ghost_record_count", "version_ghost_record_count", "avg_fragmentation_in_percent",
+                   "avg_page_space_used_in_percent", "page_count"):
+        assert f"ps.{column}" in physical
+    assert "SERVERPROPERTY('EngineEdition') AS int) IN (3, 5, 8)" in physical
+    assert "REBUILD WITH (ONLINE = ON" in rendered("jobs", "maintain_index")
+    assert "sys.dm_tran_active_snapshot_database_transactions" in rendered("jobs", "snapshot_holders")
+    assert "sys.dm_tran_version_store_space_usage" in rendered("jobs", "version_store")
+
+
+# -- the check can fail -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("what", "break_it"),
+    [
+        ("unbalanced parenthesis in the pick", lambda s: s.replace("SELECT TOP (@n) m.id", "SELECT TOP (@n m.id", 1)),
+        ("procedure without END", lambda s: s[: s.rindex("END")]),
+        ("misspelt keyword at the start of a batch", lambda s: s.replace("CREATE PROCEDURE", "CREAT PROCEDURE", 1)),
+        ("a clause out of place", lambda s: s.replace("ORDER BY m.priority, m.due_at, m.id", "ORDER m.priority BY", 1)),
+    ],
+)
+def test_a_broken_statement_fails_the_check(what, break_it):
+    good = rendered("reliable", "create_functions")
+    check_tsql(good)
+    broken = break_it(good)
+    assert broken != good, what
+    with pytest.raises(TsqlError):
+        check_tsql(broken)
+
+
+def test_a_bare_word_is_refused_although_tsql_would_run_it_as_a_procedure():
+    assert check_tsql("EXEC dbo.x @a = 1") == 1
+    with pytest.raises(TsqlError, match="bare word"):
+        check_tsql("SELEC 1")
+
+
+# -- both engines, one set of names ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("file", sorted(set(sql_files("postgresql")) & set(sql_files("mssql"))))
+def test_postgresql_and_mssql_define_the_same_sections(file):
+    specific = ENGINE_SPECIFIC.get(file, {})
+    pg = set(sections("postgresql", file)) - specific.get("postgresql", set())
+    ms = set(sections("mssql", file)) - specific.get("mssql", set())
+    assert pg == ms, f"{file}: only PostgreSQL {sorted(pg - ms)}, only SQL Server {sorted(ms - pg)}"
+
+
+def test_ddl_sections_hold_no_bind_parameters():
+    """Alembic runs DDL sections through sa.text(): a ':word' there would become a bind."""
+    for file, section in mssql_sections():
+        if section.startswith(("create_", "drop_")) or section in ("session_settings",):
+            assert not _BIND.findall(rendered(file, section)), (file, section)
+
+
+# -- SQLAlchemy-built statements --------------------------------------------------------------
+
+
+def compiled(statement) -> str:
+    return str(statement.compile(dialect=mssql.dialect(), compile_kwargs={"literal_binds": True}))
+
+
+def test_sqlalchemy_statements_compile_for_mssql():
+    table = queues_table("queuectl")
+    insert = compiled(table.insert().values(name="orders", kind="reliable", schema_version="reliable_0001",
+                                            settings=sa.cast(sa.literal(QueueSettings().to_json(), sa.Text()), table.c.settings.type)))
+    assert insert.startswith("INSERT INTO queuectl.queues") and "NVARCHAR(max)" in insert
+    select = compiled(sa.select(table).where(table.c.name == "orders").order_by(table.c.name))
+    assert "FROM queuectl.queues" in select and "N'orders'" in select
+    update = compiled(table.update().where(table.c.name == "orders").values(schema_version="x", updated_at=sa.func.now()))
+    assert "CURRENT_TIMESTAMP" in update
+    assert compiled(table.delete().where(table.c.name == "orders")).startswith("DELETE FROM queuectl.queues")
+    ddl = str(sa.schema.CreateTable(table).compile(dialect=mssql.dialect()))
+    assert "name NVARCHAR(128) NOT NULL" in ddl and "settings NVARCHAR(max) NOT NULL" in ddl
+    version = sa.table("alembic_version", sa.column("version_num"), schema="queuectl")
+    assert compiled(sa.select(version.c.version_num)) == "SELECT queuectl.alembic_version.version_num \nFROM queuectl.alembic_version"
+    for statement in (insert, select, update):
+        check_tsql(statement)
+
+
+def test_catalog_types_are_bounded_on_mssql_and_unchanged_on_postgresql():
+    from sqlalchemy.dialects import postgresql
+
+    assert NAME_TYPE.compile(dialect=mssql.dialect()) == "NVARCHAR(128)"
+    assert NAME_TYPE.compile(dialect=postgresql.dialect()) == "TEXT"
+    assert SETTINGS_TYPE.compile(dialect=postgresql.dialect()) == "JSONB"
+
+
+def test_alembic_operations_compile_for_mssql_offline():
+    """The migration operations Alembic emits in --sql mode, against the mssql dialect."""
+    import io
+
+    buffer = io.StringIO()
+    context = MigrationContext.configure(dialect_name="mssql", opts={"as_sql": True, "output_buffer": buffer})
+    ops = Operations(context)
+    ops.create_table("probe", sa.Column("name", NAME_TYPE, primary_key=True), schema="queuectl")
+    ops.execute(sa.text(rendered("reliable", "drop_functions")))
+    script = buffer.getvalue()
+    assert "CREATE TABLE queuectl.probe" in script and "\nGO\n" in script
+    check_tsql(script)
+
+
+# -- the engine adapter ---------------------------------------------------------------------------
+
+
+def test_mssql_adapter_is_chosen_from_the_url_without_a_driver():
+    adapter = adapter_for_url(MSSQL_URL)
+    assert isinstance(adapter, MssqlAdapter) and adapter.sql_dir == "mssql"
+    assert not adapter.review_script_connects and ADAPTERS["postgresql"].review_script_connects
+    assert "sp_getapplock" in adapter.lock_statement() and "@LockOwner = 'Session'" in adapter.lock_statement()
+    assert "@LockTimeout = 0" in adapter.lock_statement() and "@LockTimeout = -1" in adapter.wait_lock_statement()
+    assert "sp_releaseapplock" in adapter.unlock_statement()
+    assert adapter.list_param([3, 1, 2]) == "[3, 1, 2]"
+    assert adapter.json_value('{"a": 1}') == {"a": 1}
+
+
+def test_go_batches_split_on_go_lines_only():
+    text = "SELECT 1;\nGO\nSELECT 'GO' AS go_column\n  go  \nEXEC x;\nGo;\n-- only a comment\nGO\n"
+    assert split_go_batches(text) == ["SELECT 1", "SELECT 'GO' AS go_column", "EXEC x"]
+
+
+def test_mssql_url_without_odbc_driver_is_one_clear_line():
+    with pytest.raises(ConnectionFailed) as caught:
+        make_engine(MSSQL_URL)
+    message = str(caught.value)
+    assert "\n" not in message and "msodbcsql18" in message and "Not-Shown-42" not in message
+
+
+def test_cli_install_sql_for_mssql_prints_the_script_without_connecting():
+    """nowhere.invalid cannot resolve and no ODBC driver manager exists here: any connection
+    attempt would fail, so a complete script proves none was made."""
+    result = run_cli("install", "orders", "--url", MSSQL_URL, "--sql")
+    assert result.returncode == 0, result.stderr.decode()
+    script = result.stdout.decode()
+    assert check_tsql(script) > 10
+    assert "Not-Shown-42" not in script + result.stderr.decode()
+    live = run_cli("install", "orders", "--url", MSSQL_URL)
+    assert live.returncode == 2
+    [line] = [ln for ln in live.stderr.decode().splitlines() if ln.strip()]
+    assert line.startswith("error:") and "msodbcsql18" in line and "Not-Shown-42" not in line

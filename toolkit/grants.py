@@ -1,0 +1,102 @@
+"""Least privilege: `queuectl grant NAME --producer ROLE --consumer ROLE`.
+
+A producer role may call the queue's enqueue functions, a consumer role its dequeue
+functions (and ack/nack/extend/release for a reliable queue); neither gets any privilege
+on the queue's tables. What that takes per engine is in sql/<engine>/grant.sql
+(PostgreSQL: SECURITY DEFINER functions with a fixed search_path, EXECUTE revoked from
+PUBLIC; SQL Server: ownership chaining). Both roles may read the catalog's registry,
+which the client reads to find its queue.
+"""
+
+from __future__ import annotations
+
+import re
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from queuectl.engine import adapter_for
+from queuectl.errors import UsageError
+from queuectl.install import require_queue
+from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident
+from queuectl.sqlfiles import render
+
+PRODUCER_CALLS = ("enqueue", "enqueue_many")
+CONSUMER_CALLS = {
+    "reliable": ("dequeue", "ack", "nack", "extend_lease", "release"),
+    "ring": ("dequeue", "ring_release"),
+}
+DEFAULT_CONSUMER_CALLS = ("dequeue",)
+ROLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+def validate_role(role: str) -> str:
+    if not isinstance(role, str) or not ROLE_RE.fullmatch(role):
+        raise UsageError(
+            f"invalid role name {role!r}: use 1-63 lowercase letters, digits and underscores, starting with a letter"
+        )
+    return role
+
+
+def consumer_calls(kind: str) -> tuple[str, ...]:
+    return CONSUMER_CALLS.get(kind, DEFAULT_CONSUMER_CALLS)
+
+
+def _literals(names: QueueNames, calls: tuple[str, ...]) -> str:
+    """The functions' names as SQL string literals: validated identifiers hold no quote."""
+    return ", ".join(f"'{names.table(call)}'" for call in calls)
+
+
+def _run(conn: Connection, file_values: dict[str, str], section: str, params: dict[str, str] | None = None) -> None:
+    adapter = adapter_for(conn)
+    for statement in adapter.split_batches(render(adapter.sql_dir, "grant", section, file_values)):
+        conn.execute(sa.text(statement), params or {})
+
+
+def granted_functions(conn: Connection, name: str, role: str, schema: str = DEFAULT_SCHEMA) -> list[str]:
+    """The queue's functions `role` may execute."""
+    names = QueueNames(name, schema)
+    info = require_queue(conn, name, schema)
+    values = {
+        "schema_literal": f"'{schema}'",
+        "function_literals": _literals(names, PRODUCER_CALLS + consumer_calls(info.kind)),
+    }
+    sql = render(adapter_for(conn).sql_dir, "grant", "granted_functions", values)
+    return list(conn.execute(sa.text(sql), {"role": validate_role(role)}).scalars())
+
+
+def grant_queue(
+    engine: Engine,
+    name: str,
+    producer: str | None = None,
+    consumer: str | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> dict[str, list[str]]:
+    """Grant EXECUTE on the queue's API to a producer and/or a consumer role.
+
+    Returns {role: the queue functions it may now execute}.
+    """
+    names = QueueNames(name, schema)
+    roles = {role: calls for role, calls in ((producer, PRODUCER_CALLS), (consumer, None)) if role}
+    if not roles:
+        raise UsageError("give --producer ROLE and/or --consumer ROLE")
+    for role in roles:
+        validate_role(role)
+    with engine.connect() as conn:
+        info = require_queue(conn, name, schema)
+        everything = PRODUCER_CALLS + consumer_calls(info.kind)
+        base = {**names.template_values(), "schema_literal": f"'{schema}'"}
+        exists = render(adapter_for(conn).sql_dir, "grant", "role_exists", {})
+        for role in roles:
+            if not conn.execute(sa.text(exists), {"role": role}).scalar():
+                raise UsageError(f"role {role!r} does not exist in this database: create it first")
+        _run(conn, {**base, "function_literals": _literals(names, everything)}, "secure_functions")
+        if producer:
+            _run(conn, {**base, "role": quote_ident(producer), "function_literals": _literals(names, PRODUCER_CALLS)},
+                 "grant_execute")
+        if consumer:
+            calls = consumer_calls(info.kind)
+            _run(conn, {**base, "role": quote_ident(consumer), "function_literals": _literals(names, calls)},
+                 "grant_execute")
+        conn.commit()
+        return {role: granted_functions(conn, name, role, schema) for role in roles}
