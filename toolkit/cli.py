@@ -300,6 +300,10 @@ def db_url() -> None:
     sys.stdout.write(mask_url(EmbeddedServer().ensure_running()) + "\n")
 
 
+from queuectl.cli_worker import worker as _worker  # noqa: E402  (issue 10: activation)
+app.command("worker")(_worker)
+
+
 def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 2."""
     try:

@@ -26,6 +26,11 @@ class Adapter:
     dialect: str
     sql_dir: str
 
+    @property
+    def can_listen(self) -> bool:
+        """Consumers can sleep until notified (LISTEN/NOTIFY); SQL Server consumers poll (queuectl.worker)."""
+        return self.dialect == "postgresql"
+
     def lock_statement(self) -> str:
         """Session-level try-lock for single-runner work; :key is a text key."""
         if self.dialect == "postgresql":
