@@ -165,6 +165,35 @@ def test_notifications_dropped_mid_run_every_item_is_still_processed(engine, ord
     assert stats.processed == 75
 
 
+def test_listener_connection_killed_mid_run_polling_covers_and_listening_resumes(engine, orders):
+    handler = Recorder()
+    running = Running(Worker(orders, handler, poll_interval=0.3))
+    listening = sa.text("SELECT pid FROM pg_stat_activity WHERE query LIKE '%LISTEN \"queuectl.orders\"%' "
+                        "AND datname = current_database() AND pid <> pg_backend_pid()")
+    try:
+        # autocommit: pg_stat_activity is read once per transaction
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            wait_until(lambda: conn.execute(listening).first() is not None, what="the LISTEN session")
+            [listener_pid] = conn.execute(listening).scalars().all()
+            conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": listener_pid})
+        with Queue(engine, "orders") as producer:
+            for i in range(20):
+                producer.enqueue(f"item {i}")
+                time.sleep(0.02)
+            wait_until(lambda: sum(handler.texts().values()) == 20, what="items while the listener is down")
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:  # a new LISTEN session
+                wait_until(lambda: [p for p in conn.execute(listening).scalars() if p != listener_pid],
+                           what="the LISTEN session to be reopened")
+            notifications = running.worker.stats.notifications
+            producer.enqueue("after reopening")
+            wait_until(lambda: handler.texts()["after reopening"] == 1)
+            wait_until(lambda: running.worker.stats.notifications > notifications, what="notifications to resume")
+    finally:
+        stats = running.stop()
+    assert handler.texts() == collections.Counter([f"item {i}" for i in range(20)] + ["after reopening"])
+    assert stats.processed == 21
+
+
 def test_worker_with_notifications_off_polls_every_item(engine, orders):
     handler = Recorder()
     running = Running(Worker(orders, handler, batch=3, notify=False, poll_interval=0.2))

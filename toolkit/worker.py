@@ -72,7 +72,7 @@ from multiprocessing import get_context
 from typing import Any
 
 from queuectl.client import Message, Queue, _check_batch, _check_seconds
-from queuectl.engine import adapter_for
+from queuectl.engine import adapter_for, first_line
 from queuectl.errors import UsageError
 from queuectl.sqlfiles import render
 
@@ -345,7 +345,7 @@ class Worker:
                 try:
                     count = self._listener.drain()
                 except Exception as exc:  # the listener connection broke: poll until it is back
-                    log.warning("LISTEN connection lost (%s): polling until it is reopened", exc)
+                    log.warning("LISTEN connection lost (%s): polling until it is reopened", first_line(exc))
                     self._drop_listener()
                     notified = True  # look now: something may have been missed
                     continue
@@ -367,7 +367,8 @@ class Worker:
         try:
             self._listener = _Listener(self.queue)
         except Exception as exc:
-            log.warning("cannot LISTEN on %s (%s): polling, retry in %gs", self.queue.names.channel, exc, self.poll_interval)
+            log.warning("cannot LISTEN on %s (%s): polling, retry in %gs", self.queue.names.channel, first_line(exc),
+                        self.poll_interval)
             self._listener_retry_at = time.monotonic() + self.poll_interval
             return False
         assert self._selector is not None
@@ -515,15 +516,14 @@ class Worker:
         for _ in self._threads:
             self._work.put(None)
         if self._stop.is_set():
-            log.info("stopping: releasing %d unstarted item(s), waiting for %d running", len(unstarted),
+            log.info("stopping: releasing %d unstarted item(s), waiting for %d in handlers", len(unstarted),
                      len(self._held) - len(unstarted))
         try:
             if unstarted:
                 self.stats.released += self.queue.release(unstarted)
                 for item_id in unstarted:
                     self._held.pop(item_id, None)
-                if self._listener is not None:
-                    self._listener.notify()  # let other consumers take them at once
+                self._announce_released()
             deadline = math.inf if self.shutdown_timeout is None else time.monotonic() + self.shutdown_timeout
             while self._held and not self._force.is_set() and time.monotonic() < deadline:
                 self._wait(max(0.0, min(0.5, deadline - time.monotonic())))
@@ -540,6 +540,15 @@ class Worker:
         log.info("worker %s stopped after %.1fs: %d processed, %d failed (%d dead), %d released, %d lost",
                  self.queue.worker, s.seconds, s.processed, s.failed, s.dead, s.released, s.lost)
 
+    def _announce_released(self) -> None:
+        """Wake other consumers so they take the released items now, not at their next poll."""
+        if self._listener is None:
+            return
+        try:
+            self._listener.notify()
+        except Exception as exc:  # only latency is at stake
+            log.warning("could not notify other consumers of released items: %s", first_line(exc))
+
     def _close(self, previous_handlers: dict[int, Any]) -> None:
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
@@ -548,6 +557,12 @@ class Worker:
         for thread in self._threads:
             thread.join(timeout=0 if self._held else 5)
         if self._pool is not None:
+            if self._held:
+                # A forced stop: end the handler processes now, or interpreter exit would wait
+                # for them; their items come back when their leases expire. (The executor has
+                # no public terminate.)
+                for process in list(getattr(self._pool, "_processes", {}).values()):
+                    process.terminate()
             self._pool.shutdown(wait=not self._held, cancel_futures=True)
         if self._selector is not None:
             self._selector.close()
