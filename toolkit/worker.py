@@ -468,9 +468,11 @@ class Worker:
                     self._run_in_process(message)
                 else:
                     self.handler(message)
-            except Exception as exc:
+            except BaseException as exc:  # whatever the handler raises is this item's failure
                 error = f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
                 log.warning("item %d failed (attempt %d of %d): %s", message.id, message.attempts, message.max_attempts, error)
+                if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt: the handler asks to stop
+                    self.stop()
             self._done.put((message.id, error, True))
             self._wake()
 
