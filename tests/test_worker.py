@@ -243,6 +243,27 @@ def test_raising_handler_is_nacked_with_its_error_and_retried_until_dead(engine)
     assert (stats.processed, stats.failed, stats.dead) == (2, 4, 1)
 
 
+def test_queue_consume_in_burst_mode_drains_and_returns_its_counts(orders):
+    handler = Recorder(lambda text, attempt: RuntimeError("no") if text == "item 3" else None)
+    orders.enqueue_many([f"item {i}" for i in range(25)])
+    previous = signal.getsignal(signal.SIGTERM)
+    stats = orders.consume(handler, batch=10, burst=True, notify=True)  # this test's main thread
+    assert signal.getsignal(signal.SIGTERM) is previous  # the worker's signal handlers are gone again
+    assert handler.texts() == collections.Counter(f"item {i}" for i in range(25))
+    assert (stats.processed, stats.failed) == (24, 1)
+    assert orders.counts()["scheduled"] == 1  # the failed one waits for its retry
+
+
+def test_handler_raising_system_exit_fails_its_item_and_stops_the_worker(engine, orders):
+    orders.enqueue("quit")
+    running = Running(Worker(orders, Recorder(lambda text, attempt: SystemExit("asked to quit")), poll_interval=0.2))
+    running.thread.join(20)
+    assert not running.thread.is_alive()  # it stopped by itself
+    stats = running.stop()
+    assert stats.failed == 1
+    assert statuses(engine)["quit"] == (0, 1, "SystemExit: asked to quit")
+
+
 # -- stopping ------------------------------------------------------------------------------
 
 
