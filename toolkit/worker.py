@@ -251,15 +251,19 @@ class Worker:
             raise UsageError("a Worker runs once: create a new one")
         self._ran = True
         self.stats = WorkerStats()
-        previous_handlers = self._install_signal_handlers()
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ)
-        if self.processes:
-            self._pool = self._new_pool()
-        for i in range(self.concurrency):
-            thread = threading.Thread(target=self._handler_thread, name=f"queuectl-handler-{i}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        previous_handlers = self._install_signal_handlers()
+        try:
+            if self.processes:
+                self._pool = self._new_pool()
+            for i in range(self.concurrency):
+                thread = threading.Thread(target=self._handler_thread, name=f"queuectl-handler-{i}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+        except BaseException:
+            self._close(previous_handlers)
+            raise
         log.info(
             "worker %s on queue %s: concurrency %d%s, batch %d, lease %gs, %s",
             self.queue.worker, self.queue.name, self.concurrency, " processes" if self.processes else " threads",
