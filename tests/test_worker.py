@@ -334,8 +334,7 @@ def test_without_heartbeats_a_handler_slower_than_the_lease_runs_twice(engine, o
     workers = [Running(Worker(Queue(engine, "orders"), handler, concurrency=2, batch=1, lease=1,
                               poll_interval=0.2, heartbeat_fraction=None)) for _ in range(2)]
     wait_until(lambda: sum(handler.texts().values()) > 3, what="a second run of an expired item")
-    wait_until(lambda: all(status == 2 for status, _a, _e in statuses(engine).values()), what="all done")
-    results = [running.stop() for running in workers]
+    results = [running.stop() for running in workers]  # each finishes what it runs, then settles
     assert max(handler.texts().values()) >= 2
     assert sum(r.lost for r in results) >= 1  # the first runner's ack found its lease gone
     for running in workers:
