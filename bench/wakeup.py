@@ -7,7 +7,8 @@ concurrency 1, batch 10) and let it go idle; measure its CPU time (utime+stime f
 /proc/<pid>/stat) over an idle window, together with the CPU of its two server backends;
 then enqueue `items` single items, one transaction each, spaced `spacing` s apart (+-20%
 jitter) so the consumer is idle before each one, and take the time from the enqueue's
-commit to the start of the handler. The handler's first act is to read
+commit to the start of the handler, and to the notification's arrival at a plain LISTEN
+client in the bench process (the server's share). The handler's first act is to read
 time.monotonic_ns() (CLOCK_MONOTONIC: one clock for every process of the machine).
 
 Latency "from commit" is handler start minus the moment the producer's enqueue call
@@ -66,6 +67,38 @@ def _worker_backends(engine: sa.Engine, database: str, own_pids: set[int]) -> li
     return [pid for pid in rows if pid not in own_pids]
 
 
+def _listen_beside(engine: sa.Engine, queue: str):
+    """A plain LISTEN client on the queue's channel: when each notification reached it."""
+    import threading
+
+    from queuectl.names import QueueNames
+    from queuectl.sqlfiles import render
+
+    raw = engine.raw_connection()
+    conn = raw.driver_connection
+    raw.detach()
+    conn.rollback()
+    conn.autocommit = True
+    conn.execute(render("postgresql", "activation", "listen", QueueNames(queue).template_values()))
+    heard: list[int] = []
+    done = threading.Event()
+
+    def hear() -> None:
+        while not done.is_set():
+            for _ in conn.notifies(timeout=0.2):
+                heard.append(time.monotonic_ns())
+
+    thread = threading.Thread(target=hear, daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        done.set()
+        thread.join()
+        conn.close()
+
+    return heard, stop
+
+
 def run_once(url: str, args: argparse.Namespace, workdir: Path) -> dict:
     from queuectl.client import Queue
     from queuectl.engine import make_engine
@@ -105,7 +138,9 @@ def run_once(url: str, args: argparse.Namespace, workdir: Path) -> dict:
         idle_cpu = cpu_seconds(worker.pid) - cpu0
         server_cpu = (sum(cpu_seconds(p) for p in backends) - server0) if server_local else None
 
-        # latency: single enqueues, spaced so the consumer is idle before each
+        # latency: single enqueues, spaced so the consumer is idle before each; a plain LISTEN
+        # client beside the worker shows how much of it is the server's notification delivery
+        heard, stop_hearing = _listen_beside(engine, name)
         sent: dict[str, tuple[int, int]] = {}
         for i in range(args.items):
             before = time.monotonic_ns()
@@ -119,6 +154,7 @@ def run_once(url: str, args: argparse.Namespace, workdir: Path) -> dict:
                 break
             time.sleep(0.05)
         started = {item: int(ns) for item, ns in (line.split() for line in lines)}
+        stop_hearing()
         producer.close()
     finally:
         worker.send_signal(signal.SIGTERM)
@@ -128,6 +164,8 @@ def run_once(url: str, args: argparse.Namespace, workdir: Path) -> dict:
     if missing or len(lines) != args.items:
         raise SystemExit(f"{len(missing)} items not handled (or handled twice): {missing[:10]}")
     from_commit = [(started[k] - sent[k][1]) / 1e6 for k in sent]
+    # one notification per enqueue (each its own transaction), delivered in commit order
+    delivery = [(heard[i] - sent[str(i)][1]) / 1e6 for i in range(min(len(heard), args.items))]
     from_call = [(started[k] - sent[k][0]) / 1e6 for k in sent]
     uninstall_queue(engine, name)
     engine.dispose()
@@ -138,6 +176,8 @@ def run_once(url: str, args: argparse.Namespace, workdir: Path) -> dict:
         "p90_ms": percentile(from_commit, 90),
         "p99_ms": percentile(from_commit, 99),
         "max_ms": max(from_commit),
+        "notify_delivery_p50_ms": percentile(delivery, 50) if delivery and not args.no_notify else None,
+        "notify_delivery_p99_ms": percentile(delivery, 99) if delivery and not args.no_notify else None,
         "p50_from_call_ms": percentile(from_call, 50),
         "p99_from_call_ms": percentile(from_call, 99),
         "idle_seconds": idle_wall,
@@ -175,28 +215,33 @@ def main(argv: list[str] | None = None) -> int:
             for run in range(1, args.runs + 1):
                 result = run_once(url, args, workdir)
                 results.append(result)
-                print(
+                line = (
                     f"run {run}: p50 {result['p50_ms']:.2f} ms, p90 {result['p90_ms']:.2f} ms, "
                     f"p99 {result['p99_ms']:.2f} ms, max {result['max_ms']:.2f} ms "
                     f"(from call: p50 {result['p50_from_call_ms']:.2f}, p99 {result['p99_from_call_ms']:.2f}); "
-                    f"idle worker CPU {result['idle_cpu_pct']:.3f}% over {result['idle_seconds']:.0f} s"
-                    f" (resolution {100 / os.sysconf('SC_CLK_TCK') / result['idle_seconds']:.3f}%)"
-                    + (f", its server backends {result['idle_server_cpu_pct']:.3f}%"
-                       if result["idle_server_cpu_pct"] is not None else ""),
-                    + f"; load average {result['loadavg_1min_after']:.1f}",
-                    flush=True,
+                    f"idle worker CPU {result['idle_cpu_pct']:.3f}% over {result['idle_seconds']:.0f} s "
+                    f"(resolution {100 / os.sysconf('SC_CLK_TCK') / result['idle_seconds']:.3f}%)"
                 )
+                if result["notify_delivery_p50_ms"] is not None:
+                    line += (f"; a plain LISTEN client heard the notification after p50 "
+                             f"{result['notify_delivery_p50_ms']:.2f} ms, p99 {result['notify_delivery_p99_ms']:.2f} ms")
+                if result["idle_server_cpu_pct"] is not None:
+                    line += f", its server backends {result['idle_server_cpu_pct']:.3f}%"
+                print(f"{line}; load average {result['loadavg_1min_after']:.1f}", flush=True)
         finally:
             if server is not None:
                 server.stop()
     median = {key: statistics.median(r[key] for r in results)
-              for key in ("p50_ms", "p90_ms", "p99_ms", "max_ms", "p50_from_call_ms", "p99_from_call_ms", "idle_cpu_pct")}
+              for key in ("p50_ms", "p90_ms", "p99_ms", "max_ms", "p50_from_call_ms", "p99_from_call_ms", "idle_cpu_pct",
+                          "notify_delivery_p50_ms", "notify_delivery_p99_ms", "loadavg_1min_after")
+              if all(r[key] is not None for r in results)}
     verdict = (median["p50_ms"] < TARGET_P50_MS, median["p99_ms"] < TARGET_P99_MS, median["idle_cpu_pct"] < TARGET_IDLE_CPU_PCT)
     print(
         f"median of {len(results)} runs x {args.items} items ({'LISTEN/NOTIFY' if not args.no_notify else 'polling only'}): "
         f"p50 {median['p50_ms']:.2f} ms (target < {TARGET_P50_MS:g}: {'ok' if verdict[0] else 'MISSED'}), "
         f"p99 {median['p99_ms']:.2f} ms (target < {TARGET_P99_MS:g}: {'ok' if verdict[1] else 'MISSED'}), "
-        f"idle CPU {median['idle_cpu_pct']:.3f}% (target < {TARGET_IDLE_CPU_PCT:g}%: {'ok' if verdict[2] else 'MISSED'})"
+        f"idle CPU {median['idle_cpu_pct']:.3f}% (target < {TARGET_IDLE_CPU_PCT:g}%: {'ok' if verdict[2] else 'MISSED'}); "
+        f"load average {median['loadavg_1min_after']:.1f}"
     )
     if args.json:
         args.json.write_text(json.dumps({"runs": results, "median": median}, indent=2) + "\n")
