@@ -311,6 +311,9 @@ from queuectl.cli_grant import grant as _grant  # noqa: E402  (its own module: l
 
 app.command("grant")(_grant)
 
+from queuectl.cli_worker import worker as _worker  # noqa: E402  (issue 10: activation)
+app.command("worker")(_worker)
+
 
 def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 2."""

@@ -278,6 +278,28 @@ class Queue:
         else:
             self.ack(batch)
 
+    def consume(
+        self,
+        handler: Any,
+        *,
+        concurrency: int = 1,
+        batch: int = 10,
+        lease: float | None = None,
+        poll_interval: float = 2.0,
+        **options: Any,
+    ) -> Any:
+        """Run handler(message) on every item as it arrives, until SIGTERM/SIGINT or stop.
+
+        Acks on success, nacks with the error on exception, extends leases of slow handlers;
+        wakes on the queue's notifications, polls at most every poll_interval seconds.
+        Returns the WorkerStats; further options and the design: queuectl.worker.Worker.
+        """
+        from queuectl.worker import Worker
+
+        worker = Worker(self, handler, concurrency=concurrency, batch=batch, lease=lease,
+                        poll_interval=poll_interval, **options)
+        return worker.run()
+
     # -- looking ---------------------------------------------------------------------
 
     def counts(self) -> dict[str, int]:

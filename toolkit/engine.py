@@ -48,6 +48,11 @@ class Adapter:
     # On PostgreSQL it starts from the database's current catalog version when a URL is given.
     review_script_connects: bool = True
 
+    @property
+    def can_listen(self) -> bool:
+        """Consumers can sleep until notified (LISTEN/NOTIFY); SQL Server consumers poll (queuectl.worker)."""
+        return self.dialect == "postgresql"
+
     def lock_statement(self) -> str:
         """Session-level try-lock for single-runner work; :key is a text key; returns 1/true if taken."""
         return self._sql("locks", "try_lock")

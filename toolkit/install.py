@@ -44,6 +44,14 @@ def head_of(branch: str) -> str:
     return _script().get_revision(f"{branch}@head").revision
 
 
+def validate_revision(kind: str, revision: str) -> str:
+    """A revision of the kind's branch (e.g. 'reliable_0001'), for installs and downgrades."""
+    known = [r.revision for r in _script().iterate_revisions(f"{kind}@head", "base")]
+    if revision not in known:
+        raise UsageError(f"unknown revision {revision!r} for kind {kind}: choose one of {', '.join(reversed(known))}")
+    return revision
+
+
 def validate_kind(kind: str) -> str:
     if kind not in KINDS:
         raise UsageError(f"unknown queue kind {kind!r}: choose one of {', '.join(KINDS)}")
@@ -125,10 +133,15 @@ def install_queue(
     kind: str = "reliable",
     settings: QueueSettings | None = None,
     schema: str = DEFAULT_SCHEMA,
+    revision: str | None = None,
 ) -> QueueInfo:
-    """Install one queue (and the catalog, if this is the first queue in the database)."""
+    """Install one queue (and the catalog, if this is the first queue in the database).
+
+    At the newest version of its kind, or at `revision` (an older one, to be upgraded later).
+    """
     names = QueueNames(name, schema)
     validate_kind(kind)
+    target = f"{kind}@head" if revision is None else validate_revision(kind, revision)
     settings = settings or QueueSettings()
     with engine.connect() as conn, _install_lock(conn):
         upgrade_catalog(conn, schema)
@@ -138,7 +151,7 @@ def install_queue(
                 f"queue {name!r} is already installed (kind {existing.kind}, version "
                 f"{existing.schema_version}): use `queuectl upgrade {name}` or uninstall it first"
             )
-        command.upgrade(_queue_config(names, kind, settings, connection=conn), f"{kind}@head")
+        command.upgrade(_queue_config(names, kind, settings, connection=conn), target)
         conn.commit()
         return require_queue(conn, name, schema)
 
@@ -199,6 +212,16 @@ def upgrade_queue(engine: Engine, name: str, schema: str = DEFAULT_SCHEMA) -> tu
         info = require_queue(conn, name, schema)
         names = QueueNames(name, schema)
         command.upgrade(_queue_config(names, info.kind, info.settings, connection=conn), f"{info.kind}@head")
+        conn.commit()
+        return info.schema_version, require_queue(conn, name, schema).schema_version
+
+
+def downgrade_queue(engine: Engine, name: str, revision: str, schema: str = DEFAULT_SCHEMA) -> tuple[str, str]:
+    """Take one queue back to an older revision of its kind (not to base: that is uninstall)."""
+    with engine.connect() as conn, _install_lock(conn):
+        info = require_queue(conn, name, schema)
+        target = validate_revision(info.kind, revision)
+        command.downgrade(_queue_config(QueueNames(name, schema), info.kind, info.settings, connection=conn), target)
         conn.commit()
         return info.schema_version, require_queue(conn, name, schema).schema_version
 

@@ -7,6 +7,7 @@ any other way.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ DEFAULT_SCHEMA = "queuectl"
 # ...), and a queue may not be named so that "<queue>_version" is the catalog's version table.
 RESERVED_QUEUE_NAMES = frozenset({"alembic"})
 _IDENT_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+# LISTEN/NOTIFY channels are identifiers too (at most 63 bytes); '.' joins schema and queue.
+_CHANNEL_RE = re.compile(r"^[a-z][a-z0-9_.]{0,62}$")
 
 
 def validate_queue_name(name: str) -> str:
@@ -74,6 +77,22 @@ class QueueNames:
         """Alembic version table that tracks this queue's own schema version."""
         return self.table("version")
 
+    @property
+    def channel(self) -> str:
+        """The LISTEN/NOTIFY channel the queue announces new items on: "<schema>.<queue>".
+
+        '.' occurs in neither name, so two queues never share a channel. A pair longer than
+        63 bytes (PostgreSQL would truncate it) keeps readable prefixes and a 64-bit hash of
+        the full pair; a hash collision would only cost a spurious wake-up, never an item.
+        """
+        full = f"{self.schema}.{self.queue}"
+        if len(full) > 63:
+            digest = hashlib.sha256(full.encode()).hexdigest()[:16]
+            full = f"{self.schema[:20]}.{self.queue[:24]}.{digest}"
+        if not _CHANNEL_RE.fullmatch(full):
+            raise UsageError(f"refusing to use unvalidated channel name {full!r}")
+        return full
+
     def template_values(self) -> dict[str, str]:
         """The identifiers a SQL template may use, all quoted."""
         q = self.qualified
@@ -90,7 +109,10 @@ class QueueNames:
             "finished_idx": quote_ident(self.table("meta_finished")),
             "history_at_idx": quote_ident(self.table("history_at")),
             "registry": f"{quote_ident(self.schema)}.{quote_ident('queues')}",
+            "notify_trigger": quote_ident(self.table("notify")),
+            "channel": f'"{self.channel}"',
+            "channel_literal": f"'{self.channel}'",
         }
-        for fn in ("enqueue", "enqueue_many", "dequeue", "ack", "nack", "extend_lease", "release"):
+        for fn in ("enqueue", "enqueue_many", "dequeue", "ack", "nack", "extend_lease", "release", "notify"):
             values[f"fn_{fn}"] = q(fn)
         return values

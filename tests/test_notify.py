@@ -1,0 +1,162 @@
+"""Enqueue notifications (reliable_0002): one per transaction, per-queue channels, and the
+per-queue upgrade and downgrade that switch them on and off."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import psycopg.sql
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from queuectl.client import Queue
+from queuectl.install import downgrade_queue, head_of, install_queue, list_queues
+from queuectl.names import QueueNames
+
+from conftest import run_cli
+from test_install import schema_objects
+
+
+def psycopg_conninfo(db_url: str) -> str:
+    url = make_url(db_url)
+    parts = {"dbname": url.database, "user": url.username, "password": url.password,
+             "host": url.query.get("host") or url.host, "port": url.query.get("port") or url.port}
+    return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in parts.items() if v})
+
+
+class Listener:
+    """A plain LISTEN session, as any client of the queue's channel would open one."""
+
+    def __init__(self, db_url: str, *channels: str) -> None:
+        self.conn = psycopg.connect(psycopg_conninfo(db_url), autocommit=True)
+        for channel in channels:
+            self.conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
+
+    def received(self, expect: int, settle: float = 0.3, deadline: float = 10.0) -> list[str]:
+        """Channels of the notifications that arrive: wait for `expect`, then `settle` s for extras."""
+        got: list[str] = []
+        end = time.monotonic() + deadline
+        while len(got) < expect and time.monotonic() < end:
+            got += [n.channel for n in self.conn.notifies(timeout=end - time.monotonic(), stop_after=expect - len(got))]
+        got += [n.channel for n in self.conn.notifies(timeout=settle)]
+        return got
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def enqueue_sql(queue: str) -> sa.TextClause:
+    return sa.text(f"SELECT queuectl.{queue}_enqueue(CAST(:p AS bytea))")
+
+
+def test_fresh_install_is_at_the_head_revision_which_notifies(engine):
+    info = install_queue(engine, "orders")
+    assert head_of("reliable") == "reliable_0002"
+    assert info.schema_version == "reliable_0002"
+    assert "orders_notify" in schema_objects(engine)["functions"]
+
+
+def test_one_notification_per_transaction_not_per_row(db_url, engine, orders):
+    listener = Listener(db_url, orders.names.channel)
+    try:
+        orders.enqueue_many([f"item {i}" for i in range(500)])
+        assert listener.received(1) == ["queuectl.orders"]
+
+        with engine.begin() as conn:  # ten single enqueues in one transaction
+            for i in range(10):
+                conn.execute(enqueue_sql("orders"), {"p": b"x"})
+        assert listener.received(1) == ["queuectl.orders"]
+
+        for i in range(3):  # three transactions
+            orders.enqueue(f"single {i}")
+        assert listener.received(3) == ["queuectl.orders"] * 3
+
+        with engine.connect() as conn:  # a rolled-back enqueue announces nothing
+            conn.execute(enqueue_sql("orders"), {"p": b"never"})
+            conn.rollback()
+        assert listener.received(0, settle=0.5) == []
+    finally:
+        listener.close()
+
+
+def test_each_queue_notifies_only_its_own_channel(db_url, engine):
+    for name in ("alpha", "beta"):
+        install_queue(engine, name)
+    alpha, beta = QueueNames("alpha").channel, QueueNames("beta").channel
+    listener = Listener(db_url, alpha, beta)
+    try:
+        with Queue(engine, "beta") as queue:
+            queue.enqueue("b")
+        assert listener.received(1) == [beta]
+        with Queue(engine, "alpha") as queue:
+            queue.enqueue_many(["a1", "a2"])
+        assert listener.received(1) == [alpha]
+    finally:
+        listener.close()
+
+
+def test_channel_names_are_distinct_and_fit_in_63_bytes(db_url, engine):
+    assert QueueNames("b_c", "a").channel != QueueNames("c", "a_b").channel
+    long_schema, long_queue = "s" * 48, "q" * 48
+    names = [QueueNames(long_queue, long_schema), QueueNames(long_queue[:-1] + "r", long_schema),
+             QueueNames(long_queue, long_schema[:-1] + "t")]
+    channels = [n.channel for n in names]
+    assert len(set(channels)) == 3
+    assert all(len(c.encode()) <= 63 for c in channels)
+    assert QueueNames("orders").channel == "queuectl.orders"
+    # the shortened channel is the one the trigger really notifies
+    install_queue(engine, long_queue, schema=long_schema)
+    listener = Listener(db_url, names[0].channel)
+    try:
+        with Queue(engine, long_queue, schema=long_schema) as queue:
+            queue.enqueue("deep")
+        assert listener.received(1) == [names[0].channel]
+    finally:
+        listener.close()
+
+
+def test_queue_at_0001_upgrades_alone_and_starts_notifying(db_url, engine):
+    install_queue(engine, "alpha", revision="reliable_0001")
+    install_queue(engine, "beta", revision="reliable_0001")
+    with engine.connect() as conn:
+        assert {q.name: q.schema_version for q in list_queues(conn)} == {"alpha": "reliable_0001", "beta": "reliable_0001"}
+    assert "alpha_notify" not in schema_objects(engine)["functions"]
+    channels = {QueueNames(n).channel: n for n in ("alpha", "beta")}
+    listener = Listener(db_url, *channels)
+    try:
+        alpha, beta = Queue(engine, "alpha"), Queue(engine, "beta")
+        alpha.enqueue("a0")
+        beta.enqueue("b0")
+        assert listener.received(0, settle=0.5) == []  # 0001 does not notify
+
+        result = run_cli("upgrade", "alpha", url=db_url)
+        assert result.returncode == 0, result.stderr.decode()
+        assert "alpha: reliable_0001 -> reliable_0002" in result.stdout.decode()
+        with engine.connect() as conn:
+            assert {q.name: q.schema_version for q in list_queues(conn)} == {"alpha": "reliable_0002", "beta": "reliable_0001"}
+            assert conn.execute(sa.text("SELECT version_num FROM queuectl.beta_version")).scalar() == "reliable_0001"
+
+        alpha.enqueue("a1")
+        beta.enqueue("b1")
+        assert listener.received(1) == ["queuectl.alpha"]  # alpha now notifies, beta still does not
+
+        # the downgrade removes the notification and nothing else
+        assert downgrade_queue(engine, "alpha", "reliable_0001") == ("reliable_0002", "reliable_0001")
+        assert "alpha_notify" not in schema_objects(engine)["functions"]
+        alpha.enqueue("a2")
+        assert listener.received(0, settle=0.5) == []
+        assert sorted(m.text for m in alpha.dequeue(10)) == ["a0", "a1", "a2"]
+        alpha.close()
+        beta.close()
+    finally:
+        listener.close()
+
+
+def test_installing_at_an_unknown_revision_is_refused(engine):
+    with pytest.raises(Exception, match="unknown revision 'reliable_0099'"):
+        install_queue(engine, "orders", revision="reliable_0099")
+    with pytest.raises(Exception, match="unknown revision"):
+        install_queue(engine, "orders", revision="catalog_0001")
+    assert schema_objects(engine)["functions"] == []

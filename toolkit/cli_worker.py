@@ -1,0 +1,91 @@
+"""`queuectl worker`: run a handler on a queue's items as they arrive (queuectl.worker)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import asdict
+from typing import Annotated, Optional
+
+import typer
+
+from rich.console import Console
+
+from queuectl.engine import URL_ENV, make_engine
+from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
+from queuectl.worker import DEFAULT_LOG_INTERVAL, DEFAULT_POLL_INTERVAL
+
+# Not imported from queuectl.cli: cli imports this module, and under `python -m
+# queuectl.cli` an import back would run cli.py a second time.
+UrlOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--url",
+        help=f"Database URL (e.g. postgresql://user@host/db). Default: ${URL_ENV}, else the embedded server.",
+        show_default=False,
+    ),
+]
+SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")]
+QueueArg = Annotated[str, typer.Argument(help="Queue name: lowercase letters, digits, _ (max 48).")]
+out = Console()
+
+
+def worker(
+    name: QueueArg,
+    handler: Annotated[
+        str, typer.Option("--handler", help="module:function called with each item (a queuectl.Message).", show_default=False)
+    ],
+    concurrency: Annotated[int, typer.Option(help="Items handled at once (threads, or processes with --processes).")] = 1,
+    batch: Annotated[int, typer.Option(help="Most items claimed per dequeue.")] = 10,
+    lease: Annotated[
+        Optional[float], typer.Option(help="Lease in seconds (default: the queue's); renewed every third of it.")
+    ] = None,
+    poll_interval: Annotated[
+        float, typer.Option(help="Longest wait between looks at an idle queue (fallback when a notification is lost).")
+    ] = DEFAULT_POLL_INTERVAL,
+    notify: Annotated[
+        bool, typer.Option("--notify/--no-notify", help="Wake on the queue's notifications (LISTEN), or only poll.")
+    ] = True,
+    processes: Annotated[
+        bool, typer.Option("--processes", help="Run the handler in worker processes (for CPU-bound handlers).")
+    ] = False,
+    burst: Annotated[bool, typer.Option("--burst", help="Exit once the queue has no due item and nothing is held.")] = False,
+    log_interval: Annotated[float, typer.Option(help="Seconds between throughput log lines.")] = DEFAULT_LOG_INTERVAL,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the final counts as JSON.")] = False,
+    url: UrlOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Run HANDLER on every item of queue NAME as it arrives, until SIGTERM or Ctrl-C.
+
+    Success acks the item; an exception nacks it with its error (retried after the queue's backoff, DEAD after max attempts). Slow handlers keep their items through lease heartbeats.
+
+    On SIGTERM/SIGINT the worker stops claiming, gives back items it has not started and finishes the running ones; a second signal stops waiting for them. Progress goes to stderr, the final counts to stdout.
+    """  # noqa: E501  (one line per paragraph: the help renders lines as written)
+    from queuectl.client import Queue
+    from queuectl.worker import resolve_handler
+
+    validate_queue_name(name)
+    validate_schema_name(schema)
+    function = resolve_handler(handler)
+    _log_to_stderr()
+    with Queue(make_engine(url), name, schema=schema) as queue:
+        stats = queue.consume(
+            function, concurrency=concurrency, batch=batch, lease=lease, poll_interval=poll_interval,
+            notify=notify, processes=processes, burst=burst, log_interval=log_interval,
+        )
+    counts = {k: v for k, v in asdict(stats).items() if k != "started"} | {"seconds": round(stats.seconds, 3)}
+    if as_json or not sys.stdout.isatty():
+        sys.stdout.write(json.dumps(counts) + "\n")
+    else:
+        out.print(", ".join(f"{k} {v}" for k, v in counts.items()))
+
+
+def _log_to_stderr() -> None:
+    """The worker's progress lines go to stderr (stdout keeps the final counts)."""
+    logger = logging.getLogger("queuectl")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)

@@ -1,0 +1,612 @@
+"""Activation: a consumer loop that wakes when work arrives (Queue.consume, `queuectl worker`).
+
+Waking
+    PostgreSQL: a dedicated autocommit connection LISTENs on the queue's channel, which the
+    queue notifies once per enqueueing transaction (reliable_0002). The control loop sleeps
+    in select() on that socket and on a self-pipe (stop requests, finished handlers), so an
+    idle worker spends no CPU and wakes a millisecond or two after the enqueue commits.
+    A notification is only a hint to look: the loop then dequeues batch after batch until
+    a dequeue comes back empty. A notification that never arrives (dropped trigger, a
+    pooler in transaction mode, a listener connection that broke and is being reopened)
+    costs latency, never items, because the loop also polls.
+
+Polling with adaptive back-off
+    After a dequeue that returned items the loop looks again at once (drain). After an
+    empty one it waits `min_poll_interval` (50 ms), doubling after each further empty
+    look up to `poll_interval` (2 s), with +-10% jitter so consumers do not poll in step;
+    a notification or a non-empty dequeue resets the wait. Busy queues are thus polled
+    back to back, idle ones every `poll_interval` (one index probe of an empty partial
+    index per consumer every 2 s). With notifications the same back-off runs underneath
+    as the fallback; with `notify=False` it is the only mechanism.
+
+SQL Server
+    SQL Server has no LISTEN/NOTIFY, so its consumers run this same loop with notify off
+    (Adapter.can_listen is False): adaptive polling as above, where the dequeue is one
+    `UPDATE TOP (n) ... WITH (UPDLOCK, READPAST, ROWLOCK) ... OUTPUT` seek on the filtered
+    ready index, cheap enough to repeat every 50 ms while work trickles in. Lower latency
+    would need a blocking receive: a `WAITFOR (RECEIVE ...)` on a Service Broker queue fed by
+    an enqueue trigger, or a `WAITFOR DELAY` loop inside the dequeue procedure holding an
+    app lock; both belong with the T-SQL kind, not in this loop.
+
+Concurrency
+    `concurrency` handler threads take claimed items from a local work queue; the control
+    loop (the calling thread) alone talks to the database through the Queue client:
+    dequeue, ack (batched), nack (the error text, so the queue's backoff policy applies),
+    heartbeat and release. Threads suit handlers that wait on I/O, the usual case, and
+    share one connection. With `processes=True` each thread hands its item to a pool of
+    `concurrency` spawned processes, for CPU-bound handlers (the handler must then be a
+    picklable, importable function).
+
+Heartbeat
+    Every `heartbeat_fraction` of the lease (1/3 by default) the loop extends the lease of
+    every item it holds, running or still waiting for a thread, so a handler slower than
+    the lease keeps its items. An item whose lease was nevertheless lost (the process
+    stalled longer than a lease) is not started; its outcome is not counted as processed.
+
+Stopping
+    SIGTERM or SIGINT (or Worker.stop()): stop dequeuing, give back (release) claimed
+    items no thread has started, wait for running handlers and ack or nack them, then
+    return. A second signal stops waiting: items still in handlers come back when their
+    leases expire. Throughput is logged every `log_interval` seconds while there is work.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import os
+import pickle
+import queue as queue_mod
+import random
+import selectors
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from typing import Any
+
+from queuectl.client import Message, Queue, _check_batch, _check_seconds
+from queuectl.engine import adapter_for, first_line
+from queuectl.errors import UsageError
+from queuectl.sqlfiles import render
+
+DEFAULT_POLL_INTERVAL = 2.0  # longest wait between looks at an idle queue
+DEFAULT_MIN_POLL_INTERVAL = 0.05  # first wait after a look found nothing
+DEFAULT_HEARTBEAT_FRACTION = 1 / 3  # extend leases three times per lease
+DEFAULT_LOG_INTERVAL = 10.0
+POLL_JITTER = 0.1
+MAX_CONCURRENCY = 256
+ERROR_TEXT_LIMIT = 2000
+
+Handler = Callable[[Message], Any]
+log = logging.getLogger("queuectl.worker")
+
+
+@dataclass
+class PollBackoff:
+    """How long an idle consumer waits before its next look: short when busy, long when idle."""
+
+    shortest: float = DEFAULT_MIN_POLL_INTERVAL
+    longest: float = DEFAULT_POLL_INTERVAL
+    jitter: float = POLL_JITTER
+    _current: float = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._current = self.shortest
+
+    def reset(self) -> None:
+        """Work was found (or announced): the next empty look waits the shortest time again."""
+        self._current = self.shortest
+
+    def next_wait(self) -> float:
+        """The wait after an empty look; each further empty look doubles it, up to `longest`."""
+        wait = self._current
+        self._current = min(self._current * 2, self.longest)
+        return min(self.longest, wait * (1 + random.uniform(-self.jitter, self.jitter)))
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did; `lost` items were taken over by another consumer after their lease expired."""
+
+    processed: int = 0
+    failed: int = 0
+    dead: int = 0
+    released: int = 0
+    lost: int = 0
+    dequeues: int = 0
+    empty_polls: int = 0
+    notifications: int = 0
+    heartbeats: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+
+class _Listener:
+    """LISTEN on the queue's channel over a connection of its own (autocommit, out of the pool)."""
+
+    def __init__(self, queue: Queue) -> None:
+        values = queue.names.template_values()
+        self._sql = {key: render("postgresql", "activation", key, values) for key in ("listen", "notify")}
+        raw = queue.engine.raw_connection()
+        self.conn = raw.driver_connection
+        raw.detach()  # owned here and closed here, never handed back to the pool
+        self.conn.rollback()  # the pool's pre-ping may have opened a transaction
+        self.conn.autocommit = True
+        self.conn.execute(self._sql["listen"])
+        self.fd = self.conn.fileno()
+
+    def drain(self) -> int:
+        """How many notifications arrived (without waiting); raises if the connection broke."""
+        return sum(1 for _ in self.conn.notifies(timeout=0.0))
+
+    def notify(self) -> None:
+        self.conn.execute(self._sql["notify"])
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:  # closing a broken connection: nothing left to do
+            pass
+
+
+def _ignore_signals() -> None:
+    """Handler processes leave SIGINT/SIGTERM to the parent, which stops them gracefully."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+class Worker:
+    """Run `handler(message)` on every item of a queue as it arrives; see the module docstring.
+
+    The Queue client is used from the thread that calls run(), and only from there.
+    """
+
+    def __init__(
+        self,
+        queue: Queue,
+        handler: Handler,
+        *,
+        concurrency: int = 1,
+        batch: int = 10,
+        lease: float | None = None,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        min_poll_interval: float = DEFAULT_MIN_POLL_INTERVAL,
+        notify: bool = True,
+        processes: bool = False,
+        burst: bool = False,
+        heartbeat_fraction: float | None = DEFAULT_HEARTBEAT_FRACTION,
+        log_interval: float = DEFAULT_LOG_INTERVAL,
+        shutdown_timeout: float | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        if not callable(handler):
+            raise UsageError(f"handler must be callable, got {type(handler).__name__}")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
+            raise UsageError(f"concurrency must be a whole number from 1 to {MAX_CONCURRENCY}, got {concurrency!r}")
+        if processes:
+            try:
+                pickle.dumps(handler)
+            except Exception:
+                raise UsageError("with processes the handler must be a module-level function (picklable)") from None
+        self.queue = queue
+        self.handler = handler
+        self.concurrency = concurrency
+        self.batch = _check_batch(batch)
+        self.lease = _check_seconds(lease, "lease", low=0.001) or float(queue.info.settings.lease_seconds)
+        self.poll_interval = _check_seconds(poll_interval, "poll interval", low=0.001)
+        self.min_poll_interval = min(_check_seconds(min_poll_interval, "min poll interval", low=0.001), self.poll_interval)
+        if heartbeat_fraction is not None and not 0 < heartbeat_fraction < 1:
+            raise UsageError(f"heartbeat fraction must be between 0 and 1, got {heartbeat_fraction!r}")
+        self.heartbeat_every = None if heartbeat_fraction is None else self.lease * heartbeat_fraction
+        self.notify = notify and adapter_for(queue.engine).can_listen
+        self.processes = processes
+        self.burst = burst
+        self.log_interval = _check_seconds(log_interval, "log interval", low=0.001)
+        self.shutdown_timeout = _check_seconds(shutdown_timeout, "shutdown timeout")
+        self.handle_signals = handle_signals
+        self.stats = WorkerStats()
+
+        self._stop = threading.Event()
+        self._force = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._work: queue_mod.SimpleQueue[Message | None] = queue_mod.SimpleQueue()
+        self._done: queue_mod.SimpleQueue[tuple[int, str | None, bool]] = queue_mod.SimpleQueue()
+        self._held: dict[int, Message] = {}  # claimed and not yet acked/nacked/released (control thread only)
+        self._lost: set[int] = set()  # held items whose lease a heartbeat found gone
+        self._listener: _Listener | None = None
+        self._listener_retry_at = 0.0
+        self._selector: selectors.BaseSelector | None = None
+        self._pool: ProcessPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._ran = False
+        self._closed = False
+        self._next_heartbeat = self._next_log = math.inf
+        self._logged = (0, 0, time.monotonic())
+
+    # -- public ----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the worker to stop gracefully (thread-safe; a second call stops waiting for handlers)."""
+        if self._stop.is_set():
+            self._force.set()
+        self._stop.set()
+        self._wake()
+
+    def run(self) -> WorkerStats:
+        """Process items until stopped (or, with burst, until the queue is empty); returns the stats."""
+        if self._ran:
+            raise UsageError("a Worker runs once: create a new one")
+        self._ran = True
+        self.stats = WorkerStats()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        previous_handlers = self._install_signal_handlers()
+        try:
+            if self.processes:
+                self._pool = self._new_pool()
+            for i in range(self.concurrency):
+                thread = threading.Thread(target=self._handler_thread, name=f"queuectl-handler-{i}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+        except BaseException:
+            self._close(previous_handlers)
+            raise
+        log.info(
+            "worker %s on queue %s: concurrency %d%s, batch %d, lease %gs, %s",
+            self.queue.worker, self.queue.name, self.concurrency, " processes" if self.processes else " threads",
+            self.batch, self.lease,
+            f"LISTEN on {self.queue.names.channel} + poll every {self.poll_interval:g}s at most" if self.notify
+            else f"polling {self.min_poll_interval:g}-{self.poll_interval:g}s",
+        )
+        try:
+            self._loop()
+        finally:
+            try:
+                self._shutdown()
+            finally:
+                self._close(previous_handlers)
+        return self.stats
+
+    # -- the control loop ------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        backoff = PollBackoff(self.min_poll_interval, self.poll_interval)
+        look = True  # dequeue at the next chance: at start, on a notification, when a poll is due
+        next_poll = math.inf
+        now = time.monotonic()
+        self._next_heartbeat = now + (self.heartbeat_every or math.inf)
+        self._next_log = now + self.log_interval
+        self._logged = (0, 0, now)
+        while not self._stop.is_set():
+            if self.notify and self._listener is None and time.monotonic() >= self._listener_retry_at:
+                if self._open_listener():
+                    look = True  # items may have arrived while nobody listened
+            self._settle()
+            self._heartbeat_if_due()
+            self._log_if_due()
+            room = self._room()
+            if look and room:
+                messages = self.queue.dequeue(room, lease=self.lease)
+                self.stats.dequeues += 1
+                if messages:
+                    for message in messages:
+                        self._held[message.id] = message
+                        self._work.put(message)
+                    backoff.reset()
+                    continue  # drain: look again at once
+                self.stats.empty_polls += 1
+                look = False
+                next_poll = time.monotonic() + backoff.next_wait()
+                if self.burst and not self._held and self._done.empty():
+                    log.info("queue %s is empty: burst worker done", self.queue.name)
+                    break
+            now = time.monotonic()
+            deadlines = [self._next_log]
+            if not look:
+                deadlines.append(next_poll)
+            if self._held and self.heartbeat_every is not None:
+                deadlines.append(self._next_heartbeat)
+            if self.notify and self._listener is None:
+                deadlines.append(self._listener_retry_at)
+            if self._wait(max(0.0, min(deadlines) - now)):
+                look = True
+                backoff.reset()
+            if time.monotonic() >= next_poll:
+                look = True
+
+    def _room(self) -> int:
+        """How many items to claim now: up to a batch, never more than max(concurrency, batch) held."""
+        held = len(self._held)
+        if held >= self.concurrency:
+            return 0
+        return min(self.batch, max(self.concurrency, self.batch) - held)
+
+    def _wait(self, timeout: float) -> bool:
+        """Sleep until a notification, a wake-up or the timeout; True when notified."""
+        assert self._selector is not None
+        notified = False
+        for key, _events in self._selector.select(timeout):
+            if key.fd == self._wake_r:
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+            elif self._listener is not None:
+                try:
+                    count = self._listener.drain()
+                except Exception as exc:  # the listener connection broke: poll until it is back
+                    log.warning("LISTEN connection lost (%s): polling until it is reopened", first_line(exc))
+                    self._drop_listener()
+                    notified = True  # look now: something may have been missed
+                    continue
+                if count:
+                    self.stats.notifications += count
+                    notified = True
+        return notified
+
+    def _wake(self) -> None:
+        """Interrupt the control loop's wait (safe from signal handlers and other threads)."""
+        if self._closed:
+            return
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full (a wake-up is pending anyway) or already closed
+
+    def _open_listener(self) -> bool:
+        try:
+            self._listener = _Listener(self.queue)
+        except Exception as exc:
+            log.warning("cannot LISTEN on %s (%s): polling, retry in %gs", self.queue.names.channel, first_line(exc),
+                        self.poll_interval)
+            self._listener_retry_at = time.monotonic() + self.poll_interval
+            return False
+        assert self._selector is not None
+        self._selector.register(self._listener.fd, selectors.EVENT_READ)
+        return True
+
+    def _drop_listener(self) -> None:
+        if self._listener is None:
+            return
+        assert self._selector is not None
+        try:
+            self._selector.unregister(self._listener.fd)
+        except (KeyError, ValueError):
+            pass
+        self._listener.close()
+        self._listener = None
+        self._listener_retry_at = time.monotonic() + self.poll_interval
+
+    # -- outcomes, heartbeats, throughput ----------------------------------------------------
+
+    def _settle(self) -> None:
+        """Ack what succeeded (one call), nack what failed (one call per distinct error)."""
+        succeeded: list[int] = []
+        failed: dict[str, list[int]] = {}
+        skipped = 0
+        while True:
+            try:
+                item_id, error, ran = self._done.get_nowait()
+            except queue_mod.Empty:
+                break
+            self._held.pop(item_id, None)
+            self._lost.discard(item_id)
+            if not ran:
+                skipped += 1
+            elif error is None:
+                succeeded.append(item_id)
+            else:
+                failed.setdefault(error, []).append(item_id)
+        self.stats.lost += skipped
+        if succeeded:
+            acked = self.queue.ack(succeeded)
+            self.stats.processed += acked
+            self.stats.lost += len(succeeded) - acked
+        for error, ids in failed.items():
+            statuses = self.queue.nack(ids, error)
+            self.stats.failed += len(statuses)
+            self.stats.dead += sum(1 for status in statuses.values() if status == "dead")
+            self.stats.lost += len(ids) - len(statuses)
+
+    def _heartbeat_if_due(self) -> None:
+        if self.heartbeat_every is None:
+            return
+        now = time.monotonic()
+        if now < self._next_heartbeat:
+            return
+        self._next_heartbeat = now + self.heartbeat_every
+        ids = [item_id for item_id in self._held if item_id not in self._lost]
+        if not ids:
+            return
+        kept = set(self.queue.extend_lease(ids, lease=self.lease))
+        self.stats.heartbeats += 1
+        gone = [item_id for item_id in ids if item_id not in kept]
+        if gone:
+            self._lost.update(gone)
+            log.warning("lost the lease of %d item(s) %s: another consumer may run them", len(gone), gone[:10])
+
+    def _log_if_due(self, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now < self._next_log:
+            return
+        self._next_log = now + self.log_interval
+        processed, failed, since = self._logged
+        done, bad = self.stats.processed - processed, self.stats.failed - failed
+        if done or bad or self._held or final:
+            seconds = max(now - since, 1e-9)
+            log.info(
+                "queue %s: %d processed, %d failed in %.1fs (%.1f/s); holding %d; %d notifications, %d empty polls so far",
+                self.queue.name, done, bad, seconds, (done + bad) / seconds, len(self._held),
+                self.stats.notifications, self.stats.empty_polls,
+            )
+        self._logged = (self.stats.processed, self.stats.failed, now)
+
+    # -- handlers --------------------------------------------------------------------------
+
+    def _handler_thread(self) -> None:
+        while True:
+            message = self._work.get()
+            if message is None:
+                return
+            if message.id in self._lost:  # its lease is gone: another consumer may be running it
+                self._done.put((message.id, None, False))
+                self._wake()
+                continue
+            error = None
+            try:
+                if self.processes:
+                    self._run_in_process(message)
+                else:
+                    self.handler(message)
+            except BaseException as exc:  # whatever the handler raises is this item's failure
+                error = f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
+                log.warning("item %d failed (attempt %d of %d): %s", message.id, message.attempts, message.max_attempts, error)
+                if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt: the handler asks to stop
+                    self.stop()
+            self._done.put((message.id, error, True))
+            self._wake()
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(self.concurrency, mp_context=get_context("spawn"), initializer=_ignore_signals)
+
+    def _run_in_process(self, message: Message) -> None:
+        with self._pool_lock:
+            pool = self._pool
+        assert pool is not None
+        try:
+            pool.submit(self.handler, message).result()
+        except BrokenProcessPool:
+            with self._pool_lock:  # a handler process died: the item is nacked, the pool replaced
+                if self._pool is pool:
+                    self._pool = self._new_pool()
+            raise
+
+    # -- stopping --------------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, self._on_signal)
+        return previous
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        # Only flags and a pipe write here: logging from a signal handler can deadlock.
+        self.stop()
+
+    def _shutdown(self) -> None:
+        """Give back what no thread started, wait for running handlers, settle their outcomes."""
+        unstarted: list[int] = []
+        while True:
+            try:
+                message = self._work.get_nowait()
+            except queue_mod.Empty:
+                break
+            if message is not None:
+                unstarted.append(message.id)
+        for _ in self._threads:
+            self._work.put(None)
+        if self._stop.is_set():
+            log.info("stopping: releasing %d unstarted item(s), waiting for %d in handlers", len(unstarted),
+                     len(self._held) - len(unstarted))
+        try:
+            if unstarted:
+                self.stats.released += self.queue.release(unstarted)
+                for item_id in unstarted:
+                    self._held.pop(item_id, None)
+                self._announce_released()
+            deadline = math.inf if self.shutdown_timeout is None else time.monotonic() + self.shutdown_timeout
+            while self._held and not self._force.is_set() and time.monotonic() < deadline:
+                self._wait(max(0.0, min(0.5, deadline - time.monotonic())))
+                self._settle()
+                self._heartbeat_if_due()
+            self._settle()
+        except Exception:
+            log.exception("could not settle every item while stopping: their leases will expire")
+        if self._held:
+            log.warning("stopped with %d item(s) still in handlers: they come back when their leases expire",
+                        len(self._held))
+        self._log_if_due(final=True)
+        s = self.stats
+        log.info("worker %s stopped after %.1fs: %d processed, %d failed (%d dead), %d released, %d lost",
+                 self.queue.worker, s.seconds, s.processed, s.failed, s.dead, s.released, s.lost)
+
+    def _announce_released(self) -> None:
+        """Wake other consumers so they take the released items now, not at their next poll."""
+        if self._listener is None:
+            return
+        try:
+            self._listener.notify()
+        except Exception as exc:  # only latency is at stake
+            log.warning("could not notify other consumers of released items: %s", first_line(exc))
+
+    def _close(self, previous_handlers: dict[int, Any]) -> None:
+        for signum, handler in previous_handlers.items():
+            signal.signal(signum, handler)
+        if self._listener is not None:
+            self._drop_listener()
+        for thread in self._threads:
+            thread.join(timeout=0 if self._held else 5)
+        if self._pool is not None:
+            if self._held:
+                # A forced stop: end the handler processes now, or interpreter exit would wait
+                # for them; their items come back when their leases expire. (The executor has
+                # no public terminate.)
+                for process in list(getattr(self._pool, "_processes", {}).values()):
+                    process.terminate()
+            self._pool.shutdown(wait=not self._held, cancel_futures=True)
+        if self._selector is not None:
+            self._selector.close()
+        self._closed = True
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+def resolve_handler(spec: str) -> Handler:
+    """'package.module:function' (as `queuectl worker --handler` takes it) -> the function.
+
+    Every way the spec can be wrong is a one-line UsageError. The current directory is
+    importable, as with `python -m`.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"--handler {spec!r}: expected module:function, e.g. myapp.tasks:send_receipt")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise UsageError(f"--handler {spec!r}: no module named {exc.name!r} (is it on PYTHONPATH?)") from None
+        raise UsageError(f"--handler {spec!r}: importing {module_name} failed: {_one_line(exc)}") from None
+    except Exception as exc:
+        raise UsageError(f"--handler {spec!r}: importing {module_name} failed: {_one_line(exc)}") from None
+    target: Any = module
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise UsageError(f"--handler {spec!r}: {module_name} has no attribute {attr!r}") from None
+    if not callable(target):
+        raise UsageError(f"--handler {spec!r}: {attr} is a {type(target).__name__}, not a function")
+    return target
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
