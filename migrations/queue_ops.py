@@ -7,6 +7,7 @@ import sqlalchemy as sa
 from alembic import context, op
 
 from queuectl.catalog import QueueSettings, queues_table
+from queuectl.kindspec import kind_template_values
 from queuectl.names import QueueNames
 from queuectl.sqlfiles import render, split_statements
 
@@ -18,9 +19,9 @@ def _target() -> tuple[QueueNames, str, QueueSettings]:
 
 def run_section(file: str, section: str) -> None:
     """Execute one named section of sql/<engine>/<file>.sql, statement by statement."""
-    names, _kind, settings = _target()
+    names, kind, settings = _target()
     engine = op.get_context().dialect.name
-    values: dict[str, str | int] = {**names.template_values(), **settings.as_dict()}
+    values: dict[str, str | int] = {**names.template_values(), **kind_template_values(names, kind), **settings.as_dict()}
     for statement in split_statements(render(engine, file, section, values)):
         op.execute(sa.text(statement))
 
