@@ -40,9 +40,13 @@
 --    changes) and marks the old slot RESCUED, in one transaction per message. A live
 --    popper that merely kept its claim and comes back later sees RESCUED and moves on,
 --    so every message is still delivered exactly once.
---  * ring_release() (the Python client's close()) gives up the session's claims: the
---    push claim is tombstoned at once if its slot is free, the pop claim is left to
---    ring_repair() (its message, once pushed, is rescued).
+--  * ring_release() (the Python client's close()) gives up the session's claims. A claim
+--    whose slot is free for it is tombstoned at once (safe: the claim is ours, and a
+--    push that later draws the same position sees the tombstone and takes the next one).
+--    Otherwise (the ring is full at that slot, or the popped-for message arrived in the
+--    meantime) the position is left to ring_repair() as above.
+--  * a rescued message lands at a new push position; if the pop claim for that position
+--    is itself abandoned, the next ring_repair() run moves it again.
 --
 -- Sections are filled by queuectl.sqlfiles.render() with quoted identifiers only.
 
@@ -273,7 +277,12 @@ BEGIN
     END IF;
     v_pos := nullif(current_setting(v_pop, true), '')::bigint;
     IF v_pos IS NOT NULL THEN
-        side := 'pop'; item_id := v_pos; tombstoned := false;
+        -- a pop claim whose push has not happened yet: tombstone the position before a
+        -- push fills it (that push then takes the next position), so nothing is orphaned
+        UPDATE {{ring}} r SET msg_id = v_pos, state = 2, payload = NULL, headers = NULL,
+                              changed_at = clock_timestamp()
+        WHERE r.slot = v_pos % {{size}} AND r.msg_id = v_pos - {{size}} AND r.state <> 1;
+        side := 'pop'; item_id := v_pos; tombstoned := FOUND;
         RETURN NEXT;
         PERFORM set_config(v_pop, '', false);
     END IF;
