@@ -22,7 +22,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import sqlalchemy as sa
@@ -312,7 +312,7 @@ class PendingQueue(KindQueue):
             "payloads": items,
             "headers": self._headers_list(headers, n),
             "due_ats": None if due_at is None else [_check_due(d) for d in due_at],
-            "delays": [f"{_check_seconds(d, 'delay')} seconds" for d in delays],
+            "delays": [timedelta(seconds=_check_seconds(d, "delay")) for d in delays],
         }
         return list(self._execute("enqueue_many", params).scalars())
 
