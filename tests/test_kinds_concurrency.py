@@ -122,7 +122,7 @@ def test_strict_fifo_keeps_enqueue_order_across_consumer_rollbacks(engine, db_ur
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE handout_log (seq bigint GENERATED ALWAYS AS IDENTITY, ids bigint[])"))
         ids = conn.execute(
-            sa.text('SELECT id FROM queuectl."strictq_enqueue_many"(CAST(:p AS bytea[]))'),
+            sa.text('SELECT id FROM queuectl."strictq_enqueue_many"(CAST(:p AS bytea[])) AS id'),
             {"p": [f"item-{n}".encode() for n in range(total)]},
         ).scalars().all()
     assert ids == sorted(ids)

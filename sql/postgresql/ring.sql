@@ -97,14 +97,14 @@ BEGIN
         SET msg_id = v_pos, state = 1, payload = p_payload, headers = p_headers,
             pushed_at = clock_timestamp(), changed_at = clock_timestamp()
         FROM (SELECT f.slot FROM {{ring}} f
-              WHERE f.slot = v_pos % {{size}} AND f.msg_id = v_pos - {{size}} AND f.state <> 1
+              WHERE f.slot = mod(v_pos, {{size}}) AND f.msg_id = v_pos - {{size}} AND f.state <> 1
               FOR UPDATE SKIP LOCKED) f
         WHERE r.slot = f.slot;
         IF FOUND THEN
             PERFORM set_config(v_key, '', false);
             RETURN v_pos;
         END IF;
-        SELECT h.msg_id INTO v_held FROM {{ring}} h WHERE h.slot = v_pos % {{size}};
+        SELECT h.msg_id INTO v_held FROM {{ring}} h WHERE h.slot = mod(v_pos, {{size}});
         IF v_held >= v_pos THEN
             v_pos := NULL;  -- ring_repair tombstoned our claim (we looked dead): take a new one
             CONTINUE;
@@ -159,7 +159,7 @@ BEGIN
         END IF;
         WITH f AS MATERIALIZED (
             SELECT s.slot, s.payload, s.headers, s.pushed_at FROM {{ring}} s
-            WHERE s.slot = v_pos % {{size}} AND s.msg_id = v_pos AND s.state = 1
+            WHERE s.slot = mod(v_pos, {{size}}) AND s.msg_id = v_pos AND s.state = 1
             FOR UPDATE SKIP LOCKED
         ), u AS (
             UPDATE {{ring}} r SET state = 0, payload = NULL, headers = NULL, changed_at = clock_timestamp()
@@ -178,7 +178,7 @@ BEGIN
             v_pos := NULL;
             CONTINUE;
         END IF;
-        SELECT h.msg_id, h.state INTO v_held FROM {{ring}} h WHERE h.slot = v_pos % {{size}};
+        SELECT h.msg_id, h.state INTO v_held FROM {{ring}} h WHERE h.slot = mod(v_pos, {{size}});
         IF v_held.msg_id > v_pos OR (v_held.msg_id = v_pos AND v_held.state <> 1) THEN
             v_pos := NULL;  -- skipped or rescued by ring_repair: take the next position
             CONTINUE;
@@ -270,7 +270,7 @@ BEGIN
         -- our own claim: safe to tombstone at once when its slot is free for it
         UPDATE {{ring}} r SET msg_id = v_pos, state = 2, payload = NULL, headers = NULL,
                               changed_at = clock_timestamp()
-        WHERE r.slot = v_pos % {{size}} AND r.msg_id = v_pos - {{size}} AND r.state <> 1;
+        WHERE r.slot = mod(v_pos, {{size}}) AND r.msg_id = v_pos - {{size}} AND r.state <> 1;
         side := 'push'; item_id := v_pos; tombstoned := FOUND;
         RETURN NEXT;
         PERFORM set_config(v_push, '', false);
@@ -281,7 +281,7 @@ BEGIN
         -- push fills it (that push then takes the next position), so nothing is orphaned
         UPDATE {{ring}} r SET msg_id = v_pos, state = 2, payload = NULL, headers = NULL,
                               changed_at = clock_timestamp()
-        WHERE r.slot = v_pos % {{size}} AND r.msg_id = v_pos - {{size}} AND r.state <> 1;
+        WHERE r.slot = mod(v_pos, {{size}}) AND r.msg_id = v_pos - {{size}} AND r.state <> 1;
         side := 'pop'; item_id := v_pos; tombstoned := FOUND;
         RETURN NEXT;
         PERFORM set_config(v_pop, '', false);
