@@ -237,3 +237,10 @@ def test_install_ring_default_size_is_65536_slots(engine):
         assert conn.execute(sa.text('SELECT count(*) FROM queuectl."big_ring"')).scalar() == 65_536
         [info] = list_queues(conn)
     assert info.settings == RingSettings(size=65_536)
+
+
+def test_kind_commands_have_help():
+    for args in (["correct-watermark", "--help"], ["repair-ring", "--help"], ["install", "--help"]):
+        result = run_cli(*args)
+        assert result.returncode == 0 and b"Usage" in result.stdout, args
+    assert b"--strict" in run_cli("install", "--help").stdout

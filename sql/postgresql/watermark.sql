@@ -202,14 +202,14 @@ BEGIN
     ELSIF v_row.low < v_true THEN
         IF NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(v_snap)) THEN
             v_new := least(v_true, v_next);
-            v_reason := 'raised: no enqueue was in flight';
+            v_reason := 'raised: no other transaction was in flight';
         ELSIF v_row.pending_low IS NOT NULL
               AND NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(v_snap) x WHERE x < v_row.pending_xmax) THEN
             v_new := greatest(v_row.low, least(v_true, v_row.pending_low));
             v_reason := 'raised up to the previous run''s settled candidate';
         ELSE
             v_new := v_row.low;
-            v_reason := 'raise deferred: enqueues were in flight; the next run completes it';
+            v_reason := 'raise deferred: transactions that may hold enqueues were in flight; the next run completes it';
         END IF;
     ELSE
         v_new := v_row.low;
