@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -51,6 +52,7 @@ class Run:
     snapshot: bool
     seconds: float
     blocks_per_dequeue: float
+    cpu_seconds: float | None  # client process + its server backend; None when /proc is not readable
 
 
 def _sql(names: QueueNames, kind: str, section: str) -> sa.TextClause:
@@ -88,8 +90,18 @@ def settled_blocks(engine: Engine, names: QueueNames, kind: str, deadline_s: flo
             time.sleep(0.6)  # backends flush their counters at most once a second while busy
 
 
-def drain(engine: Engine, kind: str, rows: int, snapshot: bool) -> tuple[float, float]:
-    """Seconds to drain `rows` items one dequeue call at a time, and blocks touched per call."""
+def backend_cpu_seconds(pid: int) -> float | None:
+    """utime + stime of a local server process (root or the server's user can read it)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drain(engine: Engine, kind: str, rows: int, snapshot: bool) -> tuple[float, float, float | None]:
+    """Seconds to drain `rows` items one dequeue call at a time, blocks touched per call,
+    and the CPU seconds the consumer and its backend used (robust to other load on the host)."""
     names = fresh_queue(engine, kind, rows)
     before = settled_blocks(engine, names, kind)
     holder = None
@@ -99,7 +111,9 @@ def drain(engine: Engine, kind: str, rows: int, snapshot: bool) -> tuple[float, 
         holder.execute(_sql(names, kind, "touch_items")).scalar_one()
     try:
         with open_queue(engine, names.queue, schema=SCHEMA) as queue:
+            server_before = backend_cpu_seconds(queue.backend_pid)
             taken = 0
+            client_before = time.process_time()
             started = time.perf_counter()
             while taken < rows:
                 got = queue.dequeue(1)
@@ -107,11 +121,15 @@ def drain(engine: Engine, kind: str, rows: int, snapshot: bool) -> tuple[float, 
                     raise RuntimeError(f"{kind}: queue ran dry after {taken} of {rows} items")
                 taken += len(got)
             seconds = time.perf_counter() - started
+            server_after = backend_cpu_seconds(queue.backend_pid)
+            cpu = None
+            if server_before is not None and server_after is not None:
+                cpu = time.process_time() - client_before + server_after - server_before
     finally:
         if holder is not None:
             holder.rollback()
             holder.close()
-    return seconds, (settled_blocks(engine, names, kind) - before) / rows
+    return seconds, (settled_blocks(engine, names, kind) - before) / rows, cpu
 
 
 def run(engine: Engine, sizes: list[int], repeats: int, kinds: tuple[str, ...], console: Console) -> list[Run]:
@@ -120,12 +138,12 @@ def run(engine: Engine, sizes: list[int], repeats: int, kinds: tuple[str, ...], 
         for rows in sizes:
             for kind in kinds:
                 for snapshot in (False, True):
-                    seconds, blocks = drain(engine, kind, rows, snapshot)
-                    runs.append(Run(kind, rows, snapshot, seconds, blocks))
+                    seconds, blocks, cpu = drain(engine, kind, rows, snapshot)
+                    runs.append(Run(kind, rows, snapshot, seconds, blocks, cpu))
                     mode = "snapshot" if snapshot else "none"
                     console.print(
                         f"repeat {rep}: {kind:9} {rows:>7,} rows  snapshot={mode:8} {seconds:8.2f} s  "
-                        f"{blocks:8.1f} blocks/dequeue"
+                        f"cpu {cpu if cpu is None else round(cpu, 2)} s  {blocks:8.1f} blocks/dequeue"
                     )
     for kind in kinds:
         uninstall_queue(engine, f"ghost_{kind}", SCHEMA)
@@ -135,7 +153,10 @@ def run(engine: Engine, sizes: list[int], repeats: int, kinds: tuple[str, ...], 
 def summarize(runs: list[Run]) -> dict:
     times: dict[tuple[str, int, bool], list[float]] = defaultdict(list)
     blocks: dict[tuple[str, int, bool], list[float]] = defaultdict(list)
+    cpus: dict[tuple[str, int, bool], list[float]] = defaultdict(list)
     for r in runs:
+        if r.cpu_seconds is not None:
+            cpus[(r.kind, r.rows, r.snapshot)].append(r.cpu_seconds)
         times[(r.kind, r.rows, r.snapshot)].append(r.seconds)
         blocks[(r.kind, r.rows, r.snapshot)].append(r.blocks_per_dequeue)
     medians = {key: statistics.median(values) for key, values in times.items()}
@@ -146,7 +167,9 @@ def summarize(runs: list[Run]) -> dict:
             {"kind": kind, "rows": rows, "none_s": none, "snapshot_s": snap, "snapshot_over_none": snap / none,
              "runs_none": times[(kind, rows, False)], "runs_snapshot": times[(kind, rows, True)],
              "blocks_per_dequeue_none": statistics.median(blocks[(kind, rows, False)]),
-             "blocks_per_dequeue_snapshot": statistics.median(blocks[(kind, rows, True)])}
+             "blocks_per_dequeue_snapshot": statistics.median(blocks[(kind, rows, True)]),
+             "cpu_none_s": statistics.median(cpus[(kind, rows, False)]) if cpus[(kind, rows, False)] else None,
+             "cpu_snapshot_s": statistics.median(cpus[(kind, rows, True)]) if cpus[(kind, rows, True)] else None}
         )
     return {"results": rows_out}
 
@@ -154,12 +177,15 @@ def summarize(runs: list[Run]) -> dict:
 def render_table(summary: dict, console: Console) -> None:
     table = Table(
         "kind", "rows", "median, no snapshot (s)", "median, snapshot held (s)", "snapshot / none",
-        "blocks/dequeue, none", "blocks/dequeue, snapshot",
+        "blocks/dequeue, none", "blocks/dequeue, snapshot", "CPU s, none", "CPU s, snapshot", "CPU snapshot / none",
     )
     for r in summary["results"]:
+        cpu_none, cpu_snap = r["cpu_none_s"], r["cpu_snapshot_s"]
         table.add_row(
             r["kind"], f"{r['rows']:,}", f"{r['none_s']:.2f}", f"{r['snapshot_s']:.2f}", f"{r['snapshot_over_none']:.2f}x",
             f"{r['blocks_per_dequeue_none']:.1f}", f"{r['blocks_per_dequeue_snapshot']:.1f}",
+            "-" if cpu_none is None else f"{cpu_none:.2f}", "-" if cpu_snap is None else f"{cpu_snap:.2f}",
+            "-" if not (cpu_none and cpu_snap) else f"{cpu_snap / cpu_none:.2f}x",
         )
     console.print(table)
     by_kind: dict[str, list[dict]] = defaultdict(list)

@@ -143,6 +143,11 @@ class KindQueue:
     def name(self) -> str:
         return self.names.queue
 
+    @property
+    def backend_pid(self) -> int:
+        """The server process serving this client's session (for diagnostics and benches)."""
+        return self._conn.connection.dbapi_connection.info.backend_pid
+
     def _execute(self, key: str, params: dict[str, Any]) -> sa.CursorResult:
         return self._conn.execute(self._sql[key], params)
 

@@ -18,3 +18,7 @@ VACUUM (ANALYZE) {{items}}
 SELECT coalesce(heap_blks_hit, 0) + coalesce(heap_blks_read, 0)
      + coalesce(idx_blks_hit, 0) + coalesce(idx_blks_read, 0) AS blocks
 FROM pg_statio_user_tables WHERE relid = {{items_regclass}}::regclass
+
+-- name: backend_pid
+-- The server process of this session (its CPU time is read from /proc when local).
+SELECT pg_backend_pid() AS pid
