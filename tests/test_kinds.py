@@ -180,8 +180,7 @@ def test_strict_fifo_consumer_waits_for_the_head_while_lax_skips_it(engine, db_u
 def test_queuectl_list_shows_each_kinds_depth(db_url, engine):
     depths = {"reliable": 3, "heap": 2, "fifo": 5, "stack": 1, "pending": 4, "watermark": 6, "ring": 7}
     for kind, n in depths.items():
-        args = ["install", f"d_{kind}", "--kind", kind] + (["--size", "16"] if kind == "ring" else [])
-        assert run_cli(*args, url=db_url).returncode == 0
+        install_queue(engine, f"d_{kind}", kind, settings_for(kind, size=16) if kind == "ring" else None)
         with open_queue(engine, f"d_{kind}") as q:
             q.enqueue_many([f"{kind}-{i}" for i in range(n + 2)])
             taken = q.dequeue(2)
@@ -200,20 +199,22 @@ def test_queuectl_list_shows_each_kinds_depth(db_url, engine):
     assert "watermark" in table and "ring" in table
 
 
-@pytest.mark.parametrize("kind", ["heap", "fifo", "stack", "pending", "watermark", "ring"])
-def test_cli_enqueue_and_dequeue_work_for_every_kind(kind, db_url):
-    assert run_cli("install", "c1", "--kind", kind, url=db_url).returncode == 0
-    enq = run_cli("enqueue", "c1", "hello", "--headers", '{"k": 1}', url=db_url)
-    assert enq.returncode == 0, enq.stderr
-    item_id = int(enq.stdout)
-    out = run_cli("dequeue", "c1", "--batch", "5", url=db_url)
-    assert out.returncode == 0, out.stderr
-    [record] = [json.loads(line) for line in out.stdout.decode().splitlines()]
-    assert record | {"id": item_id, "payload": "hello", "headers": {"k": 1}, "status": "removed"} == record
-    assert run_cli("dequeue", "c1", url=db_url).stdout == b""
-    refused = run_cli("dequeue", "c1", "--ack", url=db_url)
+def test_cli_enqueue_and_dequeue_work_for_every_kind(db_url, engine):
+    for kind in ("heap", "fifo", "stack", "pending", "watermark", "ring"):
+        install_queue(engine, f"c_{kind}", kind, settings_for(kind, size=8) if kind == "ring" else None)
+        enq = run_cli("enqueue", f"c_{kind}", "hello", "--headers", '{"k": 1}', url=db_url)
+        assert enq.returncode == 0, (kind, enq.stderr)
+        out = run_cli("dequeue", f"c_{kind}", "--batch", "5", url=db_url)
+        assert out.returncode == 0, (kind, out.stderr)
+        [record] = [json.loads(line) for line in out.stdout.decode().splitlines()]
+        assert record | {"id": int(enq.stdout), "payload": "hello", "headers": {"k": 1}, "status": "removed"} == record
+        with open_queue(engine, f"c_{kind}") as q:
+            assert q.counts()["ready"] == 0
+    refused = run_cli("dequeue", "c_fifo", "--ack", url=db_url)
     assert refused.returncode == 2 and b"no --ack" in refused.stderr
-    assert run_cli("enqueue", "c1", "x", "--priority", "3", url=db_url).returncode == 2
+    assert run_cli("enqueue", "c_stack", "x", "--priority", "3", url=db_url).returncode == 2
+    delayed = run_cli("enqueue", "c_pending", "later", "--delay", "600", url=db_url)
+    assert delayed.returncode == 0 and run_cli("dequeue", "c_pending", url=db_url).stdout == b""
 
 
 def test_install_refuses_options_of_other_kinds_and_bad_values(db_url, engine):
