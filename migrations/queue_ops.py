@@ -8,6 +8,7 @@ from alembic import context, op
 
 from queuectl.catalog import QueueSettings, queues_table
 from queuectl.engine import ADAPTERS
+from queuectl.kindspec import kind_template_values
 from queuectl.names import QueueNames
 from queuectl.sqlfiles import render
 
@@ -23,9 +24,9 @@ def run_section(file: str, section: str) -> None:
     The engine adapter names the SQL folder and splits the section (statements on
     PostgreSQL, GO batches on SQL Server, where Alembic's --sql output puts GO after each).
     """
-    names, _kind, settings = _target()
+    names, kind, settings = _target()
     adapter = ADAPTERS[op.get_context().dialect.name]
-    values: dict[str, str | int] = {**names.template_values(), **settings.as_dict()}
+    values: dict[str, str | int] = {**names.template_values(), **kind_template_values(names, kind), **settings.as_dict()}
     for statement in adapter.split_batches(render(adapter.sql_dir, file, section, values)):
         op.execute(sa.text(statement))
 

@@ -61,7 +61,9 @@ def fail(message: str, code: int = 2) -> None:
 @app.command()
 def install(
     name: QueueArg,
-    kind: Annotated[str, typer.Option(help="Queue kind.")] = "reliable",
+    kind: Annotated[str, typer.Option(help="Queue kind: reliable, heap, fifo, stack, pending, watermark or ring.")] = "reliable",
+    strict: Annotated[bool, typer.Option("--strict", help="fifo only: consumers wait for each other, so order holds across rollbacks.")] = False,
+    size: Annotated[Optional[int], typer.Option(help="ring only: number of preallocated slots [default: 65536].", show_default=False)] = None,
     sql: Annotated[bool, typer.Option("--sql", help="Print the exact SQL script for review; change nothing.")] = False,
     max_attempts: Annotated[int, typer.Option(help="Attempts before an item goes DEAD.")] = 5,
     lease: Annotated[int, typer.Option(help="Default lease in seconds.")] = 30,
@@ -72,12 +74,13 @@ def install(
 ) -> None:
     """Install a queue (tables, indexes and its SQL API) through Alembic migrations."""
     from queuectl.install import install_queue, review_script
+    from queuectl.kindspec import settings_for
 
     validate_queue_name(name)
     validate_schema_name(schema)
-    settings = QueueSettings(
+    settings = settings_for(kind, strict=strict, size=size, reliable=QueueSettings(
         max_attempts=max_attempts, lease_seconds=lease, backoff_base_seconds=backoff_base, backoff_max_seconds=backoff_max
-    )
+    ))
     if sql:
         sys.stdout.write(review_script(url, name, kind, settings, schema))
         return
@@ -179,7 +182,7 @@ def enqueue(
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Add one item to a queue and print its id."""
-    from queuectl.client import Queue
+    from queuectl.kinds import open_queue
 
     validate_queue_name(name)
     parsed_headers = None
@@ -191,7 +194,7 @@ def enqueue(
         if not isinstance(parsed_headers, dict):
             fail("--headers must be a JSON object")
     body: bytes | str = sys.stdin.buffer.read() if payload == "-" else payload
-    with Queue(make_engine(url), name, schema=schema) as queue:
+    with open_queue(make_engine(url), name, schema=schema) as queue:
         item_id = queue.enqueue(body, headers=parsed_headers, priority=priority, delay=delay, title=title)
     out.print(item_id)
 
@@ -205,11 +208,19 @@ def dequeue(
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
-    """Claim due items and print them as JSON lines; with --ack mark them done."""
+    """Claim due items and print them as JSON lines; with --ack mark them done.
+
+    Queues of the other kinds (heap, fifo, stack, pending, watermark, ring) hand items out
+    destructively: they are printed and gone, and --lease / --ack do not apply."""
+    from queuectl.cli_kinds import dequeue_records
     from queuectl.client import Queue
+    from queuectl.kinds import open_queue
 
     validate_queue_name(name)
-    with Queue(make_engine(url), name, schema=schema) as queue:
+    with open_queue(make_engine(url), name, schema=schema) as queue:
+        if not isinstance(queue, Queue):
+            sys.stdout.writelines(json.dumps(r) + "\n" for r in dequeue_records(queue, batch, lease, ack))
+            return
         messages = queue.dequeue(batch, lease=lease)
         if ack:
             queue.ack(messages)
@@ -313,6 +324,10 @@ app.command("grant")(_grant)
 
 from queuectl.cli_worker import worker as _worker  # noqa: E402  (issue 10: activation)
 app.command("worker")(_worker)
+
+from queuectl import cli_kinds  # noqa: E402  (the queue kinds' commands)
+
+cli_kinds.register(app)
 
 
 def main() -> None:

@@ -22,10 +22,11 @@ import queuectl.migrations
 from queuectl.catalog import CATALOG_BRANCH, CATALOG_VERSION_TABLE, QueueInfo, QueueSettings, queues_table
 from queuectl.engine import ADAPTERS, URL_ENV, adapter_for, adapter_for_url, make_engine
 from queuectl.errors import NotInstalledError, QueuectlError, UsageError
+from queuectl.kindspec import KINDS, check_name_fits, check_settings, settings_class
+from queuectl.kindspec import validate_kind as validate_kind  # re-exported
 from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident, validate_schema_name
 from queuectl.sqlfiles import render
 
-KINDS = ("reliable",)
 _INSTALL_LOCK = "queuectl.install"
 
 
@@ -50,12 +51,6 @@ def validate_revision(kind: str, revision: str) -> str:
     if revision not in known:
         raise UsageError(f"unknown revision {revision!r} for kind {kind}: choose one of {', '.join(reversed(known))}")
     return revision
-
-
-def validate_kind(kind: str) -> str:
-    if kind not in KINDS:
-        raise UsageError(f"unknown queue kind {kind!r}: choose one of {', '.join(KINDS)}")
-    return kind
 
 
 @contextmanager
@@ -117,7 +112,7 @@ def _info(row: sa.RowMapping) -> QueueInfo:
         kind=row["kind"],
         schema_version=row["schema_version"],
         created_at=row["created_at"],
-        settings=QueueSettings.from_dict(settings),
+        settings=settings_class(row["kind"]).from_dict(settings) if row["kind"] in KINDS else QueueSettings(),
     )
 
 
@@ -142,7 +137,8 @@ def install_queue(
     names = QueueNames(name, schema)
     validate_kind(kind)
     target = f"{kind}@head" if revision is None else validate_revision(kind, revision)
-    settings = settings or QueueSettings()
+    check_name_fits(names, kind)
+    settings = check_settings(kind, settings)
     with engine.connect() as conn, _install_lock(conn):
         upgrade_catalog(conn, schema)
         existing = get_queue(conn, name, schema)
@@ -171,7 +167,8 @@ def install_script(
     """
     names = QueueNames(name, schema)
     validate_kind(kind)
-    settings = settings or QueueSettings()
+    check_name_fits(names, kind)
+    settings = check_settings(kind, settings)
     current = None
     if engine is not None:
         dialect = engine.dialect.name

@@ -9,6 +9,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from queuectl.engine import adapter_for
 from queuectl.install import list_queues
+from queuectl.kindspec import kind_template_values
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
 from queuectl.sqlfiles import render
 
@@ -19,7 +20,8 @@ COUNT_KEYS = ("ready", "scheduled", "processing", "done", "dead")
 def queue_counts(conn: Connection, name: str, kind: str, schema: str = DEFAULT_SCHEMA) -> dict[str, int]:
     """Items by status; READY items that are not yet due count as scheduled."""
     names = QueueNames(name, schema)
-    sql = render(adapter_for(conn).sql_dir, kind, "counts", names.template_values())
+    values = {**names.template_values(), **kind_template_values(names, kind)}
+    sql = render(adapter_for(conn).sql_dir, kind, "counts", values)
     result = dict.fromkeys(COUNT_KEYS, 0)
     for row in conn.execute(sa.text(sql)):
         result["scheduled" if row.scheduled else STATUS_NAMES[row.status]] += row.n

@@ -1,0 +1,24 @@
+"""ring queue: preallocated slots, push/pop sequences, updates only; the repair path
+
+Revision ID: ring_0001
+Revises:
+"""
+
+from queuectl.migrations.queue_ops import register, run_section, unregister
+
+revision = "ring_0001"
+down_revision = None
+branch_labels = ("ring",)
+depends_on = None
+
+
+def upgrade() -> None:
+    run_section("ring", "create_tables")
+    run_section("ring", "create_functions")
+    register(revision)
+
+
+def downgrade() -> None:
+    unregister()
+    run_section("ring", "drop_functions")
+    run_section("ring", "drop_tables")

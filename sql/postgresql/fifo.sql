@@ -1,0 +1,126 @@
+-- The FIFO queue on PostgreSQL, lax (default) or strict (`install --kind fifo --strict`).
+--
+-- One table holds id (identity, so enqueue order), payload and headers. Dequeue is one
+-- statement: DELETE the first n rows by id that it can lock, RETURNING them.
+--
+--  * lax: the pick uses FOR UPDATE SKIP LOCKED. Consumers never wait for each other; a
+--    consumer whose transaction rolls back puts its rows back at the head after others
+--    may already have taken later rows, so items can be processed out of order.
+--  * strict: the pick uses plain FOR UPDATE in id order. A consumer waits on the head
+--    rows held by another consumer's open transaction: if that transaction commits, the
+--    rows are gone and the waiter continues with the next ones; if it rolls back, the
+--    waiter gets the very same rows. No item is ever handed out while an earlier one is
+--    still held, so items leave in id order even across rollbacks. The price: only one
+--    consumer transaction holds the head at a time, so throughput is one batch per
+--    (dequeue + processing + commit) time however many consumers run.
+--
+-- Sections are filled by queuectl.sqlfiles.render() with quoted identifiers only.
+
+-- name: create_tables
+-- The queue's one table; its primary key is the dequeue's index.
+CREATE TABLE {{items}} (
+    id          bigint      GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{items_seq}}) PRIMARY KEY,
+    payload     bytea       NOT NULL,
+    headers     jsonb,
+    enqueued_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: create_functions
+-- The SQL API shared by lax and strict FIFO queues (the dequeue is in the next sections).
+
+-- enqueue one item; returns its id.
+CREATE FUNCTION {{fn_enqueue}}(p_payload bytea, p_headers jsonb DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql AS $fn$
+    INSERT INTO {{items}} (payload, headers) VALUES (p_payload, p_headers) RETURNING id
+$fn$;
+
+-- enqueue many items in one statement; ids are drawn in array order and returned in it.
+CREATE FUNCTION {{fn_enqueue_many}}(p_payloads bytea[], p_headers jsonb[] DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE sql AS $fn$
+    WITH src AS MATERIALIZED (
+        SELECT nextval({{items_seq_regclass}}::regclass) AS id, u.payload, u.headers, u.ord
+        FROM unnest(p_payloads, p_headers) WITH ORDINALITY AS u(payload, headers, ord)
+        WHERE u.ord <= cardinality(p_payloads)
+    ), ins AS (
+        INSERT INTO {{items}} (id, payload, headers) OVERRIDING SYSTEM VALUE
+        SELECT src.id, src.payload, src.headers FROM src
+    )
+    SELECT src.id FROM src ORDER BY src.ord
+$fn$;
+
+-- name: create_dequeue_lax
+-- The lax dequeue: oldest first, skipping rows other consumers hold.
+-- dequeue: ONE statement takes up to p_batch items. The pick is a MATERIALIZED CTE so the
+-- planner cannot flatten it into the DELETE (a flattened plan may delete more rows than the LIMIT).
+CREATE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1)
+RETURNS TABLE (id bigint, payload bytea, headers jsonb, enqueued_at timestamptz, dequeued_at timestamptz)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT i.id FROM {{items}} i
+        ORDER BY i.id
+        LIMIT greatest(p_batch, 0)
+        FOR UPDATE SKIP LOCKED
+    ), taken AS (
+        DELETE FROM {{items}} i USING picked WHERE i.id = picked.id
+        RETURNING i.id, i.payload, i.headers, i.enqueued_at
+    )
+    SELECT t.id, t.payload, t.headers, t.enqueued_at, now() FROM taken t ORDER BY t.id;
+END
+$fn$;
+
+-- name: create_dequeue_strict
+-- The strict dequeue: oldest first, waiting for rows other consumers hold (no SKIP LOCKED).
+-- dequeue: ONE statement takes up to p_batch items. The pick is a MATERIALIZED CTE so the
+-- planner cannot flatten it into the DELETE (a flattened plan may delete more rows than the LIMIT).
+-- Plain FOR UPDATE in id order: every consumer queues behind the holder of the head rows
+-- and locks in the same order, so they cannot deadlock each other. In READ COMMITTED a
+-- row deleted by the holder's commit is skipped and the scan goes on to the next rows.
+CREATE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1)
+RETURNS TABLE (id bigint, payload bytea, headers jsonb, enqueued_at timestamptz, dequeued_at timestamptz)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT i.id FROM {{items}} i
+        ORDER BY i.id
+        LIMIT greatest(p_batch, 0)
+        FOR UPDATE
+    ), taken AS (
+        DELETE FROM {{items}} i USING picked WHERE i.id = picked.id
+        RETURNING i.id, i.payload, i.headers, i.enqueued_at
+    )
+    SELECT t.id, t.payload, t.headers, t.enqueued_at, now() FROM taken t ORDER BY t.id;
+END
+$fn$;
+
+-- name: drop_functions
+-- Remove the SQL API.
+DROP FUNCTION IF EXISTS {{fn_dequeue}}(integer);
+DROP FUNCTION IF EXISTS {{fn_enqueue_many}}(bytea[], jsonb[]);
+DROP FUNCTION IF EXISTS {{fn_enqueue}}(bytea, jsonb);
+
+-- name: drop_tables
+-- Remove the queue's table (and with it its index and sequence).
+DROP TABLE IF EXISTS {{items}};
+
+-- name: enqueue
+-- Client call: one item.
+SELECT {{fn_enqueue}}(:payload, CAST(:headers AS jsonb)) AS id
+
+-- name: enqueue_many
+-- Client call: many items in one round trip.
+SELECT id FROM {{fn_enqueue_many}}(CAST(:payloads AS bytea[]), CAST(:headers AS jsonb[])) AS id
+
+-- name: dequeue
+-- Client call: take (delete and return) up to :batch items.
+SELECT * FROM {{fn_dequeue}}(:batch)
+
+-- name: counts
+-- Depth for `queuectl list`: every row in the table is waiting (dequeued rows are deleted).
+SELECT 0 AS status, false AS scheduled, count(*) AS n FROM {{items}}

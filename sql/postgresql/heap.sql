@@ -1,0 +1,88 @@
+-- The heap queue on PostgreSQL: no order is promised.
+--
+-- One table holds id, payload and headers. Dequeue is one statement that deletes whichever
+-- unlocked rows a scan meets first (FOR UPDATE SKIP LOCKED, no ORDER BY) and returns them:
+-- the cheapest destructive read, for work whose order does not matter.
+--
+-- Sections are filled by queuectl.sqlfiles.render() with quoted identifiers only.
+
+-- name: create_tables
+-- The queue's one table; its primary key is the dequeue's index.
+CREATE TABLE {{items}} (
+    id          bigint      GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{items_seq}}) PRIMARY KEY,
+    payload     bytea       NOT NULL,
+    headers     jsonb,
+    enqueued_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: create_functions
+-- The SQL API, callable from any language.
+
+-- enqueue one item; returns its id.
+CREATE FUNCTION {{fn_enqueue}}(p_payload bytea, p_headers jsonb DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql AS $fn$
+    INSERT INTO {{items}} (payload, headers) VALUES (p_payload, p_headers) RETURNING id
+$fn$;
+
+-- enqueue many items in one statement; ids are drawn in array order and returned in it.
+CREATE FUNCTION {{fn_enqueue_many}}(p_payloads bytea[], p_headers jsonb[] DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE sql AS $fn$
+    WITH src AS MATERIALIZED (
+        SELECT nextval({{items_seq_regclass}}::regclass) AS id, u.payload, u.headers, u.ord
+        FROM unnest(p_payloads, p_headers) WITH ORDINALITY AS u(payload, headers, ord)
+        WHERE u.ord <= cardinality(p_payloads)
+    ), ins AS (
+        INSERT INTO {{items}} (id, payload, headers) OVERRIDING SYSTEM VALUE
+        SELECT src.id, src.payload, src.headers FROM src
+    )
+    SELECT src.id FROM src ORDER BY src.ord
+$fn$;
+
+-- dequeue: ONE statement takes up to p_batch items. The pick is a MATERIALIZED CTE so the
+-- planner cannot flatten it into the DELETE (a flattened plan may delete more rows than the LIMIT).
+-- No ORDER BY: any unlocked rows will do, so the scan stops at the first ones it can lock.
+CREATE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1)
+RETURNS TABLE (id bigint, payload bytea, headers jsonb, enqueued_at timestamptz, dequeued_at timestamptz)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT i.id FROM {{items}} i
+        LIMIT greatest(p_batch, 0)
+        FOR UPDATE SKIP LOCKED
+    ), taken AS (
+        DELETE FROM {{items}} i USING picked WHERE i.id = picked.id
+        RETURNING i.id, i.payload, i.headers, i.enqueued_at
+    )
+    SELECT t.id, t.payload, t.headers, t.enqueued_at, now() FROM taken t;
+END
+$fn$;
+
+-- name: drop_functions
+-- Remove the SQL API.
+DROP FUNCTION IF EXISTS {{fn_dequeue}}(integer);
+DROP FUNCTION IF EXISTS {{fn_enqueue_many}}(bytea[], jsonb[]);
+DROP FUNCTION IF EXISTS {{fn_enqueue}}(bytea, jsonb);
+
+-- name: drop_tables
+-- Remove the queue's table (and with it its index and sequence).
+DROP TABLE IF EXISTS {{items}};
+
+-- name: enqueue
+-- Client call: one item.
+SELECT {{fn_enqueue}}(:payload, CAST(:headers AS jsonb)) AS id
+
+-- name: enqueue_many
+-- Client call: many items in one round trip.
+SELECT id FROM {{fn_enqueue_many}}(CAST(:payloads AS bytea[]), CAST(:headers AS jsonb[])) AS id
+
+-- name: dequeue
+-- Client call: take (delete and return) up to :batch items.
+SELECT * FROM {{fn_dequeue}}(:batch)
+
+-- name: counts
+-- Depth for `queuectl list`: every row in the table is waiting (dequeued rows are deleted).
+SELECT 0 AS status, false AS scheduled, count(*) AS n FROM {{items}}

@@ -1,0 +1,112 @@
+-- The pending queue on PostgreSQL: items become ready at their due time (UTC).
+--
+-- One table holds id, due_at, payload and headers, with an index on (due_at, id).
+-- Dequeue is one statement: DELETE the earliest-due n rows whose due_at <= now() that it
+-- can lock (FOR UPDATE SKIP LOCKED), RETURNING them earliest first. An item is never
+-- returned before its due time; due times are compared on the server's clock.
+--
+-- Sections are filled by queuectl.sqlfiles.render() with quoted identifiers only.
+
+-- name: create_tables
+-- The queue's table and its due-time index (the dequeue reads it from its low end).
+CREATE TABLE {{items}} (
+    id          bigint      GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{items_seq}}) PRIMARY KEY,
+    due_at      timestamptz NOT NULL DEFAULT now(),
+    payload     bytea       NOT NULL,
+    headers     jsonb,
+    enqueued_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX {{due_idx}} ON {{items}} (due_at, id);
+
+-- name: create_functions
+-- The SQL API, callable from any language.
+
+-- enqueue one item, due at p_due_at, else now() + p_delay, else now(); returns its id.
+CREATE FUNCTION {{fn_enqueue}}(
+    p_payload bytea,
+    p_headers jsonb       DEFAULT NULL,
+    p_due_at  timestamptz DEFAULT NULL,
+    p_delay   interval    DEFAULT NULL
+) RETURNS bigint
+LANGUAGE sql AS $fn$
+    INSERT INTO {{items}} (due_at, payload, headers)
+    VALUES (coalesce(p_due_at, now() + coalesce(p_delay, interval '0')), p_payload, p_headers)
+    RETURNING id
+$fn$;
+
+-- enqueue many items in one statement; ids come back in the order of the arrays. A
+-- shorter (or NULL) due_at / delay array leaves the missing items due now.
+CREATE FUNCTION {{fn_enqueue_many}}(
+    p_payloads bytea[],
+    p_headers  jsonb[]       DEFAULT NULL,
+    p_due_ats  timestamptz[] DEFAULT NULL,
+    p_delays   interval[]    DEFAULT NULL
+) RETURNS SETOF bigint
+LANGUAGE sql AS $fn$
+    WITH src AS MATERIALIZED (
+        SELECT nextval({{items_seq_regclass}}::regclass) AS id, u.payload, u.headers,
+               coalesce(u.due_at, now() + coalesce(u.delay, interval '0')) AS due_at, u.ord
+        FROM unnest(p_payloads, p_headers, p_due_ats, p_delays)
+             WITH ORDINALITY AS u(payload, headers, due_at, delay, ord)
+        WHERE u.ord <= cardinality(p_payloads)
+    ), ins AS (
+        INSERT INTO {{items}} (id, due_at, payload, headers) OVERRIDING SYSTEM VALUE
+        SELECT src.id, src.due_at, src.payload, src.headers FROM src
+    )
+    SELECT src.id FROM src ORDER BY src.ord
+$fn$;
+
+-- dequeue: ONE statement takes up to p_batch due items, earliest due first (then id).
+-- The pick is a MATERIALIZED CTE so the planner cannot flatten it into the DELETE.
+CREATE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1)
+RETURNS TABLE (
+    id bigint, payload bytea, headers jsonb, enqueued_at timestamptz, dequeued_at timestamptz,
+    due_at timestamptz
+)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT i.id FROM {{items}} i
+        WHERE i.due_at <= now()
+        ORDER BY i.due_at, i.id
+        LIMIT greatest(p_batch, 0)
+        FOR UPDATE SKIP LOCKED
+    ), taken AS (
+        DELETE FROM {{items}} i USING picked WHERE i.id = picked.id
+        RETURNING i.id, i.payload, i.headers, i.enqueued_at, i.due_at
+    )
+    SELECT t.id, t.payload, t.headers, t.enqueued_at, now(), t.due_at
+    FROM taken t ORDER BY t.due_at, t.id;
+END
+$fn$;
+
+-- name: drop_functions
+-- Remove the SQL API.
+DROP FUNCTION IF EXISTS {{fn_dequeue}}(integer);
+DROP FUNCTION IF EXISTS {{fn_enqueue_many}}(bytea[], jsonb[], timestamptz[], interval[]);
+DROP FUNCTION IF EXISTS {{fn_enqueue}}(bytea, jsonb, timestamptz, interval);
+
+-- name: drop_tables
+-- Remove the queue's table (and with it its indexes and sequence).
+DROP TABLE IF EXISTS {{items}};
+
+-- name: enqueue
+-- Client call: one item.
+SELECT {{fn_enqueue}}(:payload, CAST(:headers AS jsonb), CAST(:due_at AS timestamptz),
+                      make_interval(secs => :delay)) AS id
+
+-- name: enqueue_many
+-- Client call: many items in one round trip.
+SELECT id FROM {{fn_enqueue_many}}(CAST(:payloads AS bytea[]), CAST(:headers AS jsonb[]),
+                                   CAST(:due_ats AS timestamptz[]), CAST(:delays AS interval[])) AS id
+
+-- name: dequeue
+-- Client call: take (delete and return) up to :batch due items.
+SELECT * FROM {{fn_dequeue}}(:batch)
+
+-- name: counts
+-- Depth for `queuectl list`: items not yet due count as scheduled.
+SELECT 0 AS status, (due_at > now()) AS scheduled, count(*) AS n FROM {{items}} GROUP BY 1, 2

@@ -1,0 +1,329 @@
+-- The ring buffer queue on PostgreSQL: a preallocated table of slots.
+--
+-- <queue>_ring holds `size` rows, created at install and never inserted or deleted
+-- again: push and pop only UPDATE them. Every message has a position, drawn from one of
+-- two sequences (push_seq for pushes, pop_seq for pops); position v lives in slot
+-- v mod size, and a slot records the position it holds now (msg_id) and its state:
+--   0 EMPTY     position msg_id was popped
+--   1 FULL      position msg_id holds a message waiting for its pop
+--   2 SKIPPED   position msg_id never got a message (a tombstone written by ring_repair)
+--   3 RESCUED   position msg_id's message was moved to a new position by ring_repair
+-- A slot is free for position v when it holds v - size in any state but FULL.
+--
+-- push: take a position v (the session's kept claim, else nextval(push_seq)); update slot
+--   v mod size if it is free for v; else the ring is full there: back off (1 ms doubling
+--   to 50 ms) and retry until p_timeout, then return NULL and KEEP the claim in the
+--   session for its next push (so a full ring does not leave holes).
+-- pop: take a position v (the session's kept claim, else nextval(pop_seq)); update the
+--   slot holding v if it is FULL; if that slot has moved past v (SKIPPED, RESCUED) take
+--   the next position; else v is not pushed yet (queue empty, or pop ran ahead of push):
+--   back off and retry until p_timeout, then return nothing and KEEP v for the next pop,
+--   so no message is skipped. The pop's pick uses FOR UPDATE SKIP LOCKED and reads only
+--   committed versions: a slot whose push has not committed still shows v - size to it.
+--
+-- Updates never touch an indexed column (only the slot primary key is indexed) and the
+-- table has fillfactor 50, so PostgreSQL can keep every update HOT (heap-only: no new
+-- index entry, old versions pruned within the page).
+--
+-- Sequences are not transactional. What that leaves behind, and the repair:
+--  * a PUSH that claims v and then dies, or rolls back, or is tombstoned: slot v mod size
+--    stays at v - size, so pop v waits, and push v + size would find the slot never
+--    freed for it one lap later. ring_repair() writes a tombstone (SKIPPED at v) into
+--    such a slot once it has been free for longer than its grace: pops skip it, pushes
+--    one lap later find the slot free. A live pusher whose claim was tombstoned notices
+--    (the slot shows v or later) and takes a new position; its message was never stored.
+--  * a POP that claims v and then dies (its session ends), or rolls back after taking
+--    the message: message v stays FULL and no pop will ask for v again, so it would be
+--    lost and its slot blocked for the next lap. ring_repair() finds FULL slots whose
+--    position was already claimed by a pop (v <= pop_seq's last value) and that have
+--    waited longer than the grace, re-pushes each message at a new position (its id
+--    changes) and marks the old slot RESCUED, in one transaction per message. A live
+--    popper that merely kept its claim and comes back later sees RESCUED and moves on,
+--    so every message is still delivered exactly once.
+--  * ring_release() (the Python client's close()) gives up the session's claims. A claim
+--    whose slot is free for it is tombstoned at once (safe: the claim is ours, and a
+--    push that later draws the same position sees the tombstone and takes the next one).
+--    Otherwise (the ring is full at that slot, or the popped-for message arrived in the
+--    meantime) the position is left to ring_repair() as above.
+--  * a rescued message lands at a new push position; if the pop claim for that position
+--    is itself abandoned, the next ring_repair() run moves it again.
+--
+-- Sections are filled by queuectl.sqlfiles.render() with quoted identifiers only.
+
+-- name: create_tables
+-- The slots (all of them, now), and the two position sequences.
+CREATE TABLE {{ring}} (
+    slot       integer     PRIMARY KEY,
+    msg_id     bigint      NOT NULL,
+    state      smallint    NOT NULL DEFAULT 0 CHECK (state BETWEEN 0 AND 3),
+    payload    bytea,
+    headers    jsonb,
+    pushed_at  timestamptz,
+    changed_at timestamptz NOT NULL DEFAULT now()
+) WITH (fillfactor = 50);
+-- fillfactor 50: half of every page stays free for the new versions of its rows, so an
+-- update finds room on the same page and stays HOT; pruning frees the old versions.
+
+-- slot s starts as "position s - size was popped": free for the first lap's position s.
+INSERT INTO {{ring}} (slot, msg_id, state)
+SELECT g, g - {{size}}, 0 FROM generate_series(0, {{size}} - 1) AS g;
+
+CREATE SEQUENCE {{push_seq}} AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE {{pop_seq}} AS bigint MINVALUE 0 START 0;
+
+-- name: create_functions
+-- The SQL API, callable from any language.
+
+-- push (enqueue) one message; returns its position (its id), or NULL if the ring stayed
+-- full for p_timeout seconds (the claimed position is kept for this session's next push).
+CREATE FUNCTION {{fn_enqueue}}(
+    p_payload bytea,
+    p_headers jsonb            DEFAULT NULL,
+    p_timeout double precision DEFAULT 1.0
+) RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_key      text := 'queuectl.rpush' || {{ring_regclass}}::regclass::oid;
+    v_pos      bigint := nullif(current_setting(v_key, true), '')::bigint;
+    v_deadline timestamptz := clock_timestamp() + make_interval(secs => greatest(coalesce(p_timeout, 0), 0));
+    v_pause    double precision := 0.001;
+    v_held     bigint;
+BEGIN
+    LOOP
+        IF v_pos IS NULL THEN
+            v_pos := nextval({{push_seq_regclass}}::regclass);
+        END IF;
+        UPDATE {{ring}} r
+        SET msg_id = v_pos, state = 1, payload = p_payload, headers = p_headers,
+            pushed_at = clock_timestamp(), changed_at = clock_timestamp()
+        FROM (SELECT f.slot FROM {{ring}} f
+              WHERE f.slot = mod(v_pos, {{size}}) AND f.msg_id = v_pos - {{size}} AND f.state <> 1
+              FOR UPDATE SKIP LOCKED) f
+        WHERE r.slot = f.slot;
+        IF FOUND THEN
+            PERFORM set_config(v_key, '', false);
+            RETURN v_pos;
+        END IF;
+        SELECT h.msg_id INTO v_held FROM {{ring}} h WHERE h.slot = mod(v_pos, {{size}});
+        IF v_held >= v_pos THEN
+            v_pos := NULL;  -- ring_repair tombstoned our claim (we looked dead): take a new one
+            CONTINUE;
+        END IF;
+        IF clock_timestamp() >= v_deadline THEN
+            PERFORM set_config(v_key, v_pos::text, false);
+            RETURN NULL;  -- full: the slot still holds v - size unpopped
+        END IF;
+        PERFORM pg_sleep(least(v_pause, greatest(extract(epoch FROM v_deadline - clock_timestamp()), 0)));
+        v_pause := least(v_pause * 2, 0.05);
+    END LOOP;
+END
+$fn$;
+
+-- push many messages, one position each, in array order; returns their positions. Stops
+-- early when the ring stays full for p_timeout seconds (fewer positions come back).
+CREATE FUNCTION {{fn_enqueue_many}}(
+    p_payloads bytea[],
+    p_headers  jsonb[]          DEFAULT NULL,
+    p_timeout  double precision DEFAULT 1.0
+) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_pos bigint;
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(p_payloads), 0) LOOP
+        v_pos := {{fn_enqueue}}(p_payloads[i], p_headers[i], p_timeout);
+        EXIT WHEN v_pos IS NULL;
+        RETURN NEXT v_pos;
+    END LOOP;
+END
+$fn$;
+
+-- pop (dequeue) up to p_batch messages in position order. Waits up to p_timeout seconds
+-- for the first one only; returns what it has as soon as the next is not there yet.
+CREATE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1, p_timeout double precision DEFAULT 0)
+RETURNS TABLE (id bigint, payload bytea, headers jsonb, enqueued_at timestamptz, dequeued_at timestamptz)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_key      text := 'queuectl.rpop' || {{ring_regclass}}::regclass::oid;
+    v_pos      bigint := nullif(current_setting(v_key, true), '')::bigint;
+    v_deadline timestamptz := clock_timestamp() + make_interval(secs => greatest(coalesce(p_timeout, 0), 0));
+    v_pause    double precision := 0.001;
+    v_taken    integer := 0;
+    v_got      record;
+    v_held     record;
+BEGIN
+    WHILE v_taken < p_batch LOOP
+        IF v_pos IS NULL THEN
+            v_pos := nextval({{pop_seq_regclass}}::regclass);
+        END IF;
+        WITH f AS MATERIALIZED (
+            SELECT s.slot, s.payload, s.headers, s.pushed_at FROM {{ring}} s
+            WHERE s.slot = mod(v_pos, {{size}}) AND s.msg_id = v_pos AND s.state = 1
+            FOR UPDATE SKIP LOCKED
+        ), u AS (
+            UPDATE {{ring}} r SET state = 0, payload = NULL, headers = NULL, changed_at = clock_timestamp()
+            FROM f WHERE r.slot = f.slot
+            RETURNING r.slot
+        )
+        SELECT f.payload, f.headers, f.pushed_at INTO v_got FROM f JOIN u ON u.slot = f.slot;
+        IF FOUND THEN
+            id := v_pos;
+            payload := v_got.payload;
+            headers := v_got.headers;
+            enqueued_at := v_got.pushed_at;
+            dequeued_at := now();
+            RETURN NEXT;
+            v_taken := v_taken + 1;
+            v_pos := NULL;
+            CONTINUE;
+        END IF;
+        SELECT h.msg_id, h.state INTO v_held FROM {{ring}} h WHERE h.slot = mod(v_pos, {{size}});
+        IF v_held.msg_id > v_pos OR (v_held.msg_id = v_pos AND v_held.state <> 1) THEN
+            v_pos := NULL;  -- skipped or rescued by ring_repair: take the next position
+            CONTINUE;
+        END IF;
+        -- not pushed yet (or its push not committed): wait only while we have nothing
+        EXIT WHEN v_taken > 0 OR clock_timestamp() >= v_deadline;
+        PERFORM pg_sleep(least(v_pause, greatest(extract(epoch FROM v_deadline - clock_timestamp()), 0)));
+        v_pause := least(v_pause * 2, 0.05);
+    END LOOP;
+    PERFORM set_config(v_key, coalesce(v_pos::text, ''), false);
+    RETURN;
+END
+$fn$;
+
+-- ring_repair: the recovery path for dead pushers and poppers (see the header). Slots
+-- are left alone while locked (someone is pushing or popping them right now) or changed
+-- within p_grace. Rescued messages are re-pushed (waiting up to p_timeout for a free
+-- slot each); when the ring stays full, the remaining ones wait for the next run.
+-- Returns one row per action: tombstone (item_id = the skipped position), rescue (item_id
+-- = old position, new_item_id = new position), or deferred (a rescue found no free slot).
+CREATE FUNCTION {{fn_ring_repair}}(
+    p_grace   interval         DEFAULT interval '30 seconds',
+    p_timeout double precision DEFAULT 1.0
+) RETURNS TABLE (action text, item_id bigint, new_item_id bigint, slot integer)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_push_high bigint;
+    v_pop_high  bigint;
+    v_orphan    record;
+    v_new       bigint;
+BEGIN
+    -- the highest position each side has handed out (-1: none yet)
+    SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END INTO v_push_high FROM {{push_seq}} s;
+    SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END INTO v_pop_high FROM {{pop_seq}} s;
+
+    -- holes: a free slot whose next position(s) were claimed by pushes that never wrote.
+    -- The tombstone goes to the highest such position of the slot (all laps at once).
+    RETURN QUERY
+    UPDATE {{ring}} r
+    SET msg_id = r.msg_id + {{size}} * ((v_push_high - r.msg_id) / {{size}}),
+        state = 2, payload = NULL, headers = NULL, changed_at = clock_timestamp()
+    FROM (SELECT c.slot FROM {{ring}} c
+          WHERE c.state <> 1 AND c.msg_id + {{size}} <= v_push_high
+            AND c.changed_at < clock_timestamp() - p_grace
+          FOR UPDATE SKIP LOCKED) c
+    WHERE r.slot = c.slot
+    RETURNING 'tombstone'::text, r.msg_id, NULL::bigint, r.slot;
+
+    -- orphans: FULL slots whose position a pop already claimed, waiting past the grace.
+    FOR v_orphan IN
+        SELECT o.slot, o.msg_id, o.payload, o.headers FROM {{ring}} o
+        WHERE o.state = 1 AND o.msg_id <= v_pop_high AND o.changed_at < clock_timestamp() - p_grace
+        ORDER BY o.msg_id
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        BEGIN
+            UPDATE {{ring}} r SET state = 3, payload = NULL, headers = NULL, changed_at = clock_timestamp()
+            WHERE r.slot = v_orphan.slot;
+            v_new := {{fn_enqueue}}(v_orphan.payload, v_orphan.headers, p_timeout);
+            IF v_new IS NULL THEN
+                RAISE EXCEPTION USING ERRCODE = 'QR001', MESSAGE = 'ring full';
+            END IF;
+            action := 'rescue'; item_id := v_orphan.msg_id; new_item_id := v_new; slot := v_orphan.slot;
+            RETURN NEXT;
+        EXCEPTION WHEN SQLSTATE 'QR001' THEN
+            -- the ring stayed full: the orphan stays where it is (this block rolled back)
+            action := 'deferred'; item_id := v_orphan.msg_id; new_item_id := NULL; slot := v_orphan.slot;
+            RETURN NEXT;
+            EXIT;
+        END;
+    END LOOP;
+END
+$fn$;
+
+-- ring_release: give up this session's kept claims (a client closing its connection,
+-- or a pooled connection going back to its pool). Returns the released positions.
+CREATE FUNCTION {{fn_ring_release}}()
+RETURNS TABLE (side text, item_id bigint, tombstoned boolean)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_push text := 'queuectl.rpush' || {{ring_regclass}}::regclass::oid;
+    v_pop  text := 'queuectl.rpop' || {{ring_regclass}}::regclass::oid;
+    v_pos  bigint;
+BEGIN
+    v_pos := nullif(current_setting(v_push, true), '')::bigint;
+    IF v_pos IS NOT NULL THEN
+        -- our own claim: safe to tombstone at once when its slot is free for it
+        UPDATE {{ring}} r SET msg_id = v_pos, state = 2, payload = NULL, headers = NULL,
+                              changed_at = clock_timestamp()
+        WHERE r.slot = mod(v_pos, {{size}}) AND r.msg_id = v_pos - {{size}} AND r.state <> 1;
+        side := 'push'; item_id := v_pos; tombstoned := FOUND;
+        RETURN NEXT;
+        PERFORM set_config(v_push, '', false);
+    END IF;
+    v_pos := nullif(current_setting(v_pop, true), '')::bigint;
+    IF v_pos IS NOT NULL THEN
+        -- a pop claim whose push has not happened yet: tombstone the position before a
+        -- push fills it (that push then takes the next position), so nothing is orphaned
+        UPDATE {{ring}} r SET msg_id = v_pos, state = 2, payload = NULL, headers = NULL,
+                              changed_at = clock_timestamp()
+        WHERE r.slot = mod(v_pos, {{size}}) AND r.msg_id = v_pos - {{size}} AND r.state <> 1;
+        side := 'pop'; item_id := v_pos; tombstoned := FOUND;
+        RETURN NEXT;
+        PERFORM set_config(v_pop, '', false);
+    END IF;
+END
+$fn$;
+
+-- name: drop_functions
+-- Remove the SQL API.
+DROP FUNCTION IF EXISTS {{fn_ring_release}}();
+DROP FUNCTION IF EXISTS {{fn_ring_repair}}(interval, double precision);
+DROP FUNCTION IF EXISTS {{fn_dequeue}}(integer, double precision);
+DROP FUNCTION IF EXISTS {{fn_enqueue_many}}(bytea[], jsonb[], double precision);
+DROP FUNCTION IF EXISTS {{fn_enqueue}}(bytea, jsonb, double precision);
+
+-- name: drop_tables
+-- Remove the slots and the sequences.
+DROP TABLE IF EXISTS {{ring}};
+DROP SEQUENCE IF EXISTS {{pop_seq}};
+DROP SEQUENCE IF EXISTS {{push_seq}};
+
+-- name: enqueue
+-- Client call: push one message (NULL id: the ring stayed full).
+SELECT {{fn_enqueue}}(:payload, CAST(:headers AS jsonb), CAST(:timeout AS double precision)) AS id
+
+-- name: enqueue_many
+-- Client call: push many messages in one round trip.
+SELECT id FROM {{fn_enqueue_many}}(CAST(:payloads AS bytea[]), CAST(:headers AS jsonb[]),
+                                   CAST(:timeout AS double precision)) AS id
+
+-- name: dequeue
+-- Client call: pop up to :batch messages, waiting up to :timeout seconds for the first.
+SELECT * FROM {{fn_dequeue}}(:batch, CAST(:timeout AS double precision))
+
+-- name: ring_repair
+-- Client call: the recovery path (tombstone holes, rescue orphans).
+SELECT * FROM {{fn_ring_repair}}(make_interval(secs => :grace), CAST(:timeout AS double precision))
+
+-- name: ring_release
+-- Client call: give up this session's kept claims.
+SELECT * FROM {{fn_ring_release}}()
+
+-- name: counts
+-- Depth for `queuectl list`: the FULL slots.
+SELECT 0 AS status, false AS scheduled, count(*) AS n FROM {{ring}} WHERE state = 1

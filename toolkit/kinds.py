@@ -1,0 +1,491 @@
+"""Python clients for the destructive queue kinds and the ring, and `open_queue`.
+
+Each client is a thin layer over its queue's SQL API (sql/postgresql/<kind>.sql), with the
+reliable Queue's surface where it makes sense: enqueue, enqueue_many, dequeue(n), counts,
+close. Dequeue deletes (or, for the ring, empties) what it returns, so there is no ack:
+to undo a dequeue, take it inside `processing()`, whose transaction rolls back (and puts
+the items back) when the block raises.
+
+Each call is one statement on the client's own connection in autocommit mode, except
+inside `processing()`. The watermark and ring kinds keep per-session state in that
+connection (the working watermark, the ring's claimed positions): one client per thread
+or process, as for Queue.
+
+>>> q = open_queue("postgresql://app@db/app", "events")   # reads the kind from the catalog
+>>> q.enqueue_many([b"a", b"b"])
+>>> [item.payload for item in q.dequeue(10)]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from queuectl.catalog import QueueInfo
+from queuectl.client import MAX_BATCH, Queue
+from queuectl.engine import adapter_for, make_engine
+from queuectl.errors import QueuectlError, UsageError
+from queuectl.install import require_queue
+from queuectl.kindspec import kind_template_values
+from queuectl.names import DEFAULT_SCHEMA, QueueNames
+from queuectl.sqlfiles import render
+from queuectl.stats import queue_counts
+
+RING_PUSH_TIMEOUT = 1.0  # seconds a push waits for a free slot before reporting the ring full
+RING_REPAIR_GRACE = 30.0  # seconds a slot must sit unchanged before ring_repair touches it
+
+
+class QueueFullError(QueuectlError):
+    """A ring stayed full for the whole push timeout; `enqueued` holds the ids that got in."""
+
+    def __init__(self, message: str, enqueued: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.enqueued = enqueued or []
+
+
+@dataclass(frozen=True)
+class Item:
+    """One dequeued item; it is no longer in the queue."""
+
+    id: int
+    payload: bytes
+    headers: dict[str, Any] | None
+    enqueued_at: datetime
+    dequeued_at: datetime
+    due_at: datetime | None = None
+
+    @property
+    def text(self) -> str:
+        return self.payload.decode("utf-8")
+
+
+@dataclass(frozen=True)
+class WatermarkCorrection:
+    """What correct_watermark changed: the stored low watermark before and after."""
+
+    queue: str
+    old_low: int
+    new_low: int
+    true_low: int
+    changed: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class RingRepair:
+    """What ring_repair did: tombstoned positions, rescued (old, new) ids, deferred ids."""
+
+    queue: str
+    tombstoned: list[int]
+    rescued: list[tuple[int, int]]
+    deferred: list[int]
+
+
+def _as_bytes(payload: bytes | bytearray | memoryview | str) -> bytes:
+    if isinstance(payload, str):
+        return payload.encode("utf-8")
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return bytes(payload)
+    raise UsageError(f"payload must be bytes or str, not {type(payload).__name__}")
+
+
+def _headers_json(headers: dict[str, Any] | None) -> str | None:
+    if headers is None:
+        return None
+    if not isinstance(headers, dict):
+        raise UsageError("headers must be a dict of JSON values")
+    return json.dumps(headers)
+
+
+def _check_batch(n: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_BATCH:
+        raise UsageError(f"batch size must be a whole number from 1 to {MAX_BATCH}, got {n!r}")
+    return n
+
+
+def _check_seconds(value: float, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 366 * 86400:
+        raise UsageError(f"{what} must be a number of seconds from 0 to 31622400, got {value!r}")
+    return float(value)
+
+
+class KindQueue:
+    """Common part of the clients for heap, fifo, stack, pending, watermark and ring queues."""
+
+    kind = ""
+    _calls: tuple[str, ...] = ("enqueue", "enqueue_many", "dequeue")
+
+    def __init__(self, url_or_engine: str | Engine | None, name: str, *, schema: str = DEFAULT_SCHEMA) -> None:
+        self.names = QueueNames(name, schema)
+        self._owns_engine = not isinstance(url_or_engine, Engine)
+        self.engine = url_or_engine if isinstance(url_or_engine, Engine) else make_engine(url_or_engine, pool_size=1)
+        self._conn: Connection = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        self._in_transaction = False
+        try:
+            self.info: QueueInfo = require_queue(self._conn, name, schema)
+            if self.info.kind != self.kind:
+                raise UsageError(f"queue {name!r} is of kind {self.info.kind!r}, not {self.kind!r}: use open_queue()")
+            values = {**self.names.template_values(), **kind_template_values(self.names, self.kind)}
+            engine_dir = adapter_for(self.engine).sql_dir
+            self._sql = {key: sa.text(render(engine_dir, self.kind, key, values)) for key in self._calls}
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def name(self) -> str:
+        return self.names.queue
+
+    @property
+    def backend_pid(self) -> int:
+        """The server process serving this client's session (for diagnostics and benches)."""
+        return self._conn.connection.dbapi_connection.info.backend_pid
+
+    def _execute(self, key: str, params: dict[str, Any]) -> sa.CursorResult:
+        return self._conn.execute(self._sql[key], params)
+
+    # -- producing -------------------------------------------------------------------
+
+    def _refuse_options(self, priority: int, delay: float, title: str | None, due_at: datetime | None) -> None:
+        """The reliable queue's options mean nothing here: refuse them rather than drop them."""
+        if priority != 0:
+            raise UsageError(f"{self.kind} queues have no priorities (priority is for reliable queues)")
+        if title is not None:
+            raise UsageError(f"{self.kind} queues keep no titles (title is for reliable queues)")
+        if delay or due_at is not None:
+            raise UsageError(f"{self.kind} queues have no due times (use a pending queue)")
+
+    def enqueue(
+        self,
+        payload: bytes | str,
+        *,
+        headers: dict[str, Any] | None = None,
+        priority: int = 0,
+        delay: float = 0.0,
+        title: str | None = None,
+        due_at: datetime | None = None,
+    ) -> int:
+        """Add one item; returns its id."""
+        self._refuse_options(priority, delay, title, due_at)
+        params = {"payload": _as_bytes(payload), "headers": _headers_json(headers)}
+        return self._execute("enqueue", params).scalar_one()
+
+    def enqueue_many(
+        self, payloads: Iterable[bytes | str], *, headers: Sequence[dict[str, Any] | None] | None = None
+    ) -> list[int]:
+        """Add many items in one statement; returns their ids in the same order."""
+        items = [_as_bytes(p) for p in payloads]
+        if not items:
+            return []
+        params = {"payloads": items, "headers": self._headers_list(headers, len(items))}
+        return list(self._execute("enqueue_many", params).scalars())
+
+    @staticmethod
+    def _headers_list(headers: Sequence[dict[str, Any] | None] | None, n: int) -> list[str | None] | None:
+        if headers is None:
+            return None
+        if len(headers) != n:
+            raise UsageError(f"headers has {len(headers)} entries for {n} payloads")
+        return [_headers_json(h) for h in headers]
+
+    # -- consuming -------------------------------------------------------------------
+
+    def dequeue(self, n: int = 1) -> list[Item]:
+        """Take up to n items out of the queue (they are deleted: there is no ack)."""
+        rows = self._execute("dequeue", {"batch": _check_batch(n)}).mappings().all()
+        return [self._item(r) for r in rows]
+
+    @staticmethod
+    def _item(r: sa.RowMapping) -> Item:
+        return Item(
+            id=r["id"],
+            payload=bytes(r["payload"]),
+            headers=r["headers"],
+            enqueued_at=r["enqueued_at"],
+            dequeued_at=r["dequeued_at"],
+            due_at=r.get("due_at"),
+        )
+
+    @contextmanager
+    def processing(self, n: int = 1, **dequeue_options: Any) -> Iterator[list[Item]]:
+        """Dequeue a batch in a transaction: committed if the block succeeds, rolled back
+        (the items are back in the queue) if it raises. On a strict FIFO queue other
+        consumers wait meanwhile, so the order holds across the rollback."""
+        if self._in_transaction:
+            raise UsageError("processing() blocks do not nest")
+        self._conn.commit()  # end SQLAlchemy's logical autocommit transaction (no-op on the server)
+        self._conn.execution_options(isolation_level="READ COMMITTED")
+        self._in_transaction = True
+        try:
+            with self._conn.begin():
+                yield self.dequeue(n, **dequeue_options)
+        finally:
+            self._in_transaction = False
+            if self._conn.in_transaction():
+                self._conn.rollback()
+            self._conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    # -- looking ---------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        """Items waiting: 'ready' (and 'scheduled' for pending items not yet due)."""
+        return queue_counts(self._conn, self.name, self.kind, self.names.schema)
+
+    def close(self) -> None:
+        self._conn.close()
+        if self._owns_engine:
+            self.engine.dispose()
+
+    def __enter__(self) -> "KindQueue":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class HeapQueue(KindQueue):
+    """No order promised: dequeue takes whichever unlocked items a scan meets first."""
+
+    kind = "heap"
+
+
+class FifoQueue(KindQueue):
+    """Oldest first. Lax (default): consumers skip each other's rows. Strict: they wait."""
+
+    kind = "fifo"
+
+    @property
+    def strict(self) -> bool:
+        return bool(self.info.settings.as_dict().get("strict"))
+
+
+class StackQueue(KindQueue):
+    """Newest first (LIFO)."""
+
+    kind = "stack"
+
+
+class PendingQueue(KindQueue):
+    """Items become ready at their due time (the server's clock); earliest due first."""
+
+    kind = "pending"
+
+    def enqueue(
+        self,
+        payload: bytes | str,
+        *,
+        headers: dict[str, Any] | None = None,
+        priority: int = 0,
+        delay: float = 0.0,
+        title: str | None = None,
+        due_at: datetime | None = None,
+    ) -> int:
+        """Add one item, due at `due_at` (aware datetime) or `delay` seconds from now."""
+        self._refuse_options(priority, 0.0, title, None)
+        params = {
+            "payload": _as_bytes(payload),
+            "headers": _headers_json(headers),
+            "due_at": _check_due(due_at),
+            "delay": _check_seconds(delay, "delay"),
+        }
+        return self._execute("enqueue", params).scalar_one()
+
+    def enqueue_many(
+        self,
+        payloads: Iterable[bytes | str],
+        *,
+        headers: Sequence[dict[str, Any] | None] | None = None,
+        due_at: Sequence[datetime | None] | None = None,
+        delay: float | Sequence[float] = 0.0,
+    ) -> list[int]:
+        """Add many items in one statement, each due at its due_at or after its delay."""
+        items = [_as_bytes(p) for p in payloads]
+        if not items:
+            return []
+        n = len(items)
+        delays = list(delay) if isinstance(delay, (list, tuple)) else [delay] * n
+        if len(delays) != n or (due_at is not None and len(due_at) != n):
+            raise UsageError(f"due_at/delay need one entry per payload ({n})")
+        params = {
+            "payloads": items,
+            "headers": self._headers_list(headers, n),
+            "due_ats": None if due_at is None else [_check_due(d) for d in due_at],
+            "delays": [timedelta(seconds=_check_seconds(d, "delay")) for d in delays],
+        }
+        return list(self._execute("enqueue_many", params).scalars())
+
+
+def _check_due(due_at: datetime | None) -> datetime | None:
+    if due_at is None:
+        return None
+    if not isinstance(due_at, datetime) or due_at.tzinfo is None:
+        raise UsageError("due_at must be a timezone-aware datetime (e.g. datetime.now(timezone.utc))")
+    return due_at.astimezone(timezone.utc)
+
+
+class WatermarkQueue(KindQueue):
+    """A FIFO whose dequeue scans from a low watermark kept in this client's session."""
+
+    kind = "watermark"
+    _calls = ("enqueue", "enqueue_many", "dequeue", "correct_watermark", "stored_watermark")
+
+    def correct_watermark(self) -> WatermarkCorrection:
+        """Recompute the true low bound and fix the stored watermark (see correct_watermark())."""
+        row = self._execute("correct_watermark", {}).mappings().one()
+        return WatermarkCorrection(self.name, row["old_low"], row["new_low"], row["true_low"], row["changed"], row["reason"])
+
+    def stored_watermark(self) -> dict[str, Any]:
+        """The stored hint: low, epoch, updated_at, corrected_at."""
+        return dict(self._execute("stored_watermark", {}).mappings().one())
+
+
+class RingQueue(KindQueue):
+    """A ring buffer of preallocated slots: push and pop update rows, nothing else.
+
+    A push waits up to `timeout` seconds (default 1) for a free slot and raises
+    QueueFullError when the ring stays full; it keeps its claimed position for the next
+    push, so a full ring leaves no hole. A pop waits up to `timeout` seconds (default 0)
+    for the first message and keeps its claimed position for the next pop.
+
+    A popper that dies holding a claimed position (its session ends) or rolls back a
+    `processing()` block after taking the message leaves that message FULL at a position
+    no pop will ask for again. `repair()` (the SQL function <queue>_ring_repair, for a job
+    every few minutes) re-pushes such messages at new positions, so they are delivered
+    (once) under a new id; it also tombstones positions claimed by pushers that died, which
+    would otherwise stall pops and, one lap later, pushes into the same slot. close()
+    gives up this client's claims (a pooled connection must not carry them on).
+    """
+
+    kind = "ring"
+    _calls = ("enqueue", "enqueue_many", "dequeue", "ring_repair", "ring_release")
+
+    def enqueue(  # type: ignore[override]
+        self,
+        payload: bytes | str,
+        *,
+        headers: dict[str, Any] | None = None,
+        timeout: float = RING_PUSH_TIMEOUT,
+        priority: int = 0,
+        delay: float = 0.0,
+        title: str | None = None,
+        due_at: datetime | None = None,
+    ) -> int:
+        """Push one message; returns its id (its position). QueueFullError when full."""
+        self._refuse_options(priority, delay, title, due_at)
+        params = {"payload": _as_bytes(payload), "headers": _headers_json(headers), "timeout": _check_seconds(timeout, "timeout")}
+        item_id = self._execute("enqueue", params).scalar_one()
+        if item_id is None:
+            raise QueueFullError(f"ring {self.name!r} stayed full for {timeout:g} s: nothing was enqueued")
+        return item_id
+
+    def enqueue_many(  # type: ignore[override]
+        self,
+        payloads: Iterable[bytes | str],
+        *,
+        headers: Sequence[dict[str, Any] | None] | None = None,
+        timeout: float = RING_PUSH_TIMEOUT,
+    ) -> list[int]:
+        """Push many messages in one statement; QueueFullError (with .enqueued) if not all fit."""
+        items = [_as_bytes(p) for p in payloads]
+        if not items:
+            return []
+        params = {
+            "payloads": items,
+            "headers": self._headers_list(headers, len(items)),
+            "timeout": _check_seconds(timeout, "timeout"),
+        }
+        ids = list(self._execute("enqueue_many", params).scalars())
+        if len(ids) < len(items):
+            raise QueueFullError(
+                f"ring {self.name!r} stayed full for {timeout:g} s: {len(ids)} of {len(items)} messages enqueued",
+                ids,
+            )
+        return ids
+
+    def dequeue(self, n: int = 1, *, timeout: float = 0.0) -> list[Item]:  # type: ignore[override]
+        """Pop up to n messages in position order, waiting up to `timeout` s for the first."""
+        params = {"batch": _check_batch(n), "timeout": _check_seconds(timeout, "timeout")}
+        return [self._item(r) for r in self._execute("dequeue", params).mappings().all()]
+
+    def repair(self, *, grace: float = RING_REPAIR_GRACE, timeout: float = RING_PUSH_TIMEOUT) -> RingRepair:
+        """Run the recovery path: tombstone dead pushers' positions, rescue dead poppers' messages."""
+        params = {"grace": _check_seconds(grace, "grace"), "timeout": _check_seconds(timeout, "timeout")}
+        rows = self._execute("ring_repair", params).all()
+        return RingRepair(
+            self.name,
+            tombstoned=[r.item_id for r in rows if r.action == "tombstone"],
+            rescued=[(r.item_id, r.new_item_id) for r in rows if r.action == "rescue"],
+            deferred=[r.item_id for r in rows if r.action == "deferred"],
+        )
+
+    def release(self) -> list[tuple[str, int, bool]]:
+        """Give up this session's kept claims; returns (side, position, tombstoned)."""
+        return [tuple(r) for r in self._execute("ring_release", {}).all()]
+
+    def close(self) -> None:
+        try:
+            if not self._conn.closed and hasattr(self, "_sql"):
+                self.release()
+        finally:
+            super().close()
+
+
+CLIENTS: dict[str, type[KindQueue]] = {
+    cls.kind: cls for cls in (HeapQueue, FifoQueue, StackQueue, PendingQueue, WatermarkQueue, RingQueue)
+}
+
+
+def open_queue(url_or_engine: str | Engine | None, name: str, *, schema: str = DEFAULT_SCHEMA) -> Queue | KindQueue:
+    """The client for an installed queue, whatever its kind (Queue for reliable queues)."""
+    owns_engine = not isinstance(url_or_engine, Engine)
+    engine = make_engine(url_or_engine, pool_size=1) if owns_engine else url_or_engine
+    try:
+        with engine.connect() as conn:
+            info = require_queue(conn, name, schema)
+        if info.kind == "reliable":
+            queue: Queue | KindQueue = Queue(engine, name, schema=schema)
+        elif info.kind in CLIENTS:
+            queue = CLIENTS[info.kind](engine, name, schema=schema)
+        else:
+            raise UsageError(f"queue {name!r} has kind {info.kind!r}, which this version of queuectl does not know")
+    except BaseException:
+        if owns_engine:
+            engine.dispose()
+        raise
+    queue._owns_engine = owns_engine  # close() disposes an engine made here
+    return queue
+
+
+# -- maintenance entry points (for the scheduler's jobs) -----------------------------------
+
+
+def correct_watermark(url_or_engine: str | Engine | None, name: str, *, schema: str = DEFAULT_SCHEMA) -> WatermarkCorrection:
+    """Recompute watermark queue `name`'s true low bound and fix its stored watermark.
+
+    One call of `<schema>.<name>_correct_watermark()`: lowers a watermark that is too high
+    at once, raises one that is too low only over ids whose enqueue has settled (a busy
+    queue may need a second run). Returns old/new stored low, the true bound, whether it
+    changed and why. Safe to run at any time, from any session; meant for every 5 minutes.
+    """
+    with WatermarkQueue(url_or_engine, name, schema=schema) as queue:
+        return queue.correct_watermark()
+
+
+def repair_ring(
+    url_or_engine: str | Engine | None,
+    name: str,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    grace: float = RING_REPAIR_GRACE,
+    timeout: float = RING_PUSH_TIMEOUT,
+) -> RingRepair:
+    """Run ring queue `name`'s recovery path once (`<schema>.<name>_ring_repair()`)."""
+    with RingQueue(url_or_engine, name, schema=schema) as queue:
+        return queue.repair(grace=grace, timeout=timeout)

@@ -1,0 +1,197 @@
+"""What each queue kind is: its name, its install-time settings, the object names its SQL uses.
+
+Imported by install, the migrations, stats and the clients, so it imports nothing of theirs.
+The reliable kind keeps its own QueueSettings (catalog.py); the destructive kinds and the
+ring have their own small settings classes with the same surface (as_dict, to_json,
+from_dict), stored in the registry row's `settings` column.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Union
+
+from queuectl.catalog import QueueSettings
+from queuectl.errors import UsageError
+from queuectl.names import QueueNames, quote_ident
+
+KINDS = ("reliable", "heap", "fifo", "stack", "pending", "watermark", "ring")
+DESTRUCTIVE_KINDS = ("heap", "fifo", "stack", "pending", "watermark")
+
+RING_DEFAULT_SIZE = 65_536
+RING_MAX_SIZE = 16_777_216  # 16 Mi slots: ~1 GB of preallocated rows at fillfactor 50
+
+# PostgreSQL truncates identifiers at 63 bytes; queue names may have 48 characters, which
+# leaves 15 for a suffix. A kind whose objects need a longer suffix takes shorter names.
+_IDENT_MAX = 63
+
+
+def _suffixes(kind: str) -> tuple[str, ...]:
+    common = ("enqueue", "enqueue_many", "dequeue", "version", "version_pkc")
+    if kind == "reliable":
+        return ()  # names.QueueNames already fits the reliable kind's names into 48 characters
+    if kind == "watermark":
+        return (*common, "items", "items_id_seq", "items_pkey", "watermark", "watermark_pkey", "correct_watermark")
+    if kind == "ring":
+        return (*common, "ring", "ring_pkey", "push_seq", "pop_seq", "ring_repair", "ring_release")
+    if kind == "pending":
+        return (*common, "items", "items_id_seq", "items_pkey", "items_due")
+    return (*common, "items", "items_id_seq", "items_pkey")
+
+
+def max_name_length(kind: str) -> int:
+    longest = max((len(s) for s in _suffixes(kind)), default=0)
+    return min(48, _IDENT_MAX - 1 - longest) if longest else 48
+
+
+def validate_kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise UsageError(f"unknown queue kind {kind!r}: choose one of {', '.join(KINDS)}")
+    return kind
+
+
+def check_name_fits(names: QueueNames, kind: str) -> None:
+    """A watermark queue's `<name>_correct_watermark` must fit in 63 bytes, and so on."""
+    limit = max_name_length(kind)
+    if len(names.queue) > limit:
+        raise UsageError(
+            f"queue name {names.queue!r} is too long for kind {kind}: at most {limit} characters "
+            f"(its SQL objects add suffixes up to {63 - limit} characters)"
+        )
+
+
+# -- settings ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NoSettings:
+    """Heap, stack, pending and watermark queues have nothing to configure at install."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {}
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "NoSettings":
+        return cls()
+
+
+@dataclass(frozen=True)
+class FifoSettings(NoSettings):
+    """strict: consumers wait for each other on the head row instead of skipping it."""
+
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.strict, bool):
+            raise UsageError(f"strict must be true or false, got {self.strict!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"strict": self.strict}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "FifoSettings":
+        return cls(strict=bool(data.get("strict", False)))
+
+
+@dataclass(frozen=True)
+class RingSettings(NoSettings):
+    """size: the number of preallocated slots (the most items the ring holds at once)."""
+
+    size: int = RING_DEFAULT_SIZE
+
+    def __post_init__(self) -> None:
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or not 2 <= self.size <= RING_MAX_SIZE:
+            raise UsageError(f"size must be a whole number from 2 to {RING_MAX_SIZE:,}, got {self.size!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"size": self.size}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RingSettings":
+        return cls(size=int(data.get("size", RING_DEFAULT_SIZE)))
+
+
+AnySettings = Union[QueueSettings, NoSettings]
+_SETTINGS = {"reliable": QueueSettings, "fifo": FifoSettings, "ring": RingSettings}
+
+
+def settings_class(kind: str) -> type:
+    return _SETTINGS.get(validate_kind(kind), NoSettings)
+
+
+def default_settings(kind: str) -> AnySettings:
+    return settings_class(kind)()
+
+
+def check_settings(kind: str, settings: AnySettings | None) -> AnySettings:
+    """The settings to install `kind` with: the defaults when None, else of the kind's class."""
+    if settings is None:
+        return default_settings(kind)
+    wanted = settings_class(kind)
+    if type(settings) is not wanted:
+        raise UsageError(f"kind {kind} takes {wanted.__name__}, not {type(settings).__name__}")
+    return settings
+
+
+def settings_for(
+    kind: str, *, reliable: QueueSettings | None = None, strict: bool = False, size: int | None = None
+) -> AnySettings:
+    """Build a kind's settings from command-line options; refuse options of other kinds."""
+    validate_kind(kind)
+    if strict and kind != "fifo":
+        raise UsageError("--strict applies to --kind fifo only")
+    if size is not None and kind != "ring":
+        raise UsageError("--size applies to --kind ring only")
+    if kind == "reliable":
+        return reliable or QueueSettings()
+    if kind == "fifo":
+        return FifoSettings(strict=strict)
+    if kind == "ring":
+        return RingSettings(size=RING_DEFAULT_SIZE if size is None else size)
+    return NoSettings()
+
+
+# -- object names --------------------------------------------------------------------------
+
+
+def kind_template_values(names: QueueNames, kind: str) -> dict[str, str]:
+    """The identifiers a kind's SQL file uses beyond names.template_values(), all quoted.
+
+    Only the kind's own names are computed, so a long reliable queue name never meets the
+    longer suffixes of other kinds.
+    """
+    if kind == "reliable":
+        return {}
+    q = names.qualified
+
+    def regclass(suffix: str) -> str:  # a text literal naming the relation, for ::regclass
+        return f"'{q(suffix)}'"
+
+    values = {f"fn_{fn}": q(fn) for fn in ("enqueue", "enqueue_many", "dequeue")}
+    if kind == "ring":
+        values.update(
+            ring=q("ring"),
+            push_seq=q("push_seq"),
+            pop_seq=q("pop_seq"),
+            push_seq_regclass=regclass("push_seq"),
+            pop_seq_regclass=regclass("pop_seq"),
+            ring_regclass=regclass("ring"),
+            fn_ring_repair=q("ring_repair"),
+            fn_ring_release=q("ring_release"),
+        )
+        return values
+    values.update(
+        items=q("items"),
+        items_seq=q("items_id_seq"),
+        items_seq_regclass=regclass("items_id_seq"),
+        items_regclass=regclass("items"),
+    )
+    if kind == "pending":
+        values["due_idx"] = quote_ident(names.table("items_due"))
+    if kind == "watermark":
+        values.update(watermark=q("watermark"), fn_correct_watermark=q("correct_watermark"))
+    return values
