@@ -1,12 +1,10 @@
 """correct_watermark: for watermark queues, recompute the low bound, fix it, log any drift.
 
 The watermark queue kind owns the logic: its SQL API has `<schema>.<queue>_correct_watermark()`,
-which recomputes the bound, stores it, and returns the old and the new value. This job
-calls it (sql/postgresql/jobs.sql:correct_watermark) under the runner's single-runner lock
-and records both values, so the job-run history shows every discrepancy found.
-
-Connect point for the merge: `correct_watermark()` below is the only place that talks to
-the kind; if the kind's Python wrapper is preferred, call it there instead.
+which recomputes the true low bound (never past an undequeued or uncommitted row), stores
+it, and says what it changed; `queuectl.kinds.correct_watermark` is its Python face. This
+job calls it under the runner's single-runner lock and records old, new and the reason, so
+the job-run history shows every discrepancy found. Default: every 5 minutes.
 """
 
 from __future__ import annotations
@@ -34,14 +32,13 @@ class WatermarkConfig:
 
 @dataclass
 class WatermarkResult:
-    old: Any = None
-    new: Any = None
+    old: int | None = None
+    new: int | None = None
+    true_low: int | None = None
+    reason: str = ""
+    corrected: bool = False
 
     error = None
-
-    @property
-    def corrected(self) -> bool:
-        return self.old != self.new
 
     @property
     def rows(self) -> int:
@@ -49,18 +46,11 @@ class WatermarkResult:
 
     def summary(self) -> str:
         if self.corrected:
-            return f"watermark corrected from {self.old} to {self.new}"
+            return f"watermark corrected from {self.old} to {self.new} ({self.reason})"
         return f"watermark {self.new} was right"
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "corrected": self.corrected}
-
-
-def correct_watermark(engine: Engine, target: JobTarget) -> tuple[Any, Any]:
-    """(old, new) from the kind's correction function, in one transaction."""
-    with engine.begin() as conn:
-        row = conn.execute(target.sql("correct_watermark", fn_correct_watermark=target.names.qualified("correct_watermark"))).one()
-    return row[0], row[1]
+        return asdict(self)
 
 
 def run_once(
@@ -71,9 +61,11 @@ def run_once(
     schema: str = DEFAULT_SCHEMA,
     stop: threading.Event | None = None,
 ) -> WatermarkResult:
-    target = JobTarget.resolve(engine, queue, schema, KINDS)
-    old, new = correct_watermark(engine, target)
-    result = WatermarkResult(old, new)
+    from queuectl.kinds import correct_watermark
+
+    JobTarget.resolve(engine, queue, schema, KINDS)  # the queue exists and is a watermark queue
+    fixed = correct_watermark(engine, queue, schema=schema)
+    result = WatermarkResult(fixed.old_low, fixed.new_low, fixed.true_low, fixed.reason or "", bool(fixed.changed))
     if result.corrected:
         log.warning("correct_watermark %s: %s", queue, result.summary())
     return result

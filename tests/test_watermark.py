@@ -145,3 +145,32 @@ def test_under_an_open_snapshot_watermark_work_per_dequeue_stays_bounded_and_fif
     assert late["watermark"] <= early["watermark"] * 1.5, (early, late)
     assert late["fifo"] >= early["fifo"] * 3, (early, late)  # the test can tell the two apart
     assert late["fifo"] >= late["watermark"] * 4, (early, late)
+
+
+def test_watermark_job_fixes_a_wrong_watermark_and_records_the_run(engine, db_url):
+    """The scheduler's 5-minute job: runs the kind's correction and leaves a history row."""
+    from queuectl.jobs.registry import JOBS
+    from queuectl.jobs.runner import run_job
+
+    assert JOBS["correct_watermark"].kinds == ("watermark",)
+    install_queue(engine, "wm", "watermark")
+    with open_queue(engine, "wm") as q:
+        ids = q.enqueue_many([f"m{i}" for i in range(6)])
+        assert [m.id for m in q.dequeue(2)] == ids[:2]
+
+    set_stored_low(engine, "wm", ids[5])  # too high: items 2..4 would be skipped
+    record = run_job(engine, "correct_watermark", "wm")
+    assert record.outcome == "succeeded" and record.rows == 1
+    assert (record.result.old, record.result.new) == (ids[5], ids[2])
+
+    set_stored_low(engine, "wm", 1)  # too low: ghosts scanned again
+    record = run_job(engine, "correct_watermark", "wm")
+    assert (record.result.old, record.result.new, record.rows) == (1, ids[2], 1)
+
+    record = run_job(engine, "correct_watermark", "wm")  # nothing to fix now
+    assert (record.rows, record.result.corrected) == (0, False)
+    with engine.connect() as conn:
+        runs = conn.execute(sa.text(
+            "SELECT outcome, rows FROM queuectl.job_runs WHERE job = 'correct_watermark' AND queue = 'wm' ORDER BY id"
+        )).all()
+    assert [tuple(r) for r in runs] == [("succeeded", 1), ("succeeded", 1), ("succeeded", 0)]

@@ -206,8 +206,3 @@ SELECT TOP (20)
 FROM sys.dm_tran_active_snapshot_database_transactions AS a
 LEFT JOIN sys.dm_exec_sessions AS s ON s.session_id = a.session_id
 ORDER BY a.elapsed_time_seconds DESC;
-
--- name: correct_watermark
--- Watermark queues: recompute the low bound, fix it, return (old, new). The procedure
--- belongs to the watermark queue kind.
-EXEC {{fn_correct_watermark}}

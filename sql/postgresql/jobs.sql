@@ -164,8 +164,3 @@ SELECT 'prepared_xact', 'prepared transaction ' || p.gid, age(p.transaction),
 FROM pg_prepared_xacts p
 WHERE p.database = current_database()
 ORDER BY xmin_age DESC NULLS LAST
-
--- name: correct_watermark
--- Watermark queues: recompute the low bound, fix it, return (old, new). The function
--- belongs to the watermark queue kind.
-SELECT * FROM {{fn_correct_watermark}}()
