@@ -427,15 +427,15 @@ def test_threshold_values_parse_with_units():
 
 
 def test_a_queue_kind_without_a_probe_is_a_warning_not_a_silent_pass(orders, engine):
-    """Other kinds register their probe in KIND_HEALTH; until then health says so."""
+    """A kind this queuectl has no probe for (e.g. installed by a newer version) is flagged."""
     registry = sa.table("queues", sa.column("name"), sa.column("kind"), sa.column("schema_version"),
                         sa.column("settings"), schema="queuectl")
     with engine.begin() as conn:
-        conn.execute(sa.insert(registry).values(name="ring1", kind="ring", schema_version="ring_0001",
+        conn.execute(sa.insert(registry).values(name="ring1", kind="quantum", schema_version="quantum_0001",
                                                 settings=sa.text("'{}'::jsonb")))
     rep = report(engine)
     check = the(rep, "queue.probe", "ring1")
-    assert check.status == WARNING and "kind 'ring'" in check.advice
+    assert check.status == WARNING and "kind 'quantum'" in check.advice
     assert the(rep, "queue.oldest_ready_age", "orders").status == OK
 
 
@@ -478,3 +478,57 @@ def test_watch_on_a_terminal_refreshes_in_place(orders, db_url):
     assert seen.count(b"refreshing every 0.5s") >= 2
     assert b"\x1b[" in seen  # colour and cursor movement: rich Live, not appended reports
     assert b"\x1b[2K" in seen or b"\x1b[1A" in seen  # lines erased / cursor up = redrawn in place
+
+
+def test_every_queue_kind_reports_its_depth_and_kind_checks(engine):
+    """heap, fifo, stack, pending, watermark and ring each get a probe: depth, due/scheduled,
+    oldest waiting age, ring fill and watermark lag, with the JSON still valid."""
+    from queuectl.kinds import open_queue
+    from queuectl.kindspec import RingSettings
+
+    for kind in ("heap", "fifo", "stack", "pending", "watermark"):
+        install_queue(engine, f"q_{kind}", kind)
+    install_queue(engine, "q_ring", "ring", RingSettings(size=16))
+    for kind in ("heap", "fifo", "stack", "watermark", "ring"):
+        with open_queue(engine, f"q_{kind}") as q:
+            q.enqueue_many([f"{kind}-{i}" for i in range(13)])
+    with open_queue(engine, "q_pending") as q:
+        q.enqueue_many([f"now-{i}" for i in range(4)])
+        q.enqueue_many([f"later-{i}" for i in range(3)], delay=3600)
+
+    rep = report(engine, "ring_fill.warn=50", "ring_fill.crit=90")
+    jsonschema.validate(rep.to_dict(), report_schema())
+    queues = {q["name"]: q for q in rep.to_dict()["queues"]}
+    for kind in ("heap", "fifo", "stack", "watermark", "ring"):
+        assert queues[f"q_{kind}"]["depth"]["ready"] == 13, queues[f"q_{kind}"]
+    assert (queues["q_pending"]["depth"]["ready"], queues["q_pending"]["depth"]["scheduled"]) == (4, 3)
+    assert not [c for c in rep.checks if c.id == "queue.probe"]  # every kind was probed
+
+    ring = the(rep, "queue.ring_fill", "q_ring")
+    assert (ring.status, ring.value) == (WARNING, 81.25)  # 13 of 16 slots
+    assert "add consumers" in ring.advice
+    lag = the(rep, "queue.watermark_lag", "q_watermark")
+    assert lag.status == OK and lag.advice is None
+
+
+def test_watermark_above_a_waiting_item_is_critical_with_the_fix(engine):
+    from queuectl.kinds import open_queue
+
+    install_queue(engine, "wm", "watermark")
+    with open_queue(engine, "wm") as q:
+        ids = q.enqueue_many([f"m{i}" for i in range(5)])
+    with engine.begin() as conn:
+        conn.execute(sa.text('UPDATE queuectl."wm_watermark" SET low = :low'), {"low": ids[3]})
+    lag = the(report(engine, queues=["wm"]), "queue.watermark_lag", "wm")
+    assert lag.status == CRITICAL and lag.value == -3
+    assert "queuectl correct-watermark wm" in lag.advice
+
+    with engine.begin() as conn:
+        conn.execute(sa.text('UPDATE queuectl."wm_watermark" SET low = :low'), {"low": ids[0]})
+    with open_queue(sa.create_engine(str(engine.url.render_as_string(hide_password=False)), poolclass=sa.pool.NullPool), "wm") as q:
+        assert [m.id for m in q.dequeue(3)] == ids[:3]
+    with engine.begin() as conn:  # too low: new sessions walk the three dequeued rows' ghosts again
+        conn.execute(sa.text('UPDATE queuectl."wm_watermark" SET low = :low'), {"low": ids[0]})
+    lag = the(report(engine, "watermark_lag.warn=2", queues=["wm"]), "queue.watermark_lag", "wm")
+    assert (lag.status, lag.value) == (WARNING, 3)
+    assert "correction job" in lag.advice

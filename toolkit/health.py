@@ -310,11 +310,52 @@ def _probe_reliable(conn: Connection, names: QueueNames, info: QueueInfo, option
     )
 
 
-# The lead adds the other kinds here (heap, fifo, stack, pending, watermark, ring): a
-# KindHealth with the kind's table suffixes and a probe filling the QueueFacts fields the
-# kind has (depth as `ready`, watermark_lag, ring_fill_pct, ...), its SQL in health.sql.
+def _kind_row(conn: Connection, names: QueueNames, info: QueueInfo, section: str, params: dict) -> sa.RowMapping:
+    from queuectl.kindspec import kind_template_values
+
+    values = {**names.template_values(), **kind_template_values(names, info.kind)}
+    sql = render(adapter_for(conn).sql_dir, "health", section, values)
+    return conn.execute(sa.text(sql), params).mappings().one()
+
+
+def _probe_destructive(section: str) -> Probe:
+    """heap, fifo, stack, pending, watermark: one table of waiting items, deleted at dequeue."""
+
+    def probe(conn: Connection, names: QueueNames, info: QueueInfo, options: HealthOptions) -> QueueFacts:
+        row = _kind_row(conn, names, info, section, {"window_s": options.rate_window_s})
+        facts = QueueFacts(
+            name=info.name, kind=info.kind, ready=row["ready"], scheduled=row["scheduled"],
+            oldest_ready_age_s=row["oldest_ready_age_s"], window_s=options.rate_window_s,
+            enqueued_in_window=row["enqueued_in_window"],
+        )  # fmt: skip
+        if info.kind == "watermark":
+            # signed: below zero the stored hint is above a waiting item (graded CRITICAL)
+            facts.watermark_lag = _kind_row(conn, names, info, "watermark_lag", {})["lag"] or 0
+        return facts
+
+    return probe
+
+
+def _probe_ring(conn: Connection, names: QueueNames, info: QueueInfo, options: HealthOptions) -> QueueFacts:
+    row = _kind_row(conn, names, info, "queue_ring", {"window_s": options.rate_window_s})
+    return QueueFacts(
+        name=info.name, kind=info.kind, ready=row["ready"], scheduled=0,
+        oldest_ready_age_s=row["oldest_ready_age_s"], window_s=options.rate_window_s,
+        enqueued_in_window=row["enqueued_in_window"],
+        ring_fill_pct=round(100.0 * row["ready"] / row["slots"], 2) if row["slots"] else 0.0,
+    )  # fmt: skip
+
+
+# Each kind: its tables (storage section), the churned ones measured with pgstattuple, and
+# a probe filling the QueueFacts fields the kind has (None stays "not applicable").
 KIND_HEALTH: dict[str, KindHealth] = {
     "reliable": KindHealth(tables=("meta", "data", "history"), measured=("meta", "data"), probe=_probe_reliable),
+    "heap": KindHealth(tables=("items",), measured=("items",), probe=_probe_destructive("queue_items")),
+    "fifo": KindHealth(tables=("items",), measured=("items",), probe=_probe_destructive("queue_items")),
+    "stack": KindHealth(tables=("items",), measured=("items",), probe=_probe_destructive("queue_items")),
+    "pending": KindHealth(tables=("items",), measured=("items",), probe=_probe_destructive("queue_pending")),
+    "watermark": KindHealth(tables=("items", "watermark"), measured=("items",), probe=_probe_destructive("queue_items")),
+    "ring": KindHealth(tables=("ring",), measured=("ring",), probe=_probe_ring),
 }
 
 
@@ -695,7 +736,13 @@ def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions
             checks.append(Check("queue.backlog", "queues", q.name, status, f"{fmt_count(q.ready)} due",
                                 q.ready, "count", advice))
 
-        if q.watermark_lag is not None:
+        if q.watermark_lag is not None and q.watermark_lag < 0:
+            checks.append(Check(
+                "queue.watermark_lag", "queues", q.name, CRITICAL,
+                f"stored watermark {-q.watermark_lag} rows above the oldest waiting item", q.watermark_lag, "count",
+                f"queue {q.name}: sessions starting from the stored watermark skip waiting items: "
+                f"run queuectl correct-watermark {q.name} (and check the correct_watermark job runs)"))
+        elif q.watermark_lag is not None:
             status = grade(q.watermark_lag, th["watermark_lag"])
             advice = None if status == OK else (
                 f"queue {q.name}: stored watermark lags the head by {fmt_count(q.watermark_lag)} rows: "

@@ -215,3 +215,36 @@ SELECT last.job, last.queue, last.started_at, last.finished_at, last.rows, last.
 FROM ranked last
 WHERE last.rn = 1
 ORDER BY last.job, last.queue NULLS FIRST
+
+-- name: queue_items
+-- Destructive kinds (heap, fifo, stack, watermark): every row in the items table is waiting;
+-- dequeued rows are gone, so completions are not visible here (no rates but enqueues).
+SELECT count(*) AS ready, 0 AS scheduled,
+       extract(epoch FROM now() - min(enqueued_at))::float8 AS oldest_ready_age_s,
+       count(*) FILTER (WHERE enqueued_at >= now() - make_interval(secs => :window_s)) AS enqueued_in_window
+FROM {{items}}
+
+-- name: queue_pending
+-- Pending kind: items not yet due are scheduled; the oldest due item's age counts from its
+-- due time (it could not be taken earlier).
+SELECT count(*) FILTER (WHERE due_at <= now()) AS ready,
+       count(*) FILTER (WHERE due_at > now())  AS scheduled,
+       extract(epoch FROM now() - min(due_at) FILTER (WHERE due_at <= now()))::float8 AS oldest_ready_age_s,
+       count(*) FILTER (WHERE enqueued_at >= now() - make_interval(secs => :window_s)) AS enqueued_in_window
+FROM {{items}}
+
+-- name: watermark_lag
+-- Rows between the stored watermark (the hint new sessions start from) and the oldest
+-- item still waiting: ghosts a new session walks before its first find. Negative means the
+-- stored watermark is above a waiting item, which the correction job must fix (such items
+-- are skipped by sessions starting from the hint).
+SELECT w.low, (SELECT min(id) FROM {{items}}) AS head,
+       (SELECT min(id) FROM {{items}}) - w.low AS lag
+FROM {{watermark}} w
+
+-- name: queue_ring
+-- Ring kind: FULL slots are waiting messages; fill is FULL slots over all slots.
+SELECT count(*) FILTER (WHERE state = 1) AS ready, 0 AS scheduled, count(*) AS slots,
+       extract(epoch FROM now() - min(pushed_at) FILTER (WHERE state = 1))::float8 AS oldest_ready_age_s,
+       count(*) FILTER (WHERE state = 1 AND pushed_at >= now() - make_interval(secs => :window_s)) AS enqueued_in_window
+FROM {{ring}}
