@@ -136,3 +136,24 @@ def test_grant_command_reports_the_functions(engine, db_url, roles):
     result = run_cli("grant", "orders", "--producer", producer, "--consumer", consumer, "--json", url=db_url)
     assert result.returncode == 0, result.stderr.decode()
     assert b'"orders_enqueue_many"' in result.stdout and b'"orders_extend_lease"' in result.stdout
+
+
+@pytest.mark.parametrize("kind", ["reliable", "heap", "fifo", "stack", "pending", "watermark", "ring"])
+def test_after_grant_no_function_of_the_queue_is_executable_by_public(engine, roles, kind):
+    """Every function a kind installs (API, maintenance, trigger) is locked down, not just
+    the granted ones: PUBLIC would otherwise run them with the owner's rights."""
+    from queuectl.kindspec import RingSettings
+
+    producer, consumer, _ = roles
+    install_queue(engine, "q1", kind, RingSettings(size=8) if kind == "ring" else None)
+    grant_queue(engine, "q1", producer=producer, consumer=consumer)
+    with engine.connect() as conn:
+        open_to_public = conn.execute(sa.text(
+            "SELECT p.proname FROM pg_proc p WHERE p.pronamespace = 'queuectl'::regnamespace "
+            "AND p.proname LIKE 'q1\\_%' AND (p.proacl IS NULL OR EXISTS "
+            "(SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0))"
+        )).scalars().all()
+        installed = conn.execute(sa.text(
+            "SELECT count(*) FROM pg_proc WHERE pronamespace = 'queuectl'::regnamespace AND proname LIKE 'q1\\_%'"
+        )).scalar()
+    assert installed >= 3 and open_to_public == []

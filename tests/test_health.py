@@ -82,7 +82,7 @@ def test_healthy_queue_exits_0_with_no_advice_lines(orders, db_url):
     assert result.returncode == 0, text + result.stderr.decode()
     assert "Advice" not in text and advice_lines(result.stdout) == []
     assert ": OK" in text.splitlines()[0]
-    assert "no job history (scheduler not installed)" in text
+    assert "Jobs: no runs recorded" in text
 
     data = json.loads(run_cli("health", "--json", url=db_url).stdout)
     assert data["verdict"] == "OK" and data["exit_code"] == 0
@@ -308,24 +308,15 @@ def test_pgstatindex_denied_and_a_locked_queue_become_notes_not_a_failed_report(
 
 
 def test_job_history_is_read_when_the_scheduler_table_exists(orders, engine):
-    """The jobs branch owns the table; here it is created with the columns health expects."""
-    runs = sa.Table(
-        "job_runs", sa.MetaData(),
-        sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
-        sa.Column("job", sa.Text, nullable=False), sa.Column("queue", sa.Text),
-        sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("finished_at", sa.DateTime(timezone=True)), sa.Column("rows", sa.BigInteger),
-        sa.Column("outcome", sa.Text), sa.Column("error", sa.Text),
-        schema="queuectl",
-    )
+    """The catalog's job_runs table (written by the job runner) is read back and graded."""
+    runs = sa.Table("job_runs", sa.MetaData(), schema="queuectl", autoload_with=engine)
     ago = lambda minutes: sa.func.now() - sa.func.make_interval(0, 0, 0, 0, 0, minutes)  # noqa: E731
     with engine.begin() as conn:
-        runs.create(conn)
         conn.execute(runs.insert().values(job="archive", queue="orders", started_at=ago(10), finished_at=ago(9),
-                                          rows=500, outcome="ok"))
+                                          rows=500, outcome="succeeded", runner_host="h1", runner_pid=1))
         for minutes in (50, 30, 5):
             conn.execute(runs.insert().values(job="reorganize", queue="orders", started_at=ago(minutes),
-                                              finished_at=ago(minutes - 1), rows=0, outcome="failed",
+                                              finished_at=ago(minutes - 1), rows=0, outcome="failed", runner_host="h1", runner_pid=1,
                                               error="canceling statement due to lock timeout"))
     rep = report(engine)
     archive = the(rep, "jobs.last_run", "archive on orders")

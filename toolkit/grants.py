@@ -27,6 +27,13 @@ CONSUMER_CALLS = {
     "ring": ("dequeue", "ring_release"),
 }
 DEFAULT_CONSUMER_CALLS = ("dequeue",)
+# Functions granted to nobody but still locked down (SECURITY DEFINER, no EXECUTE for
+# PUBLIC): maintenance calls and the activation trigger's function.
+MAINTENANCE_CALLS = {
+    "reliable": ("notify",),
+    "watermark": ("correct_watermark",),
+    "ring": ("ring_repair",),
+}
 ROLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
@@ -84,7 +91,7 @@ def grant_queue(
         validate_role(role)
     with engine.connect() as conn:
         info = require_queue(conn, name, schema)
-        everything = PRODUCER_CALLS + consumer_calls(info.kind)
+        everything = PRODUCER_CALLS + consumer_calls(info.kind) + MAINTENANCE_CALLS.get(info.kind, ())
         base = {**names.template_values(), "schema_literal": f"'{schema}'"}
         exists = render(adapter_for(conn).sql_dir, "grant", "role_exists", {})
         for role in roles:
