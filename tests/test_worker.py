@@ -82,6 +82,10 @@ class Running:
 
     def stop(self) -> WorkerStats:
         self.worker.stop()
+        return self.wait()
+
+    def wait(self) -> WorkerStats:
+        """Join a worker that was already told to stop (a second stop() would force it)."""
         self.thread.join(30)
         assert not self.thread.is_alive(), "worker did not stop"
         if self.error:
@@ -281,7 +285,7 @@ def test_stop_gives_back_unstarted_items_and_finishes_the_running_one(engine, or
     running.worker.stop()
     wait_until(lambda: running.worker.stats.released == 9, what="the unstarted items to be released")
     release_first.set()
-    stats = running.stop()
+    stats = running.wait()  # stop() again would be the second signal: a forced stop
     assert (stats.processed, stats.released) == (1, 9)
     final = statuses(engine)
     assert sorted(final.values()) == [(0, 0, None)] * 9 + [(2, 1, None)]  # released: READY, no attempt used
