@@ -1,0 +1,62 @@
+"""The Spark side: one SparkSession per process, local by default or on a given cluster.
+
+PySpark is an optional extra (`pip install 'queuectl[spark]'`); importing this module
+without it gives a one-line error saying so.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from queuectl.errors import UsageError
+
+DEFAULT_MASTER = "local[*]"
+MASTER_ENV = "QUEUECTL_SPARK_MASTER"
+APP_NAME = "queuectl-pipeline"
+
+
+def require_pyspark():
+    try:
+        import pyspark
+    except ImportError:
+        raise UsageError(
+            "the pipeline needs PySpark and matplotlib: pip install 'queuectl[spark]'"
+        ) from None
+    return pyspark
+
+
+def get_session(master: str | None = None, jars: list[Path] | None = None, extra: dict[str, str] | None = None):
+    """A SparkSession on `master` (else $QUEUECTL_SPARK_MASTER, else local[*]) with the
+    given jars on the driver's and executors' classpath.
+
+    Spark keeps one session per process: when one is already running (a notebook, a test
+    module) it is reused as it is, and the jars are added to it.
+    """
+    require_pyspark()
+    from pyspark.sql import SparkSession
+
+    master = master or os.environ.get(MASTER_ENV) or DEFAULT_MASTER
+    jar_list = ",".join(str(j) for j in (jars or []))
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        for jar in jars or []:
+            active.sparkContext.addJar(str(jar))
+        return active
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(APP_NAME)
+        # Hours and days in the lake and the report are UTC, whatever the machine says.
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.parquet.compression.codec", "zstd")
+    )
+    if jar_list:
+        # spark.jars ships the jar to executors; the driver's own JDBC calls need it on the
+        # driver class path too.
+        builder = builder.config("spark.jars", jar_list).config("spark.driver.extraClassPath", jar_list.replace(",", os.pathsep))
+    for key, value in (extra or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
