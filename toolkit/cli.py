@@ -300,6 +300,11 @@ def db_url() -> None:
     sys.stdout.write(mask_url(EmbeddedServer().ensure_running()) + "\n")
 
 
+from queuectl.cli_pipeline import pipeline_app  # noqa: E402
+
+app.add_typer(pipeline_app, name="pipeline")
+
+
 def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 2."""
     try:
