@@ -39,6 +39,7 @@ PURGE_LOCK_TIMEOUT_MS = 2_000  # a batch gives up rather than queue behind other
 PURGE_RETRIES = 5
 JDBC_FETCH_SIZE = 10_000  # rows per round trip; without it pgjdbc buffers a partition whole
 ROWS_PER_PARTITION = 250_000  # default split when --partitions is not given
+LOCK_WAIT_S = 10.0  # how long a run waits for another export of the same queue
 
 ProgressFn = Callable[["Progress"], None]
 
@@ -135,6 +136,7 @@ def export_history(
     jdbc_jar: str | None = None,
     purge_batch: int = PURGE_BATCH,
     progress: ProgressFn | None = None,
+    lock_wait: float = LOCK_WAIT_S,
 ) -> ExportResult:
     """Export new history of `queues` (default: every queue that keeps history) into the lake."""
     validate_schema_name(schema)
@@ -154,7 +156,7 @@ def export_history(
     lake.ensure()
     for item in todo:
         t0 = time.monotonic()
-        with _queue_lock(engine, schema, item.queue):
+        with _queue_lock(engine, schema, item.queue, lock_wait):
             _export_queue(engine, spark, jdbc, lake, schema, item, partitions, progress)
             if purge:
                 item.purged = purge_exported(engine, str(lake), item.queue, schema=schema, batch=purge_batch, progress=progress)
@@ -182,13 +184,21 @@ def _targets(engine: Engine, queues: list[str] | None, schema: str) -> list[Queu
 
 
 @contextmanager
-def _queue_lock(engine: Engine, schema: str, queue: str) -> Iterator[None]:
-    """One export or purge of a queue at a time (session advisory lock, own connection)."""
+def _queue_lock(engine: Engine, schema: str, queue: str, wait: float) -> Iterator[None]:
+    """One export or purge of a queue at a time (session advisory lock, own connection).
+
+    Tries for `wait` seconds: the lock of an export killed a moment ago is released only
+    when the server notices its connection is gone."""
     adapter = adapter_for(engine)
     key = f"queuectl.pipeline:{schema}.{queue}"
+    deadline = time.monotonic() + wait
     with engine.connect() as conn:
-        got = conn.execute(sa.text(adapter.lock_statement()), {"key": key}).scalar()
-        conn.commit()
+        while True:
+            got = conn.execute(sa.text(adapter.lock_statement()), {"key": key}).scalar()
+            conn.commit()
+            if got or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
         if not got:
             raise QueuectlError(f"another export or purge of queue {queue!r} is running: try again later")
         try:

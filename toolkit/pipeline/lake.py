@@ -213,6 +213,11 @@ class Lake:
     def files_of(self, record: CommitRecord) -> list[Path]:
         return [self.root / pair.split("\t")[1] for pair in record.files]
 
+    def committed_files(self) -> list[Path]:
+        """Every data file of every committed run: what a reader may trust. A run that died
+        half-way through its renames is not listed until the next run completes it."""
+        return [path for queue in self.queues() for record in self.commits(queue) for path in self.files_of(record)]
+
 
 def _crash_point(name: str) -> None:
     """Fault injection for the crash-recovery tests: QUEUECTL_PIPELINE_CRASH=<name> makes the

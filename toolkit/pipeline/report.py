@@ -61,7 +61,7 @@ def build_report(lake_path: str, *, since: str | None = None, out_dir: str | Non
     """Compute the report from the lake; with out_dir, write report.json and the charts there."""
     since_day = parse_since(since)
     lake = Lake(lake_path)
-    if not lake.history_dir.is_dir() or not any(lake.history_dir.glob("queue=*")):
+    if not lake.committed_files():
         raise UsageError(f"lake {lake} holds no exported history yet: run `queuectl pipeline export --lake {lake}` first")
     spark = get_session(master)
     queues = compute(spark, lake, since_day)
@@ -83,7 +83,10 @@ def build_report(lake_path: str, *, since: str | None = None, out_dir: str | Non
 def compute(spark, lake: Lake, since_day: date | None) -> dict[str, dict]:
     from pyspark.sql import functions as F
 
-    rows = spark.read.parquet(str(lake.history_dir))
+    # Only files named by commit records (never a half-published run's), with the queue=
+    # and day= folders still read as columns.
+    files = [str(p) for p in lake.committed_files()]
+    rows = spark.read.option("basePath", str(lake.history_dir)).parquet(*files)
     if since_day is not None:
         # day (of finished_at) prunes partitions; enqueue counts keep their own filter.
         rows = rows.where(F.col("day") >= F.lit(since_day))

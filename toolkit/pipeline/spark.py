@@ -40,8 +40,11 @@ def get_session(master: str | None = None, jars: list[Path] | None = None, extra
     jar_list = ",".join(str(j) for j in (jars or []))
     active = SparkSession.getActiveSession()
     if active is not None:
+        present = active.sparkContext.getConf().get("spark.jars", "")
         for jar in jars or []:
-            active.sparkContext.addJar(str(jar))
+            if str(jar) not in present.split(","):
+                # Ships it to executors; a driver started without it may still miss the class.
+                active.sparkContext._jsc.sc().addJar(str(jar))
         return active
     builder = (
         SparkSession.builder.master(master)
