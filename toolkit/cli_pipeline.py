@@ -78,7 +78,10 @@ def export(
         for seq, action in q.recovered:
             out.print(f"{q.queue}: run {seq} left by a stopped export was {action}")
     rate = f", {result.rows / result.seconds:,.0f} rows/s" if result.seconds and result.rows else ""
-    out.print(f"exported {result.rows:,} rows to {result.lake} on {result.master} in {result.seconds:.1f} s{rate}")
+    out.print(
+        f"exported {result.rows:,} rows to {result.lake} on {result.master} in {result.seconds:.1f} s"
+        f" (Spark start {result.spark_start_seconds:.1f} s){rate}"
+    )
 
 
 class _progress:

@@ -100,6 +100,7 @@ class ExportResult:
     master: str
     queues: list[QueueExport]
     seconds: float
+    spark_start_seconds: float = 0.0  # part of `seconds`: starting (or joining) the session
 
     @property
     def rows(self) -> int:
@@ -111,6 +112,7 @@ class ExportResult:
             "master": self.master,
             "rows": self.rows,
             "seconds": round(self.seconds, 3),
+            "spark_start_seconds": round(self.spark_start_seconds, 3),
             "rows_per_second": round(self.rows / self.seconds, 1) if self.seconds > 0 else None,
             "queues": [q.as_dict() for q in self.queues],
         }
@@ -142,6 +144,8 @@ def export_history(
     validate_schema_name(schema)
     if partitions is not None and not 1 <= partitions <= 1024:
         raise UsageError(f"--partitions must be from 1 to 1024, got {partitions}")
+    if purge and not 1 <= purge_batch <= 100_000:
+        raise UsageError(f"--purge-batch must be from 1 to 100000, got {purge_batch}")
     if engine.dialect.name != "postgresql":
         raise UsageError(f"pipeline export reads PostgreSQL history only (this is {engine.dialect.name})")
     lake = Lake(lake_path)
@@ -152,18 +156,20 @@ def export_history(
         return ExportResult(str(lake), master or "-", targets, time.monotonic() - started)
     jar = find_jdbc_jar("postgresql", jdbc_jar)
     jdbc = jdbc_target(engine.url)
+    t_spark = time.monotonic()
     spark = get_session(master, [jar])
+    spark_start = time.monotonic() - t_spark
     lake.ensure()
     for item in todo:
         t0 = time.monotonic()
         with _queue_lock(engine, schema, item.queue, lock_wait):
             _export_queue(engine, spark, jdbc, lake, schema, item, partitions, progress)
             if purge:
-                item.purged = purge_exported(engine, str(lake), item.queue, schema=schema, batch=purge_batch, progress=progress)
+                item.purged = _purge(engine, lake, item.queue, schema, purge_batch, PURGE_LOCK_TIMEOUT_MS, progress)
         item.seconds = time.monotonic() - t0
         if progress:
             progress(Progress(item.queue, "done", item.rows, item.rows, item.partitions, item.partitions))
-    return ExportResult(str(lake), spark.sparkContext.master, targets, time.monotonic() - started)
+    return ExportResult(str(lake), spark.sparkContext.master, targets, time.monotonic() - started, spark_start)
 
 
 def _targets(engine: Engine, queues: list[str] | None, schema: str) -> list[QueueExport]:
@@ -373,7 +379,15 @@ def purge_exported(
     batches of `batch` rows, each its own transaction with a lock timeout. Returns rows deleted."""
     if not 1 <= batch <= 100_000:
         raise UsageError(f"purge batch must be from 1 to 100000, got {batch}")
+    validate_schema_name(schema)
     lake = Lake(lake_path)
+    with _queue_lock(engine, schema, QueueNames(queue, schema).queue, LOCK_WAIT_S):
+        return _purge(engine, lake, queue, schema, batch, lock_timeout_ms, progress)
+
+
+def _purge(engine: Engine, lake: Lake, queue: str, schema: str, batch: int, lock_timeout_ms: int, progress) -> int:
+    if not 1 <= batch <= 100_000:
+        raise UsageError(f"--purge-batch must be from 1 to 100000, got {batch}")
     record = lake.last_commit(queue)
     if record is None:
         return 0

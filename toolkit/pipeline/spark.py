@@ -54,6 +54,10 @@ def get_session(master: str | None = None, jars: list[Path] | None = None, extra
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.parquet.compression.codec", "zstd")
     )
+    if "spark.driver.extraJavaOptions" not in (extra or {}):
+        # Spark's startup chatter (WARN lines, "Using Spark's default log4j profile") would
+        # bury the CLI's own output on stderr: errors only.
+        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_quiet_log4j()}")
     if jar_list:
         # spark.jars ships the jar to executors; the driver's own JDBC calls need it on the
         # driver class path too.
@@ -63,3 +67,26 @@ def get_session(master: str | None = None, jars: list[Path] | None = None, extra
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+def _quiet_log4j() -> Path:
+    """A log4j2 configuration that logs errors only, written once per user."""
+    import tempfile
+
+    path = Path(tempfile.gettempdir()) / f"queuectl-log4j2-{os.getuid()}.properties"
+    if not path.is_file() or path.read_text() != _LOG4J2:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(_LOG4J2)
+        os.replace(tmp, path)
+    return path
