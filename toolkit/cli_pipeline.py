@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from queuectl.engine import make_engine
@@ -77,6 +78,8 @@ def export(
     for q in result.queues:
         for seq, action in q.recovered:
             out.print(f"{q.queue}: run {seq} left by a stopped export was {action}")
+        for warning in q.warnings:
+            out.print(f"[yellow]warning:[/] {q.queue}: {escape(warning)}")
     rate = f", {result.rows / result.seconds:,.0f} rows/s" if result.seconds and result.rows else ""
     out.print(
         f"exported {result.rows:,} rows to {result.lake} on {result.master} in {result.seconds:.1f} s"

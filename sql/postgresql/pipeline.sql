@@ -21,7 +21,10 @@ SELECT
           (SELECT min(a.xact_start) FROM pg_stat_activity a
             WHERE a.datname = current_database() AND a.backend_type = 'client backend'
               AND a.xact_start IS NOT NULL AND a.pid <> pg_backend_pid()))
-        - interval '1 second' AS archived_before
+        - interval '1 second' AS archived_before,
+    (SELECT count(*) FROM pg_stat_activity a
+      WHERE a.datname = current_database() AND a.backend_type = 'client backend'
+        AND a.query = '<insufficient privilege>') AS hidden_sessions
 
 -- name: window_rows
 -- How many rows a run will read: new ids and late rows (for the progress display and the

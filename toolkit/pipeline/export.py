@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
 from queuectl.engine import adapter_for
-from queuectl.errors import QueuectlError, UsageError
+from queuectl.errors import NotInstalledError, QueuectlError, UsageError
 from queuectl.install import list_queues, require_queue
 from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident, validate_schema_name
 from queuectl.pipeline.jdbc import find_jdbc_jar, jdbc_target
@@ -70,6 +70,7 @@ class QueueExport:
     bounds: Bounds = field(default_factory=Bounds)
     purged: int = 0
     seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
@@ -91,6 +92,7 @@ class QueueExport:
             "archived_before": self.bounds.archived_before.isoformat() if self.bounds.before_us else None,
             "purged": self.purged,
             "seconds": round(self.seconds, 3),
+            "warnings": self.warnings,
         }
 
 
@@ -178,8 +180,13 @@ def _targets(engine: Engine, queues: list[str] | None, schema: str) -> list[Queu
             infos = [require_queue(conn, name, schema) for name in dict.fromkeys(queues)]
         else:
             infos = list_queues(conn, schema)
+        has_catalog = sa.inspect(conn).has_table("pipeline_exports", schema=schema)
     if not infos:
         raise UsageError(f"no queues installed in schema {schema!r}: nothing to export")
+    if not has_catalog:
+        raise NotInstalledError(
+            f"the catalog in schema {schema!r} predates the pipeline: run `queuectl upgrade` first"
+        )
     result = []
     for info in infos:
         item = QueueExport(info.name, info.kind)
@@ -246,6 +253,12 @@ def _export_queue(engine, spark, jdbc, lake: Lake, schema: str, item: QueueExpor
             upto_id=max(window.max_id or 0, previous.upto_id),
             before_us=max(to_micros(window.archived_before), previous.before_us),
         )
+        if window.hidden_sessions:
+            item.warnings.append(
+                f"{window.hidden_sessions} session(s) of other roles are hidden from this role in "
+                "pg_stat_activity: rows they archive in transactions open across this export could be "
+                "missed; export as the archive job's role or grant pg_read_all_stats"
+            )
         counts = conn.execute(
             sa.text(_sql(conn, "window_rows", _window_values(history, previous, bounds)))
         ).one()
