@@ -6,13 +6,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv venv-test postgres clean
+.PHONY: demo test venv venv-test postgres jdbc clean
 
 demo: venv postgres
 	$(BIN)/queuectl demo
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
-test: venv-test postgres
+test: venv-test postgres jdbc
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
@@ -41,6 +41,17 @@ postgres:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql postgresql-contrib >/dev/null; \
 	else \
 	  echo "PostgreSQL server binaries not found: install postgresql and postgresql-contrib, set QUEUECTL_PG_BIN, or give QUEUECTL_URL" >&2; exit 1; \
+	fi
+
+# The pipeline's Spark JDBC reads need PostgreSQL's JDBC driver jar (no Maven repository is
+# reachable): Debian's libpostgresql-jdbc-java, installed here only when missing and as root.
+jdbc:
+	@if [ -n "$$QUEUECTL_JDBC_JAR" ] || ls /usr/share/java/postgresql*.jar >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing the PostgreSQL JDBC driver (apt-get install libpostgresql-jdbc-java)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java >/dev/null; \
+	else \
+	  echo "PostgreSQL JDBC driver not found: install libpostgresql-jdbc-java or set QUEUECTL_JDBC_JAR to the jar" >&2; exit 1; \
 	fi
 
 clean:

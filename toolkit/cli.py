@@ -329,6 +329,10 @@ from queuectl import cli_kinds  # noqa: E402  (the queue kinds' commands)
 
 cli_kinds.register(app)
 
+from queuectl.cli_pipeline import pipeline_app  # noqa: E402
+
+app.add_typer(pipeline_app, name="pipeline")
+
 
 def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 2."""
