@@ -150,7 +150,7 @@ class Archiver:
         self.config = config
         self.target = JobTarget.resolve(engine, queue, schema, KINDS)
         self._archive = self.target.sql("archive_batch")
-        self._purge = self.target.sql("purge_history_batch")
+        self._purge = self.target.sql("purge_history_batch", exports=self.target.names.catalog_table("pipeline_exports"))
 
     def move_batch(self) -> int:
         """One transaction: move up to `batch` finished rows; returns how many moved."""
@@ -169,7 +169,9 @@ class Archiver:
         assert c.history_retention is not None
         with self.engine.begin() as conn:
             self.target.set_local_timeouts(conn, c.lock_timeout, c.statement_timeout)
-            result = conn.execute(self._purge, {"batch": c.batch, "retention_seconds": c.history_retention})
+            result = conn.execute(
+                self._purge, {"batch": c.batch, "retention_seconds": c.history_retention, "queue": self.target.names.queue}
+            )
             return max(result.rowcount, 0)
 
 

@@ -67,6 +67,22 @@ def test_history_retention_purges_old_history_in_batches(engine, orders: Queue):
     assert all(r.id % 5 == 0 for r in rows(engine, "SELECT id FROM queuectl.orders_history"))
 
 
+def test_history_retention_never_purges_rows_not_yet_exported_to_a_lake(engine, orders: Queue):
+    """With a Parquet lake registered for the queue, retention deletes only what a lake holds."""
+    ids = orders.enqueue_many([str(i) for i in range(20)])
+    finish(orders, 20)
+    archive.run_once(engine, "orders", ArchiveConfig(min_age=0))
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE queuectl.orders_history SET archived_at = now() - interval '40 days'"))
+        # the lake holds ids up to the 12th, archived before 35 days ago (all of them, here)
+        conn.execute(sa.text(
+            "INSERT INTO queuectl.pipeline_exports (queue, lake, run_seq, exported_upto_id, archived_before, rows_exported) "
+            "VALUES ('orders', '/lake', 1, :upto, now() - interval '35 days', 12)"), {"upto": ids[11]})
+    result = archive.run_once(engine, "orders", ArchiveConfig(min_age=0, delay=0, history_retention=parse_duration("30d")))
+    assert result.purged == 12
+    assert sorted(r.id for r in rows(engine, "SELECT id FROM queuectl.orders_history")) == ids[12:]
+
+
 def test_max_seconds_stops_between_batches_without_losing_rows(engine, orders: Queue):
     orders.enqueue_many([str(i) for i in range(50)])
     finish(orders, 50)

@@ -72,6 +72,10 @@ class QueueNames:
     def qualified(self, suffix: str) -> str:
         return f"{quote_ident(self.schema)}.{quote_ident(self.table(suffix))}"
 
+    def catalog_table(self, table: str) -> str:
+        """A catalog table beside the queue's objects, e.g. "queuectl"."pipeline_exports"."""
+        return f"{quote_ident(self.schema)}.{quote_ident(table)}"
+
     @property
     def version_table(self) -> str:
         """Alembic version table that tracks this queue's own schema version."""

@@ -66,6 +66,7 @@ SELECT @rows AS moved;
 -- name: purge_history_batch
 -- Delete one batch of history rows archived more than :retention_seconds ago, oldest
 -- first (an index on history (archived_at) makes this a seek). Returns one row: purged.
+-- When the history is exported to a Parquet lake, only rows some lake holds may go.
 SET NOCOUNT ON;
 DECLARE @batch int = :batch;
 DECLARE @before datetime2(6) = DATEADD(second, -CAST(:retention_seconds AS int), SYSUTCDATETIME());
@@ -75,6 +76,10 @@ WITH old AS (
     SELECT TOP (@batch) h.id
     FROM {{history}} AS h WITH (UPDLOCK, READPAST, ROWLOCK)
     WHERE h.archived_at < @before
+      AND (NOT EXISTS (SELECT 1 FROM {{exports}} AS e WHERE e.queue = :queue)
+           OR EXISTS (SELECT 1 FROM {{exports}} AS e
+                       WHERE e.queue = :queue AND h.id <= e.exported_upto_id
+                         AND h.archived_at < e.archived_before))
     ORDER BY h.archived_at
 )
 DELETE FROM old;

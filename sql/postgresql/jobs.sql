@@ -53,9 +53,15 @@ FROM moved m LEFT JOIN moved_data d ON d.id = m.id
 
 -- name: purge_history_batch
 -- Delete one batch of history rows archived more than :retention_seconds ago, oldest first.
+-- When the queue's history is exported to a Parquet lake (queuectl pipeline export), only
+-- rows some lake already holds may go: retention must never delete what is not exported.
 WITH old AS MATERIALIZED (
     SELECT h.id FROM {{history}} h
     WHERE h.archived_at < now() - make_interval(secs => :retention_seconds)
+      AND (NOT EXISTS (SELECT 1 FROM {{exports}} e WHERE e.queue = :queue)
+           OR EXISTS (SELECT 1 FROM {{exports}} e
+                       WHERE e.queue = :queue AND h.id <= e.exported_upto_id
+                         AND h.archived_at < e.archived_before))
     ORDER BY h.archived_at
     LIMIT :batch
     FOR UPDATE SKIP LOCKED
