@@ -300,6 +300,10 @@ def db_url() -> None:
     sys.stdout.write(mask_url(EmbeddedServer().ensure_running()) + "\n")
 
 
+from queuectl.cli_bench import bench as _bench  # noqa: E402
+app.command("bench")(_bench)
+
+
 def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 2."""
     try:

@@ -1,0 +1,1 @@
+"""PgQueuer and Procrastinate beside queuectl: scenario `peers`."""

@@ -1,0 +1,1 @@
+"""One wide table vs the meta/data split: scenario `split`."""
