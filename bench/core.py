@@ -41,6 +41,8 @@ SETTINGS_SHOWN = (
 WORKER_START_TIMEOUT = 120.0
 WORKER_STOP_TIMEOUT = 120.0
 COMMIT_TABLE = "bench_commit"
+# The issue's comparisons: full cycles at batch 100, the split at batch 10.
+DEFAULT_BATCH = {"split": 10}
 
 
 @dataclass
@@ -48,7 +50,7 @@ class BenchOptions:
     kinds: list[str] = field(default_factory=lambda: ["reliable"])
     producers: int = 4
     consumers: int = 4
-    batch: int = 100
+    batch: int | None = None  # None: the scenario's default (DEFAULT_BATCH)
     payload_bytes: int = 300
     seconds: float = 10.0
     repeat: int = 3
@@ -58,6 +60,8 @@ class BenchOptions:
     pgbench: bool = True
 
     def validate(self) -> "BenchOptions":
+        if self.batch is None:
+            self.batch = DEFAULT_BATCH.get(self.scenario, 100)
         checks = [
             (1 <= self.producers <= 64, "--producers must be 1-64"),
             (1 <= self.consumers <= 64, "--consumers must be 1-64"),
@@ -230,9 +234,6 @@ class BenchRun:
     ) -> dict[str, Any]:
         """Run real worker processes; mode is 'enqueue', 'dequeue' (drain a pre-filled
         queue, no producers) or 'cycle' (producers and consumers at once)."""
-        ctx = self.ctx
-        ready, results = ctx.Queue(), ctx.Queue()
-        go, stop = ctx.Event(), ctx.Event()
         specs: list[WorkerSpec] = []
         common = dict(driver=driver, url=self.url, queue=names.queue, schema=names.schema, batch=batch,
                       payload_bytes=payload_bytes)
@@ -241,7 +242,15 @@ class BenchRun:
         if mode in ("dequeue", "cycle"):
             specs += [WorkerSpec(role="consumer", seed=2000 + i, drain=(mode == "dequeue"), **common)
                       for i in range(consumers)]
-        procs = [ctx.Process(target=run_worker, args=(s, ready, go, stop, results), daemon=True) for s in specs]
+        return self.run_processes(run_worker, specs, mode, seconds)
+
+    def run_processes(self, target: Callable[..., None], specs: Sequence[Any], mode: str, seconds: float) -> dict[str, Any]:
+        """Start one process per spec (each calls target(spec, ready, go, stop, results)),
+        start them together, stop them after `seconds` (or when all drained), and sum up."""
+        ctx = self.ctx
+        ready, results = ctx.Queue(), ctx.Queue()
+        go, stop = ctx.Event(), ctx.Event()
+        procs = [ctx.Process(target=target, args=(s, ready, go, stop, results), daemon=True) for s in specs]
         for p in procs:
             p.start()
         reports: list[dict[str, Any]] = []

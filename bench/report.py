@@ -49,7 +49,7 @@ def render(result: dict[str, Any], console: Console) -> None:
             t.add_column(col)
         for tg in sc["targets"]:
             value, goal = tg.get("value"), tg.get("threshold")
-            fmt = _pct if goal is not None and goal <= 1.0 else (lambda v: _num(v, 1) + "x" if v is not None else "-")
+            fmt = _pct if goal is not None and goal <= 1.0 else (lambda v: _num(v, 2) + "x" if v is not None else "-")
             met = {True: "[green]yes[/]", False: "[red]no[/]", None: "not measured"}[tg.get("met")]
             t.add_row(tg["name"], fmt(value), (">= " + fmt(goal)) if goal is not None else "-", met)
         console.print(t)
@@ -83,7 +83,8 @@ def rows_table(sc: dict[str, Any]) -> Table:
         ]
         for _, key in extra:
             value = _med(row.get("metrics", {}).get(key))
-            cells.append(_pct(value) if key.startswith("fraction") else _num(value, 1))
+            digits = 2 if value is not None and abs(value) < 10 else 0
+            cells.append(_pct(value) if key.startswith("fraction") else _num(value, digits))
         t.add_row(*cells)
     return t
 

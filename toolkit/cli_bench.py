@@ -20,7 +20,9 @@ def bench(
     ] = None,
     producers: Annotated[int, typer.Option(help="Producer processes.")] = 4,
     consumers: Annotated[int, typer.Option(help="Consumer processes.")] = 4,
-    batch: Annotated[int, typer.Option(help="Messages per enqueue and per dequeue call.")] = 100,
+    batch: Annotated[
+        Optional[int], typer.Option(help="Messages per enqueue and per dequeue call. Default: 100 (split: 10).")
+    ] = None,
     payload_bytes: Annotated[int, typer.Option(help="Payload size in bytes (random, incompressible).")] = 300,
     seconds: Annotated[float, typer.Option(help="Length of each measured phase.")] = 10.0,
     repeat: Annotated[int, typer.Option(help="Repeats; medians are reported.")] = 3,
@@ -47,7 +49,7 @@ def bench(
     """
     from queuectl.bench import BenchOptions, render, run_bench
 
-    out = Console()
+    out = Console() if sys.stdout.isatty() else Console(width=200)  # tables stay readable in files
     options = BenchOptions(
         kinds=kind or ["reliable"], producers=producers, consumers=consumers, batch=batch,
         payload_bytes=payload_bytes, seconds=seconds, repeat=repeat, scenario=scenario, url=url,

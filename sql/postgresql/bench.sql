@@ -189,3 +189,10 @@ SELECT count(*) FROM {{meta}} WHERE status = 0
 SELECT count(*) AS n,
        extract(epoch FROM max(finished_at) - min(dequeued_at)) AS seconds
 FROM {{meta}} WHERE status = 2
+
+-- name: create_database
+-- A private database for the peers' tables (scenario `peers`).
+CREATE DATABASE {{database}}
+
+-- name: drop_database
+DROP DATABASE IF EXISTS {{database}} WITH (FORCE)
