@@ -157,8 +157,6 @@ class ReliableDriver:
             enqueue = "pgbench_reliable_enqueue_one"
         else:
             variables["payloads"] = bytea_array_literal(payloads[:batch])
-            variables["priorities"] = "{" + ",".join(["0"] * batch) + "}"
-            variables["delays"] = "{" + ",".join(['"0 seconds"'] * batch) + "}"
             enqueue = "pgbench_reliable_enqueue_many"
         return PgbenchScripts(enqueue, "pgbench_reliable_consume", variables)
 

@@ -159,12 +159,17 @@ class Queue:
         if not items:
             return []
         n = len(items)
+        priorities = [self._check_priority(p) for p in self._spread(priority, n, "priority")]
+        delays = [_check_seconds(d or 0.0, "delay") for d in self._spread(delay, n, "delay")]
+        titles = self._spread(title, n, "title")
+        # An array holding only defaults goes as NULL (the function pads it with defaults):
+        # adapting and sending three arrays per batch was a fifth of a producer's time (py-spy).
         params = {
             "payloads": items,
             "headers": None if headers is None else [_headers_json(h) for h in self._per_item(headers, n, "headers")],
-            "priorities": [self._check_priority(p) for p in self._spread(priority, n, "priority")],
-            "delays": [f"{_check_seconds(d or 0.0, 'delay')} seconds" for d in self._spread(delay, n, "delay")],
-            "titles": self._spread(title, n, "title"),
+            "priorities": priorities if any(priorities) else None,
+            "delays": [f"{d} seconds" for d in delays] if any(delays) else None,
+            "titles": titles if any(t is not None for t in titles) else None,
             "max_attempts": max_attempts,
         }
         return list(self._conn.execute(self._sql["enqueue_many"], params).scalars())

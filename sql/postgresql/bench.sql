@@ -36,9 +36,10 @@ SELECT {{fn_enqueue}}(CAST(:payload AS bytea), CAST(NULL AS jsonb), CAST(0 AS sm
                       make_interval(secs => 0), NULL, CAST(NULL AS integer)) AS id;
 
 -- name: pgbench_reliable_enqueue_many
--- The Python client's `enqueue_many` call with its default arguments.
+-- The Python client's `enqueue_many` call with its default arguments (arrays of defaults
+-- are sent as NULL).
 SELECT id FROM {{fn_enqueue_many}}(CAST(:payloads AS bytea[]), CAST(NULL AS jsonb[]),
-                                   CAST(:priorities AS smallint[]), CAST(:delays AS interval[]),
+                                   CAST(NULL AS smallint[]), CAST(NULL AS interval[]),
                                    CAST(NULL AS text[]), CAST(NULL AS integer)) AS id;
 
 -- name: pgbench_reliable_consume
