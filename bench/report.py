@@ -92,3 +92,53 @@ def rows_table(sc: dict[str, Any]) -> Table:
 def _load(values: list[float] | None) -> str:
     return "/".join(f"{v:.2f}" for v in values) if values else "?"
 
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The same tables as Markdown, for bench/RESULTS.md and the README."""
+    env, sc = result["environment"], result["scenario"]
+    lines = [
+        f"`{' '.join(result['command'])}`" if result.get("command") else "",
+        "",
+        f"{env['cpu_count']} cores; load average {_load(env.get('load_average'))} at start, "
+        f"{_load(sc.get('load_average_end'))} at end; medians of {result['options']['repeat']} repeats.",
+        "",
+    ]
+    if sc.get("ceilings"):
+        lines += ["| ceiling (pgbench) | clients | per second | repeats |", "|---|---:|---:|---|"]
+        for c in sc["ceilings"]:
+            lines.append(f"| {c['name']} | {c['clients']} | {_num(_med(c['rate']))} | {_values(c['rate'])} |")
+        lines.append("")
+    extra = sc.get("display_metrics", [])
+    head = ["subject", "phase", "batch", "P+C", "bytes", "msgs/s", "repeats", "SQL ceiling", "share", "p50 ms", "p99 ms"]
+    head += [name for name, _ in extra]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in sc.get("rows", []):
+        p, lat, ceiling = row["params"], row.get("latency_ms") or {}, row.get("ceiling") or {}
+        cells = [
+            row["subject"] + (f" ({p['setting']})" if p.get("setting") else ""), row["phase"], str(p.get("batch", "-")),
+            f"{p.get('producers', 0)}+{p.get('consumers', 0)}", str(p.get("payload_bytes", "-")),
+            _num(_med(row["rate"])), _values(row["rate"]), _num(_med(ceiling.get("rate"))),
+            _pct(_med(row.get("fraction_of_ceiling"))), _num(_med(lat.get("p50")), 1), _num(_med(lat.get("p99")), 1),
+        ]
+        for _, key in extra:
+            value = _med(row.get("metrics", {}).get(key))
+            digits = 2 if value is not None and abs(value) < 10 else 0
+            cells.append(_pct(value) if key.startswith("fraction") else _num(value, digits))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for tg in sc.get("targets", []):
+        value, goal = tg.get("value"), tg.get("threshold")
+        shown = (_pct(value) if goal is not None and goal <= 1.0 else (f"{value:.2f}x" if value is not None else "-"))
+        goal_shown = (_pct(goal) if goal is not None and goal <= 1.0 else f"{goal:.2f}x") if goal is not None else "-"
+        met = {True: "**met**", False: "**missed**", None: "not measured"}[tg.get("met")]
+        lines.append(f"- target: {tg['name']}: {shown} (goal >= {goal_shown}): {met}")
+    for u in sc.get("unavailable", []):
+        lines.append(f"- not measured: {u['subject']}: {u['reason']}")
+    return "\n".join(lines) + "\n"
+
+
+def _values(stat: dict[str, Any] | None) -> str:
+    if not stat:
+        return "-"
+    return " / ".join(_num(v) for v in stat.get("values", []))

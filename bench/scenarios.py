@@ -37,7 +37,8 @@ def kinds(run: BenchRun) -> dict[str, Any]:
         "full-cycle: producers and consumers at once, unthrottled; latency is from the producer's "
         "clock before enqueue to the consumer's clock after ack, so a backlog shows in it",
         "sql (pgbench): the same SQL API calls the Python client makes, from pgbench -M prepared; "
-        "its dequeue-only figure is acked rows / server span from first claim to last ack",
+        "its dequeue-only figure is acked rows / server span from first claim to last ack; its full "
+        "cycle runs producers+consumers clients that each enqueue a batch, then dequeue and ack one",
     ]
     unavailable: list[dict[str, str]] = []
     rows: list[dict[str, Any]] = []
@@ -98,7 +99,7 @@ def kinds(run: BenchRun) -> dict[str, Any]:
                            "consumers": C if ph != "enqueue" else 0, "payload_bytes": o.payload_bytes,
                            "clients": clients},
                 "rate": stat(m[f"py_{ph}"]),
-                "ceiling": {"name": f"same SQL via pgbench ({PHASE_CLIENTS[ph]})", "rate": stat(m[f"sql_{ph}"])},
+                "ceiling": {"name": f"same SQL via pgbench ({PHASE_CLIENTS[ph]} clients)", "rate": stat(m[f"sql_{ph}"])},
                 "fraction_of_ceiling": stat(fraction),
                 "latency_ms": {"p50": stat(m["p50"]), "p99": stat(m["p99"])} if ph == "cycle" else None,
                 "metrics": {},

@@ -50,7 +50,7 @@ def test_tiny_kinds_run_writes_json_that_matches_the_schema(db_url: str, engine:
     assert phases["enqueue-only"]["latency_ms"] is None
     assert result["environment"]["cpu_count"] >= 1 and len(result["environment"]["load_average"]) == 3
     # the pgbench commands are recorded, each on this database
-    assert {"ceiling select1", "ceiling commit", "sql enqueue"} <= set(result["commands"])
+    assert {"ceiling select1", "ceiling commit", "sql enqueue", "sql dequeue", "sql full-cycle"} <= set(result["commands"])
     database = make_url(db_url).database
     assert all(cmd[-1] == database for cmd in result["commands"].values())
     # the meta table's churn is reported (HOT updates counted, whatever they are)
@@ -75,3 +75,38 @@ def test_unknown_scenario_is_a_one_line_usage_error(db_url: str) -> None:
     assert proc.returncode == 2
     lines = proc.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "unknown scenario 'nope'" in lines[0] and "kinds" in lines[0]
+
+
+def test_one_table_baseline_hands_out_each_message_once(db_url: str, engine: sa.Engine) -> None:
+    from queuectl.bench.drivers import driver_for
+    from queuectl.names import QueueNames
+
+    driver, names = driver_for("onetable"), QueueNames("bsplit_one")
+    with engine.begin() as conn:
+        conn.exec_driver_sql('CREATE SCHEMA IF NOT EXISTS "queuectl"')
+    driver.install(engine, names)
+    sent = [f"m{i}".encode() for i in range(30)]
+    a, b = driver.open(db_url, names), driver.open(db_url, names)
+    try:
+        a.enqueue(sent[:20])
+        b.enqueue(sent[20:])
+        got: list[bytes] = []
+        held_a, token_a = a.take(7)
+        held_b, token_b = b.take(7)  # skips the rows a holds
+        assert not set(held_a) & set(held_b)
+        got += held_a + held_b
+        a.finish(token_a)
+        b.finish(token_b)
+        while True:
+            payloads, token = a.take(7)
+            if not payloads:
+                break
+            a.finish(token)
+            got += payloads
+    finally:
+        a.close()
+        b.close()
+    assert sorted(got) == sorted(sent)
+    with engine.connect() as conn:
+        assert driver.consumed(conn, names)[0] == 30 and driver.ready(conn, names) == 0
+    driver.uninstall(engine, names)
