@@ -110,3 +110,10 @@ def test_one_table_baseline_hands_out_each_message_once(db_url: str, engine: sa.
     with engine.connect() as conn:
         assert driver.consumed(conn, names)[0] == 30 and driver.ready(conn, names) == 0
     driver.uninstall(engine, names)
+
+
+def test_recorded_command_line_masks_a_url_password() -> None:
+    from queuectl.cli_bench import _masked
+
+    shown = _masked(["bench", "--url", "postgresql://app:s3cr3t@db/x", "--url=postgresql://app:s3cr3t@db/y"])
+    assert "s3cr3t" not in " ".join(shown) and shown[2] == "postgresql://app:***@db/x"

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from queuectl.engine import URL_ENV
+from queuectl.engine import URL_ENV, mask_url
 from queuectl.names import DEFAULT_SCHEMA
 
 
@@ -55,7 +55,7 @@ def bench(
         payload_bytes=payload_bytes, seconds=seconds, repeat=repeat, scenario=scenario, url=url,
         schema=schema, pgbench=not no_pgbench,
     )
-    result = run_bench(options, console=out, argv=["queuectl", *sys.argv[1:]])
+    result = run_bench(options, console=out, argv=["queuectl", *_masked(sys.argv[1:])])
     text = json.dumps(result, indent=2, default=str) + "\n"
     if json_file is not None and str(json_file) != "-":
         json_file.write_text(text)
@@ -63,3 +63,15 @@ def bench(
         sys.stdout.write(text)
     else:
         render(result, out)
+
+
+def _masked(argv: list[str]) -> list[str]:
+    """argv as recorded in the result: a --url value loses its password."""
+    shown: list[str] = []
+    for i, item in enumerate(argv):
+        if item.startswith("--url="):
+            item = "--url=" + mask_url(item[len("--url="):])
+        elif i > 0 and argv[i - 1] == "--url":
+            item = mask_url(item)
+        shown.append(item)
+    return shown
