@@ -27,7 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from queuectl.bench.drivers import BENCH_KINDS, bench_sql, driver_for
 from queuectl.bench.pgbench import Pgbench, PgbenchUnavailable, find_pgbench, pgbench_version
-from queuectl.bench.workers import WorkerSpec, payload_pool, run_worker
+from queuectl.bench.workers import Backlog, WorkerSpec, payload_pool, run_worker
 from queuectl.engine import make_engine, mask_url, resolve_url
 from queuectl.errors import QueuectlError, UsageError
 from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident, validate_schema_name
@@ -58,10 +58,13 @@ class BenchOptions:
     url: str | None = None
     schema: str = DEFAULT_SCHEMA
     pgbench: bool = True
+    backlog: int | None = None  # full cycle: most messages waiting; None: auto, 0: unbounded
 
     def validate(self) -> "BenchOptions":
         if self.batch is None:
             self.batch = DEFAULT_BATCH.get(self.scenario, 100)
+        if self.backlog is None:
+            self.backlog = max(2000, 10 * self.consumers * self.batch)
         checks = [
             (1 <= self.producers <= 64, "--producers must be 1-64"),
             (1 <= self.consumers <= 64, "--consumers must be 1-64"),
@@ -69,6 +72,7 @@ class BenchOptions:
             (8 <= self.payload_bytes <= 1_048_576, "--payload-bytes must be 8-1048576 (8 bytes carry the send time)"),
             (0.5 <= self.seconds <= 3600, "--seconds must be 0.5-3600"),
             (1 <= self.repeat <= 100, "--repeat must be 1-100"),
+            (0 <= self.backlog <= 100_000_000, "--backlog must be 0 (unbounded) to 100000000"),
         ]
         for ok, message in checks:
             if not ok:
@@ -245,12 +249,20 @@ class BenchRun:
         return self.run_processes(run_worker, specs, mode, seconds)
 
     def run_processes(self, target: Callable[..., None], specs: Sequence[Any], mode: str, seconds: float) -> dict[str, Any]:
-        """Start one process per spec (each calls target(spec, ready, go, stop, results)),
-        start them together, stop them after `seconds` (or when all drained), and sum up."""
+        """Start one process per spec (each calls target(spec, ready, go, stop, results,
+        backlog)), start them together, stop them after `seconds` (or when all drained), and
+        sum up. Producers come first in `specs`; in a full cycle they keep the backlog under
+        --backlog, so the cycle is measured at a steady state, as its pgbench twin runs."""
         ctx = self.ctx
         ready, results = ctx.Queue(), ctx.Queue()
         go, stop = ctx.Event(), ctx.Event()
-        procs = [ctx.Process(target=target, args=(s, ready, go, stop, results), daemon=True) for s in specs]
+        slots = ctx.Array("q", len(specs), lock=False)
+        producers = sum(1 for s in specs if s.role == "producer")
+        limit = int(self.options.backlog or 0) if mode == "cycle" else 0
+        procs = [
+            ctx.Process(target=target, args=(s, ready, go, stop, results, Backlog(slots, producers, limit, i)), daemon=True)
+            for i, s in enumerate(specs)
+        ]
         for p in procs:
             p.start()
         reports: list[dict[str, Any]] = []

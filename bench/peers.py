@@ -30,7 +30,7 @@ from sqlalchemy.engine import make_url
 
 from queuectl.bench.core import BenchRun, ratio, scenario, stat
 from queuectl.bench.drivers import bench_sql, driver_for
-from queuectl.bench.workers import LATENCY_SAMPLE, WARMUP_CALLS, payload_pool
+from queuectl.bench.workers import BACKLOG_PAUSE_SECONDS, LATENCY_SAMPLE, WARMUP_CALLS, Backlog, payload_pool
 from queuectl.names import quote_ident
 
 STAMP = struct.Struct("<d")
@@ -52,7 +52,7 @@ class PeerSpec:
     seed: int
 
 
-def peer_worker(spec: PeerSpec, ready: Any, go: Any, stop: Any, results: Any) -> None:
+def peer_worker(spec: PeerSpec, ready: Any, go: Any, stop: Any, results: Any, backlog: Backlog) -> None:
     """Process entry point (spawn): one asyncio loop running one producer or consumer."""
     report: dict[str, Any] = {"role": spec.role, "pid": os.getpid(), "count": 0, "t_start": None, "t_end": None}
     signalled = False
@@ -65,7 +65,7 @@ def peer_worker(spec: PeerSpec, ready: Any, go: Any, stop: Any, results: Any) ->
 
     try:
         main = {"pgqueuer": _pgqueuer, "procrastinate": _procrastinate}[spec.peer]
-        report.update(asyncio.run(main(spec, signal_ready, go, stop)))
+        report.update(asyncio.run(main(spec, signal_ready, go, stop, backlog)))
     except BaseException as exc:
         report["error"] = f"{spec.peer}: {type(exc).__name__}: {exc}"
         report["traceback"] = traceback.format_exc(limit=8)
@@ -77,7 +77,8 @@ def peer_worker(spec: PeerSpec, ready: Any, go: Any, stop: Any, results: Any) ->
 class _Tally:
     """Counts handled jobs once the common start was given, with send-to-handler latency."""
 
-    def __init__(self) -> None:
+    def __init__(self, backlog: Backlog | None = None) -> None:
+        self.backlog = backlog
         self.counting = False
         self.count = 0
         self.t_start = 0.0
@@ -89,6 +90,8 @@ class _Tally:
         self.counting = True
 
     def handled(self, sent_at: float) -> None:
+        if self.backlog is not None:
+            self.backlog.add(1)
         if self.counting:
             now = time.time()
             self.count += 1
@@ -115,15 +118,20 @@ def _payloads(spec: PeerSpec) -> tuple[list[bytes], random.Random]:
     return payload_pool(spec.payload_bytes, max(64, spec.batch * 4), spec.seed), random.Random(spec.seed)
 
 
-async def _produce(spec: PeerSpec, send: Any, signal_ready: Any, go: Any, stop: Any) -> dict[str, Any]:
+async def _produce(spec: PeerSpec, send: Any, signal_ready: Any, go: Any, stop: Any, backlog: Backlog) -> dict[str, Any]:
     for _ in range(WARMUP_CALLS):
         await send()
+        backlog.add(spec.batch)
     signal_ready()
     await _wait(go)
     count, t_start = 0, time.time()
     t_end = t_start
     while not stop.is_set():
+        if backlog.too_deep():
+            await asyncio.sleep(BACKLOG_PAUSE_SECONDS)
+            continue
         await send()
+        backlog.add(spec.batch)
         count += spec.batch
         t_end = time.time()
     return {"count": count, "t_start": t_start, "t_end": t_end}
@@ -132,7 +140,7 @@ async def _produce(spec: PeerSpec, send: Any, signal_ready: Any, go: Any, stop: 
 # -- PgQueuer -----------------------------------------------------------------------------
 
 
-async def _pgqueuer(spec: PeerSpec, signal_ready: Any, go: Any, stop: Any) -> dict[str, Any]:
+async def _pgqueuer(spec: PeerSpec, signal_ready: Any, go: Any, stop: Any, backlog: Backlog) -> dict[str, Any]:
     import asyncpg
     from pgqueuer import QueueManager
     from pgqueuer.queries import Queries
@@ -149,9 +157,9 @@ async def _pgqueuer(spec: PeerSpec, signal_ready: Any, go: Any, stop: Any) -> di
                 start = rng.randrange(len(pool) - spec.batch)
                 await queries.enqueue(entrypoints, [stamp + p[8:] for p in pool[start:start + spec.batch]], priorities)
 
-            return await _produce(spec, send, signal_ready, go, stop)
+            return await _produce(spec, send, signal_ready, go, stop, backlog)
 
-        tally = _Tally()
+        tally = _Tally(backlog)
         qm = QueueManager(queries)
 
         @qm.entrypoint(ENTRYPOINT)
@@ -201,8 +209,8 @@ def _procrastinate_app(dsn: str, tally: _Tally | None) -> tuple[Any, Any]:
     return app, bench_job
 
 
-async def _procrastinate(spec: PeerSpec, signal_ready: Any, go: Any, stop: Any) -> dict[str, Any]:
-    tally = _Tally() if spec.role == "consumer" else None
+async def _procrastinate(spec: PeerSpec, signal_ready: Any, go: Any, stop: Any, backlog: Backlog) -> dict[str, Any]:
+    tally = _Tally(backlog) if spec.role == "consumer" else None
     app, bench_job = _procrastinate_app(spec.dsn, tally)
     async with app.open_async():
         if spec.role == "producer":
@@ -214,7 +222,7 @@ async def _procrastinate(spec: PeerSpec, signal_ready: Any, go: Any, stop: Any) 
                 start = rng.randrange(len(bodies) - spec.batch)
                 await bench_job.batch_defer_async(*({"sent_at": now, "body": b} for b in bodies[start:start + spec.batch]))
 
-            return await _produce(spec, send, signal_ready, go, stop)
+            return await _produce(spec, send, signal_ready, go, stop, backlog)
 
         assert tally is not None
         runner = asyncio.create_task(app.run_worker_async(
@@ -358,7 +366,8 @@ def peers(run: BenchRun) -> dict[str, Any]:
         "notes": [
             f"peers run in their own database {PEERS_DATABASE}, installed and driven through their own APIs "
             "(PgQueuer over asyncpg, its fastest driver; Procrastinate over psycopg), no-op handlers",
-            "peers' enqueue uses their batch APIs with --batch jobs per call; queuectl uses enqueue_many",
+            "peers' enqueue uses their batch APIs with --batch jobs per call; queuectl uses enqueue_many; "
+            f"every system's producers pause while more than {o.backlog:,} jobs wait (--backlog)",
             "peers count a job when its handler runs, before the peer records completion; queuectl counts "
             "after its ack commits; peers' latency is send -> handler, queuectl's send -> ack returned",
         ],

@@ -34,8 +34,9 @@ def kinds(run: BenchRun) -> dict[str, Any]:
     notes: list[str] = [
         "dequeue-only: consumers dequeue+ack a queue pre-filled by the enqueue-only phase, with no "
         "producers; its rate is messages / time until the queue was empty or --seconds passed",
-        "full-cycle: producers and consumers at once, unthrottled; latency is from the producer's "
-        "clock before enqueue to the consumer's clock after ack, so a backlog shows in it",
+        f"full-cycle: producers and consumers at once; producers pause while more than {o.backlog:,} "
+        "messages wait (--backlog), so the cycle runs at a steady state like its pgbench twin; latency is "
+        "from the producer's clock before enqueue to the consumer's clock after ack",
         "sql (pgbench): the same SQL API calls the Python client makes, from pgbench -M prepared; "
         "its dequeue-only figure is acked rows / server span from first claim to last ack; its full "
         "cycle runs producers+consumers clients that each enqueue a batch, then dequeue and ack one",

@@ -27,6 +27,29 @@ STAMP = struct.Struct("<d")
 WARMUP_CALLS = 6
 LATENCY_SAMPLE = 20_000  # per consumer, uniform sample sent back to the parent
 EMPTY_POLL_SECONDS = 0.002
+BACKLOG_PAUSE_SECONDS = 0.001
+
+
+@dataclass
+class Backlog:
+    """Steady state for the full cycle: producers pause while enqueued - consumed exceeds
+    `limit` (0: never). Each worker writes only its own slot of a shared array, so no lock
+    is needed; producers hold the first `producers` slots."""
+
+    slots: Any
+    producers: int
+    limit: int
+    index: int = 0
+
+    def add(self, n: int) -> None:
+        if self.limit:
+            self.slots[self.index] += n
+
+    def too_deep(self) -> bool:
+        if not self.limit:
+            return False
+        values = self.slots[:]
+        return sum(values[: self.producers]) - sum(values[self.producers:]) > self.limit
 
 
 @dataclass(frozen=True)
@@ -50,7 +73,7 @@ def payload_pool(payload_bytes: int, count: int, seed: int) -> list[bytes]:
     return [rng.randbytes(size) for _ in range(count)]
 
 
-def run_worker(spec: WorkerSpec, ready: Any, go: Any, stop: Any, results: Any) -> None:
+def run_worker(spec: WorkerSpec, ready: Any, go: Any, stop: Any, results: Any, backlog: Backlog) -> None:
     """Process entry point; every outcome (also a failure) is one dict on `results`."""
     from queuectl.bench.drivers import driver_for
 
@@ -60,9 +83,9 @@ def run_worker(spec: WorkerSpec, ready: Any, go: Any, stop: Any, results: Any) -
         driver = driver_for(spec.driver)
         session = driver.open(spec.url, QueueNames(spec.queue, spec.schema))
         if spec.role == "producer":
-            work = _producer(session, spec)
+            work = _producer(session, spec, backlog)
         else:
-            work = _consumer(session, spec)
+            work = _consumer(session, spec, backlog)
         next(work)  # warm up
         ready.put(os.getpid())
         go.wait()
@@ -80,7 +103,7 @@ def run_worker(spec: WorkerSpec, ready: Any, go: Any, stop: Any, results: Any) -
         results.put(report)
 
 
-def _producer(session: Any, spec: WorkerSpec):
+def _producer(session: Any, spec: WorkerSpec, backlog: Backlog):
     pool = payload_pool(spec.payload_bytes, max(64, spec.batch * 4), spec.seed)
     rng = random.Random(spec.seed + 1)
     n = spec.batch
@@ -94,23 +117,29 @@ def _producer(session: Any, spec: WorkerSpec):
     if spec.warmup:
         for _ in range(WARMUP_CALLS):
             session.enqueue(batch_now())
+            backlog.add(n)
     stop = yield
     count = 0
     t_start = time.time()
     t_end = t_start
     while not stop.is_set():
+        if backlog.too_deep():
+            time.sleep(BACKLOG_PAUSE_SECONDS)
+            continue
         session.enqueue(batch_now())
+        backlog.add(n)
         count += n
         t_end = time.time()
     yield {"count": count, "t_start": t_start, "t_end": t_end}
 
 
-def _consumer(session: Any, spec: WorkerSpec):
+def _consumer(session: Any, spec: WorkerSpec, backlog: Backlog):
     if spec.warmup:
         for _ in range(WARMUP_CALLS):
             # prepares the dequeue; on a pre-filled queue these claims are finished (not counted)
-            _, token = session.take(spec.batch)
+            payloads, token = session.take(spec.batch)
             session.finish(token)
+            backlog.add(len(payloads))
     stop = yield
     latencies = array("d")
     count = 0
@@ -125,6 +154,7 @@ def _consumer(session: Any, spec: WorkerSpec):
             time.sleep(EMPTY_POLL_SECONDS)
             continue
         session.finish(token)
+        backlog.add(len(payloads))
         now = time.time()
         t_end = now
         count += len(payloads)

@@ -29,6 +29,11 @@ def bench(
     scenario: Annotated[
         str, typer.Option(help="kinds (default), peers, split; see the README's bench section.")
     ] = "kinds",
+    backlog: Annotated[
+        Optional[int],
+        typer.Option(help="Full cycle: producers pause above this many waiting messages (0: never). "
+                     "Default: max(2000, 10 x consumers x batch)."),
+    ] = None,
     json_file: Annotated[
         Optional[Path], typer.Option("--json", help="Also write the result as JSON to this file ('-': stdout).")
     ] = None,
@@ -53,7 +58,7 @@ def bench(
     options = BenchOptions(
         kinds=kind or ["reliable"], producers=producers, consumers=consumers, batch=batch,
         payload_bytes=payload_bytes, seconds=seconds, repeat=repeat, scenario=scenario, url=url,
-        schema=schema, pgbench=not no_pgbench,
+        schema=schema, pgbench=not no_pgbench, backlog=backlog,
     )
     result = run_bench(options, console=out, argv=["queuectl", *_masked(sys.argv[1:])])
     text = json.dumps(result, indent=2, default=str) + "\n"
