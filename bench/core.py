@@ -61,6 +61,8 @@ class BenchOptions:
     backlog: int | None = None  # full cycle: most messages waiting; None: auto, 0: unbounded
 
     def validate(self) -> "BenchOptions":
+        import queuectl.bench.scenarios  # noqa: F401  (registers the built-in scenarios)
+
         if self.batch is None:
             self.batch = DEFAULT_BATCH.get(self.scenario, 100)
         if self.backlog is None:

@@ -41,7 +41,7 @@ def _pgss(run: BenchRun) -> bool:
 def _calls(run: BenchRun, fn_name: str) -> dict[str, float]:
     with run.engine.connect() as conn:
         rows = conn.execute(sa.text(bench_sql("pgss_calls", {})), {"pattern": f"%{fn_name}(%"}).mappings().all()
-    keys = ("calls", "rows", "shared_blks_hit", "shared_blks_read", "wal_bytes")
+    keys = ("calls", "rows", "shared_blks_hit", "shared_blks_read", "wal_bytes", "total_exec_time")
     return {k: float(sum(r[k] or 0 for r in rows)) for k in keys}
 
 
