@@ -412,8 +412,6 @@ def scenario(name: str, help_text: str) -> Callable[[Scenario], Scenario]:
 
 def run_bench(options: BenchOptions, console: Console | None = None, argv: list[str] | None = None) -> dict[str, Any]:
     """Run one scenario and return the result document (result_schema.json)."""
-    import queuectl.bench.scenarios  # noqa: F401  (registers the built-in scenarios)
-
     options.validate()
     run = BenchRun(options, console)
     try:
