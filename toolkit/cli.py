@@ -333,6 +333,9 @@ from queuectl.cli_pipeline import pipeline_app  # noqa: E402
 
 app.add_typer(pipeline_app, name="pipeline")
 
+from queuectl.cli_bench import bench as _bench  # noqa: E402
+app.command("bench")(_bench)
+
 
 def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 2."""

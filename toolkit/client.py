@@ -200,20 +200,21 @@ class Queue:
             "lease_seconds": _check_seconds(lease, "lease", low=0.001),
             "worker": self.worker,
         }
-        rows = self._conn.execute(self._sql["dequeue"], params).mappings().all()
+        # Plain rows, not .mappings(): building dict-like rows was ~7% of a consumer's time (py-spy).
+        rows = self._conn.execute(self._sql["dequeue"], params).all()
         return [
             Message(
-                id=r["id"],
-                payload=bytes(r["payload"]),
-                headers=self._adapter.json_value(r["headers"]),
-                priority=r["priority"],
-                attempts=r["attempts"],
-                max_attempts=r["max_attempts"],
-                title=r["title"],
-                enqueued_at=r["enqueued_at"],
-                dequeued_at=r["dequeued_at"],
-                due_at=r["due_at"],
-                leased_until=r["leased_until"],
+                id=r.id,
+                payload=r.payload if type(r.payload) is bytes else bytes(r.payload),
+                headers=self._adapter.json_value(r.headers),
+                priority=r.priority,
+                attempts=r.attempts,
+                max_attempts=r.max_attempts,
+                title=r.title,
+                enqueued_at=r.enqueued_at,
+                dequeued_at=r.dequeued_at,
+                due_at=r.due_at,
+                leased_until=r.leased_until,
             )
             for r in rows
         ]

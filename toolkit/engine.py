@@ -95,14 +95,22 @@ class Adapter:
 
     def enqueue_many_params(self, items: list[dict[str, object]], max_attempts: int | None) -> dict[str, object]:
         """enqueue_many's bind values from per-item dicts (payload bytes, headers JSON text,
-        priority, delay seconds, title): parallel arrays on PostgreSQL."""
+        priority, delay seconds, title): parallel arrays on PostgreSQL.
+
+        An array holding only defaults goes as NULL (the function pads it with defaults):
+        adapting and sending three arrays per batch was a fifth of a producer's time (py-spy).
+        Delays are formatted with fixed decimals: `f"{7e-05} seconds"` is not an interval.
+        """
+        priorities = [item["priority"] for item in items]
+        delays = [item["delay"] for item in items]
+        titles = [item["title"] for item in items]
         with_headers = any(item["headers"] is not None for item in items)
         return {
             "payloads": [item["payload"] for item in items],
             "headers": [item["headers"] for item in items] if with_headers else None,
-            "priorities": [item["priority"] for item in items],
-            "delays": [f"{item['delay']} seconds" for item in items],
-            "titles": [item["title"] for item in items],
+            "priorities": priorities if any(priorities) else None,
+            "delays": [f"{d:.6f} seconds" for d in delays] if any(delays) else None,
+            "titles": titles if any(t is not None for t in titles) else None,
             "max_attempts": max_attempts,
         }
 

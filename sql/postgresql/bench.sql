@@ -22,3 +22,203 @@ FROM pg_statio_user_tables WHERE relid = {{items_regclass}}::regclass
 -- name: backend_pid
 -- The server process of this session (its CPU time is read from /proc when local).
 SELECT pg_backend_pid() AS pid
+
+-- SQL used only by `queuectl bench` (queuectl.bench): server facts, the ceiling
+-- workloads, the pgbench scripts that drive a queue's own SQL API without Python, and a
+-- one-table queue design used as the baseline of the `split` scenario.
+--
+-- Sections are filled by queuectl.sqlfiles.render() with quoted identifiers only. Words
+-- written :like_this inside pgbench_* sections are pgbench variables (pgbench -D).
+
+-- name: server_settings
+-- The settings a reader needs to judge a benchmark figure.
+SELECT name, setting, coalesce(unit, '') AS unit
+FROM pg_settings
+WHERE name = ANY (CAST(:names AS text[]))
+ORDER BY name
+
+-- name: create_commit_table
+-- The single-row commit ceiling writes here: one narrow row per transaction.
+CREATE TABLE IF NOT EXISTS {{commit_table}} (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    v  integer NOT NULL
+)
+
+-- name: drop_commit_table
+DROP TABLE IF EXISTS {{commit_table}}
+
+-- name: pgbench_select1
+-- Ceiling: one round trip, no work.
+SELECT 1;
+
+-- name: pgbench_commit
+-- Ceiling: one single-row insert per transaction (autocommit), i.e. one WAL flush each.
+INSERT INTO {{commit_table}} (v) VALUES (1);
+
+-- name: pgbench_reliable_enqueue_one
+-- The Python client's `enqueue` call with its default arguments.
+SELECT {{fn_enqueue}}(CAST(:payload AS bytea), CAST(NULL AS jsonb), CAST(0 AS smallint),
+                      make_interval(secs => 0), NULL, CAST(NULL AS integer)) AS id;
+
+-- name: pgbench_reliable_enqueue_many
+-- The Python client's `enqueue_many` call with its default arguments (arrays of defaults
+-- are sent as NULL).
+SELECT id FROM {{fn_enqueue_many}}(CAST(:payloads AS bytea[]), CAST(NULL AS jsonb[]),
+                                   CAST(NULL AS smallint[]), CAST(NULL AS interval[]),
+                                   CAST(NULL AS text[]), CAST(NULL AS integer)) AS id;
+
+-- name: pgbench_reliable_consume
+-- The Python client's `dequeue` then `ack` calls; array_agg folds the claimed ids into one
+-- pgbench variable (an empty queue gives an empty array, and ack of nothing is a no-op).
+SELECT coalesce(array_agg(q.id), '{}') AS ids FROM {{fn_dequeue}}(:batch, NULL, :worker) AS q
+\gset
+SELECT {{fn_ack}}(CAST(:ids AS bigint[]), :worker) AS acked;
+
+-- name: reliable_reset
+-- Empty the queue between benchmark phases (bench queues only).
+TRUNCATE {{data}}, {{meta}}
+
+-- name: reliable_ready
+-- Items waiting.
+SELECT count(*) FROM {{meta}} WHERE status = 0
+
+-- name: reliable_consumed
+-- Acknowledged items and the server-side span from the first claim to the last ack:
+-- a drain rate that does not depend on when a client noticed the queue was empty.
+SELECT count(*) AS n,
+       extract(epoch FROM max(finished_at) - min(dequeued_at)) AS seconds
+FROM {{meta}} WHERE status = 2
+
+-- name: table_stats
+-- Churn and HOT updates per table since the statistics were last reset.
+SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, n_dead_tup, n_live_tup,
+       pg_total_relation_size(relid) AS total_bytes
+FROM pg_stat_user_tables
+WHERE schemaname = :schema AND relname = ANY (CAST(:tables AS text[]))
+ORDER BY relname
+
+-- name: pgss_installed
+SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'
+
+-- name: pgss_create
+-- Needs the library preloaded (the embedded server does) and a privileged role.
+CREATE EXTENSION IF NOT EXISTS pg_stat_statements
+
+-- name: pgss_reset
+SELECT pg_stat_statements_reset()
+
+-- name: pgss_calls
+-- Calls, rows and buffers of the top-level statements whose text names :pattern. The
+-- buffers of a SQL function include those of the statements it runs.
+SELECT calls, rows, shared_blks_hit, shared_blks_read, shared_blks_dirtied,
+       shared_blks_written, total_exec_time, wal_bytes
+FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND toplevel AND query LIKE :pattern
+
+-- name: onetable_create
+-- Baseline for the `split` scenario: the reliable queue's columns and payload in ONE
+-- table, with the same ready index, fillfactor and dequeue shape as reliable.sql.
+CREATE TABLE {{meta}} (
+    id            bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{meta_seq}}) PRIMARY KEY,
+    priority      smallint    NOT NULL DEFAULT 0,
+    due_at        timestamptz NOT NULL DEFAULT now(),
+    status        smallint    NOT NULL DEFAULT 0,
+    title         text,
+    attempts      integer     NOT NULL DEFAULT 0,
+    max_attempts  integer     NOT NULL DEFAULT 5,
+    lease_owner   text,
+    leased_until  timestamptz,
+    enqueued_at   timestamptz NOT NULL DEFAULT now(),
+    dequeued_at   timestamptz,
+    finished_at   timestamptz,
+    last_error    text,
+    payload       bytea NOT NULL,
+    headers       jsonb
+) WITH (fillfactor = 80);
+
+CREATE INDEX {{ready_idx}} ON {{meta}} (priority, due_at, id) WHERE status = 0;
+CREATE INDEX {{leased_idx}} ON {{meta}} (leased_until) WHERE status = 1;
+
+CREATE FUNCTION {{fn_enqueue_many}}(p_payloads bytea[]) RETURNS SETOF bigint
+LANGUAGE sql AS $fn$
+    INSERT INTO {{meta}} (payload) SELECT u.p FROM unnest(p_payloads) AS u(p) RETURNING id
+$fn$;
+
+-- Same shape as the reliable dequeue: expired leases, then READY rows, both picked in
+-- MATERIALIZED CTEs with SKIP LOCKED, one UPDATE ... RETURNING; the payload comes from
+-- the updated row itself instead of a join.
+CREATE FUNCTION {{fn_dequeue}}(p_batch integer, p_lease_seconds double precision, p_worker text)
+RETURNS TABLE (id bigint, enqueued_at timestamptz, payload bytea)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH expired AS MATERIALIZED (
+        SELECT m.id FROM {{meta}} m
+        WHERE m.status = 1 AND m.leased_until < now()
+        ORDER BY m.leased_until
+        LIMIT greatest(p_batch, 0)
+        FOR UPDATE SKIP LOCKED
+    ), ready AS MATERIALIZED (
+        SELECT m.id FROM {{meta}} m
+        WHERE m.status = 0 AND m.due_at <= now()
+        ORDER BY m.priority, m.due_at, m.id
+        LIMIT greatest(p_batch - (SELECT count(*) FROM expired), 0)
+        FOR UPDATE SKIP LOCKED
+    ), claimed AS (
+        UPDATE {{meta}} m SET
+            status = 1, attempts = m.attempts + 1, lease_owner = p_worker,
+            leased_until = now() + make_interval(secs => p_lease_seconds), dequeued_at = now()
+        FROM (SELECT e.id FROM expired e UNION ALL SELECT r.id FROM ready r) picked
+        WHERE m.id = picked.id
+        RETURNING m.id, m.priority, m.due_at, m.enqueued_at, m.payload
+    )
+    SELECT c.id, c.enqueued_at, c.payload FROM claimed c ORDER BY c.priority, c.due_at, c.id;
+END
+$fn$;
+
+CREATE FUNCTION {{fn_ack}}(p_ids bigint[], p_worker text) RETURNS integer
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_count integer;
+BEGIN
+    UPDATE {{meta}} m SET status = 2, finished_at = now(), leased_until = NULL
+    WHERE m.id = ANY (p_ids) AND m.status = 1 AND m.lease_owner = p_worker;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$fn$;
+
+-- name: onetable_drop
+DROP FUNCTION IF EXISTS {{fn_ack}}(bigint[], text);
+DROP FUNCTION IF EXISTS {{fn_dequeue}}(integer, double precision, text);
+DROP FUNCTION IF EXISTS {{fn_enqueue_many}}(bytea[]);
+DROP TABLE IF EXISTS {{meta}};
+
+-- name: onetable_enqueue_many
+SELECT id FROM {{fn_enqueue_many}}(CAST(:payloads AS bytea[])) AS id
+
+-- name: onetable_dequeue
+SELECT * FROM {{fn_dequeue}}(:batch, :lease_seconds, :worker)
+
+-- name: onetable_ack
+SELECT {{fn_ack}}(CAST(:ids AS bigint[]), :worker) AS acked
+
+-- name: onetable_reset
+TRUNCATE {{meta}}
+
+-- name: onetable_ready
+SELECT count(*) FROM {{meta}} WHERE status = 0
+
+-- name: onetable_consumed
+SELECT count(*) AS n,
+       extract(epoch FROM max(finished_at) - min(dequeued_at)) AS seconds
+FROM {{meta}} WHERE status = 2
+
+-- name: create_database
+-- A private database for the peers' tables (scenario `peers`).
+CREATE DATABASE {{database}}
+
+-- name: drop_database
+DROP DATABASE IF EXISTS {{database}} WITH (FORCE)

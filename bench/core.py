@@ -1,0 +1,434 @@
+"""The bench run: options, environment facts, measured phases, medians and ratios.
+
+A scenario is a function of a BenchRun that returns a result dict (see
+result_schema.json). Every scenario measures its ceilings in the same run as the figures
+they bound, one repeat after the other, so a noisy machine moves both alike: ratios are
+taken per repeat, then their median is reported beside the medians of the figures.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import platform
+import queue as queue_mod
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import sqlalchemy as sa
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from queuectl.bench.drivers import BENCH_KINDS, bench_sql, driver_for
+from queuectl.bench.pgbench import Pgbench, PgbenchUnavailable, find_pgbench, pgbench_version
+from queuectl.bench.workers import Backlog, WorkerSpec, payload_pool, run_worker
+from queuectl.engine import make_engine, mask_url, resolve_url
+from queuectl.errors import QueuectlError, UsageError
+from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident, validate_schema_name
+
+RESULT_VERSION = 1
+SETTINGS_SHOWN = (
+    "server_version", "synchronous_commit", "fsync", "wal_level", "shared_buffers", "work_mem",
+    "max_connections", "checkpoint_timeout", "max_wal_size", "autovacuum", "wal_buffers",
+    "effective_io_concurrency", "shared_preload_libraries", "track_io_timing", "full_page_writes",
+)
+WORKER_START_TIMEOUT = 120.0
+WORKER_STOP_TIMEOUT = 120.0
+COMMIT_TABLE = "bench_commit"
+# The issue's comparisons: full cycles at batch 100, the split at batch 10.
+DEFAULT_BATCH = {"split": 10}
+
+
+@dataclass
+class BenchOptions:
+    kinds: list[str] = field(default_factory=lambda: ["reliable"])
+    producers: int = 4
+    consumers: int = 4
+    batch: int | None = None  # None: the scenario's default (DEFAULT_BATCH)
+    payload_bytes: int = 300
+    seconds: float = 10.0
+    repeat: int = 3
+    scenario: str = "kinds"
+    url: str | None = None
+    schema: str = DEFAULT_SCHEMA
+    pgbench: bool = True
+    backlog: int | None = None  # full cycle: most messages waiting; None: auto, 0: unbounded
+
+    def validate(self) -> "BenchOptions":
+        import queuectl.bench.scenarios  # noqa: F401  (registers the built-in scenarios)
+
+        if self.batch is None:
+            self.batch = DEFAULT_BATCH.get(self.scenario, 100)
+        if self.backlog is None:
+            self.backlog = max(2000, 10 * self.consumers * self.batch)
+        checks = [
+            (1 <= self.producers <= 64, "--producers must be 1-64"),
+            (1 <= self.consumers <= 64, "--consumers must be 1-64"),
+            (1 <= self.batch <= 10_000, "--batch must be 1-10000"),
+            (8 <= self.payload_bytes <= 1_048_576, "--payload-bytes must be 8-1048576 (8 bytes carry the send time)"),
+            (0.5 <= self.seconds <= 3600, "--seconds must be 0.5-3600"),
+            (1 <= self.repeat <= 100, "--repeat must be 1-100"),
+            (0 <= self.backlog <= 100_000_000, "--backlog must be 0 (unbounded) to 100000000"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise UsageError(message)
+        if not self.kinds:
+            raise UsageError("give at least one --kind")
+        for kind in self.kinds:
+            if kind not in BENCH_KINDS:
+                raise UsageError(f"no bench driver for kind {kind!r}: choose from {', '.join(BENCH_KINDS)}")
+        validate_schema_name(self.schema)
+        if self.scenario not in SCENARIOS:
+            raise UsageError(f"unknown scenario {self.scenario!r}: choose one of {', '.join(sorted(SCENARIOS))}")
+        return self
+
+    @property
+    def pgbench_seconds(self) -> int:
+        return max(1, round(self.seconds))
+
+
+# -- numbers -----------------------------------------------------------------------------
+
+
+def stat(values: Sequence[float | None]) -> dict[str, Any]:
+    """Per-repeat values and their median (None values, i.e. not measured, are left out)."""
+    kept = [float(v) for v in values if v is not None]
+    return {"values": [None if v is None else float(v) for v in values], "median": statistics.median(kept) if kept else None}
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b <= 0:
+        return None
+    return a / b
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    k = (len(sorted_values) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+
+
+def load_average() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+# -- progress ----------------------------------------------------------------------------
+
+
+class Reporter:
+    """A progress line on a terminal; silent otherwise."""
+
+    def __init__(self, console: Console | None) -> None:
+        self.console = console
+        self._progress: Progress | None = None
+        self._task: Any = None
+
+    @contextmanager
+    def scenario(self, name: str, steps: int) -> Iterator["Reporter"]:
+        if self.console is None or not self.console.is_terminal:
+            yield self
+            return
+        progress = Progress(
+            TextColumn("[bold]{task.fields[scenario]}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.description}"), TimeElapsedColumn(), console=self.console, transient=True,
+        )
+        with progress:
+            self._progress = progress
+            self._task = progress.add_task("starting", total=steps, scenario=name)
+            try:
+                yield self
+            finally:
+                self._progress = None
+
+    def step(self, label: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=label)
+
+    def done(self) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task)
+
+    def note(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(text, highlight=False)
+
+
+# -- the run -----------------------------------------------------------------------------
+
+
+class BenchRun:
+    """Shared state of one `queuectl bench` invocation."""
+
+    def __init__(self, options: BenchOptions, console: Console | None = None) -> None:
+        self.options = options.validate()
+        self.url = resolve_url(options.url)
+        self.engine = make_engine(self.url, pool_size=2)
+        self.schema = options.schema
+        self.reporter = Reporter(console)
+        self.pgbench_path = find_pgbench() if options.pgbench else None
+        self._pgbench: Pgbench | None = None
+        self.ctx = mp.get_context("spawn")
+        self.commands: dict[str, list[str]] = {}
+
+    # environment --------------------------------------------------------------------
+
+    def environment(self) -> dict[str, Any]:
+        import psycopg
+
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.text(bench_sql("server_settings", {})), {"names": list(SETTINGS_SHOWN)}).all()
+        settings = {r.name: (f"{r.setting}{' ' + r.unit if r.unit else ''}") for r in rows}
+        return {
+            "cpu_count": os.cpu_count() or 0,
+            "load_average": load_average(),
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "psycopg": psycopg.__version__,
+            "url": mask_url(self.engine.url),
+            "server_settings": settings,
+            "pgbench": pgbench_version(self.pgbench_path) if self.pgbench_path else None,
+        }
+
+    @property
+    def pgbench(self) -> Pgbench:
+        if self.pgbench_path is None:
+            raise PgbenchUnavailable("pgbench not found (install postgresql-client or set QUEUECTL_PGBENCH)")
+        if self._pgbench is None:
+            self._pgbench = Pgbench(self.pgbench_path, self.url)
+        return self._pgbench
+
+    def close(self) -> None:
+        if self._pgbench is not None:
+            self._pgbench.close()
+        self.engine.dispose()
+
+    def names(self, queue: str) -> QueueNames:
+        return QueueNames(queue, self.schema)
+
+    def template_values(self) -> dict[str, str]:
+        return {
+            "schema": quote_ident(self.schema),
+            "commit_table": f"{quote_ident(self.schema)}.{quote_ident(COMMIT_TABLE)}",
+        }
+
+    # python phases ------------------------------------------------------------------
+
+    def python_phase(
+        self,
+        driver: str,
+        names: QueueNames,
+        mode: str,
+        *,
+        batch: int,
+        payload_bytes: int,
+        producers: int,
+        consumers: int,
+        seconds: float,
+    ) -> dict[str, Any]:
+        """Run real worker processes; mode is 'enqueue', 'dequeue' (drain a pre-filled
+        queue, no producers) or 'cycle' (producers and consumers at once)."""
+        specs: list[WorkerSpec] = []
+        common = dict(driver=driver, url=self.url, queue=names.queue, schema=names.schema, batch=batch,
+                      payload_bytes=payload_bytes)
+        if mode in ("enqueue", "cycle"):
+            specs += [WorkerSpec(role="producer", seed=1000 + i, **common) for i in range(producers)]
+        if mode in ("dequeue", "cycle"):
+            specs += [WorkerSpec(role="consumer", seed=2000 + i, drain=(mode == "dequeue"), **common)
+                      for i in range(consumers)]
+        return self.run_processes(run_worker, specs, mode, seconds)
+
+    def run_processes(self, target: Callable[..., None], specs: Sequence[Any], mode: str, seconds: float) -> dict[str, Any]:
+        """Start one process per spec (each calls target(spec, ready, go, stop, results,
+        backlog)), start them together, stop them after `seconds` (or when all drained), and
+        sum up. Producers come first in `specs`; in a full cycle they keep the backlog under
+        --backlog, so the cycle is measured at a steady state, as its pgbench twin runs."""
+        ctx = self.ctx
+        ready, results = ctx.Queue(), ctx.Queue()
+        go, stop = ctx.Event(), ctx.Event()
+        slots = ctx.Array("q", len(specs), lock=False)
+        producers = sum(1 for s in specs if s.role == "producer")
+        limit = int(self.options.backlog or 0) if mode == "cycle" else 0
+        procs = [
+            ctx.Process(target=target, args=(s, ready, go, stop, results, Backlog(slots, producers, limit, i)), daemon=True)
+            for i, s in enumerate(specs)
+        ]
+        for p in procs:
+            p.start()
+        reports: list[dict[str, Any]] = []
+        try:
+            deadline = time.monotonic() + WORKER_START_TIMEOUT
+            started = 0
+            while started < len(procs):
+                try:
+                    ready.get(timeout=0.5)
+                    started += 1
+                except queue_mod.Empty:
+                    if time.monotonic() > deadline:
+                        raise QueuectlError("bench workers did not start in time")
+                    if any(not p.is_alive() and p.exitcode not in (0, None) for p in procs):
+                        break
+            t_go = time.time()
+            go.set()
+            end = t_go + seconds
+            while time.time() < end and len(reports) < len(procs):
+                try:
+                    reports.append(results.get(timeout=0.05))
+                except queue_mod.Empty:
+                    pass
+                if any("error" in r for r in reports):
+                    break
+            stop.set()
+            deadline = time.monotonic() + WORKER_STOP_TIMEOUT
+            while len(reports) < len(procs):
+                try:
+                    reports.append(results.get(timeout=0.5))
+                except queue_mod.Empty:
+                    if time.monotonic() > deadline or all(not p.is_alive() for p in procs):
+                        break
+        finally:
+            stop.set()
+            go.set()
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.terminate()
+                    p.join(timeout=5)
+        errors = [r for r in reports if "error" in r]
+        if errors:
+            raise QueuectlError(f"bench {mode} worker failed: {errors[0]['error']}")
+        if len(reports) < len(procs):
+            raise QueuectlError(f"{len(procs) - len(reports)} bench worker(s) died without a report")
+        counted_role = "producer" if mode == "enqueue" else "consumer"
+        counted = [r for r in reports if r["role"] == counted_role]
+        total = sum(r["count"] for r in counted)
+        t_end = max((r["t_end"] for r in counted), default=t_go)
+        elapsed = max(t_end - t_go, 1e-9)
+        latencies = sorted(x for r in counted for x in r.get("latencies", ()))
+        result = {
+            "messages": total,
+            "seconds": elapsed,
+            "rate": total / elapsed if total else 0.0,
+            "p50_ms": _ms(percentile(latencies, 0.50)) if mode == "cycle" else None,
+            "p99_ms": _ms(percentile(latencies, 0.99)) if mode == "cycle" else None,
+        }
+        if mode == "cycle":
+            result["enqueued"] = sum(r["count"] for r in reports if r["role"] == "producer")
+        return result
+
+    # pgbench phases -----------------------------------------------------------------
+
+    def ceiling(self, which: str, clients: int) -> float:
+        """Statements (transactions) per second of SELECT 1 or a single-row insert."""
+        values = self.template_values()
+        if which == "commit":
+            with self.engine.begin() as conn:
+                conn.execute(sa.text(bench_sql("create_commit_table", values)))
+        script = self.pgbench.script(f"ceiling_{which}", bench_sql(f"pgbench_{which}", values))
+        run = self.pgbench.run([script], clients=clients, seconds=self.options.pgbench_seconds)
+        self.commands.setdefault(f"ceiling {which}", run.command)
+        return run.tps
+
+    def sql_phases(
+        self, driver_name: str, names: QueueNames, *, batch: int, payload_bytes: int, producers: int, consumers: int
+    ) -> dict[str, float | None]:
+        """The kind's own SQL API under pgbench: enqueue, dequeue (drain what enqueue left)
+        and the full cycle (each client enqueues, dequeues and acks a batch in turn)."""
+        driver = driver_for(driver_name)
+        payloads = payload_pool(payload_bytes, batch, seed=7)
+        scripts = driver.pgbench(names, batch, payloads)
+        if scripts is None:
+            raise PgbenchUnavailable(f"kind {driver_name} has no pgbench scripts")
+        values = names.template_values()
+        pg = self.pgbench
+        enqueue = pg.script(f"{names.queue}_enqueue", bench_sql(scripts.enqueue_section, values))
+        consume = pg.script(f"{names.queue}_consume", bench_sql(scripts.consume_section, values))
+        # Full cycle: every client enqueues a batch, then dequeues and acks one. No backlog
+        # builds up, so this bounds a full cycle at producers+consumers clients from above
+        # (separate pgbench producers would outrun the consumers and starve them of CPU).
+        cycle = pg.script(
+            f"{names.queue}_cycle",
+            bench_sql(scripts.enqueue_section, values) + bench_sql(scripts.consume_section, values),
+        )
+        seconds = self.options.pgbench_seconds
+        out: dict[str, float | None] = {}
+        with self.engine.connect() as conn:
+            driver.reset(conn, names)
+            run = pg.run([enqueue], clients=producers, seconds=seconds, variables=scripts.variables)
+            self.commands.setdefault("sql enqueue", run.command)
+            out["enqueue"] = run.tps * batch
+            run = pg.run([consume], clients=consumers, seconds=seconds, variables=scripts.variables)
+            self.commands.setdefault("sql dequeue", run.command)
+            n, span = driver.consumed(conn, names)
+            out["dequeue"] = n / span if n and span else None
+            out["dequeue_drained"] = float(driver.ready(conn, names) == 0)
+            driver.reset(conn, names)
+            run = pg.run([cycle], clients=producers + consumers, seconds=seconds, variables=scripts.variables)
+            self.commands.setdefault("sql full-cycle", run.command)
+            n, _ = driver.consumed(conn, names)
+            out["cycle"] = n / seconds
+            driver.reset(conn, names)
+        return out
+
+    def table_stats(self, names: QueueNames, tables: list[str]) -> dict[str, dict[str, int]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(bench_sql("table_stats", {})), {"schema": names.schema, "tables": tables}
+            ).mappings().all()
+        return {r["relname"]: {k: int(v or 0) for k, v in r.items() if k != "relname"} for r in rows}
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+# -- scenarios ---------------------------------------------------------------------------
+
+Scenario = Callable[[BenchRun], dict[str, Any]]
+SCENARIOS: dict[str, Scenario] = {}
+SCENARIO_HELP: dict[str, str] = {}
+
+
+def scenario(name: str, help_text: str) -> Callable[[Scenario], Scenario]:
+    def register(fn: Scenario) -> Scenario:
+        SCENARIOS[name] = fn
+        SCENARIO_HELP[name] = help_text
+        return fn
+
+    return register
+
+
+def run_bench(options: BenchOptions, console: Console | None = None, argv: list[str] | None = None) -> dict[str, Any]:
+    """Run one scenario and return the result document (result_schema.json)."""
+    options.validate()
+    run = BenchRun(options, console)
+    try:
+        started = datetime.now(timezone.utc)
+        env = run.environment()
+        result = SCENARIOS[options.scenario](run)
+        result["load_average_end"] = load_average()
+        return {
+            "result_version": RESULT_VERSION,
+            "tool": "queuectl bench",
+            "command": argv or [],
+            "started_at": started.isoformat(),
+            "finished_at": datetime.now(timezone.utc).isoformat(),
+            "options": {k: v for k, v in asdict(options).items() if k not in ("url",)},
+            "environment": env,
+            "scenario": result,
+            "commands": dict(run.commands),
+        }
+    finally:
+        run.close()

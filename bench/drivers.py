@@ -1,0 +1,263 @@
+"""How `queuectl bench` drives one queue kind: a registry the lead can extend.
+
+A driver knows, for its kind: how to install and empty a bench queue, how a worker
+process opens a session and enqueues / takes / finishes messages through the kind's own
+Python client, which pgbench scripts call the same SQL API without Python, and how to
+count consumed items on the server. Adding a kind is one class and one `register()`.
+
+Drivers are looked up by name inside the worker processes too (spawn start method), so
+they must be importable module-level objects without state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from queuectl.errors import UsageError
+from queuectl.names import QueueNames
+from queuectl.sqlfiles import render
+
+ENGINE_DIR = "postgresql"
+BENCH_SQL = "bench"
+LEASE_SECONDS = 300.0  # long enough that no bench message is ever re-claimed
+
+
+class Session(Protocol):
+    """One worker's connection to a bench queue."""
+
+    def enqueue(self, payloads: list[bytes]) -> None: ...
+
+    def take(self, n: int) -> tuple[list[bytes], Any]:
+        """Claim up to n messages: their payloads and a token for finish()."""
+        ...
+
+    def finish(self, token: Any) -> None:
+        """Complete what take() returned (ack); a no-op for destructive kinds."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class PgbenchScripts:
+    """SQL-only twin of a Session: bench.sql sections and the -D variables they read."""
+
+    enqueue_section: str
+    consume_section: str
+    variables: dict[str, str]
+
+
+class KindDriver(Protocol):
+    name: str
+    description: str
+
+    def install(self, engine: Engine, names: QueueNames) -> None: ...
+
+    def uninstall(self, engine: Engine, names: QueueNames) -> None: ...
+
+    def reset(self, conn: Connection, names: QueueNames) -> None: ...
+
+    def open(self, url: str, names: QueueNames) -> Session: ...
+
+    def consumed(self, conn: Connection, names: QueueNames) -> tuple[int, float | None]:
+        """Items consumed since the last reset, and the server-side span in seconds (or None)."""
+        ...
+
+    def ready(self, conn: Connection, names: QueueNames) -> int: ...
+
+    def pgbench(self, names: QueueNames, batch: int, payloads: Sequence[bytes]) -> PgbenchScripts | None: ...
+
+    def tables(self, names: QueueNames) -> list[str]:
+        """Table names (unqualified) whose churn statistics the bench reports."""
+        ...
+
+
+def bench_sql(section: str, values: dict[str, str | int]) -> str:
+    return render(ENGINE_DIR, BENCH_SQL, section, values)
+
+
+def bytea_array_literal(payloads: Sequence[bytes]) -> str:
+    """A bytea[] in PostgreSQL's text form, for a pgbench -D variable."""
+    return "{" + ",".join(f'"\\\\x{p.hex()}"' for p in payloads) + "}"
+
+
+# -- reliable ---------------------------------------------------------------------------
+
+
+class _ReliableSession:
+    def __init__(self, url: str, names: QueueNames) -> None:
+        from queuectl.client import Queue
+
+        self.queue = Queue(url, names.queue, schema=names.schema)
+
+    def enqueue(self, payloads: list[bytes]) -> None:
+        if len(payloads) == 1:
+            self.queue.enqueue(payloads[0])
+        else:
+            self.queue.enqueue_many(payloads)
+
+    def take(self, n: int) -> tuple[list[bytes], Any]:
+        messages = self.queue.dequeue(n, lease=LEASE_SECONDS)
+        return [m.payload for m in messages], messages
+
+    def finish(self, token: Any) -> None:
+        if token:
+            self.queue.ack(token)
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+class ReliableDriver:
+    """The reliable (meta/data split, leased) queue, through queuectl.client.Queue."""
+
+    name = "reliable"
+    description = "reliable queue (meta/data split, lease, ack) via queuectl.client.Queue"
+
+    def install(self, engine: Engine, names: QueueNames) -> None:
+        from queuectl.install import get_queue, install_queue, uninstall_queue
+
+        with engine.connect() as conn:
+            existing = get_queue(conn, names.queue, names.schema)
+        if existing is not None:
+            uninstall_queue(engine, names.queue, names.schema)
+        install_queue(engine, names.queue, "reliable", schema=names.schema)
+
+    def uninstall(self, engine: Engine, names: QueueNames) -> None:
+        from queuectl.install import uninstall_queue
+
+        uninstall_queue(engine, names.queue, names.schema)
+
+    def reset(self, conn: Connection, names: QueueNames) -> None:
+        conn.execute(sa.text(bench_sql("reliable_reset", names.template_values())))
+        conn.commit()
+
+    def open(self, url: str, names: QueueNames) -> Session:
+        return _ReliableSession(url, names)
+
+    def consumed(self, conn: Connection, names: QueueNames) -> tuple[int, float | None]:
+        row = conn.execute(sa.text(bench_sql("reliable_consumed", names.template_values()))).one()
+        conn.commit()
+        return int(row.n), (float(row.seconds) if row.seconds is not None else None)
+
+    def ready(self, conn: Connection, names: QueueNames) -> int:
+        n = conn.execute(sa.text(bench_sql("reliable_ready", names.template_values()))).scalar_one()
+        conn.commit()
+        return int(n)
+
+    def pgbench(self, names: QueueNames, batch: int, payloads: Sequence[bytes]) -> PgbenchScripts | None:
+        variables = {"batch": str(batch), "worker": "pgbench"}
+        if batch == 1:
+            variables["payload"] = "\\x" + payloads[0].hex()
+            enqueue = "pgbench_reliable_enqueue_one"
+        else:
+            variables["payloads"] = bytea_array_literal(payloads[:batch])
+            enqueue = "pgbench_reliable_enqueue_many"
+        return PgbenchScripts(enqueue, "pgbench_reliable_consume", variables)
+
+    def tables(self, names: QueueNames) -> list[str]:
+        return [names.table("meta"), names.table("data")]
+
+
+# -- the one-table design (bench-only baseline of the `split` scenario) ------------------
+
+
+class _OneTableSession:
+    def __init__(self, url: str, names: QueueNames) -> None:
+        import os
+
+        from queuectl.engine import make_engine
+
+        self.engine = make_engine(url, pool_size=1)
+        self.conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        values = names.template_values()
+        self.sql = {k: sa.text(bench_sql(f"onetable_{k}", values)) for k in ("enqueue_many", "dequeue", "ack")}
+        self.worker = f"bench:{os.getpid()}"
+
+    def enqueue(self, payloads: list[bytes]) -> None:
+        self.conn.execute(self.sql["enqueue_many"], {"payloads": payloads}).all()
+
+    def take(self, n: int) -> tuple[list[bytes], Any]:
+        params = {"batch": n, "lease_seconds": LEASE_SECONDS, "worker": self.worker}
+        rows = self.conn.execute(self.sql["dequeue"], params).all()
+        return [bytes(r.payload) for r in rows], [r.id for r in rows]
+
+    def finish(self, token: Any) -> None:
+        if token:
+            self.conn.execute(self.sql["ack"], {"ids": token, "worker": self.worker}).scalar_one()
+
+    def close(self) -> None:
+        self.conn.close()
+        self.engine.dispose()
+
+
+class OneTableDriver:
+    """Bench-only: the reliable queue's columns and payload in one table (sql/postgresql/bench.sql)."""
+
+    name = "onetable"
+    description = "one wide table (bench-only baseline for the meta/data split)"
+
+    def install(self, engine: Engine, names: QueueNames) -> None:
+        from queuectl.sqlfiles import split_statements
+
+        with engine.begin() as conn:
+            for section in ("onetable_drop", "onetable_create"):
+                for statement in split_statements(bench_sql(section, names.template_values())):
+                    conn.exec_driver_sql(statement)
+
+    def uninstall(self, engine: Engine, names: QueueNames) -> None:
+        from queuectl.sqlfiles import split_statements
+
+        with engine.begin() as conn:
+            for statement in split_statements(bench_sql("onetable_drop", names.template_values())):
+                conn.exec_driver_sql(statement)
+
+    def reset(self, conn: Connection, names: QueueNames) -> None:
+        conn.execute(sa.text(bench_sql("onetable_reset", names.template_values())))
+        conn.commit()
+
+    def open(self, url: str, names: QueueNames) -> Session:
+        return _OneTableSession(url, names)
+
+    def consumed(self, conn: Connection, names: QueueNames) -> tuple[int, float | None]:
+        row = conn.execute(sa.text(bench_sql("onetable_consumed", names.template_values()))).one()
+        conn.commit()
+        return int(row.n), (float(row.seconds) if row.seconds is not None else None)
+
+    def ready(self, conn: Connection, names: QueueNames) -> int:
+        n = conn.execute(sa.text(bench_sql("onetable_ready", names.template_values()))).scalar_one()
+        conn.commit()
+        return int(n)
+
+    def pgbench(self, names: QueueNames, batch: int, payloads: Sequence[bytes]) -> PgbenchScripts | None:
+        return None
+
+    def tables(self, names: QueueNames) -> list[str]:
+        return [names.table("meta")]
+
+
+DRIVERS: dict[str, KindDriver] = {}
+# Kinds a user may pass to --kind; bench-only designs (onetable) are drivers but not kinds.
+BENCH_KINDS: list[str] = []
+
+
+def register(driver: KindDriver, *, user_kind: bool = True) -> None:
+    DRIVERS[driver.name] = driver
+    if user_kind and driver.name not in BENCH_KINDS:
+        BENCH_KINDS.append(driver.name)
+
+
+def driver_for(name: str) -> KindDriver:
+    try:
+        return DRIVERS[name]
+    except KeyError:
+        raise UsageError(f"no bench driver for kind {name!r}: choose one of {', '.join(BENCH_KINDS)}") from None
+
+
+register(ReliableDriver())
+register(OneTableDriver(), user_kind=False)

@@ -1,0 +1,400 @@
+"""Scenario `peers`: the same full cycle on PgQueuer and Procrastinate beside queuectl.
+
+Each peer is installed from PyPI (`pip install 'queuectl[bench-peers]'`) and driven only
+through its own public API, in its own fresh database, with a no-op handler and the same
+numbers of producer and consumer processes as queuectl. Each runs at several batch
+settings and is credited with its best. A peer that is not installed, or fails, is
+reported as not measured, with the reason.
+
+Counting: a peer's consumer counts a job when its handler runs (the peer writes the
+completion afterwards, PgQueuer even in buffered batches), while queuectl counts after
+its ack has committed; so the comparison leans, slightly, in the peers' favour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import random
+import struct
+import time
+import traceback
+from array import array
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from queuectl.bench.core import BenchRun, ratio, scenario, stat
+from queuectl.bench.drivers import bench_sql, driver_for
+from queuectl.bench.workers import BACKLOG_PAUSE_SECONDS, LATENCY_SAMPLE, WARMUP_CALLS, Backlog, payload_pool
+from queuectl.names import quote_ident
+
+STAMP = struct.Struct("<d")
+PEERS_DATABASE = "queuectl_bench_peers"
+ENTRYPOINT = "bench"
+# The settings each peer is tried at ("batch" as its own API understands it).
+PGQUEUER_BATCHES = (10, 100)
+PROCRASTINATE_CONCURRENCY = (1, 10)
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    peer: str
+    dsn: str
+    role: str
+    batch: int  # messages per enqueue call
+    setting: int  # PgQueuer: dequeue batch_size; Procrastinate: worker concurrency
+    payload_bytes: int
+    seed: int
+
+
+def peer_worker(spec: PeerSpec, ready: Any, go: Any, stop: Any, results: Any, backlog: Backlog) -> None:
+    """Process entry point (spawn): one asyncio loop running one producer or consumer."""
+    report: dict[str, Any] = {"role": spec.role, "pid": os.getpid(), "count": 0, "t_start": None, "t_end": None}
+    signalled = False
+
+    def signal_ready() -> None:
+        nonlocal signalled
+        if not signalled:
+            signalled = True
+            ready.put(os.getpid())
+
+    try:
+        main = {"pgqueuer": _pgqueuer, "procrastinate": _procrastinate}[spec.peer]
+        report.update(asyncio.run(main(spec, signal_ready, go, stop, backlog)))
+    except BaseException as exc:
+        report["error"] = f"{spec.peer}: {type(exc).__name__}: {exc}"
+        report["traceback"] = traceback.format_exc(limit=8)
+    finally:
+        signal_ready()
+        results.put(report)
+
+
+class _Tally:
+    """Counts handled jobs once the common start was given, with send-to-handler latency."""
+
+    def __init__(self, backlog: Backlog | None = None) -> None:
+        self.backlog = backlog
+        self.counting = False
+        self.count = 0
+        self.t_start = 0.0
+        self.t_end = 0.0
+        self.latencies = array("d")
+
+    def start(self) -> None:
+        self.t_start = self.t_end = time.time()
+        self.counting = True
+
+    def handled(self, sent_at: float) -> None:
+        if self.backlog is not None:
+            self.backlog.add(1)
+        if self.counting:
+            now = time.time()
+            self.count += 1
+            self.t_end = now
+            self.latencies.append(now - sent_at)
+
+    def report(self, seed: int) -> dict[str, Any]:
+        sample = list(self.latencies)
+        if len(sample) > LATENCY_SAMPLE:
+            sample = random.Random(seed).sample(sample, LATENCY_SAMPLE)
+        return {"count": self.count, "t_start": self.t_start, "t_end": self.t_end, "latencies": sample}
+
+
+async def _wait(event: Any) -> None:
+    await asyncio.to_thread(event.wait)
+
+
+async def _until(event: Any) -> None:
+    while not event.is_set():
+        await asyncio.sleep(0.02)
+
+
+def _payloads(spec: PeerSpec) -> tuple[list[bytes], random.Random]:
+    return payload_pool(spec.payload_bytes, max(64, spec.batch * 4), spec.seed), random.Random(spec.seed)
+
+
+async def _produce(spec: PeerSpec, send: Any, signal_ready: Any, go: Any, stop: Any, backlog: Backlog) -> dict[str, Any]:
+    for _ in range(WARMUP_CALLS):
+        await send()
+        backlog.add(spec.batch)
+    signal_ready()
+    await _wait(go)
+    count, t_start = 0, time.time()
+    t_end = t_start
+    while not stop.is_set():
+        if backlog.too_deep():
+            await asyncio.sleep(BACKLOG_PAUSE_SECONDS)
+            continue
+        await send()
+        backlog.add(spec.batch)
+        count += spec.batch
+        t_end = time.time()
+    return {"count": count, "t_start": t_start, "t_end": t_end}
+
+
+# -- PgQueuer -----------------------------------------------------------------------------
+
+
+async def _pgqueuer(spec: PeerSpec, signal_ready: Any, go: Any, stop: Any, backlog: Backlog) -> dict[str, Any]:
+    import asyncpg
+    from pgqueuer import QueueManager
+    from pgqueuer.queries import Queries
+
+    conn = await asyncpg.connect(spec.dsn)
+    try:
+        queries = Queries.from_asyncpg_connection(conn)
+        if spec.role == "producer":
+            pool, rng = _payloads(spec)
+            entrypoints, priorities = [ENTRYPOINT] * spec.batch, [0] * spec.batch
+
+            async def send() -> None:
+                stamp = STAMP.pack(time.time())
+                start = rng.randrange(len(pool) - spec.batch)
+                await queries.enqueue(entrypoints, [stamp + p[8:] for p in pool[start:start + spec.batch]], priorities)
+
+            return await _produce(spec, send, signal_ready, go, stop, backlog)
+
+        tally = _Tally(backlog)
+        qm = QueueManager(queries)
+
+        @qm.entrypoint(ENTRYPOINT)
+        async def handle(job: Any) -> None:  # the no-op handler
+            tally.handled(STAMP.unpack_from(job.payload)[0])
+
+        runner = asyncio.create_task(qm.run(batch_size=spec.setting, dequeue_timeout=timedelta(seconds=1)))
+        await asyncio.sleep(0.5)  # let it take the warm-up jobs (not counted)
+        signal_ready()
+        await _wait(go)
+        tally.start()
+        await _until(stop)
+        qm.shutdown.set()
+        await asyncio.wait_for(runner, timeout=30)
+        return tally.report(spec.seed)
+    finally:
+        await conn.close()
+
+
+def pgqueuer_install(dsn: str) -> None:
+    async def install() -> None:
+        import asyncpg
+        from pgqueuer.queries import Queries
+
+        conn = await asyncpg.connect(dsn)
+        try:
+            await Queries.from_asyncpg_connection(conn).install()
+        finally:
+            await conn.close()
+
+    asyncio.run(install())
+
+
+# -- Procrastinate ------------------------------------------------------------------------
+
+
+def _procrastinate_app(dsn: str, tally: _Tally | None) -> tuple[Any, Any]:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
+
+    @app.task(name=ENTRYPOINT, queue=ENTRYPOINT)
+    async def bench_job(sent_at: float, body: str) -> None:  # the no-op handler
+        if tally is not None:
+            tally.handled(sent_at)
+
+    return app, bench_job
+
+
+async def _procrastinate(spec: PeerSpec, signal_ready: Any, go: Any, stop: Any, backlog: Backlog) -> dict[str, Any]:
+    tally = _Tally(backlog) if spec.role == "consumer" else None
+    app, bench_job = _procrastinate_app(spec.dsn, tally)
+    async with app.open_async():
+        if spec.role == "producer":
+            pool, rng = _payloads(spec)
+            bodies = [base64.b64encode(p[8:]).decode() for p in pool]
+
+            async def send() -> None:
+                now = time.time()
+                start = rng.randrange(len(bodies) - spec.batch)
+                await bench_job.batch_defer_async(*({"sent_at": now, "body": b} for b in bodies[start:start + spec.batch]))
+
+            return await _produce(spec, send, signal_ready, go, stop, backlog)
+
+        assert tally is not None
+        runner = asyncio.create_task(app.run_worker_async(
+            queues=[ENTRYPOINT], concurrency=spec.setting, wait=True, install_signal_handlers=False,
+            delete_jobs="successful", shutdown_graceful_timeout=10,
+        ))
+        await asyncio.sleep(0.5)
+        signal_ready()
+        await _wait(go)
+        tally.start()
+        await _until(stop)
+        runner.cancel()
+        try:
+            await asyncio.wait_for(runner, timeout=30)
+        except (asyncio.CancelledError, Exception):
+            pass
+        return tally.report(spec.seed)
+
+
+def procrastinate_install(dsn: str) -> None:
+    async def install() -> None:
+        app, _ = _procrastinate_app(dsn, None)
+        async with app.open_async():
+            await app.schema_manager.apply_schema_async()
+
+    asyncio.run(install())
+
+
+PEERS = {
+    "pgqueuer": (pgqueuer_install, PGQUEUER_BATCHES, "dequeue batch_size", ("pgqueuer", "asyncpg")),
+    "procrastinate": (procrastinate_install, PROCRASTINATE_CONCURRENCY, "worker concurrency", ("procrastinate",)),
+}
+
+
+def _missing(modules: tuple[str, ...]) -> str | None:
+    import importlib.util
+
+    absent = [m for m in modules if importlib.util.find_spec(m) is None]
+    if absent:
+        return f"not installed ({', '.join(absent)}): pip install 'queuectl[bench-peers]'"
+    return None
+
+
+def _version(module: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(module)
+    except PackageNotFoundError:
+        return "?"
+
+
+@scenario("peers", "full cycle: queuectl reliable beside PgQueuer and Procrastinate, equal processes")
+def peers(run: BenchRun) -> dict[str, Any]:
+    o = run.options
+    P, C, B = o.producers, o.consumers, o.batch
+    kind = "reliable"
+    names = run.names("bench_reliable")
+    driver = driver_for(kind)
+    driver.install(run.engine, names)
+    unavailable: list[dict[str, str]] = []
+    ready_peers: dict[str, tuple[int, ...]] = {}
+    for peer, (install, settings, _, modules) in PEERS.items():
+        reason = _missing(modules)
+        if reason is None:
+            try:
+                install(_fresh_database(run))
+            except Exception as exc:  # a peer that cannot install is reported, not faked
+                reason = f"install failed: {type(exc).__name__}: {exc}"
+        if reason:
+            unavailable.append({"subject": peer, "reason": reason})
+        else:
+            ready_peers[peer] = settings
+    series: dict[tuple[str, int], dict[str, list[Any]]] = {("queuectl", B): {"rate": [], "p50": [], "p99": []}}
+    for peer, settings in ready_peers.items():
+        for s in settings:
+            series[(peer, s)] = {"rate": [], "p50": [], "p99": []}
+    steps = o.repeat * len(series)
+    failed: set[str] = set()
+    with run.reporter.scenario("peers", steps) as rep:
+        for r in range(o.repeat):
+            for (subject, setting), m in series.items():
+                rep.step(f"repeat {r + 1}: {subject} (setting {setting})")
+                if subject == "queuectl":
+                    with run.engine.connect() as conn:
+                        driver.reset(conn, names)
+                    res = run.python_phase(kind, names, "cycle", batch=B, payload_bytes=o.payload_bytes,
+                                           producers=P, consumers=C, seconds=o.seconds)
+                    with run.engine.connect() as conn:
+                        driver.reset(conn, names)
+                elif subject in failed:
+                    res = {"rate": None, "p50_ms": None, "p99_ms": None}
+                else:
+                    dsn = _fresh_database(run)  # no backlog or history carried between runs
+                    PEERS[subject][0](dsn)
+                    specs = [PeerSpec(subject, dsn, "producer", B, setting, o.payload_bytes, 1000 + i) for i in range(P)]
+                    specs += [PeerSpec(subject, dsn, "consumer", B, setting, o.payload_bytes, 2000 + i) for i in range(C)]
+                    try:
+                        res = run.run_processes(peer_worker, specs, "cycle", o.seconds)
+                    except Exception as exc:
+                        failed.add(subject)
+                        unavailable.append({"subject": subject, "reason": f"run failed: {exc}"})
+                        res = {"rate": None, "p50_ms": None, "p99_ms": None}
+                m["rate"].append(res["rate"])
+                m["p50"].append(res["p50_ms"])
+                m["p99"].append(res["p99_ms"])
+                rep.done()
+    _drop_database(run)
+    rows = []
+    best: dict[str, tuple[float, int]] = {}
+    for (subject, setting), m in series.items():
+        rate = stat(m["rate"])
+        if subject != "queuectl" and rate["median"] is not None:
+            if subject not in best or rate["median"] > best[subject][0]:
+                best[subject] = (rate["median"], setting)
+        label = f"queuectl {kind}" if subject == "queuectl" else f"{subject} {_version(subject)}"
+        setting_name = "batch" if subject == "queuectl" else PEERS[subject][2]
+        rows.append({
+            "subject": label, "phase": "full-cycle",
+            "params": {"batch": B, "setting": f"{setting_name} {setting}", "producers": P, "consumers": C,
+                       "payload_bytes": o.payload_bytes, "clients": P + C},
+            "rate": rate, "ceiling": None, "fraction_of_ceiling": None,
+            "latency_ms": {"p50": stat(m["p50"]), "p99": stat(m["p99"])}, "metrics": {},
+        })
+    ours = stat(series[("queuectl", B)]["rate"])["median"]
+    fastest = max(best.items(), key=lambda kv: kv[1][0]) if best else None
+    for row in rows:
+        if not row["subject"].startswith("queuectl") and ours:
+            row["metrics"]["queuectl_x"] = stat([ratio(a, b) for a, b in zip(series[("queuectl", B)]["rate"],
+                                                                             _rates(series, row))])
+    targets = [{
+        "name": f"queuectl reliable (batch {B}, {P}P+{C}C) vs the faster peer at its best setting"
+                + (f" ({fastest[0]} at {PEERS[fastest[0]][2]} {fastest[1][1]})" if fastest else ""),
+        "value": ratio(ours, fastest[1][0]) if fastest else None,
+        "threshold": 5.0,
+        "met": (ratio(ours, fastest[1][0]) >= 5.0) if fastest and ours else None,
+    }]
+    return {
+        "name": "peers",
+        "description": "full cycle (enqueue -> dequeue -> complete), equal producer and consumer processes",
+        "notes": [
+            f"peers run in their own database {PEERS_DATABASE}, installed and driven through their own APIs "
+            "(PgQueuer over asyncpg, its fastest driver; Procrastinate over psycopg), no-op handlers",
+            "peers' enqueue uses their batch APIs with --batch jobs per call; queuectl uses enqueue_many; "
+            f"every system's producers pause while more than {o.backlog:,} jobs wait (--backlog)",
+            "peers count a job when its handler runs, before the peer records completion; queuectl counts "
+            "after its ack commits; peers' latency is send -> handler, queuectl's send -> ack returned",
+        ],
+        "display_metrics": [["queuectl x", "queuectl_x"]],
+        "ceilings": [],
+        "rows": rows,
+        "targets": targets,
+        "unavailable": unavailable,
+    }
+
+
+def _rates(series: dict[tuple[str, int], dict[str, list[Any]]], row: dict[str, Any]) -> list[Any]:
+    subject = row["subject"].split()[0]
+    setting = int(row["params"]["setting"].split()[-1])
+    return series[(subject, setting)]["rate"]
+
+
+def _fresh_database(run: BenchRun) -> str:
+    """A new database for the peers (their tables never mix with the user's); its libpq URL."""
+    values = {"database": quote_ident(PEERS_DATABASE)}
+    with run.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text(bench_sql("drop_database", values)))
+        conn.execute(sa.text(bench_sql("create_database", values)))
+    url = make_url(run.url).set(drivername="postgresql", database=PEERS_DATABASE)
+    return url.render_as_string(hide_password=False)
+
+
+def _drop_database(run: BenchRun) -> None:
+    with run.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text(bench_sql("drop_database", {"database": quote_ident(PEERS_DATABASE)})))

@@ -1,0 +1,184 @@
+"""Built-in scenarios of `queuectl bench --scenario NAME`.
+
+kinds  (default) every --kind: enqueue-only, dequeue-only (drain a pre-filled queue) and
+       full cycle through the Python client, each beside the same SQL driven by pgbench,
+       with SELECT 1 and single-row commit ceilings at the same client counts.
+peers  the full cycle on PgQueuer and Procrastinate beside queuectl (bench/peers.py).
+split  one wide table vs the meta/data split per payload size (bench/split.py).
+
+Other scenarios (ghosts, ring) register themselves the same way with @scenario.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from queuectl.bench.core import BenchRun, ratio, scenario, stat
+from queuectl.bench.drivers import driver_for
+from queuectl.bench.pgbench import PgbenchUnavailable
+
+PHASES = ("enqueue", "dequeue", "cycle")
+PHASE_LABEL = {"enqueue": "enqueue-only", "dequeue": "dequeue-only", "cycle": "full-cycle"}
+PHASE_CLIENTS = {"enqueue": "producers", "dequeue": "consumers", "cycle": "producers+consumers"}
+
+
+def bench_queue_name(kind: str) -> str:
+    return f"bench_{kind}"
+
+
+@scenario("kinds", "each --kind: enqueue-only, dequeue-only, full cycle, beside pgbench ceilings")
+def kinds(run: BenchRun) -> dict[str, Any]:
+    o = run.options
+    P, C, B = o.producers, o.consumers, o.batch
+    client_counts = sorted({P, C, P + C})
+    notes: list[str] = [
+        "dequeue-only: consumers dequeue+ack a queue pre-filled by the enqueue-only phase, with no "
+        "producers; its rate is messages / time until the queue was empty or --seconds passed",
+        f"full-cycle: producers and consumers at once; producers pause while more than {o.backlog:,} "
+        "messages wait (--backlog), so the cycle runs at a steady state like its pgbench twin; latency is "
+        "from the producer's clock before enqueue to the consumer's clock after ack",
+        "sql (pgbench): the same SQL API calls the Python client makes, from pgbench -M prepared; "
+        "its dequeue-only figure is acked rows / server span from first claim to last ack; its full "
+        "cycle runs producers+consumers clients that each enqueue a batch, then dequeue and ack one",
+    ]
+    unavailable: list[dict[str, str]] = []
+    rows: list[dict[str, Any]] = []
+    ceilings_out: list[dict[str, Any]] = []
+    steps = o.repeat * (len(client_counts) * 2 + len(o.kinds) * 2)
+    ceilings: dict[tuple[str, int], list[float | None]] = {
+        (w, n): [] for w in ("select1", "commit") for n in client_counts
+    }
+    per_kind: dict[str, dict[str, list[Any]]] = {}
+    stats_tables: dict[str, Any] = {}
+    for kind in o.kinds:
+        driver_for(kind).install(run.engine, run.names(bench_queue_name(kind)))
+        per_kind[kind] = {f"{src}_{ph}": [] for src in ("py", "sql") for ph in PHASES}
+        per_kind[kind].update(p50=[], p99=[], sql_drained=[])
+    with run.reporter.scenario("kinds", steps) as rep:
+        for r in range(o.repeat):
+            for which in ("select1", "commit"):
+                for n in client_counts:
+                    rep.step(f"repeat {r + 1}: {which} ceiling, {n} clients")
+                    try:
+                        ceilings[(which, n)].append(run.ceiling(which, n))
+                    except PgbenchUnavailable as exc:
+                        ceilings[(which, n)].append(None)
+                        _once(unavailable, f"ceiling {which}", str(exc))
+                    rep.done()
+            for kind in o.kinds:
+                names = run.names(bench_queue_name(kind))
+                m = per_kind[kind]
+                rep.step(f"repeat {r + 1}: {kind} SQL via pgbench")
+                try:
+                    sql = run.sql_phases(kind, names, batch=B, payload_bytes=o.payload_bytes, producers=P, consumers=C)
+                except PgbenchUnavailable as exc:
+                    sql = {}
+                    _once(unavailable, f"sql {kind}", str(exc))
+                for ph in PHASES:
+                    m[f"sql_{ph}"].append(sql.get(ph))
+                m["sql_drained"].append(sql.get("dequeue_drained"))
+                rep.done()
+                rep.step(f"repeat {r + 1}: {kind} through Python")
+                py = python_phases(run, kind, names)
+                for ph in PHASES:
+                    m[f"py_{ph}"].append(py[ph]["rate"])
+                m["p50"].append(py["cycle"]["p50_ms"])
+                m["p99"].append(py["cycle"]["p99_ms"])
+                rep.done()
+    for kind in o.kinds:
+        names = run.names(bench_queue_name(kind))
+        driver = driver_for(kind)
+        stats_tables[kind] = run.table_stats(names, driver.tables(names))
+        m = per_kind[kind]
+        for ph in PHASES:
+            clients = {"enqueue": P, "dequeue": C, "cycle": P + C}[ph]
+            fraction = [ratio(a, b) for a, b in zip(m[f"py_{ph}"], m[f"sql_{ph}"])]
+            row: dict[str, Any] = {
+                "subject": f"queuectl {kind}",
+                "phase": PHASE_LABEL[ph],
+                "params": {"kind": kind, "batch": B, "producers": P if ph != "dequeue" else 0,
+                           "consumers": C if ph != "enqueue" else 0, "payload_bytes": o.payload_bytes,
+                           "clients": clients},
+                "rate": stat(m[f"py_{ph}"]),
+                "ceiling": {"name": f"same SQL via pgbench ({PHASE_CLIENTS[ph]} clients)", "rate": stat(m[f"sql_{ph}"])},
+                "fraction_of_ceiling": stat(fraction),
+                "latency_ms": {"p50": stat(m["p50"]), "p99": stat(m["p99"])} if ph == "cycle" else None,
+                "metrics": {},
+            }
+            commit = ceilings.get(("commit", clients), [])
+            select1 = ceilings.get(("select1", clients), [])
+            row["metrics"]["fraction_of_commit_ceiling"] = stat([ratio(a, b) for a, b in zip(m[f"py_{ph}"], commit)])
+            row["metrics"]["fraction_of_select1_ceiling"] = stat([ratio(a, b) for a, b in zip(m[f"py_{ph}"], select1)])
+            if ph == "dequeue":
+                row["metrics"]["sql_queue_drained"] = stat(m["sql_drained"])
+            rows.append(row)
+    for (which, n), values in sorted(ceilings.items()):
+        ceilings_out.append({
+            "name": {"select1": "SELECT 1 round trips", "commit": "single-row commits"}[which],
+            "clients": n, "unit": "statements/s", "rate": stat(values),
+        })
+    return {
+        "name": "kinds",
+        "description": SCENARIO_TEXT,
+        "notes": notes,
+        "display_metrics": [["of commits", "fraction_of_commit_ceiling"]],
+        "ceilings": ceilings_out,
+        "rows": rows,
+        "targets": kinds_targets(run, rows),
+        "unavailable": unavailable,
+        "table_stats": stats_tables,
+    }
+
+
+SCENARIO_TEXT = "enqueue-only, dequeue-only and full cycle per kind, each beside the same SQL under pgbench"
+
+
+def python_phases(run: BenchRun, kind: str, names: Any) -> dict[str, dict[str, Any]]:
+    o = run.options
+    driver = driver_for(kind)
+    common = dict(batch=o.batch, payload_bytes=o.payload_bytes, producers=o.producers, consumers=o.consumers,
+                  seconds=o.seconds)
+    out: dict[str, dict[str, Any]] = {}
+    with run.engine.connect() as conn:
+        driver.reset(conn, names)
+    out["enqueue"] = run.python_phase(kind, names, "enqueue", **common)
+    out["dequeue"] = run.python_phase(kind, names, "dequeue", **common)
+    with run.engine.connect() as conn:
+        driver.reset(conn, names)
+    out["cycle"] = run.python_phase(kind, names, "cycle", **common)
+    with run.engine.connect() as conn:
+        driver.reset(conn, names)
+    return out
+
+
+def kinds_targets(run: BenchRun, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets that this run's parameters speak to."""
+    o = run.options
+    targets = []
+    for row in rows:
+        if row["params"]["kind"] != "reliable" or row["phase"] != "full-cycle":
+            continue
+        if o.batch == 100 and o.producers == 4 and o.consumers == 4:
+            value = row["fraction_of_ceiling"]["median"]
+            targets.append({
+                "name": "reliable full cycle, batch 100, 4P+4C: share of the same SQL under pgbench",
+                "value": value, "threshold": 0.70, "met": None if value is None else value >= 0.70,
+            })
+        if o.batch == 1:
+            value = row["metrics"]["fraction_of_commit_ceiling"]["median"]
+            targets.append({
+                "name": f"reliable full cycle, batch 1, {o.producers}P+{o.consumers}C: share of the single-row "
+                        f"commit ceiling at {o.producers + o.consumers} clients",
+                "value": value, "threshold": 0.50, "met": None if value is None else value >= 0.50,
+            })
+    return targets
+
+
+def _once(items: list[dict[str, str]], subject: str, reason: str) -> None:
+    if not any(i["subject"] == subject for i in items):
+        items.append({"subject": subject, "reason": reason})
+
+
+# the other built-in scenarios register themselves on import
+from queuectl.bench import peers as _peers  # noqa: E402,F401
+from queuectl.bench import split as _split  # noqa: E402,F401

@@ -1,0 +1,150 @@
+"""Scenario `split`: one wide table vs the meta/data split, per payload size.
+
+For each payload size, each design gets a fresh queue pre-filled with the same number of
+random (incompressible) payloads; then --consumers processes drain it with dequeue+ack
+at the given batch. Reported per design and size: messages/s, and from
+pg_stat_statements (deltas, nothing is reset) the shared buffers each dequeue call
+touched (hit + read, including the statements inside the SQL function) and the WAL it
+wrote. The one-table design is bench-only SQL (sql/postgresql/bench.sql, onetable_*)
+with the same columns, index, fillfactor and dequeue shape as the reliable queue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from queuectl.bench.core import BenchRun, ratio, scenario, stat
+from queuectl.bench.drivers import bench_sql, driver_for
+from queuectl.bench.workers import payload_pool
+
+PAYLOAD_SIZES = (300, 1024, 4096, 16384)
+DESIGNS = (("onetable", "bsplit_one", "one table"), ("reliable", "bsplit_split", "meta/data split"))
+FILL_PER_SECOND = 2000  # pre-filled rows per --seconds: enough that most drains run the full phase
+FILL_CHUNK = 200
+PAYS_FROM = 1.05  # the split "pays" where it is at least this much faster than one table
+MATCHES = 0.95  # "at least matches" within this machine's noise
+
+
+def _pgss(run: BenchRun) -> bool:
+    try:
+        with run.engine.connect() as conn:
+            if not conn.execute(sa.text(bench_sql("pgss_installed", {}))).scalar_one():
+                conn.execute(sa.text(bench_sql("pgss_create", {})))
+                conn.commit()
+        return True
+    except Exception:
+        return False
+
+
+def _calls(run: BenchRun, fn_name: str) -> dict[str, float]:
+    with run.engine.connect() as conn:
+        rows = conn.execute(sa.text(bench_sql("pgss_calls", {})), {"pattern": f"%{fn_name}(%"}).mappings().all()
+    keys = ("calls", "rows", "shared_blks_hit", "shared_blks_read", "wal_bytes", "total_exec_time")
+    return {k: float(sum(r[k] or 0 for r in rows)) for k in keys}
+
+
+def _fill(run: BenchRun, driver_name: str, names: Any, count: int, payload_bytes: int) -> None:
+    driver = driver_for(driver_name)
+    pool = payload_pool(payload_bytes, FILL_CHUNK * 2, seed=payload_bytes)
+    session = driver.open(run.url, names)
+    try:
+        done = 0
+        while done < count:
+            n = min(FILL_CHUNK, count - done)
+            start = done % FILL_CHUNK
+            session.enqueue(pool[start:start + n])
+            done += n
+    finally:
+        session.close()
+
+
+@scenario("split", "one wide table vs the meta/data split: buffers per dequeue and drain rate per payload size")
+def split(run: BenchRun) -> dict[str, Any]:
+    o = run.options
+    B, C = o.batch, o.consumers
+    fill = max(1000, int(FILL_PER_SECOND * o.seconds))
+    unavailable: list[dict[str, str]] = []
+    have_pgss = _pgss(run)
+    if not have_pgss:
+        unavailable.append({"subject": "buffers per dequeue",
+                            "reason": "pg_stat_statements is not available (needs shared_preload_libraries and CREATE EXTENSION)"})
+    m: dict[tuple[str, int], dict[str, list[Any]]] = {
+        (d, size): {"rate": [], "buffers_call": [], "buffers_msg": [], "wal_msg": []}
+        for d, _, _ in DESIGNS for size in PAYLOAD_SIZES
+    }
+    with run.reporter.scenario("split", o.repeat * len(m)) as rep:
+        for r in range(o.repeat):
+            for size in PAYLOAD_SIZES:
+                for design, queue, _ in DESIGNS:
+                    rep.step(f"repeat {r + 1}: {design}, {size} B")
+                    names = run.names(queue)
+                    driver = driver_for(design)
+                    driver.install(run.engine, names)
+                    _fill(run, design, names, fill, size)
+                    fn = names.template_values()["fn_dequeue"]
+                    before = _calls(run, fn) if have_pgss else None
+                    res = run.python_phase(design, names, "dequeue", batch=B, payload_bytes=size,
+                                           producers=0, consumers=C, seconds=o.seconds)
+                    after = _calls(run, fn) if have_pgss else None
+                    cell = m[(design, size)]
+                    cell["rate"].append(res["rate"])
+                    if before is not None and after is not None:
+                        calls = after["calls"] - before["calls"]
+                        msgs = after["rows"] - before["rows"]
+                        blocks = (after["shared_blks_hit"] + after["shared_blks_read"]
+                                  - before["shared_blks_hit"] - before["shared_blks_read"])
+                        cell["buffers_call"].append(blocks / calls if calls else None)
+                        cell["buffers_msg"].append(blocks / msgs if msgs else None)
+                        wal = after["wal_bytes"] - before["wal_bytes"]
+                        cell["wal_msg"].append(wal / msgs if msgs else None)
+                    driver.uninstall(run.engine, names)
+                    rep.done()
+    rows = []
+    for size in PAYLOAD_SIZES:
+        for design, _, label in DESIGNS:
+            cell = m[(design, size)]
+            metrics = {
+                "buffers_per_dequeue": stat(cell["buffers_call"]),
+                "buffers_per_message": stat(cell["buffers_msg"]),
+                "wal_bytes_per_message": stat(cell["wal_msg"]),
+            }
+            if design == "reliable":
+                metrics["split_vs_one_table"] = stat([ratio(a, b) for a, b in zip(cell["rate"], m[("onetable", size)]["rate"])])
+            rows.append({
+                "subject": label, "phase": "dequeue+ack (drain)",
+                "params": {"batch": B, "producers": 0, "consumers": C, "payload_bytes": size, "prefilled": fill},
+                "rate": stat(cell["rate"]), "ceiling": None, "fraction_of_ceiling": None, "latency_ms": None,
+                "metrics": metrics,
+            })
+    speedup = {size: stat([ratio(a, b) for a, b in zip(m[("reliable", size)]["rate"], m[("onetable", size)]["rate"])])["median"]
+               for size in PAYLOAD_SIZES}
+    pays_from = next((s for s in PAYLOAD_SIZES if all((speedup[t] or 0) >= PAYS_FROM for t in PAYLOAD_SIZES if t >= s)), None)
+    small = speedup[PAYLOAD_SIZES[0]]
+    targets = [
+        {"name": f"split vs one table at batch {B}, {PAYLOAD_SIZES[0]} B: at least matches (>= {MATCHES:.2f}x, noise)",
+         "value": small, "threshold": MATCHES, "met": None if small is None else small >= MATCHES},
+        {"name": f"split beats one table (>= {PAYS_FROM:.2f}x) from payload size "
+                 + (f"{pays_from} B upward" if pays_from else "- (at no measured size)"),
+         "value": speedup[pays_from] if pays_from else max((v for v in speedup.values() if v is not None), default=None),
+         "threshold": PAYS_FROM, "met": pays_from is not None},
+    ]
+    return {
+        "name": "split",
+        "description": "one wide table vs the meta/data split: drain of a pre-filled queue per payload size",
+        "notes": [
+            f"each design and size: fresh queue, {fill:,} random payloads pre-filled, {C} consumers dequeue+ack "
+            f"at batch {B} until empty or --seconds",
+            "buffers per dequeue: pg_stat_statements shared_blks_hit + shared_blks_read of the dequeue call "
+            "(statements inside the function included), as a delta over the phase",
+            "payloads above ~2 KB are stored out of line (TOAST) in both designs",
+        ],
+        "display_metrics": [["buf/deq", "buffers_per_dequeue"], ["WAL B/msg", "wal_bytes_per_message"],
+                            ["split x", "split_vs_one_table"]],
+        "ceilings": [],
+        "rows": rows,
+        "targets": targets,
+        "unavailable": unavailable,
+        "pays_from_bytes": pays_from,
+    }

@@ -1,0 +1,166 @@
+"""Producer and consumer processes of `queuectl bench` (multiprocessing, spawn).
+
+Each worker opens its own session, warms up (psycopg prepares a statement on its 5th
+execution), reports ready, waits for the common start signal, then works until told to
+stop (or, for a draining consumer, until the queue is empty). It reports how many
+messages it handled and when its last operation finished.
+
+End-to-end latency: a producer writes time.time() into the first 8 bytes of every payload
+just before its enqueue call; a consumer subtracts it from time.time() right after its ack
+returns. All workers run on this machine, so they share one clock.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import time
+import traceback
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+from queuectl.names import QueueNames
+
+STAMP = struct.Struct("<d")
+WARMUP_CALLS = 6
+LATENCY_SAMPLE = 20_000  # per consumer, uniform sample sent back to the parent
+EMPTY_POLL_SECONDS = 0.002
+BACKLOG_PAUSE_SECONDS = 0.001
+
+
+@dataclass
+class Backlog:
+    """Steady state for the full cycle: producers pause while enqueued - consumed exceeds
+    `limit` (0: never). Each worker writes only its own slot of a shared array, so no lock
+    is needed; producers hold the first `producers` slots."""
+
+    slots: Any
+    producers: int
+    limit: int
+    index: int = 0
+
+    def add(self, n: int) -> None:
+        if self.limit:
+            self.slots[self.index] += n
+
+    def too_deep(self) -> bool:
+        if not self.limit:
+            return False
+        values = self.slots[:]
+        return sum(values[: self.producers]) - sum(values[self.producers:]) > self.limit
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    driver: str
+    url: str
+    queue: str
+    schema: str
+    role: str  # "producer" | "consumer"
+    batch: int
+    payload_bytes: int
+    seed: int
+    drain: bool = False  # consumer: stop at the first empty take
+    warmup: bool = True
+
+
+def payload_pool(payload_bytes: int, count: int, seed: int) -> list[bytes]:
+    """Incompressible payloads (random bytes), so TOAST compression cannot flatter big ones."""
+    rng = random.Random(seed)
+    size = max(payload_bytes, STAMP.size)
+    return [rng.randbytes(size) for _ in range(count)]
+
+
+def run_worker(spec: WorkerSpec, ready: Any, go: Any, stop: Any, results: Any, backlog: Backlog) -> None:
+    """Process entry point; every outcome (also a failure) is one dict on `results`."""
+    from queuectl.bench.drivers import driver_for
+
+    report: dict[str, Any] = {"role": spec.role, "pid": os.getpid(), "count": 0, "t_start": None, "t_end": None}
+    session = None
+    try:
+        driver = driver_for(spec.driver)
+        session = driver.open(spec.url, QueueNames(spec.queue, spec.schema))
+        if spec.role == "producer":
+            work = _producer(session, spec, backlog)
+        else:
+            work = _consumer(session, spec, backlog)
+        next(work)  # warm up
+        ready.put(os.getpid())
+        go.wait()
+        report.update(work.send(stop))
+    except BaseException as exc:  # reported to the parent, which fails the run with it
+        report["error"] = f"{type(exc).__name__}: {exc}"
+        report["traceback"] = traceback.format_exc(limit=6)
+        ready.put(os.getpid())
+    finally:
+        if session is not None:
+            try:
+                session.close()
+            except Exception:
+                pass
+        results.put(report)
+
+
+def _producer(session: Any, spec: WorkerSpec, backlog: Backlog):
+    pool = payload_pool(spec.payload_bytes, max(64, spec.batch * 4), spec.seed)
+    rng = random.Random(spec.seed + 1)
+    n = spec.batch
+
+    def batch_now() -> list[bytes]:
+        stamp = STAMP.pack(time.time())
+        start = rng.randrange(len(pool))
+        picked = pool[start:start + n] + pool[: max(0, start + n - len(pool))]
+        return [stamp + p[STAMP.size:] for p in picked]
+
+    if spec.warmup:
+        for _ in range(WARMUP_CALLS):
+            session.enqueue(batch_now())
+            backlog.add(n)
+    stop = yield
+    count = 0
+    t_start = time.time()
+    t_end = t_start
+    while not stop.is_set():
+        if backlog.too_deep():
+            time.sleep(BACKLOG_PAUSE_SECONDS)
+            continue
+        session.enqueue(batch_now())
+        backlog.add(n)
+        count += n
+        t_end = time.time()
+    yield {"count": count, "t_start": t_start, "t_end": t_end}
+
+
+def _consumer(session: Any, spec: WorkerSpec, backlog: Backlog):
+    if spec.warmup:
+        for _ in range(WARMUP_CALLS):
+            # prepares the dequeue; on a pre-filled queue these claims are finished (not counted)
+            payloads, token = session.take(spec.batch)
+            session.finish(token)
+            backlog.add(len(payloads))
+    stop = yield
+    latencies = array("d")
+    count = 0
+    t_start = time.time()
+    t_end = t_start
+    unpack = STAMP.unpack_from
+    while not stop.is_set():
+        payloads, token = session.take(spec.batch)
+        if not payloads:
+            if spec.drain:
+                break
+            time.sleep(EMPTY_POLL_SECONDS)
+            continue
+        session.finish(token)
+        backlog.add(len(payloads))
+        now = time.time()
+        t_end = now
+        count += len(payloads)
+        if not spec.drain:
+            latencies.extend(now - unpack(p)[0] for p in payloads)
+    sample = list(latencies)
+    if len(sample) > LATENCY_SAMPLE:
+        sample = random.Random(spec.seed).sample(sample, LATENCY_SAMPLE)
+    yield {"count": count, "t_start": t_start, "t_end": t_end, "latencies": sample, "observed": len(latencies)}

@@ -1,0 +1,119 @@
+"""`queuectl bench`: a tiny real run (processes, pgbench) whose JSON matches the schema.
+
+No performance is asserted here: only that every figure was measured, is consistent
+with the others, and that the document is what result_schema.json promises.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from queuectl.bench.pgbench import Connection, find_pgbench
+from conftest import run_cli
+
+
+def _schema() -> dict:
+    return json.loads(resources.files("queuectl.bench").joinpath("result_schema.json").read_text())
+
+
+def test_tiny_kinds_run_writes_json_that_matches_the_schema(db_url: str, engine: sa.Engine, tmp_path: Path) -> None:
+    assert find_pgbench(), "pgbench is part of the PostgreSQL client tools the suite runs on"
+    out = tmp_path / "bench.json"
+    proc = run_cli(
+        "bench", "--seconds", "1", "--repeat", "1", "--batch", "5", "--producers", "1", "--consumers", "1",
+        "--json", str(out), url=db_url, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    result = json.loads(out.read_text())
+    jsonschema.validate(result, _schema())
+
+    sc = result["scenario"]
+    assert sc["unavailable"] == []
+    assert {(c["name"], c["clients"]) for c in sc["ceilings"]} == {
+        (name, n) for name in ("SELECT 1 round trips", "single-row commits") for n in (1, 2)
+    }
+    assert all(c["rate"]["median"] > 0 for c in sc["ceilings"])
+    phases = {row["phase"]: row for row in sc["rows"]}
+    assert set(phases) == {"enqueue-only", "dequeue-only", "full-cycle"}
+    for row in phases.values():
+        rate, ceiling = row["rate"]["median"], row["ceiling"]["rate"]["median"]
+        assert rate > 0 and ceiling > 0
+        assert abs(row["fraction_of_ceiling"]["median"] - rate / ceiling) < 1e-9
+    cycle = phases["full-cycle"]["latency_ms"]
+    assert 0 < cycle["p50"]["median"] <= cycle["p99"]["median"]
+    assert phases["enqueue-only"]["latency_ms"] is None
+    assert result["environment"]["cpu_count"] >= 1 and len(result["environment"]["load_average"]) == 3
+    # the pgbench commands are recorded, each on this database
+    assert {"ceiling select1", "ceiling commit", "sql enqueue", "sql dequeue", "sql full-cycle"} <= set(result["commands"])
+    database = make_url(db_url).database
+    assert all(cmd[-1] == database for cmd in result["commands"].values())
+    # the meta table's churn is reported (HOT updates counted, whatever they are)
+    meta = result["scenario"]["table_stats"]["reliable"]["bench_reliable_meta"]
+    assert meta["n_tup_upd"] > 0 and "n_tup_hot_upd" in meta
+    # the bench queue is left empty
+    with engine.connect() as conn:
+        assert conn.execute(sa.text('SELECT count(*) FROM queuectl."bench_reliable_meta"')).scalar_one() == 0
+
+
+def test_pgbench_gets_the_password_only_through_its_environment() -> None:
+    conn = Connection.from_url("postgresql+psycopg://app:s3cr3t@db.example:6543/orders?sslmode=require")
+    assert conn.args == ("-h", "db.example", "-p", "6543", "-U", "app")
+    assert "s3cr3t" not in " ".join(conn.args) and "s3cr3t" not in repr(conn)
+    assert conn.env == {"PGPASSWORD": "s3cr3t", "PGSSLMODE": "require"}
+    socket = Connection.from_url("postgresql+psycopg://queuectl@/queuectl?host=/tmp/x/run&port=5999")
+    assert socket.args == ("-h", "/tmp/x/run", "-p", "5999", "-U", "queuectl") and socket.env == {}
+
+
+def test_unknown_scenario_is_a_one_line_usage_error(db_url: str) -> None:
+    proc = run_cli("bench", "--scenario", "nope", "--seconds", "1", url=db_url)
+    assert proc.returncode == 2
+    lines = proc.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "unknown scenario 'nope'" in lines[0] and "kinds" in lines[0]
+
+
+def test_one_table_baseline_hands_out_each_message_once(db_url: str, engine: sa.Engine) -> None:
+    from queuectl.bench.drivers import driver_for
+    from queuectl.names import QueueNames
+
+    driver, names = driver_for("onetable"), QueueNames("bsplit_one")
+    with engine.begin() as conn:
+        conn.exec_driver_sql('CREATE SCHEMA IF NOT EXISTS "queuectl"')
+    driver.install(engine, names)
+    sent = [f"m{i}".encode() for i in range(30)]
+    a, b = driver.open(db_url, names), driver.open(db_url, names)
+    try:
+        a.enqueue(sent[:20])
+        b.enqueue(sent[20:])
+        got: list[bytes] = []
+        held_a, token_a = a.take(7)
+        held_b, token_b = b.take(7)  # skips the rows a holds
+        assert not set(held_a) & set(held_b)
+        got += held_a + held_b
+        a.finish(token_a)
+        b.finish(token_b)
+        while True:
+            payloads, token = a.take(7)
+            if not payloads:
+                break
+            a.finish(token)
+            got += payloads
+    finally:
+        a.close()
+        b.close()
+    assert sorted(got) == sorted(sent)
+    with engine.connect() as conn:
+        assert driver.consumed(conn, names)[0] == 30 and driver.ready(conn, names) == 0
+    driver.uninstall(engine, names)
+
+
+def test_recorded_command_line_masks_a_url_password() -> None:
+    from queuectl.cli_bench import _masked
+
+    shown = _masked(["bench", "--url", "postgresql://app:s3cr3t@db/x", "--url=postgresql://app:s3cr3t@db/y"])
+    assert "s3cr3t" not in " ".join(shown) and shown[2] == "postgresql://app:***@db/x"

@@ -1,0 +1,82 @@
+"""`queuectl bench`: the command line over queuectl.bench.run_bench (registered in cli.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from queuectl.engine import URL_ENV, mask_url
+from queuectl.names import DEFAULT_SCHEMA
+
+
+def bench(
+    kind: Annotated[
+        Optional[list[str]], typer.Option("--kind", help="Queue kind to measure (repeatable). Default: reliable.")
+    ] = None,
+    producers: Annotated[int, typer.Option(help="Producer processes.")] = 4,
+    consumers: Annotated[int, typer.Option(help="Consumer processes.")] = 4,
+    batch: Annotated[
+        Optional[int], typer.Option(help="Messages per enqueue and per dequeue call. Default: 100 (split: 10).")
+    ] = None,
+    payload_bytes: Annotated[int, typer.Option(help="Payload size in bytes (random, incompressible).")] = 300,
+    seconds: Annotated[float, typer.Option(help="Length of each measured phase.")] = 10.0,
+    repeat: Annotated[int, typer.Option(help="Repeats; medians are reported.")] = 3,
+    scenario: Annotated[
+        str, typer.Option(help="kinds (default), peers, split; see the README's bench section.")
+    ] = "kinds",
+    backlog: Annotated[
+        Optional[int],
+        typer.Option(help="Full cycle: producers pause above this many waiting messages (0: never). "
+                     "Default: max(2000, 10 x consumers x batch)."),
+    ] = None,
+    json_file: Annotated[
+        Optional[Path], typer.Option("--json", help="Also write the result as JSON to this file ('-': stdout).")
+    ] = None,
+    no_pgbench: Annotated[
+        bool, typer.Option("--no-pgbench", help="Skip the pgbench ceilings (they are then reported as not measured).")
+    ] = False,
+    url: Annotated[
+        Optional[str],
+        typer.Option("--url", help=f"Database URL. Default: ${URL_ENV}, else the embedded server.", show_default=False),
+    ] = None,
+    schema: Annotated[str, typer.Option("--schema", help="Schema for the bench queues.")] = DEFAULT_SCHEMA,
+) -> None:
+    """Measure queues with real producer/consumer processes, beside the server's own ceilings.
+
+    Each phase's messages/s is shown as a share of the same SQL driven by pgbench, with
+    SELECT 1 and single-row commit ceilings measured in the same run. Bench queues are
+    named bench_<kind> and are emptied between phases; do not point this at a busy server.
+    """
+    from queuectl.bench import BenchOptions, render, run_bench
+
+    out = Console() if sys.stdout.isatty() else Console(width=200)  # tables stay readable in files
+    options = BenchOptions(
+        kinds=kind or ["reliable"], producers=producers, consumers=consumers, batch=batch,
+        payload_bytes=payload_bytes, seconds=seconds, repeat=repeat, scenario=scenario, url=url,
+        schema=schema, pgbench=not no_pgbench, backlog=backlog,
+    )
+    result = run_bench(options, console=out, argv=["queuectl", *_masked(sys.argv[1:])])
+    text = json.dumps(result, indent=2, default=str) + "\n"
+    if json_file is not None and str(json_file) != "-":
+        json_file.write_text(text)
+    if (json_file is not None and str(json_file) == "-") or (json_file is None and not out.is_terminal):
+        sys.stdout.write(text)
+    else:
+        render(result, out)
+
+
+def _masked(argv: list[str]) -> list[str]:
+    """argv as recorded in the result: a --url value loses its password."""
+    shown: list[str] = []
+    for i, item in enumerate(argv):
+        if item.startswith("--url="):
+            item = "--url=" + mask_url(item[len("--url="):])
+        elif i > 0 and argv[i - 1] == "--url":
+            item = mask_url(item)
+        shown.append(item)
+    return shown
