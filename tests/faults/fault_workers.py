@@ -29,6 +29,7 @@ def produce(url: str, producer: int, stop, path: str) -> None:
     """
     n = 0
     with open(path, "a") as out, Queue(url, QUEUE) as queue:
+        _write(out, ev="ready")
         while not stop.is_set():
             if n % 2 == 0:
                 payloads = [f"p{producer}-{n}"]
@@ -55,6 +56,7 @@ def consume(url: str, consumer: int, stop, path: str, lease: float) -> None:
     returned and said it still held all of them; otherwise the batch as "partial").
     """
     with open(path, "a") as out, Queue(url, QUEUE, worker=f"consumer-{consumer}") as queue:
+        _write(out, ev="ready")
         while not stop.is_set():
             batch = queue.dequeue(10, lease=lease)
             if not batch:

@@ -70,6 +70,21 @@ class Load:
             self.producers.append(p)
         for _ in range(CONSUMERS):
             self.add_consumer()
+        self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait until every process has opened its Queue (a first connect is not retried)."""
+        deadline = time.monotonic() + 60
+        expected = len(self.producers) + len(self.consumers)
+        while True:
+            paths = list(self.tmp.glob("*.jsonl"))
+            if len(paths) == expected and all(any(r["ev"] == "ready" for r in _read(p)) for p in paths):
+                return
+            live = [*self.producers, *(p for i, p in self.consumers.items() if i not in self.killed)]
+            dead = [p.exitcode for p in live if p.exitcode is not None]
+            assert not dead, f"a load process exited during startup: {dead}"
+            assert time.monotonic() < deadline, "load processes did not start within 60 s"
+            time.sleep(0.05)
 
     def add_consumer(self) -> int:
         i = self._next
@@ -223,6 +238,7 @@ def test_sigkill_consumers_mid_batch(db_url, engine, tmp_path, capsys):
         for _ in range(3):
             load.kill_consumer_mid_batch()
             load.add_consumer()
+            load.wait_ready()
             time.sleep(LOAD_S / 4)
         load.finish(engine, names.qualified("meta"))
     finally:
@@ -242,6 +258,8 @@ def test_postgres_fast_restart(embedded_server, db_url, engine, tmp_path, capsys
     load.start()
     try:
         time.sleep(LOAD_S / 2)
+        before = time.time()
+        assert _last_event(tmp_path, "producer", "ok") > before - 1, "load not running before the restart"
         embedded_server.restart(mode="fast")
         back = time.time()
         time.sleep(LOAD_S / 2)
