@@ -354,7 +354,8 @@ class Queue:
                     ) from None
                 pause = min(RETRY_MAX_PAUSE_S, RETRY_FIRST_S * 2**attempt)
                 pause = pause / 2 + random.uniform(0, pause / 2)
-                if time.monotonic() + pause > deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     leased = f"; the {held} items it held stay leased until their lease expires, then return" if held else ""
                     raise ConnectionFailed(
                         f"{key} on queue {self.name!r}: gave up reconnecting to {mask_url(self.engine.url)} after "
@@ -362,7 +363,7 @@ class Queue:
                     ) from None
                 attempt += 1
                 self.reconnects += 1
-                time.sleep(pause)
+                time.sleep(min(pause, remaining))
 
     def _lost_connection(self, exc: sa.exc.DBAPIError, sent: bool) -> bool:
         if exc.connection_invalidated:

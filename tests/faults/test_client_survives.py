@@ -77,5 +77,5 @@ def test_gives_up_after_the_retry_budget_with_one_masked_line(db_url, engine, ad
     assert message.startswith("ack on queue 'orders': gave up reconnecting")
     assert "the 2 items it held stay leased" in message  # the batch is reported, not dropped
     assert "\n" not in message and secret not in message and "***" in message
-    assert queue.reconnects >= 2 and 1.0 <= waited < 30
+    assert queue.reconnects >= 2 and 1.5 <= waited < 30  # the whole budget, then it stops
     queue.close()
