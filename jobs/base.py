@@ -55,6 +55,12 @@ def pg_interval(seconds: float) -> str:
     return f"{max(int(round(seconds * 1000)), 0)}ms"
 
 
+def _lock_timeout_ms(seconds: float) -> int:
+    """SET LOCK_TIMEOUT's value on SQL Server, rendered into the SQL (a SET inside
+    sp_executesql is undone when it returns); at least 1 ms, as 0 means "do not wait"."""
+    return max(1, round(seconds * 1000))
+
+
 def config_from_options(config_cls: type, options: dict[str, Any], what: str) -> Any:
     """Build a job's config dataclass from TOML/CLI options; durations may be strings."""
     known = {f.name: f for f in fields(config_cls)}
@@ -117,19 +123,19 @@ class JobTarget:
             raise UsageError(f"queue {queue!r} is of kind {info.kind!r}; this job works on {', '.join(kinds)} queues")
         return cls(names, info, adapter_for(engine).sql_dir)
 
-    def sql(self, section: str, **extra: str) -> sa.TextClause:
+    def sql(self, section: str, **extra: str | int) -> sa.TextClause:
         values: dict[str, str | int] = {**self.names.template_values(), **extra}
         return sa.text(render(self.sql_dir, "jobs", section, values))
 
     def set_local_timeouts(self, conn: Connection, lock_timeout: float, statement_timeout: float) -> None:
         conn.execute(
-            self.sql("set_local_timeouts"),
+            self.sql("set_local_timeouts", lock_timeout_ms=_lock_timeout_ms(lock_timeout)),
             {"lock_timeout": pg_interval(lock_timeout), "statement_timeout": pg_interval(statement_timeout)},
         )
 
     def set_session_timeouts(self, conn: Connection, lock_timeout: float, statement_timeout: float) -> None:
         conn.execute(
-            self.sql("set_session_timeouts"),
+            self.sql("set_session_timeouts", lock_timeout_ms=_lock_timeout_ms(lock_timeout)),
             {"lock_timeout": pg_interval(lock_timeout), "statement_timeout": pg_interval(statement_timeout)},
         )
 

@@ -21,7 +21,7 @@ def has_table(engine, name: str) -> bool:
 
 def test_install_creates_the_job_tables(engine):
     install_queue(engine, "orders")
-    assert head_of("catalog") == "catalog_0002"
+    assert head_of("catalog") == "catalog_0003_pipeline"  # jobs tables came in catalog_0002
     assert has_table(engine, "job_runs") and has_table(engine, "health_snapshots")
     assert "CREATE TABLE \"queuectl\".job_runs" in install_script(None, "orders")
 
@@ -37,7 +37,7 @@ def test_upgrade_adds_the_job_tables_to_an_older_catalog_and_queues_keep_working
     with pytest.raises(QueuectlError, match="run `queuectl upgrade`"):
         run_job(engine, "reset_stale", "orders")
     upgrade_all(engine)
-    assert scalar(engine, "SELECT version_num FROM queuectl.alembic_version") == "catalog_0002"
+    assert scalar(engine, "SELECT version_num FROM queuectl.alembic_version") == head_of("catalog")
     assert run_job(engine, "archive", "orders").outcome == "succeeded"
     with Queue(engine, "orders") as queue:
         [message] = queue.dequeue(1)

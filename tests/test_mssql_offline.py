@@ -18,6 +18,7 @@ when QUEUECTL_TEST_MSSQL_URL is set.
 
 from __future__ import annotations
 
+import json
 import re
 from importlib import resources
 
@@ -48,7 +49,7 @@ POSTGRESQL_ONLY = {"bench": "benchmark helpers (VACUUM, REPEATABLE READ snapshot
 ENGINE_SPECIFIC = {
     "jobs": {
         "postgresql": {
-            "set_local_timeouts", "pgstattuple_schema", "create_pgstattuple", "table_indexes",
+            "pgstattuple_schema", "create_pgstattuple", "table_indexes",
             "index_measure", "drop_index_concurrently", "reindex_concurrently", "vacuum_meta",
             "vacuum_data", "table_vitals", "table_physical", "xmin_holders",
         },
@@ -56,6 +57,9 @@ ENGINE_SPECIFIC = {
     },
 }
 
+# Batches that define a module: CREATE PROCEDURE/FUNCTION/TRIGGER must be alone in a batch.
+MODULE_DEFINITIONS = ("CREATE PROCEDURE", "CREATE FUNCTION", "CREATE TRIGGER", "CREATE OR ALTER")
+_TRANSACTION_WORD = re.compile(r"\b(?:BEGIN\s+(?:TRAN|TRANSACTION|DISTRIBUTED)\b|COMMIT\b|ROLLBACK\b|SAVE\s+TRAN)", re.I)
 _LINTER = Linter(config=FluffConfig(overrides={"dialect": "tsql"}))
 _BIND = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")  # SQLAlchemy's own bind-parameter pattern
 
@@ -95,6 +99,8 @@ def kind_values(kind: str) -> dict[str, str | int]:
         from queuectl.kindspec import kind_template_values
 
         values.update(kind_template_values(names, kind) if kind in ("heap", "fifo", "stack", "pending", "watermark", "ring") else {})
+        if kind == "health":  # one probe per kind: the destructive kinds' and the ring's names
+            values.update({**kind_template_values(names, "watermark"), **kind_template_values(names, "ring")})
     except ImportError:
         values.update(
             items=q("items"), items_seq=q("items_id_seq"), items_seq_regclass=f"'{q('items_id_seq')}'",
@@ -107,6 +113,7 @@ def kind_values(kind: str) -> dict[str, str | int]:
     # the pipeline's export bounds (validated integers) and its catalog table
     values.update(exports=f"{quote_ident('queuectl')}.{quote_ident('pipeline_exports')}", after_id=1000,
                   upto_id=2000, before_us=1_790_000_000_000_000, after_before_us=1_780_000_000_000_000)
+    values.update(job_runs=f"{quote_ident('queuectl')}.{quote_ident('job_runs')}")
     values.update(size=1024, schema_literal="'queuectl'", lock_timeout_ms=5000, role=quote_ident("app_producer"),
                   function_literals="'orders_enqueue', 'orders_enqueue_many'")
     return values
@@ -153,7 +160,15 @@ def test_offline_install_script_is_complete_tsql_with_go_batches(kind):
     batches = split_go_batches(script)
     assert check_tsql(script) == len(batches) > 10
     assert re.search(r"^GO$", script, re.MULTILINE)
-    assert script.count("BEGIN TRANSACTION") == script.count("COMMIT") >= 1
+    # Alembic wraps each migration in a transaction of its own: top-level BEGIN/COMMIT
+    # batches, alternating, first and last. Procedure bodies hold their own transaction
+    # statements (and words like READCOMMITTEDLOCK), so only the batches outside
+    # procedures and functions are searched, for every transaction word, not only these.
+    top_level = [b for b in batches if not b.startswith(MODULE_DEFINITIONS)]
+    marks = [m.group(0).split()[0].upper() for b in top_level for m in _TRANSACTION_WORD.finditer(b)]
+    assert marks and marks == ["BEGIN", "COMMIT"] * (len(marks) // 2), marks
+    assert [b.splitlines()[0] for b in top_level if _TRANSACTION_WORD.search(b)] == [
+        "BEGIN TRANSACTION;", "COMMIT"] * (len(marks) // 2)
     # QUOTED_IDENTIFIER ON comes first: sqlcmd's default is OFF, and the double-quoted
     # names, filtered indexes and the procedures created over them all need it ON.
     assert batches[0].split() == "BEGIN TRANSACTION; SET QUOTED_IDENTIFIER ON; SET ANSI_NULLS ON".split()
@@ -170,6 +185,9 @@ def test_reliable_install_script_holds_the_seed_forms():
     assert "WITH picked AS ( SELECT TOP (@n)" in flat and "WITH (UPDLOCK, READPAST, ROWLOCK)" in flat
     assert "ORDER BY m.priority, m.due_at, m.id ) UPDATE p SET" in flat
     assert "OUTPUT inserted.id," in flat and "d.payload, d.headers FROM picked AS p JOIN" in flat
+    # the archive job's pick and the history purge seek these (as on PostgreSQL)
+    assert 'CREATE INDEX "orders_meta_finished" ON "queuectl"."orders_meta" (status, finished_at) WHERE status >= 2' in flat
+    assert 'CREATE INDEX "orders_history_at" ON "queuectl"."orders_history" (archived_at)' in flat
 
 
 def test_jobs_tsql_holds_the_seed_forms():
@@ -222,6 +240,124 @@ def test_postgresql_and_mssql_define_the_same_sections(file):
     pg = set(sections("postgresql", file)) - specific.get("postgresql", set())
     ms = set(sections("mssql", file)) - specific.get("mssql", set())
     assert pg == ms, f"{file}: only PostgreSQL {sorted(pg - ms)}, only SQL Server {sorted(ms - pg)}"
+
+
+# Sections of health.sql whose result queuectl.health does not read by column name.
+HEALTH_UNREAD = {"session_limits": "run for its effect", "create_pgstattuple": "a no-op on SQL Server",
+                 "now": "read with scalar_one()"}
+_PARSERS = {d: Linter(config=FluffConfig(overrides={"dialect": d})) for d in ("tsql", "postgres")}
+
+
+def result_columns(sql: str, dialect: str) -> list[list[str]]:
+    """The column names of every result set a statement text returns: the select lists of
+    its statement-level SELECTs (not those inside a CTE, subquery, INSERT or EXISTS), by
+    alias, else by the column's own name. An IF/ELSE gives one list per branch."""
+    text = re.sub(r"\{\{(\w+)\}\}", r"t_\1", sql)
+    text = _BIND.sub(r"@\1", text) if dialect == "tsql" else text
+    tree = _PARSERS[dialect].parse_string(text).tree
+    found: list[list[str]] = []
+    inner = {"select_statement", "common_table_expression", "insert_statement", "set_expression"}
+
+    def walk(segment, ancestors: frozenset) -> None:
+        if segment.is_type("select_statement") and not ancestors & inner:
+            clause = next(segment.recursive_crawl("select_clause"))
+            names = []
+            for element in clause.recursive_crawl("select_clause_element", no_recursive_seg_type="select_statement"):
+                alias = next(element.recursive_crawl("alias_expression", no_recursive_seg_type="select_statement"), None)
+                where = alias or element
+                idents = list(where.recursive_crawl("naked_identifier", "quoted_identifier",
+                                                    no_recursive_seg_type="select_statement"))
+                names.append(idents[-1].raw.strip('"[]') if idents else element.raw)
+            found.append(names)
+        for child in segment.segments:
+            walk(child, ancestors | {segment.get_type()})
+
+    walk(tree, frozenset())
+    return found
+
+
+@pytest.mark.parametrize("section", sorted(set(sections("postgresql", "health")) - set(HEALTH_UNREAD)))
+def test_health_sections_return_the_columns_queuectl_health_reads(section):
+    """queuectl.health reads both engines' rows by column name: every result set of the T-SQL
+    section starts with the PostgreSQL section's columns, in order (SQL Server's own
+    measurements may follow). A reserved word used as an alias unquoted (FILLFACTOR) shows
+    here too: the parser does not take it as the alias."""
+    [expected] = result_columns(sections("postgresql", "health")[section], "postgres")[-1:]
+    results = result_columns(sections("mssql", "health")[section], "tsql")
+    assert results, section
+    for columns in results:
+        assert columns[: len(expected)] == expected, f"{section}: {columns} does not start with {expected}"
+
+
+def test_health_tsql_measures_ghosts_and_what_holds_them():
+    physical = " ".join(rendered("health", "index_physical").split())
+    for column in ("ghost_record_count", "version_ghost_record_count", "avg_fragmentation_in_percent",
+                   "avg_page_space_used_in_percent", "page_count"):
+        assert f"ps.{column}" in physical and f"AS {column}" in physical
+    assert "sys.dm_db_index_physical_stats" in rendered("health", "table_physical")
+    sessions = rendered("health", "sessions")
+    assert "sys.dm_tran_active_snapshot_database_transactions" in sessions
+    assert "sys.dm_tran_session_transactions" in sessions and "sys.dm_exec_sessions" in sessions
+    assert "sys.dm_db_partition_stats" in rendered("health", "tables")
+    assert "sys.dm_db_index_usage_stats" in rendered("health", "indexes")
+    assert "transaction_type = 4" in rendered("health", "prepared_xacts")
+    assert "low_water_mark_for_ghosts" in rendered("health", "standby_feedback")
+    # SET LOCK_TIMEOUT inside sp_executesql (any statement with bind parameters) is undone
+    # when it returns: the value must be rendered, and the section must bind nothing.
+    limits = rendered("health", "session_limits")
+    assert "SET LOCK_TIMEOUT 5000" in limits and not _BIND.findall(limits)
+
+
+def _dequeue_definitions(kind: str) -> list[tuple[str, str]]:
+    """(PostgreSQL function, T-SQL procedure) texts of a kind's dequeue, per variant."""
+    variants = ["create_dequeue_lax", "create_dequeue_strict"] if kind == "fifo" else ["create_functions"]
+    pairs = []
+    for section in variants:
+        pg = sections("postgresql", kind)[section]
+        pg_fn = pg[pg.index("CREATE FUNCTION {{fn_dequeue}}"):]
+        pg_fn = pg_fn[: pg_fn.index("$fn$;") + 5]
+        [ms_proc] = [b for b in split_go_batches(rendered(kind, section))
+                     if b.startswith('CREATE PROCEDURE "queuectl"."orders_dequeue"')]
+        pairs.append((pg_fn, ms_proc))
+    return pairs
+
+
+@pytest.mark.parametrize("kind", ["heap", "fifo", "stack", "pending", "watermark", "ring"])
+def test_kind_dequeue_returns_postgresqls_columns_in_its_order(kind):
+    """The kind clients read a dequeue's rows by column name and hand them out in the order
+    they come: the procedure's last result set has the function's columns, and the destructive
+    kinds sort it as the function does (OUTPUT alone has no defined order)."""
+    for pg_fn, ms_proc in _dequeue_definitions(kind):
+        returns = re.search(r"RETURNS TABLE \((.*?)\)\s*LANGUAGE", pg_fn, re.S).group(1)
+        expected = [part.split()[0] for part in returns.split(",")]
+        selects = result_columns(ms_proc, "tsql")
+        if selects:
+            returned = selects[-1]
+        else:  # the rows of a DELETE ... OUTPUT (heap: no order to keep)
+            output = re.findall(r"\bOUTPUT\s+(.*?);", ms_proc, re.S)[-1]
+            returned = [part.split()[-1].split(".")[-1] for part in output.split(",")]
+        assert returned == expected, kind
+        if kind in ("fifo", "stack", "pending", "watermark"):
+            pg_order = re.findall(r"ORDER BY ([^;()]*?)\s*;", pg_fn)[-1]
+            ms_order = re.findall(r"ORDER BY ([^;()]*?)\s*;", ms_proc)[-1]
+            assert " ".join(ms_order.split()) == " ".join(pg_order.split()), kind
+
+
+@pytest.mark.parametrize("method", ["set_local_timeouts", "set_session_timeouts"])
+def test_job_lock_timeouts_reach_sql_server_rendered(method):
+    """The jobs' lock timeout on SQL Server is a rendered integer, not a bind: a SET inside
+    sp_executesql (how the driver runs a statement with parameters) is undone when it
+    returns. SQLAlchemy's mock engine records what the job would send, without a server."""
+    from queuectl.jobs.base import JobTarget
+
+    sent = []
+    mock = sa.create_mock_engine(MSSQL_URL, lambda statement, *params, **kw: sent.append(str(statement)))
+    getattr(JobTarget(QueueNames("orders"), None, "mssql"), method)(mock, lock_timeout=2.5, statement_timeout=30)
+    [text] = sent
+    assert "SET LOCK_TIMEOUT 2500;" in text and not _BIND.findall(text)
+    check_tsql(text)
+    getattr(JobTarget(QueueNames("orders"), None, "mssql"), method)(mock, lock_timeout=0.0001, statement_timeout=30)
+    assert "SET LOCK_TIMEOUT 1;" in sent[-1]  # never 0, which on SQL Server means "do not wait at all"
 
 
 def test_ddl_sections_hold_no_bind_parameters():
@@ -290,6 +426,31 @@ def test_mssql_adapter_is_chosen_from_the_url_without_a_driver():
     assert "sp_releaseapplock" in adapter.unlock_statement()
     assert adapter.list_param([3, 1, 2]) == "[3, 1, 2]"
     assert adapter.json_value('{"a": 1}') == {"a": 1}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_enqueue_many_values_are_what_the_tsql_reads(kind):
+    """The client's enqueue_many values travel as one JSON array on SQL Server: its item keys
+    are the OPENJSON paths of the kind's procedure, and its bind names the call's."""
+    from datetime import datetime, timedelta, timezone
+
+    adapter = ADAPTERS["mssql"]
+    due = datetime(2030, 1, 2, 3, 4, 5, 600000, tzinfo=timezone(timedelta(hours=2)))
+    if kind == "reliable":
+        item = {"payload": b"\x00\xff", "headers": '{"a": 1}', "priority": 0, "delay": 1.5, "title": None}
+        params = adapter.enqueue_many_params([item], None)
+    elif kind == "pending":
+        params = adapter.kind_enqueue_many_params([b"\x00\xff"], ['{"a": 1}'], due_ats=[due], delays=[1.5])
+    else:
+        params = adapter.kind_enqueue_many_params([b"\x00\xff"], ['{"a": 1}'])
+    [doc] = json.loads(params["items"])
+    paths = set(re.findall(r"'\$\.(\w+)'", rendered(kind, "create_functions")))
+    assert set(doc) == paths, kind
+    assert doc["payload"] == "00ff" and doc["headers"] == {"a": 1}  # CONVERT(varbinary, hex, 2); AS JSON
+    if kind == "pending":
+        assert doc["due_at"] == "2030-01-02T01:04:05.600000"  # naive UTC: datetime2 refuses an offset
+    call_binds = set(_BIND.findall(rendered(kind, "enqueue_many")))
+    assert call_binds == set(params) | ({"timeout"} if kind == "ring" else set()), kind
 
 
 def test_go_batches_split_on_go_lines_only():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
@@ -114,6 +115,21 @@ class Adapter:
             "max_attempts": max_attempts,
         }
 
+    def kind_enqueue_many_params(
+        self,
+        payloads: list[bytes],
+        headers: list[str | None] | None,
+        due_ats: list[datetime | None] | None = None,
+        delays: list[float] | None = None,
+    ) -> dict[str, object]:
+        """enqueue_many's bind values for the other kinds (queuectl.kinds): payloads, headers
+        JSON texts, and for pending queues due times (aware, UTC) and delays in seconds;
+        parallel arrays on PostgreSQL."""
+        params: dict[str, object] = {"payloads": payloads, "headers": headers}
+        if delays is not None:
+            params.update(due_ats=due_ats, delays=[timedelta(seconds=d) for d in delays])
+        return params
+
     def storage_health(self, conn: sa.Connection, names: "QueueNames") -> list[dict[str, object]]:
         """Physical health of a queue's tables and indexes, one dict per index (or heap).
 
@@ -179,6 +195,28 @@ class MssqlAdapter(Adapter):
             for item in items
         ]
         return {"items": json.dumps(doc), "max_attempts": max_attempts}
+
+    def kind_enqueue_many_params(
+        self,
+        payloads: list[bytes],
+        headers: list[str | None] | None,
+        due_ats: list[datetime | None] | None = None,
+        delays: list[float] | None = None,
+    ) -> dict[str, object]:
+        """One JSON array of item objects, read by OPENJSON in the kinds' enqueue_many
+        procedures: payload as hex, headers as JSON, due_at as naive UTC (datetime2), delay."""
+        doc: list[dict[str, object]] = []
+        for i, payload in enumerate(payloads):
+            item: dict[str, object] = {
+                "payload": bytes(payload).hex(),
+                "headers": None if headers is None or headers[i] is None else json.loads(headers[i]),
+            }
+            if delays is not None:
+                due = None if due_ats is None else due_ats[i]
+                item["due_at"] = None if due is None else due.astimezone(timezone.utc).replace(tzinfo=None).isoformat()
+                item["delay"] = delays[i]
+            doc.append(item)
+        return {"items": json.dumps(doc)}
 
 
 ADAPTERS = {

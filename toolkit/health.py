@@ -452,7 +452,7 @@ def gather_facts(
             server = dict(conn.execute(_sql(conn, "server")).mappings().one())
 
     with engine.connect() as conn, conn.begin():
-        conn.execute(_sql(conn, "session_limits"),
+        conn.execute(_sql(conn, "session_limits", {"lock_timeout_ms": options.lock_timeout_ms}),
                      {"statement_timeout": f"{options.statement_timeout_ms}ms", "lock_timeout": f"{options.lock_timeout_ms}ms"})
         generated_at = conn.execute(_sql(conn, "now")).scalar_one()
         infos = _select_queues(conn, schema, queues)
@@ -475,8 +475,9 @@ def gather_facts(
             for suffix in kind.tables:
                 table_owner[names.qualified(suffix)] = (info.name, suffix, suffix in kind.measured)
 
-        tables = _rows(conn, "tables", {"tables": list(table_owner)})
-        indexes = _rows(conn, "indexes", {"tables": list(table_owner)})
+        as_list = adapter_for(conn).list_param  # an array on PostgreSQL, JSON text on SQL Server
+        tables = _rows(conn, "tables", {"tables": as_list(list(table_owner))})
+        indexes = _rows(conn, "indexes", {"tables": as_list(list(table_owner))})
         for row in tables + indexes:
             row["queue"], row["suffix"], row["measured"] = table_owner[row.pop("qualified")]
 
@@ -517,7 +518,8 @@ def _measure(conn: Connection, tables: list[dict], indexes: list[dict], pgs: str
         notes.append(f"indexes over {options.physical_max_bytes // 2**20} MB not measured (pgstatindex reads them "
                      f"whole): {', '.join(skipped)}")
     physical = {r["index_oid"]: r for r in _optional(
-        conn, notes, "pgstatindex", lambda: _rows(conn, "index_physical", {"oids": index_oids}, {"pgstattuple_schema": pgs})
+        conn, notes, "pgstatindex", lambda: _rows(conn, "index_physical", {"oids": adapter_for(conn).list_param(index_oids)},
+                                                {"pgstattuple_schema": pgs})
     )} if index_oids else {}
     for ix in indexes:
         p = physical.get(ix["index_oid"])
@@ -527,7 +529,8 @@ def _measure(conn: Connection, tables: list[dict], indexes: list[dict], pgs: str
                   and t["table_bytes"] <= options.physical_max_bytes]
     rows = _optional(
         conn, notes, "pgstattuple_approx",
-        lambda: _rows(conn, "table_physical", {"oids": table_oids}, {"pgstattuple_schema": pgs}),
+        lambda: _rows(conn, "table_physical", {"oids": adapter_for(conn).list_param(table_oids)},
+                      {"pgstattuple_schema": pgs}),
     ) if table_oids else []
     by_oid = {r["table_oid"]: r for r in rows}
     for t in tables:
@@ -554,7 +557,8 @@ def _job_history(conn: Connection, schema: str, options: HealthOptions, notes: l
     values = {"job_runs": f"{quote_ident(schema)}.{quote_ident(JOB_RUNS_TABLE)}"}
     params = {
         "lookback_s": options.job_lookback_s, "failure_window_s": options.job_failure_window_s,
-        "success": list(JOB_SUCCESS_OUTCOMES), "not_failure": list(JOB_NOT_FAILURE_OUTCOMES),
+        "success": adapter_for(conn).list_param(list(JOB_SUCCESS_OUTCOMES)),
+        "not_failure": adapter_for(conn).list_param(list(JOB_NOT_FAILURE_OUTCOMES)),
     }
     runs = _optional(conn, notes, "job history", lambda: _rows(conn, "job_runs", params, values))
     for run in runs:

@@ -22,7 +22,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 import sqlalchemy as sa
@@ -133,8 +133,8 @@ class KindQueue:
             if self.info.kind != self.kind:
                 raise UsageError(f"queue {name!r} is of kind {self.info.kind!r}, not {self.kind!r}: use open_queue()")
             values = {**self.names.template_values(), **kind_template_values(self.names, self.kind)}
-            engine_dir = adapter_for(self.engine).sql_dir
-            self._sql = {key: sa.text(render(engine_dir, self.kind, key, values)) for key in self._calls}
+            self._adapter = adapter_for(self.engine)
+            self._sql = {key: sa.text(render(self._adapter.sql_dir, self.kind, key, values)) for key in self._calls}
         except BaseException:
             self.close()
             raise
@@ -184,7 +184,7 @@ class KindQueue:
         items = [_as_bytes(p) for p in payloads]
         if not items:
             return []
-        params = {"payloads": items, "headers": self._headers_list(headers, len(items))}
+        params = self._adapter.kind_enqueue_many_params(items, self._headers_list(headers, len(items)))
         return list(self._execute("enqueue_many", params).scalars())
 
     @staticmethod
@@ -202,12 +202,11 @@ class KindQueue:
         rows = self._execute("dequeue", {"batch": _check_batch(n)}).mappings().all()
         return [self._item(r) for r in rows]
 
-    @staticmethod
-    def _item(r: sa.RowMapping) -> Item:
+    def _item(self, r: sa.RowMapping) -> Item:
         return Item(
             id=r["id"],
             payload=bytes(r["payload"]),
-            headers=r["headers"],
+            headers=self._adapter.json_value(r["headers"]),
             enqueued_at=r["enqueued_at"],
             dequeued_at=r["dequeued_at"],
             due_at=r.get("due_at"),
@@ -313,12 +312,12 @@ class PendingQueue(KindQueue):
         delays = list(delay) if isinstance(delay, (list, tuple)) else [delay] * n
         if len(delays) != n or (due_at is not None and len(due_at) != n):
             raise UsageError(f"due_at/delay need one entry per payload ({n})")
-        params = {
-            "payloads": items,
-            "headers": self._headers_list(headers, n),
-            "due_ats": None if due_at is None else [_check_due(d) for d in due_at],
-            "delays": [timedelta(seconds=_check_seconds(d, "delay")) for d in delays],
-        }
+        params = self._adapter.kind_enqueue_many_params(
+            items,
+            self._headers_list(headers, n),
+            due_ats=None if due_at is None else [_check_due(d) for d in due_at],
+            delays=[_check_seconds(d, "delay") for d in delays],
+        )
         return list(self._execute("enqueue_many", params).scalars())
 
 
@@ -397,8 +396,7 @@ class RingQueue(KindQueue):
         if not items:
             return []
         params = {
-            "payloads": items,
-            "headers": self._headers_list(headers, len(items)),
+            **self._adapter.kind_enqueue_many_params(items, self._headers_list(headers, len(items))),
             "timeout": _check_seconds(timeout, "timeout"),
         }
         ids = list(self._execute("enqueue_many", params).scalars())

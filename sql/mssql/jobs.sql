@@ -15,12 +15,21 @@
 SET LOCK_TIMEOUT {{lock_timeout_ms}};
 SET DEADLOCK_PRIORITY LOW;
 
+-- name: set_local_timeouts
+-- The per-batch limits of archive, stale reset and inspect (PostgreSQL sets them for one
+-- transaction). SQL Server has no transaction-local lock timeout: the setting holds for
+-- the job's session, which is the job's own connection, so it is the same as
+-- set_session_timeouts. Rendered, not bound: inside sp_executesql (any statement with
+-- parameters) a SET is undone when it returns. No statement timeout exists on the server
+-- side; the jobs bound their work by batch size and lock waits.
+SET LOCK_TIMEOUT {{lock_timeout_ms}};
+SET DEADLOCK_PRIORITY LOW;
+
 -- name: archive_batch
 -- Move one batch of finished rows, with their payloads, from meta/data to history.
 -- DONE rows older than :min_age_seconds and DEAD rows older than :dead_min_age_seconds,
--- DONE first then DEAD, oldest first. (A filtered index on finished rows, meta (status,
--- finished_at) WHERE status >= 2, makes this pick a seek; it comes with the jobs' index
--- names in names.py, until then the pick scans meta.)
+-- DONE first then DEAD, oldest first: an ordered seek of the filtered index on finished
+-- rows, meta (status, finished_at) WHERE status >= 2 (reliable.sql, finished_idx).
 --  1. The pick locks the batch's keys (UPDLOCK, held to COMMIT; READPAST skips rows
 --     someone else holds) and deletes their data rows, keeping the payloads in @moved.
 --  2. DELETE TOP (@batch) ... OUTPUT deleted.* INTO history moves the meta rows with

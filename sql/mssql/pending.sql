@@ -88,14 +88,22 @@ BEGIN
     SET NOCOUNT ON;
     DECLARE @n int = CASE WHEN @batch > 0 THEN @batch ELSE 0 END;
     DECLARE @now datetime2(6) = SYSUTCDATETIME();
+    DECLARE @taken TABLE (id bigint NOT NULL PRIMARY KEY, payload varbinary(max) NOT NULL,
+                          headers nvarchar(max) NULL, enqueued_at datetime2(6) NOT NULL,
+                          due_at datetime2(6) NOT NULL);
     WITH picked AS (
-        SELECT TOP (@n) i.id, i.payload, i.headers, i.enqueued_at
+        SELECT TOP (@n) i.id, i.payload, i.headers, i.enqueued_at, i.due_at
         FROM {{items}} AS i WITH (UPDLOCK, READPAST, ROWLOCK)
         WHERE i.due_at <= @now
         ORDER BY i.due_at, i.id
     )
     DELETE FROM picked
-    OUTPUT deleted.id, deleted.payload, deleted.headers, deleted.enqueued_at, @now AS dequeued_at;
+    OUTPUT deleted.id, deleted.payload, deleted.headers, deleted.enqueued_at, deleted.due_at
+    INTO @taken (id, payload, headers, enqueued_at, due_at);
+    -- OUTPUT returns rows in no defined order: hand the batch out in the queue's order,
+    -- as PostgreSQL's dequeue does.
+    SELECT t.id, t.payload, t.headers, t.enqueued_at, @now AS dequeued_at, t.due_at
+    FROM @taken AS t ORDER BY t.due_at, t.id;
 END
 
 -- name: drop_functions
@@ -122,5 +130,8 @@ EXEC {{fn_enqueue_many}} @items = :items
 EXEC {{fn_dequeue}} @batch = :batch
 
 -- name: counts
--- Depth for `queuectl list`: every row in the table is waiting (dequeued rows are deleted).
-SELECT CAST(0 AS smallint) AS status, CAST(0 AS bit) AS scheduled, COUNT_BIG(*) AS n FROM {{items}}
+-- Depth for `queuectl list`: items not yet due count as scheduled.
+SELECT CAST(0 AS smallint) AS status, s.scheduled, COUNT_BIG(*) AS n
+FROM (SELECT CAST(CASE WHEN i.due_at > SYSUTCDATETIME() THEN 1 ELSE 0 END AS bit) AS scheduled
+      FROM {{items}} AS i) AS s
+GROUP BY s.scheduled

@@ -66,6 +66,11 @@ GO
 -- Only PROCESSING rows: finds expired leases without scanning the ready backlog.
 CREATE INDEX {{leased_idx}} ON {{meta}} (leased_until) WHERE status = 1;
 GO
+-- Only finished rows (DONE, DEAD): the archive job picks its batches here, oldest first
+-- (ORDER BY status, finished_at is the key order), without walking the ready backlog or
+-- re-reading rows it cannot move yet.
+CREATE INDEX {{finished_idx}} ON {{meta}} (status, finished_at) WHERE status >= 2;
+GO
 -- The OUTPUT ... INTO target of the archive job: no triggers, no foreign keys, no CHECK
 -- constraints (SQL Server refuses them on an OUTPUT INTO table).
 CREATE TABLE {{history}} (
@@ -85,6 +90,9 @@ CREATE TABLE {{history}} (
     headers       nvarchar(max)  NULL,
     archived_at   datetime2(6)   NOT NULL DEFAULT SYSUTCDATETIME()
 );
+GO
+-- History retention purges oldest-archived first, in small batches (purge_history_batch).
+CREATE INDEX {{history_at_idx}} ON {{history}} (archived_at);
 
 -- name: create_functions
 -- The SQL API as stored procedures, callable from any language.

@@ -69,13 +69,20 @@ BEGIN
     SET NOCOUNT ON;
     DECLARE @n int = CASE WHEN @batch > 0 THEN @batch ELSE 0 END;
     DECLARE @now datetime2(6) = SYSUTCDATETIME();
+    DECLARE @taken TABLE (id bigint NOT NULL PRIMARY KEY, payload varbinary(max) NOT NULL,
+                          headers nvarchar(max) NULL, enqueued_at datetime2(6) NOT NULL);
     WITH picked AS (
         SELECT TOP (@n) i.id, i.payload, i.headers, i.enqueued_at
         FROM {{items}} AS i WITH (UPDLOCK, READPAST, ROWLOCK)
         ORDER BY i.id DESC
     )
     DELETE FROM picked
-    OUTPUT deleted.id, deleted.payload, deleted.headers, deleted.enqueued_at, @now AS dequeued_at;
+    OUTPUT deleted.id, deleted.payload, deleted.headers, deleted.enqueued_at
+    INTO @taken (id, payload, headers, enqueued_at);
+    -- OUTPUT returns rows in no defined order: hand the batch out in the queue's order,
+    -- as PostgreSQL's dequeue does.
+    SELECT t.id, t.payload, t.headers, t.enqueued_at, @now AS dequeued_at
+    FROM @taken AS t ORDER BY t.id DESC;
 END
 
 -- name: drop_functions

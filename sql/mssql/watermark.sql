@@ -161,6 +161,8 @@ BEGIN
     EXEC sys.sp_set_session_context @key = @k_calls, @value = @calls;
     EXEC sys.sp_set_session_context @key = @k_epoch, @value = @epoch;
 
+    DECLARE @taken TABLE (id bigint NOT NULL PRIMARY KEY, payload varbinary(max) NOT NULL,
+                          headers nvarchar(max) NULL, enqueued_at datetime2(6) NOT NULL);
     WITH picked AS (
         SELECT TOP (@n) i.id, i.payload, i.headers, i.enqueued_at
         FROM {{items}} AS i WITH (UPDLOCK, READPAST, ROWLOCK)
@@ -168,7 +170,12 @@ BEGIN
         ORDER BY i.id
     )
     DELETE FROM picked
-    OUTPUT deleted.id, deleted.payload, deleted.headers, deleted.enqueued_at, @now AS dequeued_at;
+    OUTPUT deleted.id, deleted.payload, deleted.headers, deleted.enqueued_at
+    INTO @taken (id, payload, headers, enqueued_at);
+    -- OUTPUT returns rows in no defined order: hand the batch out in the queue's order,
+    -- as PostgreSQL's dequeue does.
+    SELECT t.id, t.payload, t.headers, t.enqueued_at, @now AS dequeued_at
+    FROM @taken AS t ORDER BY t.id;
 END
 GO
 -- correct_watermark: recompute the true low bound (the smallest id still in the table,
