@@ -28,11 +28,10 @@ TEST_URL_ENV = "QUEUECTL_TEST_URL"
 
 
 @pytest.fixture(scope="session")
-def server_url() -> Iterator[str]:
-    """Admin URL of the test server (database 'postgres')."""
-    given = os.environ.get(TEST_URL_ENV)
-    if given:
-        yield given
+def embedded_server() -> Iterator[object | None]:
+    """The test run's EmbeddedServer (None when $QUEUECTL_TEST_URL names the server)."""
+    if os.environ.get(TEST_URL_ENV):
+        yield None
         return
     from queuectl.embedded import EmbeddedServer
 
@@ -44,10 +43,17 @@ def server_url() -> Iterator[str]:
     os.environ["QUEUECTL_HOME"] = str(home / "unused-default")  # never start the user's server
     try:
         server.ensure_running()
-        yield server.url("postgres")
+        yield server
     finally:
         server.stop()
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def server_url(embedded_server) -> str:
+    """Admin URL of the test server (database 'postgres')."""
+    given = os.environ.get(TEST_URL_ENV)
+    return given if given else embedded_server.url("postgres")
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,14 +22,28 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from queuectl.catalog import QueueInfo
-from queuectl.engine import adapter_for, make_engine
-from queuectl.errors import UsageError
+from queuectl.engine import adapter_for, first_line, make_engine, mask_url
+from queuectl.errors import ConnectionFailed, UsageError
 from queuectl.install import require_queue
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
 from queuectl.sqlfiles import render
 from queuectl.stats import STATUS_NAMES, queue_counts
 
 MAX_BATCH = 10_000
+
+# Reconnecting after a lost connection (server restart, pg_terminate_backend, network):
+# jittered exponential backoff from RETRY_FIRST_S, each pause at most RETRY_MAX_PAUSE_S,
+# giving up with ConnectionFailed once RETRY_TOTAL_S have passed since the failure.
+RETRY_TOTAL_S = 30.0
+RETRY_FIRST_S = 0.05
+RETRY_MAX_PAUSE_S = 2.0
+
+
+class EnqueueOutcomeUnknown(ConnectionFailed):
+    """The connection broke after an enqueue was sent: it may or may not have committed.
+
+    Never retried by the client (a retry could add the item twice); the caller decides.
+    """
 
 
 @dataclass(frozen=True)
@@ -106,7 +122,9 @@ class Queue:
         self._owns_engine = not isinstance(url_or_engine, Engine)
         self.engine = url_or_engine if isinstance(url_or_engine, Engine) else make_engine(url_or_engine, pool_size=1)
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        self.retry_total = RETRY_TOTAL_S
+        self.reconnects = 0
+        self._conn: sa.Connection | None = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         self.info: QueueInfo = require_queue(self._conn, name, schema)
         if self.info.kind != "reliable":
             raise UsageError(f"queue {name!r} is of kind {self.info.kind!r}; this client speaks 'reliable'")
@@ -143,7 +161,7 @@ class Queue:
             "title": title,
             "max_attempts": max_attempts,
         }
-        return self._conn.execute(self._sql["enqueue"], params).scalar_one()
+        return self._call("enqueue", params, lambda r: r.scalar_one(), resend=False)
 
     def enqueue_many(
         self,
@@ -171,7 +189,7 @@ class Queue:
             )
         ]
         params = self._adapter.enqueue_many_params(rows, max_attempts)
-        return list(self._conn.execute(self._sql["enqueue_many"], params).scalars())
+        return self._call("enqueue_many", params, lambda r: list(r.scalars()), resend=False)
 
     @staticmethod
     def _spread(value: Any, n: int, what: str) -> list[Any]:
@@ -201,7 +219,7 @@ class Queue:
             "worker": self.worker,
         }
         # Plain rows, not .mappings(): building dict-like rows was ~7% of a consumer's time (py-spy).
-        rows = self._conn.execute(self._sql["dequeue"], params).all()
+        rows = self._call("dequeue", params, lambda r: r.all())
         return [
             Message(
                 id=r.id,
@@ -224,7 +242,8 @@ class Queue:
         ids = _ids(items)
         if not ids:
             return 0
-        return self._conn.execute(self._sql["ack"], {"ids": self._adapter.list_param(ids), "worker": self.worker}).scalar_one()
+        params = {"ids": self._adapter.list_param(ids), "worker": self.worker}
+        return self._call("ack", params, lambda r: r.scalar_one(), held=len(ids))
 
     def nack(
         self,
@@ -248,7 +267,7 @@ class Queue:
             "base_seconds": _check_seconds(base_delay, "base delay"),
             "max_seconds": _check_seconds(max_delay, "max delay"),
         }
-        rows = self._conn.execute(self._sql["nack"], params).all()
+        rows = self._call("nack", params, lambda r: r.all(), held=len(ids))
         return {row.id: STATUS_NAMES[row.status] for row in rows}
 
     def extend_lease(self, items: Iterable[int | Message], lease: float | None = None) -> list[int]:
@@ -257,14 +276,15 @@ class Queue:
         if not ids:
             return []
         params = {"ids": self._adapter.list_param(ids), "lease_seconds": _check_seconds(lease, "lease", low=0.001), "worker": self.worker}
-        return [row.id for row in self._conn.execute(self._sql["extend_lease"], params)]
+        return self._call("extend_lease", params, lambda r: [row.id for row in r], held=len(ids))
 
     def release(self, items: Iterable[int | Message]) -> int:
         """Give held items back untouched, without using up an attempt."""
         ids = _ids(items)
         if not ids:
             return 0
-        return self._conn.execute(self._sql["release"], {"ids": self._adapter.list_param(ids), "worker": self.worker}).scalar_one()
+        params = {"ids": self._adapter.list_param(ids), "worker": self.worker}
+        return self._call("release", params, lambda r: r.scalar_one(), held=len(ids))
 
     @contextmanager
     def processing(self, n: int = 1, *, lease: float | None = None) -> Iterator[list[Message]]:
@@ -301,14 +321,87 @@ class Queue:
                         poll_interval=poll_interval, **options)
         return worker.run()
 
+    # -- surviving a lost connection -------------------------------------------------------
+
+    def _call(self, key: str, params: dict[str, Any], fetch: Any, *, resend: bool = True, held: int = 0) -> Any:
+        """Run one statement; on a lost connection reconnect and (when safe) send it again.
+
+        Resending is safe for dequeue (a batch claimed by a lost call comes back when its
+        lease expires) and for ack/nack/extend_lease/release (they only touch items this
+        worker still holds, so a second run after a first one that committed changes
+        nothing). An enqueue is resent only when the failure happened while (re)connecting,
+        i.e. before the statement left this process: once it was handed to the connection,
+        a broken connection cannot tell whether the autocommit INSERT committed, so the
+        client raises EnqueueOutcomeUnknown instead of risking a duplicate.
+        """
+        deadline = time.monotonic() + self.retry_total
+        attempt = 0
+        while True:
+            sent = False
+            try:
+                if self._conn is None or self._conn.invalidated or self._conn.closed:
+                    self._reconnect()
+                sent = True
+                return fetch(self._conn.execute(self._sql[key], params))
+            except sa.exc.DBAPIError as exc:
+                if not self._lost_connection(exc, sent):
+                    raise
+                self._drop_connection()
+                if sent and not resend:
+                    raise EnqueueOutcomeUnknown(
+                        f"{key} on queue {self.name!r}: connection to {mask_url(self.engine.url)} lost after "
+                        f"the statement was sent; it may or may not have committed ({self._reason(exc)})"
+                    ) from None
+                pause = min(RETRY_MAX_PAUSE_S, RETRY_FIRST_S * 2**attempt)
+                pause = pause / 2 + random.uniform(0, pause / 2)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    leased = f"; the {held} items it held stay leased until their lease expires, then return" if held else ""
+                    raise ConnectionFailed(
+                        f"{key} on queue {self.name!r}: gave up reconnecting to {mask_url(self.engine.url)} after "
+                        f"{self.retry_total:g} s ({self._reason(exc)}){leased}"
+                    ) from None
+                attempt += 1
+                self.reconnects += 1
+                time.sleep(min(pause, remaining))
+
+    def _lost_connection(self, exc: sa.exc.DBAPIError, sent: bool) -> bool:
+        if exc.connection_invalidated:
+            return True
+        if not sent:  # connecting failed: refused, "shutting down", "starting up", ...
+            return isinstance(exc, sa.exc.OperationalError)
+        return self._conn is not None and (self._conn.invalidated or self._conn.closed)
+
+    def _reason(self, exc: sa.exc.DBAPIError) -> str:
+        reason = first_line(exc.orig)
+        if self.engine.url.password:
+            reason = reason.replace(str(self.engine.url.password), "***")
+        return reason
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.invalidate()
+                conn.close()
+            except sa.exc.SQLAlchemyError:
+                pass
+
+    def _reconnect(self) -> None:
+        self._drop_connection()
+        self._conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+
     # -- looking ---------------------------------------------------------------------
 
     def counts(self) -> dict[str, int]:
         """Items by status: ready, scheduled, processing, done, dead."""
+        if self._conn is None:
+            self._reconnect()
         return queue_counts(self._conn, self.name, self.info.kind, self.names.schema)
 
     def close(self) -> None:
-        self._conn.close()
+        if self._conn is not None:
+            self._conn.close()
         if self._owns_engine:
             self.engine.dispose()
 

@@ -1,0 +1,73 @@
+"""Producer and consumer process bodies for the fault suite (importable by "spawn").
+
+Each process appends one JSON line per event to its own ledger file and flushes it, so a
+SIGKILLed consumer leaves at most a torn last line. Lines carry time.time() stamps so the
+test can tell what happened after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from queuectl.client import EnqueueOutcomeUnknown, Queue
+
+QUEUE = "orders"
+
+
+def _write(out, **record) -> None:
+    record["t"] = time.time()
+    out.write(json.dumps(record) + "\n")
+    out.flush()
+
+
+def produce(url: str, producer: int, stop, path: str) -> None:
+    """Enqueue unique payloads (singles and batches of 5) until stop is set.
+
+    Only enqueues whose call returned are recorded as "ok"; a call that raised
+    EnqueueOutcomeUnknown is recorded as "unknown" (it may or may not exist).
+    """
+    n = 0
+    with open(path, "a") as out, Queue(url, QUEUE) as queue:
+        _write(out, ev="ready")
+        while not stop.is_set():
+            if n % 2 == 0:
+                payloads = [f"p{producer}-{n}"]
+            else:
+                payloads = [f"p{producer}-{n}-{k}" for k in range(5)]
+            n += 1
+            try:
+                if len(payloads) == 1:
+                    ids = [queue.enqueue(payloads[0])]
+                else:
+                    ids = queue.enqueue_many(payloads)
+            except EnqueueOutcomeUnknown as exc:
+                _write(out, ev="unknown", payloads=payloads, error=str(exc))
+                continue
+            _write(out, ev="ok", items=list(zip(ids, payloads)))
+            time.sleep(0.003)
+        _write(out, ev="end", reconnects=queue.reconnects)
+
+
+def consume(url: str, consumer: int, stop, path: str, lease: float) -> None:
+    """Dequeue batches, "work" 1 ms per item, ack; until stop is set.
+
+    Records the ids it got (before working on them) and the ids it acked (after ack
+    returned and said it still held all of them; otherwise the batch as "partial").
+    """
+    with open(path, "a") as out, Queue(url, QUEUE, worker=f"consumer-{consumer}") as queue:
+        _write(out, ev="ready")
+        while not stop.is_set():
+            batch = queue.dequeue(10, lease=lease)
+            if not batch:
+                time.sleep(0.02)
+                continue
+            _write(out, ev="got", ids=[m.id for m in batch], attempts=[m.attempts for m in batch])
+            for _ in batch:
+                time.sleep(0.001)
+            acked = queue.ack(batch)
+            if acked == len(batch):
+                _write(out, ev="acked", ids=[m.id for m in batch])
+            else:
+                _write(out, ev="partial", ids=[m.id for m in batch], acked=acked)
+        _write(out, ev="end", reconnects=queue.reconnects)
