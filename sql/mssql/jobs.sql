@@ -34,7 +34,8 @@ SET DEADLOCK_PRIORITY LOW;
 --     someone else holds) and deletes their data rows, keeping the payloads in @moved.
 --  2. DELETE TOP (@batch) ... OUTPUT deleted.* INTO history moves the meta rows with
 --     their payloads. The history table has no trigger, foreign key or CHECK constraint
---     (OUTPUT INTO refuses them).
+--     (OUTPUT INTO refuses them). This TOP chooses nothing (DELETE TOP has no ORDER BY):
+--     the join to @moved names the rows, the ordered pick in step 1 chose them.
 -- Returns one row: moved.
 SET NOCOUNT ON;
 SET XACT_ABORT ON;
