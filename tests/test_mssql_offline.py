@@ -49,11 +49,14 @@ POSTGRESQL_ONLY = {"bench": "benchmark helpers (VACUUM, REPEATABLE READ snapshot
 ENGINE_SPECIFIC = {
     "jobs": {
         "postgresql": {
-            "pgstattuple_schema", "create_pgstattuple", "table_indexes",
-            "index_measure", "drop_index_concurrently", "reindex_concurrently", "vacuum_meta",
-            "vacuum_data", "table_vitals", "table_physical", "xmin_holders",
+            "pgstattuple_schema", "create_pgstattuple", "drop_index_concurrently", "reindex_concurrently",
+            "vacuum_meta", "vacuum_data",
         },
-        "mssql": {"index_physical", "maintain_index", "version_store", "snapshot_holders"},
+        "mssql": {
+            "index_capabilities", "reorganize_index", "update_index_statistics", "rebuild_index_online",
+            "rebuild_index_resumable", "paused_rebuilds", "resume_rebuild", "update_statistics_meta",
+            "update_statistics_data", "version_store", "snapshot_holders",
+        },
     },
 }
 
@@ -114,6 +117,7 @@ def kind_values(kind: str) -> dict[str, str | int]:
     values.update(exports=f"{quote_ident('queuectl')}.{quote_ident('pipeline_exports')}", after_id=1000,
                   upto_id=2000, before_us=1_790_000_000_000_000, after_before_us=1_780_000_000_000_000)
     values.update(job_runs=f"{quote_ident('queuectl')}.{quote_ident('job_runs')}")
+    values.update(index=quote_ident("orders_meta_ready"), table=q("meta"), max_wait_minutes=1, max_duration_minutes=10)
     values.update(size=1024, schema_literal="'queuectl'", lock_timeout_ms=5000, role=quote_ident("app_producer"),
                   function_literals="'orders_enqueue', 'orders_enqueue_many'")
     return values
@@ -195,12 +199,15 @@ def test_jobs_tsql_holds_the_seed_forms():
     archive = " ".join(rendered("jobs", "archive_batch").split())
     assert "DELETE TOP (@batch) m OUTPUT deleted.id" in archive and 'INTO "queuectl"."orders_history"' in archive
     assert "@batch > 4000" in archive  # below lock escalation (5000 locks per statement)
-    physical = " ".join(rendered("jobs", "index_physical").split())
+    physical = " ".join(rendered("jobs", "index_measure").split())
     for column in ("ghost_record_count", "version_ghost_record_count", "avg_fragmentation_in_percent",
                    "avg_page_space_used_in_percent", "page_count"):
         assert f"ps.{column}" in physical
-    assert "SERVERPROPERTY('EngineEdition') AS int) IN (3, 5, 8)" in physical
-    assert "REBUILD WITH (ONLINE = ON" in rendered("jobs", "maintain_index")
+    assert "'SAMPLED'" in physical and "THROW 50004" in physical  # never a NULL object id (whole database)
+    assert "SERVERPROPERTY('EngineEdition') AS int) IN (3, 5, 8)" in rendered("jobs", "index_capabilities")
+    assert "REBUILD WITH ( ONLINE = ON (WAIT_AT_LOW_PRIORITY" in " ".join(rendered("jobs", "rebuild_index_online").split())
+    assert "RESUMABLE = ON, MAX_DURATION = 10 MINUTES" in " ".join(rendered("jobs", "rebuild_index_resumable").split())
+    assert "REORGANIZE" in rendered("jobs", "reorganize_index")
     assert "sys.dm_tran_active_snapshot_database_transactions" in rendered("jobs", "snapshot_holders")
     assert "sys.dm_tran_version_store_space_usage" in rendered("jobs", "version_store")
 
