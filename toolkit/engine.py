@@ -20,6 +20,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from queuectl.errors import ConnectionFailed, UsageError
 
 if TYPE_CHECKING:
+    from queuectl.advice import PostgresWords
     from queuectl.jobs.upkeep import MssqlIndexUpkeep, PostgresIndexUpkeep
     from queuectl.names import QueueNames
 
@@ -134,6 +135,13 @@ class Adapter:
         return params
 
     @property
+    def advice_words(self) -> "PostgresWords":
+        """The words of health's advice on this engine (VACUUM, pg_terminate_backend, ...)."""
+        from queuectl.advice import PostgresWords
+
+        return PostgresWords()
+
+    @property
     def index_upkeep(self) -> "IndexUpkeep":
         """How this engine measures, judges and maintains an index (the reorganize and
         inspect jobs' seam): pgstatindex, REINDEX CONCURRENTLY and VACUUM here."""
@@ -163,6 +171,13 @@ class MssqlAdapter(Adapter):
         from queuectl.sqlfiles import split_go_batches
 
         return split_go_batches(sql)
+
+    @property
+    def advice_words(self) -> "PostgresWords":
+        """Ghost records, the version store, KILL <session>, ALTER INDEX ... REORGANIZE."""
+        from queuectl.advice import MssqlWords
+
+        return MssqlWords()
 
     @property
     def index_upkeep(self) -> "IndexUpkeep":
