@@ -39,9 +39,8 @@ from sqlalchemy.exc import DBAPIError
 from queuectl.engine import ADAPTERS, adapter_for
 from queuectl.errors import UsageError
 from queuectl.jobs.base import JobTarget, check_number, error_text
-from queuectl.jobs.upkeep import (  # noqa: F401  (IndexMeasure, estimated_bloat_pct: part of this module's API)
-    IndexMeasure, Leftover, ServerAbilities, estimated_bloat_pct,
-)
+from queuectl.jobs.upkeep import IndexMeasure, ServerAbilities
+from queuectl.jobs.upkeep import estimated_bloat_pct  # noqa: F401  (was defined here; kept importable)
 from queuectl.names import DEFAULT_SCHEMA
 
 log = logging.getLogger("queuectl.jobs.reorganize")
