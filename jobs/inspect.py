@@ -10,6 +10,14 @@ What it records, so trends can be drawn later (`queuectl health` reads the table
   * what holds the cleanup horizon back: the oldest snapshot of this database's sessions
     (age in transactions and seconds, and who), replication slots with an xmin, prepared
     transactions. Dead tuples newer than that horizon cannot be removed by any VACUUM.
+
+On SQL Server the same columns come from DMVs (sql/mssql/jobs.sql, measured through the
+adapter's index_upkeep): live rows from sys.dm_db_partition_stats, "dead tuples" are ghost
++ version-ghost records and the physical numbers sys.dm_db_index_physical_stats' page
+density and fragmentation; the holders are sessions with a transaction that wrote here
+or a snapshot transaction (sys.dm_tran_active_snapshot_database_transactions), readable
+replicas' ghost low-water marks and prepared DTC transactions; the details add the
+version store's size.
 """
 
 from __future__ import annotations
@@ -23,9 +31,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from sqlalchemy.exc import DBAPIError
+
+from queuectl.engine import ADAPTERS, adapter_for
 from queuectl.errors import UsageError
-from queuectl.jobs.base import JobTarget, check_number
-from queuectl.jobs.reorganize import estimated_bloat_pct
+from queuectl.jobs.base import JobTarget, check_number, error_text
 from queuectl.names import DEFAULT_SCHEMA, quote_ident
 from queuectl.sqlfiles import render
 from queuectl.stats import queue_counts
@@ -39,7 +49,7 @@ DEFAULT_STATEMENT_TIMEOUT = 60.0
 
 @dataclass(frozen=True)
 class InspectConfig:
-    physical: bool = True     # pgstattuple_approx / pgstatindex on the meta table when installed
+    physical: bool = True     # pgstattuple_approx / pgstatindex (SQL Server: the physical-stats DMV) on the meta table
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT
     statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT
 
@@ -58,6 +68,7 @@ class InspectResult:
     taken_at: Any = None
     snapshot: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    engine: str = "postgresql"
 
     error = None
 
@@ -66,12 +77,7 @@ class InspectResult:
         return 1 if self.snapshot_id else 0
 
     def summary(self) -> str:
-        s = self.snapshot
-        text = (f"meta {s.get('meta_live_tuples')} live / {s.get('meta_dead_tuples')} dead tuples, "
-                f"oldest xmin age {s.get('oldest_xmin_age') or 0} xids")
-        if s.get("oldest_xmin_holder"):
-            text += f" (held by {s['oldest_xmin_holder']})"
-        return text
+        return ADAPTERS[self.engine].index_upkeep.inspect_summary(self.snapshot)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,38 +104,44 @@ def take_snapshot(conn: Connection, target: JobTarget, config: InspectConfig) ->
         meta_free_pct=None, min_index_leaf_density=None, max_index_fragmentation=None, index_bloat_pct=None,
     )
     details: dict[str, Any] = {"indexes": []}
-    indexes = list(conn.execute(target.sql("table_indexes"), {"table_name": names.qualified("meta")}).mappings())
+    upkeep = adapter_for(conn).index_upkeep
+    indexes = upkeep.indexes(conn, target, "meta")
     snap["invalid_indexes"] = sum(1 for i in indexes if not i["valid"])
-    stattuple = conn.execute(target.sql("pgstattuple_schema")).scalar()
-    if stattuple is None:
-        details["note"] = "pgstattuple not installed: no physical numbers"
+    can = upkeep.prepare(conn, target, create=False)
+    if not can.measured:
+        details["note"] = upkeep.unmeasured_note
     elif config.physical:
-        ext = quote_ident(stattuple)
-        phys = conn.execute(target.sql("table_physical", pgstattuple_schema=ext),
-                            {"table_name": names.qualified("meta")}).mappings().one()
+        phys = upkeep.table_physical(conn, target, can, "meta")
         snap["meta_free_pct"] = _f(phys["approx_free_percent"])
         details["meta_physical"] = {k: _f(v) for k, v in phys.items()}
         total_pages = needed_pages = 0.0
         for idx in indexes:
             if not idx["valid"] or idx["method"] != "btree":
                 continue
-            m = conn.execute(target.sql("index_measure", pgstattuple_schema=ext),
-                             {"index_name": f"{quote_ident(names.schema)}.{quote_ident(idx['index_name'])}"}
-                             ).mappings().one()
-            pages = int(m["index_size"]) // 8192
-            bloat = estimated_bloat_pct(pages, int(m["internal_pages"]), int(m["leaf_pages"]), _f(m["avg_leaf_density"]))
-            entry = {"index": idx["index_name"], "bytes": int(m["index_size"]), "pages": pages,
-                     "leaf_density": _f(m["avg_leaf_density"]), "leaf_fragmentation": _f(m["leaf_fragmentation"]),
-                     "bloat_pct": bloat, "deleted_pages": int(m["deleted_pages"]), "empty_pages": int(m["empty_pages"])}
+            m = upkeep.measure(conn, target, can, "meta", idx)
+            if m.leaf_pages is None:  # an empty index on SQL Server: nothing to measure
+                continue
+            entry = {"index": idx["index_name"], "bytes": m.bytes, "pages": m.pages,
+                     "leaf_density": m.leaf_density, "leaf_fragmentation": m.leaf_fragmentation,
+                     "bloat_pct": m.bloat_pct, "deleted_pages": m.deleted_pages, "empty_pages": m.empty_pages}
+            entry.update({k: v for k, v in (("ghost_rows", m.ghost_rows), ("version_ghost_rows", m.version_ghost_rows))
+                          if v is not None})
             details["indexes"].append(entry)
-            total_pages += pages
-            needed_pages += pages * (1 - bloat / 100)
+            if m.bloat_pct is not None:
+                total_pages += m.pages
+                needed_pages += m.pages * (1 - m.bloat_pct / 100)
         densities = [e["leaf_density"] for e in details["indexes"] if e["leaf_density"] is not None]
         fragmentations = [e["leaf_fragmentation"] for e in details["indexes"] if e["leaf_fragmentation"] is not None]
         snap["min_index_leaf_density"] = min(densities, default=None)
         snap["max_index_fragmentation"] = max(fragmentations, default=None)
         if total_pages:
             snap["index_bloat_pct"] = round(100 * (1 - needed_pages / total_pages), 2)
+    for key, section in upkeep.inspect_extras:
+        try:
+            details[key] = [{k: _f(v) if isinstance(v, float) else v for k, v in r.items()}
+                            for r in conn.execute(target.sql(section)).mappings()]
+        except DBAPIError as exc:  # e.g. no VIEW SERVER STATE: a note, not a failed snapshot
+            details[key] = f"not read: {error_text(exc)}"
     holders = [dict(r) for r in conn.execute(target.sql("xmin_holders")).mappings()]
     details["xmin_holders"] = [{k: _f(v) if k in ("xmin_age", "seconds") else v for k, v in h.items()} for h in holders[:10]]
     backends = [h for h in holders if h["source"] == "backend"]
@@ -174,4 +186,5 @@ def run_once(
         target.set_local_timeouts(conn, config.lock_timeout, config.statement_timeout)
         snap = take_snapshot(conn, target, config)
         row = conn.execute(insert, {**snap, "queue": queue, "details": json.dumps(snap["details"], default=str)}).one()
-    return InspectResult(snapshot_id=row.id, taken_at=row.taken_at, snapshot=snap, seconds=time.monotonic() - started)
+    return InspectResult(snapshot_id=row.id, taken_at=row.taken_at, snapshot=snap, seconds=time.monotonic() - started,
+                         engine=engine.dialect.name)

@@ -32,7 +32,7 @@ JOBS: dict[str, JobSpec] = {
                 stale.KINDS, stale.StaleConfig, stale.run_once, interval=30.0),
         JobSpec("inspect", "record dead tuples, bloat, fragmentation and cleanup blockers",
                 inspect.KINDS, inspect.InspectConfig, inspect.run_once, interval=300.0),
-        JobSpec("reorganize", "rebuild bloated indexes online, then VACUUM (ANALYZE)",
+        JobSpec("reorganize", "keep indexes compact online (REINDEX CONCURRENTLY / ALTER INDEX), then VACUUM or UPDATE STATISTICS",
                 reorganize.KINDS, reorganize.ReorganizeConfig, reorganize.run_once, cron="17 3 * * *"),
         JobSpec("correct_watermark", "recompute a watermark queue's low bound and fix it",
                 watermark.KINDS, watermark.WatermarkConfig, watermark.run_once, interval=300.0),

@@ -49,11 +49,14 @@ POSTGRESQL_ONLY = {"bench": "benchmark helpers (VACUUM, REPEATABLE READ snapshot
 ENGINE_SPECIFIC = {
     "jobs": {
         "postgresql": {
-            "pgstattuple_schema", "create_pgstattuple", "table_indexes",
-            "index_measure", "drop_index_concurrently", "reindex_concurrently", "vacuum_meta",
-            "vacuum_data", "table_vitals", "table_physical", "xmin_holders",
+            "pgstattuple_schema", "create_pgstattuple", "drop_index_concurrently", "reindex_concurrently",
+            "vacuum_meta", "vacuum_data",
         },
-        "mssql": {"index_physical", "maintain_index", "version_store", "snapshot_holders"},
+        "mssql": {
+            "index_capabilities", "reorganize_index", "update_index_statistics", "rebuild_index_online",
+            "rebuild_index_resumable", "paused_rebuilds", "resume_rebuild", "update_statistics_meta",
+            "update_statistics_data", "version_store", "snapshot_holders",
+        },
     },
 }
 
@@ -114,6 +117,7 @@ def kind_values(kind: str) -> dict[str, str | int]:
     values.update(exports=f"{quote_ident('queuectl')}.{quote_ident('pipeline_exports')}", after_id=1000,
                   upto_id=2000, before_us=1_790_000_000_000_000, after_before_us=1_780_000_000_000_000)
     values.update(job_runs=f"{quote_ident('queuectl')}.{quote_ident('job_runs')}")
+    values.update(index=quote_ident("orders_meta_ready"), table=q("meta"), max_wait_minutes=1, max_duration_minutes=10)
     values.update(size=1024, schema_literal="'queuectl'", lock_timeout_ms=5000, role=quote_ident("app_producer"),
                   function_literals="'orders_enqueue', 'orders_enqueue_many'")
     return values
@@ -184,7 +188,8 @@ def test_reliable_install_script_holds_the_seed_forms():
     assert 'CREATE INDEX "orders_meta_ready" ON "queuectl"."orders_meta" (priority, due_at, id) WHERE status = 0' in flat
     assert "WITH picked AS ( SELECT TOP (@n)" in flat and "WITH (UPDLOCK, READPAST, ROWLOCK)" in flat
     assert "ORDER BY m.priority, m.due_at, m.id ) UPDATE p SET" in flat
-    assert "OUTPUT inserted.id," in flat and "d.payload, d.headers FROM picked AS p JOIN" in flat
+    assert "OUTPUT inserted.id," in flat and "d.payload, d.headers INTO @claimed" in flat
+    assert "FROM @claimed AS c ORDER BY c.priority, c.due_at, c.id; END" in flat
     # the archive job's pick and the history purge seek these (as on PostgreSQL)
     assert 'CREATE INDEX "orders_meta_finished" ON "queuectl"."orders_meta" (status, finished_at) WHERE status >= 2' in flat
     assert 'CREATE INDEX "orders_history_at" ON "queuectl"."orders_history" (archived_at)' in flat
@@ -194,12 +199,15 @@ def test_jobs_tsql_holds_the_seed_forms():
     archive = " ".join(rendered("jobs", "archive_batch").split())
     assert "DELETE TOP (@batch) m OUTPUT deleted.id" in archive and 'INTO "queuectl"."orders_history"' in archive
     assert "@batch > 4000" in archive  # below lock escalation (5000 locks per statement)
-    physical = " ".join(rendered("jobs", "index_physical").split())
+    physical = " ".join(rendered("jobs", "index_measure").split())
     for column in ("ghost_record_count", "version_ghost_record_count", "avg_fragmentation_in_percent",
                    "avg_page_space_used_in_percent", "page_count"):
         assert f"ps.{column}" in physical
-    assert "SERVERPROPERTY('EngineEdition') AS int) IN (3, 5, 8)" in physical
-    assert "REBUILD WITH (ONLINE = ON" in rendered("jobs", "maintain_index")
+    assert "'SAMPLED'" in physical and "THROW 50004" in physical  # never a NULL object id (whole database)
+    assert "SERVERPROPERTY('EngineEdition') AS int) IN (3, 5, 8)" in rendered("jobs", "index_capabilities")
+    assert "REBUILD WITH ( ONLINE = ON (WAIT_AT_LOW_PRIORITY" in " ".join(rendered("jobs", "rebuild_index_online").split())
+    assert "RESUMABLE = ON, MAX_DURATION = 10 MINUTES" in " ".join(rendered("jobs", "rebuild_index_resumable").split())
+    assert "REORGANIZE" in rendered("jobs", "reorganize_index")
     assert "sys.dm_tran_active_snapshot_database_transactions" in rendered("jobs", "snapshot_holders")
     assert "sys.dm_tran_version_store_space_usage" in rendered("jobs", "version_store")
 
@@ -322,25 +330,47 @@ def _dequeue_definitions(kind: str) -> list[tuple[str, str]]:
     return pairs
 
 
-@pytest.mark.parametrize("kind", ["heap", "fifo", "stack", "pending", "watermark", "ring"])
+def check_dequeue_matches(kind: str, pg_fn: str, ms_proc: str) -> None:
+    """The procedure's last result set has the function's columns, and (for every kind but
+    heap and ring, which keep no order) it is sorted as the function sorts: its last
+    statement is a SELECT ending in the function's ORDER BY. OUTPUT alone has no order."""
+    returns = re.search(r"RETURNS TABLE \((.*?)\)\s*LANGUAGE", pg_fn, re.S).group(1)
+    expected = [part.split()[0] for part in returns.split(",")]
+    selects = result_columns(ms_proc, "tsql")
+    if selects:
+        returned = selects[-1]
+    else:  # the rows of a DELETE ... OUTPUT (heap: no order to keep)
+        output = re.findall(r"\bOUTPUT\s+(.*?);", ms_proc, re.S)[-1]
+        returned = [part.split()[-1].split(".")[-1] for part in output.split(",")]
+    assert returned == expected, kind
+    if kind in ("reliable", "fifo", "stack", "pending", "watermark"):
+        pg_order = re.findall(r"ORDER BY ([^;()]*?)\s*;", pg_fn)[-1]
+        last_statement = ms_proc[: ms_proc.rindex("END")].rstrip().rstrip(";")
+        last_statement = last_statement[last_statement.rindex(";") + 1:]
+        assert last_statement.lstrip().startswith("SELECT"), f"{kind}: the batch is not returned by a final SELECT"
+        ms_order = re.findall(r"ORDER BY ([^;()]*?)\s*$", last_statement.strip())
+        assert ms_order and " ".join(ms_order[-1].split()) == " ".join(pg_order.split()), kind
+
+
+@pytest.mark.parametrize("kind", ["reliable", "heap", "fifo", "stack", "pending", "watermark", "ring"])
 def test_kind_dequeue_returns_postgresqls_columns_in_its_order(kind):
-    """The kind clients read a dequeue's rows by column name and hand them out in the order
-    they come: the procedure's last result set has the function's columns, and the destructive
-    kinds sort it as the function does (OUTPUT alone has no defined order)."""
+    """The clients read a dequeue's rows by column name and hand them out in the order they
+    come: the procedure returns the function's columns, sorted as the function sorts them."""
     for pg_fn, ms_proc in _dequeue_definitions(kind):
-        returns = re.search(r"RETURNS TABLE \((.*?)\)\s*LANGUAGE", pg_fn, re.S).group(1)
-        expected = [part.split()[0] for part in returns.split(",")]
-        selects = result_columns(ms_proc, "tsql")
-        if selects:
-            returned = selects[-1]
-        else:  # the rows of a DELETE ... OUTPUT (heap: no order to keep)
-            output = re.findall(r"\bOUTPUT\s+(.*?);", ms_proc, re.S)[-1]
-            returned = [part.split()[-1].split(".")[-1] for part in output.split(",")]
-        assert returned == expected, kind
-        if kind in ("fifo", "stack", "pending", "watermark"):
-            pg_order = re.findall(r"ORDER BY ([^;()]*?)\s*;", pg_fn)[-1]
-            ms_order = re.findall(r"ORDER BY ([^;()]*?)\s*;", ms_proc)[-1]
-            assert " ".join(ms_order.split()) == " ".join(pg_order.split()), kind
+        check_dequeue_matches(kind, pg_fn, ms_proc)
+
+
+def test_an_unsorted_output_batch_fails_the_dequeue_order_check():
+    """The reliable dequeue as it was: UPDATE through the ordered pick, OUTPUT straight to the
+    client. The pick's ORDER BY chose the rows, but nothing orders what OUTPUT returns."""
+    [(pg_fn, ms_proc)] = _dequeue_definitions("reliable")
+    check_dequeue_matches("reliable", pg_fn, ms_proc)
+    unsorted = re.sub(r"\s*INTO @claimed \(.*?\)\s*(FROM picked)", r"\n    \1", ms_proc, flags=re.S)
+    unsorted = unsorted[: unsorted.index("    SELECT c.id")] + "END"
+    assert "INTO @claimed" not in unsorted and "ORDER BY m.priority, m.due_at, m.id" in unsorted
+    check_tsql(unsorted)
+    with pytest.raises(AssertionError):
+        check_dequeue_matches("reliable", pg_fn, unsorted)
 
 
 @pytest.mark.parametrize("method", ["set_local_timeouts", "set_session_timeouts"])

@@ -198,19 +198,22 @@ def reorganize(
     name: QueueArg,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Measure and report what would be done; change nothing.")] = False,
     min_pages: Annotated[int, typer.Option("--min-pages", help="Leave indexes smaller than this many 8 kB pages alone.")] = 1000,
-    bloat: Annotated[float, typer.Option("--bloat", help="Rebuild at or above this estimated bloat %.")] = 30.0,
+    bloat: Annotated[float, typer.Option("--bloat", help="Rebuild at or above this estimated bloat % (PostgreSQL).")] = 30.0,
     fragmentation: Annotated[float, typer.Option("--fragmentation", help="Rebuild at or above this leaf fragmentation %.")] = 30.0,
     lock_timeout: LockTimeoutOption = None,
-    time_limit: Annotated[Optional[str], typer.Option("--time-limit", help="Longest REINDEX / VACUUM (statement_timeout), e.g. 10m.", show_default=False)] = None,
+    time_limit: Annotated[Optional[str], typer.Option("--time-limit", help="Longest REINDEX / VACUUM (statement_timeout; SQL Server: a resumable rebuild's MAX_DURATION), e.g. 10m.", show_default=False)] = None,
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
     as_json: JsonOption = False,
 ) -> None:
-    """Rebuild the queue's bloated indexes online (REINDEX CONCURRENTLY), then VACUUM (ANALYZE).
+    """Keep the queue's indexes compact online, acting only above the thresholds.
 
-    Indexes are measured with pgstatindex (the pgstattuple extension is created when
-    missing and permitted); only those above the thresholds and the minimum size are
-    rebuilt. Leftovers of an interrupted earlier rebuild are dropped first.
+    PostgreSQL: indexes measured with pgstatindex (the pgstattuple extension is created
+    when missing and permitted) are rebuilt with REINDEX CONCURRENTLY, then VACUUM
+    (ANALYZE); leftovers of an interrupted earlier rebuild are dropped first. SQL Server:
+    sys.dm_db_index_physical_stats; ALTER INDEX ... REORGANIZE from 5 % fragmentation (or
+    pages under 70 % full), REBUILD WITH (ONLINE = ON, RESUMABLE = ON) above --fragmentation
+    where the edition allows, then UPDATE STATISTICS; a paused resumable rebuild is resumed.
     """
     options = _options(dry_run=dry_run, min_pages=min_pages, rebuild_bloat_pct=bloat,
                        rebuild_fragmentation_pct=fragmentation, lock_timeout=lock_timeout, statement_timeout=time_limit)

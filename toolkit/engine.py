@@ -20,7 +20,11 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from queuectl.errors import ConnectionFailed, UsageError
 
 if TYPE_CHECKING:
+    from queuectl.advice import PostgresWords
+    from queuectl.jobs.upkeep import MssqlIndexUpkeep, PostgresIndexUpkeep
     from queuectl.names import QueueNames
+
+    IndexUpkeep = PostgresIndexUpkeep | MssqlIndexUpkeep
 
 URL_ENV = "QUEUECTL_URL"
 _DRIVERS = {"postgresql": "psycopg", "mssql": "pyodbc"}
@@ -130,6 +134,21 @@ class Adapter:
             params.update(due_ats=due_ats, delays=[timedelta(seconds=d) for d in delays])
         return params
 
+    @property
+    def advice_words(self) -> "PostgresWords":
+        """The words of health's advice on this engine (VACUUM, pg_terminate_backend, ...)."""
+        from queuectl.advice import PostgresWords
+
+        return PostgresWords()
+
+    @property
+    def index_upkeep(self) -> "IndexUpkeep":
+        """How this engine measures, judges and maintains an index (the reorganize and
+        inspect jobs' seam): pgstatindex, REINDEX CONCURRENTLY and VACUUM here."""
+        from queuectl.jobs.upkeep import PostgresIndexUpkeep
+
+        return PostgresIndexUpkeep()
+
     def storage_health(self, conn: sa.Connection, names: "QueueNames") -> list[dict[str, object]]:
         """Physical health of a queue's tables and indexes, one dict per index (or heap).
 
@@ -152,6 +171,21 @@ class MssqlAdapter(Adapter):
         from queuectl.sqlfiles import split_go_batches
 
         return split_go_batches(sql)
+
+    @property
+    def advice_words(self) -> "PostgresWords":
+        """Ghost records, the version store, KILL <session>, ALTER INDEX ... REORGANIZE."""
+        from queuectl.advice import MssqlWords
+
+        return MssqlWords()
+
+    @property
+    def index_upkeep(self) -> "IndexUpkeep":
+        """sys.dm_db_index_physical_stats, ALTER INDEX ... REORGANIZE / REBUILD (ONLINE,
+        RESUMABLE where the edition allows) and UPDATE STATISTICS."""
+        from queuectl.jobs.upkeep import MssqlIndexUpkeep
+
+        return MssqlIndexUpkeep()
 
     def check_driver(self, url: URL) -> None:
         try:

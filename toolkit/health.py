@@ -31,7 +31,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from queuectl.catalog import QueueInfo
-from queuectl.engine import adapter_for, first_line, mask_url
+from queuectl.engine import ADAPTERS, adapter_for, first_line, mask_url
 from queuectl.errors import UsageError
 from queuectl.install import list_queues
 from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident, validate_queue_name, validate_schema_name
@@ -379,6 +379,11 @@ class Facts:
     jobs: dict[str, Any]
     pgstattuple: str  # installed | created | unavailable: <why>
     notes: list[str]
+    engine: str = "postgresql"  # the dialect: which words the advice uses (queuectl.advice)
+
+    @property
+    def words(self) -> Any:
+        return ADAPTERS[self.engine].advice_words
 
 
 def _sql(conn: Connection, section: str, values: dict[str, str | int] | None = None) -> sa.TextClause:
@@ -444,6 +449,7 @@ def gather_facts(
     for name in queues or ():
         validate_queue_name(name)
     notes: list[str] = []
+    words = adapter_for(engine).advice_words
     with engine.connect() as conn:
         server = dict(conn.execute(_sql(conn, "server")).mappings().one())
     pgstattuple = _ensure_pgstattuple(engine, server, options)
@@ -483,7 +489,7 @@ def gather_facts(
 
         locked = [t["table_name"] for t in tables if t["locked"]]
         if locked:
-            notes.append(f"locked in ACCESS EXCLUSIVE mode (DDL, VACUUM FULL, REINDEX?): sizes not read for {', '.join(locked)}")
+            notes.append(f"locked in {words.exclusive_lock}: sizes not read for {', '.join(locked)}")
 
         pgs_schema = server["pgstattuple_schema"]
         if pgs_schema and not re.fullmatch(r"[a-z][a-z0-9_]{0,62}", pgs_schema):
@@ -499,12 +505,12 @@ def gather_facts(
         jobs = _job_history(conn, schema, options, notes)
 
     if not server["sees_all_sessions"]:
-        notes.append("this role is not a member of pg_read_all_stats: other users' sessions show no "
-                     "transaction details, so cleanup blockers may be missed (GRANT pg_monitor TO ...)")
+        notes.append(words.sessions_hidden())
     return Facts(
         generated_at=generated_at, server=server, schema=schema, queues=queue_facts, tables=tables,
         indexes=indexes, sessions=sessions, replication_slots=slots, standby_feedback=feedback,
         prepared_xacts=prepared, jobs=jobs, pgstattuple=pgstattuple, notes=notes,
+        engine=engine.dialect.name,
     )
 
 
@@ -686,7 +692,7 @@ def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions
         if not q.probed:
             if q.kind in KIND_HEALTH:
                 advice = (f"queue {q.name} {q.notes[0] if q.notes else 'could not be read'}: "
-                          "look for a long lock on its tables (pg_locks) and run health again")
+                          f"look for a long lock on its tables ({facts.words.locks_view}) and run health again")
             else:
                 advice = f"queue {q.name} is of kind {q.kind!r}, which this queuectl cannot inspect yet: upgrade queuectl"
             checks.append(Check("queue.probe", "queues", q.name, WARNING,
@@ -764,13 +770,9 @@ def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions
     return checks
 
 
-def _holder_phrase(holders: list[dict[str, Any]]) -> str:
-    h = holders[0]
-    return f"pid {h['pid']} (open {fmt_duration(h['xact_age_s'])})"
-
-
 def _storage_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions, holders: list[dict]) -> list[Check]:
     checks: list[Check] = []
+    words = facts.words
     if facts.pgstattuple.startswith("unavailable"):
         checks.append(Check("storage.pgstattuple", "storage", "pgstattuple", INFO,
                             f"index density and table bloat not measured: {facts.pgstattuple.split(': ', 1)[1]}"))
@@ -783,35 +785,26 @@ def _storage_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptio
         advice = None
         if status != OK:
             if holders:
-                advice = (f"{name}: {fmt_count(dead)} dead tuples ({pct:.0f}%) that VACUUM cannot remove while "
-                          f"{_holder_phrase(holders)} holds the xmin horizon: end that transaction first")
+                advice = words.dead_rows_held(name, fmt_count(dead), pct, holders[0], fmt_duration)
             else:
                 last = max((d for d in (t["last_vacuum"], t["last_autovacuum"]) if d), default=None)
                 since = "never vacuumed" if last is None else f"last vacuum {fmt_duration((facts.generated_at - last).total_seconds())} ago"
-                advice = (f"{name}: {fmt_count(dead)} dead tuples ({pct:.0f}%), {since}: run VACUUM (ANALYZE) "
-                          f"{facts.schema}.{name}; if it recurs, lower autovacuum_vacuum_threshold / scale_factor "
-                          "for this table")
+                advice = words.dead_rows_waiting(t, fmt_count(dead), pct, facts.schema, since)
         checks.append(Check("storage.dead_tuples", "storage", name, status,
-                            f"{fmt_count(dead)} dead / {fmt_count(live)} live", dead, "count", advice))
+                            f"{fmt_count(dead)} {words.dead.split()[0]} / {fmt_count(live)} live", dead, "count", advice))
 
         bloat = table_bloat_pct(t)
         if bloat is not None and (t["pages"] or 0) >= options.table_min_pages:
             status = grade(bloat, th["table_bloat"])
-            advice = None if status == OK else (
-                f"table {name} ~{bloat:.0f}% bloated ({fmt_bytes(t['table_bytes'])} with {bloat:.0f}% free beyond "
-                f"fillfactor {t['fillfactor']}): new rows reuse it; to shrink the file rewrite the table online "
-                "with pg_repack (or VACUUM FULL in a quiet window)")
+            advice = None if status == OK else words.table_bloat(t, bloat, fmt_bytes(t["table_bytes"]))
             checks.append(Check("storage.table_bloat", "storage", name, status,
                                 f"~{bloat:.0f}% bloat of {fmt_bytes(t['table_bytes'])}", bloat, "percent", advice))
 
     for ix in facts.indexes:
         name = ix["index_name"]
         if not ix["valid"] or ix["reindex_leftover"]:
-            checks.append(Check("storage.invalid_index", "storage", name, WARNING,
-                                "invalid index (leftover of an interrupted build or REINDEX CONCURRENTLY)",
-                                advice=f"index {name} is invalid: writes still maintain it but no query uses it: "
-                                       f"DROP INDEX CONCURRENTLY {facts.schema}.{name} (queuectl reorganize "
-                                       f"{ix['queue']} cleans leftovers)"))
+            checks.append(Check("storage.invalid_index", "storage", name, WARNING, words.invalid_index_summary,
+                                advice=words.invalid_index(ix, facts.schema)))
             continue
         bloat = index_bloat_pct(ix)
         p = ix.get("physical")
@@ -820,10 +813,9 @@ def _storage_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptio
         status = grade(bloat, th["index_bloat"])
         advice = None
         if status != OK:
-            wait = f", after ending {_holder_phrase(holders)}: the rebuild waits for older snapshots" if holders else ""
-            advice = (f"index {name} {bloat:.0f}% bloated (leaf density {p['avg_leaf_density']:.0f}%, "
-                      f"{fmt_count(p['leaf_pages'])} leaf pages, {fmt_bytes(ix['index_bytes'])}): "
-                      f"run queuectl reorganize {ix['queue']}{wait}")
+            detail = (f"leaf density {p['avg_leaf_density']:.0f}%, {fmt_count(p['leaf_pages'])} leaf pages, "
+                      f"{fmt_bytes(ix['index_bytes'])}")
+            advice = words.index_bloat(ix, bloat, detail, holders[0] if holders else None, fmt_duration)
         checks.append(Check("storage.index_bloat", "storage", name, status,
                             f"{bloat:.0f}% bloat, leaf density {p['avg_leaf_density']:.0f}%", bloat, "percent", advice))
     return checks
@@ -837,6 +829,7 @@ def _session_label(s: dict[str, Any]) -> str:
 
 def _blocker_checks(facts: Facts, th: dict[str, Threshold], dead_total: int) -> list[Check]:
     checks: list[Check] = []
+    words = facts.words
     worst_session = OK
     for s in facts.sessions:
         holds = bool(s["backend_xmin"] or s["backend_xid"])
@@ -849,21 +842,17 @@ def _blocker_checks(facts: Facts, th: dict[str, Threshold], dead_total: int) -> 
             continue
         pid = s["pid"]
         if _RANK[age_status] >= _RANK[idle_status]:
-            summary = f"transaction open {fmt_duration(s['xact_age_s'])} holds the xmin horizon ({_session_label(s)})"
-            advice = (f"transaction pid {pid} ({_session_label(s)}) open for {fmt_duration(s['xact_age_s'])} holds "
-                      f"{fmt_count(dead_total)} dead tuples in queue tables: commit it or end it "
-                      f"(SELECT pg_terminate_backend({pid})); set idle_in_transaction_session_timeout for its role")
+            summary = words.open_transaction_summary(fmt_duration(s["xact_age_s"]), _session_label(s))
+            advice = words.open_transaction(pid, _session_label(s), fmt_duration(s["xact_age_s"]), fmt_count(dead_total))
         else:
             summary = f"idle in transaction for {fmt_duration(s['state_age_s'])} ({_session_label(s)})"
-            advice = (f"session pid {pid} ({_session_label(s)}) idle in transaction for "
-                      f"{fmt_duration(s['state_age_s'])}: it holds its locks{' and the xmin horizon' if holds else ''}; "
-                      f"fix the client or end it (SELECT pg_terminate_backend({pid}))")
-        checks.append(Check("blockers.session", "blockers", f"pid {pid}", status, summary,
+            advice = words.idle_in_transaction(pid, _session_label(s), fmt_duration(s["state_age_s"]), holds)
+        checks.append(Check("blockers.session", "blockers", f"{words.session} {pid}", status, summary,
                             s["xact_age_s"] if holds else s["state_age_s"], "seconds", advice))
     if worst_session == OK:
         holders = _horizon_holders(facts)
-        summary = (f"oldest transaction {fmt_duration(holders[0]['xact_age_s'])} (pid {holders[0]['pid']})"
-                   if holders else "no open transaction holds cleanup back")
+        summary = (words.oldest_transaction(fmt_duration(holders[0]["xact_age_s"]), holders[0]["pid"])
+                   if holders else words.no_holder)
         checks.append(Check("blockers.session", "blockers", facts.server["database"], OK, summary,
                             holders[0]["xact_age_s"] if holders else 0.0, "seconds"))
 
@@ -872,36 +861,25 @@ def _blocker_checks(facts: Facts, th: dict[str, Threshold], dead_total: int) -> 
         age_status = grade(slot["xmin_age_xids"], th["slot_xmin_age"])
         status = worst(age_status, WARNING if not slot["active"] else OK)
         wal = fmt_bytes(slot["retained_wal_bytes"]) if slot["retained_wal_bytes"] is not None else "unknown"
-        summary = (f"{slot['slot_type']} slot, {'active' if slot['active'] else 'INACTIVE'}, retains {wal} of WAL"
-                   + (f", xmin {fmt_count(slot['xmin_age_xids'])} xids old" if slot["xmin_age_xids"] is not None else ""))
-        advice = None
-        if status != OK:
-            holds = " and the xmin horizon of every database" if slot["xmin_age_xids"] is not None else ""
-            advice = (f"replication slot {name} ({'inactive' if not slot['active'] else 'active'}) keeps {wal} of WAL"
-                      f"{holds}: if its consumer is gone, SELECT pg_drop_replication_slot('{name}')")
+        summary = words.slot_summary(slot, wal, fmt_count)
+        advice = None if status == OK else words.slot(slot, wal)
         checks.append(Check("blockers.replication_slot", "blockers", name, status, summary,
                             slot["xmin_age_xids"], "xids", advice))
 
     for r in facts.standby_feedback:
         status = grade(r["xmin_age_xids"], th["slot_xmin_age"])
-        advice = None if status == OK else (
-            f"standby {r['application_name'] or r['client_addr']} (hot_standby_feedback) holds the horizon "
-            f"{fmt_count(r['xmin_age_xids'])} xids back: cancel its long queries or lower max_standby_streaming_delay")
+        advice = None if status == OK else words.standby(r, fmt_count)
         checks.append(Check("blockers.standby_feedback", "blockers", r["application_name"] or str(r["pid"]), status,
-                            f"standby xmin {fmt_count(r['xmin_age_xids'])} xids old", r["xmin_age_xids"], "xids", advice))
+                            words.standby_summary(r, fmt_count), r["xmin_age_xids"], "xids", advice))
 
     for p in facts.prepared_xacts:
         gid = p["gid"]
         if p["this_database"]:
             status = grade(p["age_s"], th["prepared_xact_age"])
-            advice = None if status == OK else (
-                f"prepared transaction {gid!r} (owner {p['owner']}) waits for COMMIT PREPARED for "
-                f"{fmt_duration(p['age_s'])} and holds {fmt_count(dead_total)} dead tuples: let its transaction "
-                f"manager finish it, or COMMIT PREPARED / ROLLBACK PREPARED '{gid}'")
+            advice = None if status == OK else words.prepared_here(p, fmt_duration(p["age_s"]), fmt_count(dead_total))
         else:
             status = INFO
-            advice = (f"prepared transaction {gid!r} in database {p['database']} ({fmt_duration(p['age_s'])}) "
-                      "does not hold this database's queue tables, but holds shared catalogs: resolve it there")
+            advice = words.prepared_elsewhere(p, fmt_duration(p["age_s"]))
         checks.append(Check("blockers.prepared_xact", "blockers", gid, status,
                             f"prepared {fmt_duration(p['age_s'])} ago in {p['database']}", p["age_s"], "seconds", advice))
     return checks

@@ -55,6 +55,20 @@ def quote_ident(name: str) -> str:
     return f'"{name}"'
 
 
+# Names queuectl did not choose but reads back from the server's catalog: SQL Server names
+# an unnamed PRIMARY KEY's index itself (PK__orders_m__3213E83F5D1A8B2C). Letters, digits
+# and underscores only, at most 128 characters (SQL Server's sysname), so the double
+# quotes need no escaping; anything else is refused and left alone by the caller.
+_CATALOG_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def quote_catalog_ident(name: str) -> str:
+    """Double-quote an index name read from the server's catalog (not typed by a user)."""
+    if not isinstance(name, str) or not _CATALOG_IDENT_RE.fullmatch(name):
+        raise UsageError(f"refusing to quote catalog name {name!r}: not letters, digits and underscores")
+    return f'"{name}"'
+
+
 @dataclass(frozen=True)
 class QueueNames:
     """Every object name of one queue, validated once, quoted on the way out."""

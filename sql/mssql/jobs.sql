@@ -1,6 +1,9 @@
 -- The maintenance jobs' statements on SQL Server (queuectl.jobs.*), per reliable queue.
--- Section names follow sql/postgresql/jobs.sql where the job is the same; the index
--- upkeep and inspection sections are SQL Server's own (DMVs instead of pgstattuple).
+-- Section names follow sql/postgresql/jobs.sql where the job is the same (table_indexes,
+-- index_measure, table_vitals, table_physical, xmin_holders return PostgreSQL's columns
+-- from DMVs); the index upkeep statements are SQL Server's own (ALTER INDEX, UPDATE
+-- STATISTICS instead of REINDEX CONCURRENTLY and VACUUM). What to do with an index is
+-- decided in Python (queuectl.jobs.upkeep), not here.
 --
 -- Every batch statement here is one short transaction of its own (XACT_ABORT: any error
 -- rolls the whole batch back), so a killed job loses at most the batch in flight.
@@ -34,7 +37,8 @@ SET DEADLOCK_PRIORITY LOW;
 --     someone else holds) and deletes their data rows, keeping the payloads in @moved.
 --  2. DELETE TOP (@batch) ... OUTPUT deleted.* INTO history moves the meta rows with
 --     their payloads. The history table has no trigger, foreign key or CHECK constraint
---     (OUTPUT INTO refuses them).
+--     (OUTPUT INTO refuses them). This TOP chooses nothing (DELETE TOP has no ORDER BY):
+--     the join to @moved names the rows, the ordered pick in step 1 chose them.
 -- Returns one row: moved.
 SET NOCOUNT ON;
 SET XACT_ABORT ON;
@@ -119,84 +123,224 @@ UPDATE stale SET
     leased_until = NULL
 OUTPUT inserted.id, inserted.status;
 
--- name: index_physical
--- Physical state of every index (and heap) of the queue's tables, with the action the
--- reorganize job takes for it:
---  * fewer than :min_pages pages: nothing (too small to matter; 1000 in Ola Hallengren's
---    and the old Books Online rules, queuectl's default);
---  * fragmentation below :low_pct: nothing;
---  * from :low_pct to :high_pct: REORGANIZE (always online, interruptible);
---  * above :high_pct: REBUILD ONLINE where the edition has online index operations
---    (EngineEdition 3 = Enterprise/Developer/Evaluation, 5 = Azure SQL Database,
---    8 = Managed Instance), else REORGANIZE, and `note` says why.
--- REORGANIZE fails when page locks are disallowed: such an index is skipped with a note.
--- SAMPLED mode reads a 1% sample, and every page of an index under 10,000 pages, so the
--- ghost, version-ghost and page-density columns are filled (LIMITED leaves them NULL).
--- Objects are found by name in sys.objects first: dm_db_index_physical_stats with a NULL
--- object id would scan the whole database.
-SET NOCOUNT ON;
-DECLARE @low float = :low_pct;
-DECLARE @high float = :high_pct;
-DECLARE @min_pages bigint = :min_pages;
-DECLARE @online bit = CASE WHEN CAST(SERVERPROPERTY('EngineEdition') AS int) IN (3, 5, 8)
-                           THEN 1 ELSE 0 END;
-SELECT o.name AS table_name,
-       i.name AS index_name,
-       ps.index_id,
-       ps.partition_number,
-       ps.index_type_desc,
-       ps.page_count AS pages,
-       ps.record_count AS live_rows,
-       ps.ghost_record_count AS ghost_rows,
-       ps.version_ghost_record_count AS version_ghost_rows,
-       ps.avg_fragmentation_in_percent AS fragmentation_pct,
-       ps.avg_page_space_used_in_percent AS page_density_pct,
-       i.allow_page_locks,
-       CASE WHEN ps.index_id = 0 OR ps.page_count < @min_pages
-                 OR ps.avg_fragmentation_in_percent < @low THEN 'none'
-            WHEN ps.avg_fragmentation_in_percent <= @high AND i.allow_page_locks = 1 THEN 'REORGANIZE'
-            WHEN ps.avg_fragmentation_in_percent > @high AND @online = 1 THEN 'REBUILD ONLINE'
-            WHEN i.allow_page_locks = 1 THEN 'REORGANIZE'
-            ELSE 'none' END AS action,
-       CASE WHEN ps.index_id = 0 THEN N'heap: no index to maintain'
-            WHEN ps.page_count < @min_pages THEN N'fewer pages than the minimum'
-            WHEN ps.avg_fragmentation_in_percent < @low THEN N'fragmentation below the low threshold'
-            WHEN i.allow_page_locks = 0 AND (ps.avg_fragmentation_in_percent <= @high OR @online = 0)
-                 THEN N'skipped: ALLOW_PAGE_LOCKS is OFF, so REORGANIZE would fail'
-            WHEN ps.avg_fragmentation_in_percent > @high AND @online = 0
-                 THEN N'above the high threshold, but this edition has no online rebuild: reorganizing instead'
-            ELSE NULL END AS note
-FROM sys.objects AS o
-CROSS APPLY sys.dm_db_index_physical_stats(DB_ID(), o.object_id, NULL, NULL, 'SAMPLED') AS ps
-JOIN sys.indexes AS i ON i.object_id = ps.object_id AND i.index_id = ps.index_id
-WHERE o.schema_id = SCHEMA_ID(:schema)
-  AND o.name IN (CONCAT(:queue, N'_meta'), CONCAT(:queue, N'_data'), CONCAT(:queue, N'_history'))
-  AND ps.alloc_unit_type_desc = N'IN_ROW_DATA'
-  AND ps.index_level = 0
-ORDER BY o.name, ps.index_id, ps.partition_number;
+-- name: table_indexes
+-- The indexes of one of the queue's tables (:table_name, its quoted two-part name), with
+-- their size (used pages of all partitions) and state, as on PostgreSQL: valid = not
+-- disabled; method 'btree' for rowstore clustered and nonclustered indexes (the ones
+-- sys.dm_db_index_physical_stats measures and ALTER INDEX maintains). On SQL Server the
+-- clustered index is the table itself: maintaining it compacts the table.
+SELECT i.name AS index_name,
+       CAST(CASE WHEN i.is_disabled = 0 THEN 1 ELSE 0 END AS bit) AS valid,
+       COALESCE(SUM(ps.used_page_count), 0) * 8192 AS bytes,
+       COALESCE(SUM(ps.used_page_count), 0) AS pages,
+       CASE WHEN i.type IN (1, 2) THEN N'btree' ELSE LOWER(i.type_desc) END AS method
+FROM sys.indexes AS i
+LEFT JOIN sys.dm_db_partition_stats AS ps ON ps.object_id = i.object_id AND ps.index_id = i.index_id
+WHERE i.object_id = OBJECT_ID(:table_name, N'U') AND i.index_id > 0 AND i.is_hypothetical = 0
+GROUP BY i.name, i.is_disabled, i.type, i.type_desc
+ORDER BY i.name
 
--- name: maintain_index
--- Run the action index_physical chose for one index. Names are taken from sys.indexes by
--- the job and passed as values; QUOTENAME makes them identifiers, never SQL text.
--- REORGANIZE compacts the leaf level toward the fill factor and removes ghosts as it
--- goes; it does not update statistics, so they are updated afterwards. An online
--- rebuild waits at low priority for its final schema lock and gives up itself
--- (ABORT_AFTER_WAIT = SELF) rather than block producers and consumers behind it.
+-- name: index_capabilities
+-- What this server can do online (reference dba.md 1.7): online index operations exist in
+-- EngineEdition 3 (Enterprise, Developer, Evaluation), 5 (Azure SQL Database) and 8
+-- (Managed Instance); a resumable online rebuild from SQL Server 2017 (major version 14)
+-- on, and always on Azure (which reports major version 12).
+SELECT CAST(CASE WHEN CAST(SERVERPROPERTY('EngineEdition') AS int) IN (3, 5, 8)
+                 THEN 1 ELSE 0 END AS bit) AS online_rebuild,
+       CAST(CASE WHEN CAST(SERVERPROPERTY('EngineEdition') AS int) IN (5, 8)
+                   OR (CAST(SERVERPROPERTY('EngineEdition') AS int) = 3
+                       AND CAST(SERVERPROPERTY('ProductMajorVersion') AS int) >= 14)
+                 THEN 1 ELSE 0 END AS bit) AS resumable_rebuild
+
+-- name: index_measure
+-- sys.dm_db_index_physical_stats of one index (:index_name of :table_name), leaf level,
+-- in-row data, all partitions: leaf pages, fragmentation and page density (weighted by
+-- pages), ghost and version-ghost records, live records, and what the decision needs
+-- (ALLOW_PAGE_LOCKS: REORGANIZE fails without it; the fill factor, 0 meaning 100).
+-- SAMPLED reads every page of an index under 10,000 pages and 1% above, so ghosts and
+-- density are filled (LIMITED leaves them NULL). The ids are looked up first: the DMF
+-- given a NULL object id would scan the whole database.
 SET NOCOUNT ON;
-DECLARE @target nvarchar(600) = QUOTENAME(:index_name) + N' ON ' + QUOTENAME(:schema) + N'.' + QUOTENAME(:table_name);
-DECLARE @sql nvarchar(max) = CASE :action
-    WHEN 'REORGANIZE' THEN N'ALTER INDEX ' + @target + N' REORGANIZE WITH (LOB_COMPACTION = ON); '
-                           + N'UPDATE STATISTICS ' + QUOTENAME(:schema) + N'.' + QUOTENAME(:table_name)
-                           + N' ' + QUOTENAME(:index_name)
-    WHEN 'REBUILD ONLINE' THEN N'ALTER INDEX ' + @target + N' REBUILD WITH (ONLINE = ON '
-                           + N'(WAIT_AT_LOW_PRIORITY (MAX_DURATION = '
-                           + CAST(CAST(:max_wait_minutes AS int) AS nvarchar(10))
-                           + N' MINUTES, ABORT_AFTER_WAIT = SELF)))'
-    END;
-IF @sql IS NULL
-    THROW 50003, 'queuectl: unknown index action (REORGANIZE or REBUILD ONLINE)', 1;
-EXEC sys.sp_executesql @sql;
-SELECT @sql AS command;
+DECLARE @object_id int = OBJECT_ID(:table_name, N'U');
+DECLARE @index_id int = (SELECT i.index_id FROM sys.indexes AS i
+                         WHERE i.object_id = @object_id AND i.name = :index_name);
+IF @object_id IS NULL OR @index_id IS NULL
+    THROW 50004, 'queuectl: index not found on the queue table', 1;
+SELECT SUM(ps.page_count) AS leaf_pages,
+       SUM(ps.avg_fragmentation_in_percent * ps.page_count) / NULLIF(SUM(ps.page_count), 0)
+                                                                  AS avg_fragmentation_in_percent,
+       SUM(ps.avg_page_space_used_in_percent * ps.page_count) / NULLIF(SUM(ps.page_count), 0)
+                                                                  AS avg_page_space_used_in_percent,
+       SUM(ps.record_count) AS record_count,
+       SUM(ps.ghost_record_count) AS ghost_record_count,
+       SUM(ps.version_ghost_record_count) AS version_ghost_record_count,
+       MAX(CAST(i.allow_page_locks AS int)) AS allow_page_locks,
+       COALESCE(NULLIF(MAX(CAST(i.fill_factor AS int)), 0), 100) AS fill_factor
+FROM sys.dm_db_index_physical_stats(DB_ID(), @object_id, @index_id, NULL, 'SAMPLED') AS ps
+JOIN sys.indexes AS i ON i.object_id = ps.object_id AND i.index_id = ps.index_id
+WHERE ps.alloc_unit_type_desc = N'IN_ROW_DATA' AND ps.index_level = 0;
+
+-- name: reorganize_index
+-- The light online fix, between the low and high thresholds (and above the high one where
+-- the edition has no online rebuild): compacts the leaf level toward the fill factor and
+-- reorders its pages, removing ghosts as it goes; always online, and interruptible
+-- without losing the work done. Needs ALLOW_PAGE_LOCKS (the job checks it first).
+ALTER INDEX {{index}} ON {{table}} REORGANIZE WITH (LOB_COMPACTION = ON)
+
+-- name: update_index_statistics
+-- REORGANIZE does not update statistics (a rebuild does, with a full scan): done after it.
+UPDATE STATISTICS {{table}} {{index}}
+
+-- name: rebuild_index_online
+-- Above the high threshold, where the edition has online index operations but no
+-- resumable rebuild: the index is rebuilt beside the old one while writes go on. Its
+-- final schema lock waits at low priority for {{max_wait_minutes}} minute(s) and then the
+-- rebuild gives up itself (ABORT_AFTER_WAIT = SELF) rather than block producers.
+ALTER INDEX {{index}} ON {{table}} REBUILD WITH (
+    ONLINE = ON (WAIT_AT_LOW_PRIORITY (MAX_DURATION = {{max_wait_minutes}} MINUTES, ABORT_AFTER_WAIT = SELF)))
+
+-- name: rebuild_index_resumable
+-- As rebuild_index_online, resumable: after {{max_duration_minutes}} minute(s) the rebuild
+-- pauses (its work is kept, sys.index_resumable_operations shows it) and the next run
+-- resumes it (paused_rebuilds, resume_rebuild), so one run never outlasts its time limit.
+ALTER INDEX {{index}} ON {{table}} REBUILD WITH (
+    ONLINE = ON (WAIT_AT_LOW_PRIORITY (MAX_DURATION = {{max_wait_minutes}} MINUTES, ABORT_AFTER_WAIT = SELF)),
+    RESUMABLE = ON, MAX_DURATION = {{max_duration_minutes}} MINUTES)
+
+-- name: paused_rebuilds
+-- Resumable rebuilds of the table's indexes that paused (their time limit ran out, or a
+-- failover or a PAUSE stopped them): both copies are maintained by every write until the
+-- rebuild is resumed or aborted, so the job resumes them before anything else. Sizes as
+-- in table_indexes.
+SELECT r.name AS index_name,
+       COALESCE((SELECT SUM(ps.used_page_count) FROM sys.dm_db_partition_stats AS ps
+                 WHERE ps.object_id = r.object_id AND ps.index_id = r.index_id), 0) * 8192 AS bytes,
+       r.percent_complete
+FROM sys.index_resumable_operations AS r
+WHERE r.object_id = OBJECT_ID(:table_name, N'U') AND r.state = 1
+ORDER BY r.name
+
+-- name: resume_rebuild
+-- Continue a paused resumable rebuild, with the same time limit and low-priority wait.
+ALTER INDEX {{index}} ON {{table}} RESUME WITH (
+    MAX_DURATION = {{max_duration_minutes}} MINUTES,
+    WAIT_AT_LOW_PRIORITY (MAX_DURATION = {{max_wait_minutes}} MINUTES, ABORT_AFTER_WAIT = SELF))
+
+-- name: update_statistics_meta
+-- The counterpart of PostgreSQL's VACUUM (ANALYZE) step: ghost cleanup needs no command,
+-- statistics do (the dequeue's plan reads them).
+UPDATE STATISTICS {{meta}}
+
+-- name: update_statistics_data
+UPDATE STATISTICS {{data}}
+
+-- name: table_vitals
+-- Cheap numbers for one of the queue's tables (:table_name), PostgreSQL's columns:
+-- n_live_tup = rows of the heap or clustered index (sys.dm_db_partition_stats);
+-- n_dead_tup = its ghost + version-ghost records (SAMPLED leaf level, only for tables of
+-- at most 131,072 pages = 1 GB, else NULL); hot_pct, last_autovacuum, last_vacuum NULL
+-- (no HOT updates, no VACUUM); table_bytes and index_bytes from used pages.
+SET NOCOUNT ON;
+DECLARE @object_id int = OBJECT_ID(:table_name, N'U');
+IF @object_id IS NULL
+    THROW 50004, 'queuectl: queue table not found', 1;
+WITH p AS (
+    SELECT SUM(CASE WHEN ps.index_id IN (0, 1) THEN ps.row_count END) AS live_rows,
+           COALESCE(SUM(CASE WHEN ps.index_id IN (0, 1) THEN ps.used_page_count END), 0) AS table_pages,
+           COALESCE(SUM(CASE WHEN ps.index_id > 1 THEN ps.used_page_count END), 0) AS index_pages
+    FROM sys.dm_db_partition_stats AS ps
+    WHERE ps.object_id = @object_id
+)
+SELECT p.live_rows AS n_live_tup,
+       g.ghosts AS n_dead_tup,
+       ROUND(100.0 * g.ghosts / NULLIF(p.live_rows + g.ghosts, 0), 1) AS dead_pct,
+       CAST(NULL AS float) AS hot_pct,
+       CAST(NULL AS datetime2(6)) AS last_autovacuum,
+       CAST(NULL AS datetime2(6)) AS last_vacuum,
+       p.table_pages * 8192 AS table_bytes,
+       p.index_pages * 8192 AS index_bytes
+FROM p
+OUTER APPLY (
+    SELECT SUM(f.ghost_record_count + COALESCE(f.version_ghost_record_count, 0)) AS ghosts
+    FROM sys.dm_db_index_physical_stats(DB_ID(), @object_id,
+             CASE WHEN OBJECTPROPERTY(@object_id, 'TableHasClustIndex') = 1 THEN 1 ELSE 0 END,
+             NULL, 'SAMPLED') AS f
+    WHERE p.table_pages <= 131072
+      AND f.index_level = 0 AND f.alloc_unit_type_desc = N'IN_ROW_DATA'
+) AS g;
+
+-- name: table_physical
+-- pgstattuple_approx's columns for one table (:table_name), from the heap or clustered
+-- index leaf in SAMPLED mode: approx_free_percent = 100 - page density, dead tuples =
+-- ghost + version-ghost records and their share of the bytes.
+SET NOCOUNT ON;
+DECLARE @object_id int = OBJECT_ID(:table_name, N'U');
+IF @object_id IS NULL
+    THROW 50004, 'queuectl: queue table not found', 1;
+SELECT SUM(ps.page_count) * 8192 AS table_len,
+       CASE WHEN SUM(ps.page_count) < 10000 THEN 100.0 ELSE 1.0 END AS scanned_percent,
+       SUM(ps.ghost_record_count + COALESCE(ps.version_ghost_record_count, 0)) AS dead_tuple_count,
+       100.0 * SUM((ps.ghost_record_count + COALESCE(ps.version_ghost_record_count, 0)) * ps.avg_record_size_in_bytes)
+         / NULLIF(SUM(ps.page_count) * 8192.0, 0) AS dead_tuple_percent,
+       100.0 - SUM(ps.avg_page_space_used_in_percent * ps.page_count) / NULLIF(SUM(ps.page_count), 0)
+         AS approx_free_percent
+FROM sys.dm_db_index_physical_stats(DB_ID(), @object_id,
+         CASE WHEN OBJECTPROPERTY(@object_id, 'TableHasClustIndex') = 1 THEN 1 ELSE 0 END,
+         NULL, 'SAMPLED') AS ps
+WHERE ps.index_level = 0 AND ps.alloc_unit_type_desc = N'IN_ROW_DATA';
+
+-- name: xmin_holders
+-- What holds ghost cleanup back, PostgreSQL's columns (source, holder, xmin_age, seconds),
+-- longest first: sessions with a transaction that wrote to this database (its deleted
+-- rows stay ghosts until it ends) or a row-versioning (snapshot) transaction anywhere on
+-- the instance (version ghosts newer than it are kept; the version store is shared);
+-- availability replicas whose ghost low-water mark holds cleanup on this primary
+-- (readable secondaries); prepared distributed transactions. xmin_age is NULL: SQL
+-- Server's sequence numbers are not transaction ages. Without VIEW SERVER STATE: no rows.
+SET NOCOUNT ON;
+IF COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, 'VIEW SERVER STATE'), 0) = 1
+    SELECT h.source, h.holder, h.xmin_age, h.seconds
+    FROM (
+        SELECT N'backend' AS source,
+               CONCAT(N'session ', s.session_id, N' (',
+                      CASE WHEN r.session_id IS NULL THEN N'idle in transaction' ELSE N'active' END,
+                      N', ', s.login_name,
+                      CASE WHEN snap.transaction_id IS NOT NULL THEN N', snapshot' ELSE N'' END, N')') AS holder,
+               CAST(NULL AS bigint) AS xmin_age,
+               DATEDIFF_BIG(millisecond, at.transaction_begin_time, GETDATE()) / 1e3 AS seconds
+        FROM sys.dm_tran_session_transactions AS st
+        JOIN sys.dm_tran_active_transactions AS at ON at.transaction_id = st.transaction_id
+        JOIN sys.dm_exec_sessions AS s ON s.session_id = st.session_id
+        LEFT JOIN sys.dm_exec_requests AS r ON r.session_id = s.session_id
+        LEFT JOIN sys.dm_tran_active_snapshot_database_transactions AS snap
+               ON snap.transaction_id = at.transaction_id
+        WHERE s.session_id <> @@SPID AND s.is_user_process = 1
+          AND (snap.transaction_id IS NOT NULL
+               OR EXISTS (SELECT 1 FROM sys.dm_tran_database_transactions AS dt
+                          WHERE dt.transaction_id = at.transaction_id AND dt.database_id = DB_ID()
+                            AND dt.database_transaction_log_record_count > 0))
+        UNION ALL
+        SELECT N'replication_slot',
+               CONCAT(N'availability replica ', ar.replica_server_name,
+                      CASE WHEN rs.synchronization_state IN (1, 2) THEN N'' ELSE N' (not synchronizing)' END),
+               CAST(NULL AS bigint), CAST(NULL AS float)
+        FROM sys.dm_hadr_database_replica_states AS rs
+        JOIN sys.availability_replicas AS ar ON ar.replica_id = rs.replica_id
+        WHERE rs.database_id = DB_ID() AND rs.is_local = 0
+          AND rs.low_water_mark_for_ghosts IS NOT NULL AND ar.secondary_role_allow_connections > 0
+        UNION ALL
+        SELECT N'prepared_xact', CONCAT(N'prepared transaction ', CAST(at.transaction_uow AS nvarchar(36))),
+               CAST(NULL AS bigint),
+               DATEDIFF_BIG(millisecond, at.transaction_begin_time, GETDATE()) / 1e3
+        FROM sys.dm_tran_active_transactions AS at
+        WHERE at.transaction_type = 4 AND (at.transaction_state = 5 OR at.dtc_state = 2)
+          AND at.transaction_uow IS NOT NULL
+    ) AS h
+    ORDER BY h.seconds DESC;
+ELSE
+    SELECT CAST(NULL AS nvarchar(16)) AS source, CAST(NULL AS nvarchar(300)) AS holder,
+           CAST(NULL AS bigint) AS xmin_age, CAST(NULL AS float) AS seconds
+    WHERE 1 = 0;
 
 -- name: version_store
 -- How much row-version store this database holds (tempdb, or the persistent version

@@ -184,7 +184,8 @@ GO
 --     skip each other's rows (READPAST), the picked keys stay locked until the update
 --     (UPDLOCK), and no page or table lock blocks the others (ROWLOCK). UPDATE TOP has no
 --     ORDER BY, hence the CTE: TOP with ORDER BY inside, the UPDATE through it. OUTPUT
---     returns the updated meta row joined to its payload in the same statement.
+--     returns the updated meta row joined to its payload in the same statement, into a
+--     table variable (OUTPUT has no order): the batch is returned sorted from there.
 -- Row versioning caveat: READPAST is rejected under SNAPSHOT isolation (error 650); run
 -- consumers at READ COMMITTED (the default).
 CREATE PROCEDURE {{fn_dequeue}}
@@ -216,6 +217,11 @@ BEGIN
         lease_owner  = CASE WHEN attempts >= max_attempts THEN lease_owner END,
         leased_until = NULL;
 
+    DECLARE @claimed TABLE (
+        id bigint NOT NULL PRIMARY KEY, priority smallint NOT NULL, due_at datetime2(6) NOT NULL,
+        title nvarchar(400) NULL, attempts int NOT NULL, max_attempts int NOT NULL,
+        enqueued_at datetime2(6) NOT NULL, dequeued_at datetime2(6) NULL,
+        leased_until datetime2(6) NULL, payload varbinary(max) NOT NULL, headers nvarchar(max) NULL);
     WITH picked AS (
         -- every column the OUTPUT names: inserted.* of a CTE target has the CTE's columns
         SELECT TOP (@n) m.id, m.priority, m.due_at, m.status, m.title, m.attempts,
@@ -234,8 +240,17 @@ BEGIN
     OUTPUT inserted.id, inserted.priority, inserted.due_at, inserted.title, inserted.attempts,
            inserted.max_attempts, inserted.enqueued_at, inserted.dequeued_at,
            inserted.leased_until, d.payload, d.headers
+    INTO @claimed (id, priority, due_at, title, attempts, max_attempts, enqueued_at,
+                   dequeued_at, leased_until, payload, headers)
     FROM picked AS p
     JOIN {{data}} AS d ON d.id = p.id;
+    -- The ORDER BY in the pick chooses WHICH rows (the oldest ready ones); OUTPUT returns
+    -- them in no defined order. Hand the batch out in the queue's order, as PostgreSQL's
+    -- dequeue does.
+    SELECT c.id, c.priority, c.due_at, c.title, c.attempts, c.max_attempts, c.enqueued_at,
+           c.dequeued_at, c.leased_until, c.payload, c.headers
+    FROM @claimed AS c
+    ORDER BY c.priority, c.due_at, c.id;
 END
 GO
 -- ack: the items are done. Only the current lease holder (when @worker is given) may ack,
