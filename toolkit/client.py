@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine
 
 from queuectl.catalog import QueueInfo
 from queuectl.engine import adapter_for, first_line, make_engine, mask_url
-from queuectl.errors import ConnectionFailed, UsageError
+from queuectl.errors import ConnectionFailed, PayloadTooLarge, StatementCanceled, UsageError
 from queuectl.install import require_queue
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
 from queuectl.sqlfiles import render
@@ -345,7 +345,10 @@ class Queue:
                 return fetch(self._conn.execute(self._sql[key], params))
             except sa.exc.DBAPIError as exc:
                 if not self._lost_connection(exc, sent):
-                    raise
+                    refused = self._refused(key, exc)
+                    if refused is exc:
+                        raise
+                    raise refused from None
                 self._drop_connection()
                 if sent and not resend:
                     raise EnqueueOutcomeUnknown(
@@ -364,6 +367,21 @@ class Queue:
                 attempt += 1
                 self.reconnects += 1
                 time.sleep(min(pause, remaining))
+
+    def _refused(self, key: str, exc: sa.exc.DBAPIError) -> Exception:
+        """What to raise for an error on a live connection: one line for the errors a caller
+        acts on (an oversized payload, a canceled statement), else the driver's error."""
+        refusal = self._adapter.payload_refusal(exc)
+        if refusal is not None:
+            return PayloadTooLarge(refusal)
+        if self._adapter.canceled(exc):
+            undone = {"dequeue": "nothing was claimed", "enqueue": "nothing was enqueued",
+                      "enqueue_many": "nothing was enqueued"}.get(key, "the items stay as they were")
+            return StatementCanceled(
+                f"{key} on queue {self.name!r} was canceled by the server and rolled back "
+                f"({self._reason(exc)}): {undone}; sending it again is safe"
+            )
+        return exc
 
     def _lost_connection(self, exc: sa.exc.DBAPIError, sent: bool) -> bool:
         if exc.connection_invalidated:
