@@ -333,6 +333,10 @@ class Queue:
         i.e. before the statement left this process: once it was handed to the connection,
         a broken connection cannot tell whether the autocommit INSERT committed, so the
         client raises EnqueueOutcomeUnknown instead of risking a duplicate.
+
+        Errors on a live connection are not retried: an oversized payload raises
+        PayloadTooLarge, a statement the server canceled (a timeout; it rolled back whole)
+        StatementCanceled, both one line; anything else is the driver's error.
         """
         deadline = time.monotonic() + self.retry_total
         attempt = 0
