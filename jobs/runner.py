@@ -5,6 +5,17 @@ a dedicated connection for the whole run, so several schedulers (and people runn
 by hand) can share a database without ever running the same job on the same queue twice
 at once. The run's history row is opened after the lock is taken and closed before it is
 released, so the runs of one (job, queue) in the history never overlap.
+
+A lock is a session's: when its connection is lost (server restart, pg_terminate_backend)
+the lock goes with it. A watchdog (RunnerLock.watch) checks the connection every
+LOCK_CHECK_S; after a loss it reconnects with jittered back-off for up to
+RECONNECT_TOTAL_S and takes the lock again. If another runner took it meanwhile, or the
+server stays away, the run is told to stop after its current batch and is recorded as
+failed. Between the loss and the re-take another runner may start the same job: jobs
+work in short SKIP LOCKED batches, so that costs throughput, never rows.
+A run whose runner died stays 'running' until a runner takes its lock again: the next
+run of that (job, queue), or abandon_orphaned_runs (the scheduler calls it at start and
+at every refresh), which marks it 'abandoned'.
 """
 
 from __future__ import annotations
@@ -12,8 +23,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,8 +37,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, ProgrammingError
 
-from queuectl.engine import adapter_for
-from queuectl.errors import QueuectlError
+from queuectl.engine import adapter_for, mask_url
+from queuectl.errors import ConnectionFailed, QueuectlError
 from queuectl.jobs.base import JobBusy, JobResult, JobTarget, error_text
 from queuectl.jobs.registry import JobSpec, job_spec
 from queuectl.names import DEFAULT_SCHEMA, quote_ident
@@ -60,29 +73,145 @@ def catalog_sql(engine_or_conn: Engine | Connection, section: str, schema: str) 
     return sa.text(render(adapter_for(engine_or_conn).sql_dir, "catalog_jobs", section, values))
 
 
-@contextmanager
-def single_runner(engine: Engine, key: str, what: str) -> Iterator[Connection]:
-    """Hold the advisory lock `key` on a dedicated autocommit connection, or raise JobBusy."""
-    adapter = adapter_for(engine)
-    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-    try:
-        got = conn.execute(sa.text(adapter.lock_statement()), {"key": key}).scalar()
-    except BaseException:
-        conn.close()
-        raise
-    if not got:
-        conn.close()
-        raise JobBusy(f"{what} is already running elsewhere (another runner holds its lock)")
-    try:
-        yield conn
-    finally:
+LOCK_CHECK_S = 5.0          # how often a run's watchdog checks its lock connection
+RECONNECT_TOTAL_S = 30.0    # how long it tries to get the connection (and the lock) back
+RECONNECT_FIRST_S = 0.05    # first pause, doubling ...
+RECONNECT_MAX_PAUSE_S = 2.0  # ... up to this, each jittered
+
+
+class RunnerLock:
+    """A single-runner lock held on a dedicated autocommit connection (see the module docstring)."""
+
+    def __init__(self, engine: Engine, key: str, what: str) -> None:
+        self.engine = engine
+        self.key = key
+        self.what = what
+        self.lost: str | None = None   # why the run no longer holds its lock
+        self.retaken = 0
+        self._adapter = adapter_for(engine)
+        self._conn: Connection | None = None
+
+    def acquire(self) -> bool:
+        conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         try:
-            conn.execute(sa.text(adapter.unlock_statement()), {"key": key})
+            got = bool(conn.execute(sa.text(self._adapter.lock_statement()), {"key": self.key}).scalar())
+        except BaseException:
+            conn.close()
+            raise
+        if not got:
+            conn.close()
+            return False
+        self._conn = conn
+        return True
+
+    def execute(self, statement: sa.Executable, params: dict[str, Any]) -> sa.CursorResult:
+        """Run a statement on the lock's connection; after a lost connection get it (and the
+        lock) back first. Only for statements that are safe to send twice."""
+        if self._conn is None or self._conn.invalidated or self._conn.closed:
+            self._regain()
+        try:
+            return self._conn.execute(statement, params)
+        except DBAPIError as exc:
+            if not (exc.connection_invalidated or self._conn.invalidated or self._conn.closed):
+                raise
+        self._regain()
+        return self._conn.execute(statement, params)
+
+    def check(self) -> None:
+        """The watchdog's probe: a round trip; after a lost connection, regain the lock."""
+        try:
+            self.execute(sa.select(sa.literal(1)), {})
+        except ConnectionFailed as exc:
+            self.lost = str(exc)
+
+    def _regain(self) -> None:
+        """Reconnect with jittered back-off and take the lock again (when another runner has
+        it, set `lost` and keep a plain connection); ConnectionFailed when the server stays away."""
+        self._drop()
+        deadline = time.monotonic() + RECONNECT_TOTAL_S
+        attempt = 0
+        while True:
+            try:
+                if self.acquire():
+                    self.retaken += 1
+                    log.warning("%s: connection of its single-runner lock was lost; reconnected and took the lock again",
+                                self.what)
+                    return
+                self.lost = (f"{self.what}: lost its single-runner lock with its connection, and another runner "
+                             "took it meanwhile: stopped after the current batch")
+                # a connection without the lock, to record the run's end
+                self._conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+                return
+            except DBAPIError as exc:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ConnectionFailed(
+                        f"{self.what}: gave up reconnecting to {mask_url(self.engine.url)} after "
+                        f"{RECONNECT_TOTAL_S:g} s ({error_text(exc, self.engine)})"
+                    ) from None
+                pause = min(RECONNECT_MAX_PAUSE_S, RECONNECT_FIRST_S * 2**attempt)
+                attempt += 1
+                time.sleep(min(pause / 2 + random.uniform(0, pause / 2), remaining))
+
+    @contextmanager
+    def watch(self, outer_stop: threading.Event | None) -> Iterator[threading.Event]:
+        """A stop event for the run: set when `outer_stop` is, or when the lock is lost."""
+        run_stop = threading.Event()
+        finished = threading.Event()
+
+        def watchdog() -> None:
+            next_check = time.monotonic() + LOCK_CHECK_S
+            while not finished.wait(0.2):
+                if outer_stop is not None and outer_stop.is_set():
+                    run_stop.set()
+                if time.monotonic() >= next_check:
+                    self.check()
+                    next_check = time.monotonic() + LOCK_CHECK_S
+                if self.lost:
+                    run_stop.set()
+                    return
+
+        thread = threading.Thread(target=watchdog, name=f"queuectl-lock:{self.key}", daemon=True)
+        thread.start()
+        try:
+            yield run_stop
+        finally:
+            finished.set()
+            thread.join()
+
+    def release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            if not self.lost:
+                conn.execute(sa.text(self._adapter.unlock_statement()), {"key": self.key})
             conn.close()
         except BaseException:
             # Never hand a connection that may still hold the lock back to the pool.
             conn.invalidate()
             conn.close()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.invalidate()
+                conn.close()
+            except sa.exc.SQLAlchemyError:
+                pass
+
+
+@contextmanager
+def single_runner(engine: Engine, key: str, what: str) -> Iterator[RunnerLock]:
+    """Hold the advisory lock `key` on a dedicated autocommit connection, or raise JobBusy."""
+    lock = RunnerLock(engine, key, what)
+    if not lock.acquire():
+        raise JobBusy(f"{what} is already running elsewhere (another runner holds its lock)")
+    try:
+        yield lock
+    finally:
+        lock.release()
 
 
 def _missing_catalog(exc: ProgrammingError) -> QueuectlError:
@@ -114,11 +243,11 @@ def run_job(
     config = config if config is not None else spec.config_cls()
     call = call or spec.run_once
     params = {"job": spec.name, "queue": queue}
-    with single_runner(engine, lock_key(schema, spec.name, queue), f"{spec.name} on queue {queue}") as conn:
+    with single_runner(engine, lock_key(schema, spec.name, queue), f"{spec.name} on queue {queue}") as lock:
         try:
-            abandoned = conn.execute(catalog_sql(conn, "run_abandon", schema), params).rowcount
-            started = conn.execute(
-                catalog_sql(conn, "run_start", schema),
+            abandoned = lock.execute(catalog_sql(engine, "run_abandon", schema), params).rowcount
+            started = lock.execute(
+                catalog_sql(engine, "run_start", schema),
                 {**params, "trigger": trigger, "runner_host": RUNNER_HOST, "runner_pid": os.getpid()},
             ).one()
         except ProgrammingError as exc:
@@ -127,28 +256,52 @@ def run_job(
             log.warning("%s %s: marked %d earlier run(s) abandoned (their runner stopped mid-run)", spec.name, queue, abandoned)
         result: Any = None
         try:
-            result = call(engine, queue, config, schema=schema, stop=stop)
+            with lock.watch(stop) as run_stop:
+                result = call(engine, queue, config, schema=schema, stop=run_stop)
             outcome, error = ("failed", result.error) if result.error else ("succeeded", None)
         except (KeyboardInterrupt, SystemExit):
-            _finish(conn, schema, started.id, "failed", None, "interrupted", None, None)
+            _finish(lock, engine, schema, started.id, "failed", None, "interrupted", None, None)
             raise
         except Exception as exc:  # recorded, then reported to the caller in the record
             outcome, error = "failed", error_text(exc, engine)
             if not isinstance(exc, (DBAPIError, QueuectlError)):
                 log.exception("%s %s: unexpected error", spec.name, queue)
+        if lock.lost:
+            outcome, error = "failed", lock.lost
         rows = None if result is None else result.rows
         summary = None if result is None else result.summary()
         details = None if result is None else json.dumps(result.as_dict(), default=str)
-        finished_at = _finish(conn, schema, started.id, outcome, rows, error, summary, details)
+        finished_at = _finish(lock, engine, schema, started.id, outcome, rows, error, summary, details)
     return RunRecord(started.id, spec.name, queue, outcome, rows, error, started.started_at, finished_at, result)
 
 
-def _finish(conn: Connection, schema: str, run_id: int, outcome: str, rows: int | None, error: str | None,
-            summary: str | None, details: str | None) -> datetime:
-    return conn.execute(
-        catalog_sql(conn, "run_finish", schema),
+def _finish(lock: RunnerLock, engine: Engine, schema: str, run_id: int, outcome: str, rows: int | None,
+            error: str | None, summary: str | None, details: str | None) -> datetime:
+    """Close the run's history row (an UPDATE by id: safe to send again after a lost connection)."""
+    return lock.execute(
+        catalog_sql(engine, "run_finish", schema),
         {"id": run_id, "outcome": outcome, "rows": rows, "error": error, "summary": summary, "details": details},
     ).scalar_one()
+
+
+def abandon_orphaned_runs(engine: Engine, *, schema: str = DEFAULT_SCHEMA) -> int:
+    """Mark 'abandoned' every 'running' run whose single-runner lock nobody holds (its runner
+    died); returns how many. A (job, queue) whose lock is held is running: left alone."""
+    with engine.connect() as conn:
+        try:
+            pairs = conn.execute(catalog_sql(conn, "runs_running", schema)).all()
+        except ProgrammingError as exc:
+            raise _missing_catalog(exc) from None
+    marked = 0
+    for job, queue in pairs:
+        try:
+            with single_runner(engine, lock_key(schema, job, queue), f"{job} on queue {queue}") as lock:
+                marked += lock.execute(catalog_sql(engine, "run_abandon", schema), {"job": job, "queue": queue}).rowcount
+        except JobBusy:
+            continue
+    if marked:
+        log.warning("marked %d run(s) abandoned: their runner stopped mid-run", marked)
+    return marked
 
 
 def recent_runs(engine: Engine, *, schema: str = DEFAULT_SCHEMA, last: int = 20, job: str | None = None,

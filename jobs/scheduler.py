@@ -43,7 +43,7 @@ from queuectl.errors import UsageError
 from queuectl.install import list_queues
 from queuectl.jobs.base import JobBusy, config_from_options, error_text, format_duration, parse_duration
 from queuectl.jobs.registry import JOBS, JobSpec, job_spec
-from queuectl.jobs.runner import last_runs, run_job
+from queuectl.jobs.runner import abandon_orphaned_runs, last_runs, run_job
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 
 log = logging.getLogger("queuectl.scheduler")
@@ -240,11 +240,13 @@ class Scheduler:
             log.warning("%s %s: failed after %.2f s: %s", job, queue, took, record.error)
 
     def refresh(self) -> None:
-        """Add jobs for new queues, drop those of removed queues."""
+        """Add jobs for new queues, drop those of removed queues; mark runs whose runner died
+        (a killed scheduler) abandoned, so none stays 'running' for ever."""
         try:
             wanted = {item.id: item for item in plan(self.engine, self.config)}
+            abandon_orphaned_runs(self.engine, schema=self.config.schema)
         except Exception as exc:
-            log.error("could not read the installed queues: %s", error_text(exc, self.engine))
+            log.error("could not read the installed queues and runs: %s", error_text(exc, self.engine))
             return
         current = {job.id for job in self._scheduler.get_jobs() if job.id != "refresh"}
         for job_id in current - set(wanted):

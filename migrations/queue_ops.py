@@ -3,6 +3,8 @@ migrated, and keep its row in the catalog registry in step with its schema versi
 
 from __future__ import annotations
 
+import json
+
 import sqlalchemy as sa
 from alembic import context, op
 
@@ -61,3 +63,16 @@ def unregister() -> None:
     names, _kind, _settings = _target()
     table = queues_table(names.schema)
     op.execute(table.delete().where(table.c.name == names.queue))
+
+
+def record_settings(without: tuple[str, ...] = ()) -> None:
+    """Write the queue's settings to its registry row (a revision that adds a setting),
+    leaving out `without` (the downgrade of that revision)."""
+    names, _kind, settings = _target()
+    table = queues_table(names.schema)
+    values = {k: v for k, v in settings.as_dict().items() if k not in without}
+    op.execute(
+        table.update()
+        .where(table.c.name == names.queue)
+        .values(settings=sa.cast(sa.literal(json.dumps(values, sort_keys=True), sa.Text()), table.c.settings.type))
+    )

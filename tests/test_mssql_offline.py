@@ -474,8 +474,11 @@ def test_enqueue_many_values_are_what_the_tsql_reads(kind):
     else:
         params = adapter.kind_enqueue_many_params([b"\x00\xff"], ['{"a": 1}'])
     [doc] = json.loads(params["items"])
-    paths = set(re.findall(r"'\$\.(\w+)'", rendered(kind, "create_functions")))
-    assert set(doc) == paths, kind
+    # the reliable kind's enqueue procedures have sections of their own (reliable_0001, _0003)
+    for section in (("create_enqueue_functions", "create_enqueue_functions_payload_limit") if kind == "reliable"
+                    else ("create_functions",)):
+        paths = set(re.findall(r"'\$\.(\w+)'", rendered(kind, section)))
+        assert set(doc) == paths, (kind, section)
     assert doc["payload"] == "00ff" and doc["headers"] == {"a": 1}  # CONVERT(varbinary, hex, 2); AS JSON
     if kind == "pending":
         assert doc["due_at"] == "2030-01-02T01:04:05.600000"  # naive UTC: datetime2 refuses an offset
@@ -507,3 +510,31 @@ def test_cli_install_sql_for_mssql_prints_the_script_without_connecting():
     assert live.returncode == 2
     [line] = [ln for ln in live.stderr.decode().splitlines() if ln.strip()]
     assert line.startswith("error:") and "msodbcsql18" in line and "Not-Shown-42" not in line
+
+
+def test_reliable_enqueue_refuses_oversized_payloads_in_tsql():
+    """reliable_0003 on SQL Server: both procedures THROW 50413 before writing anything."""
+    script = install_script(None, "orders", "reliable", QueueSettings(max_payload_bytes=777), dialect="mssql")
+    flat = " ".join(script.split())
+    assert "IF DATALENGTH(@payload) > 777 BEGIN" in flat
+    assert "WHERE DATALENGTH(s.payload) > 777 ORDER BY s.ord" in flat
+    assert flat.count("THROW 50413, @refused, 1;") == 2
+    assert flat.index("THROW 50413, @refused, 1; END; BEGIN TRANSACTION;") > 0  # refused before the transaction
+    assert "CREATE OR ALTER PROCEDURE \"queuectl\".\"orders_enqueue_many\"" in flat
+
+
+def test_mssql_payload_refusal_and_timeouts_are_recognised_from_pyodbc_errors():
+    class PyodbcError(Exception):  # pyodbc errors carry (sqlstate, message)
+        pass
+
+    def wrapped(*args: str) -> sa.exc.DBAPIError:
+        return sa.exc.DBAPIError("EXEC x", {}, PyodbcError(*args))
+
+    adapter = ADAPTERS["mssql"]
+    refused = wrapped("42000", "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]queue 'orders': payload "
+                               "of 5 bytes is over max_payload_bytes 4: nothing was enqueued (50413) (SQLExecDirectW)")
+    assert adapter.payload_refusal(refused) == "queue 'orders': payload of 5 bytes is over max_payload_bytes 4: nothing was enqueued"
+    assert not adapter.canceled(refused)
+    assert adapter.canceled(wrapped("HYT00", "[HYT00] [Microsoft][ODBC Driver 18 for SQL Server]Query timeout expired (0)"))
+    assert adapter.canceled(wrapped("HY000", "[HY000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Lock request time out period exceeded. (1222)"))
+    assert adapter.payload_refusal(wrapped("42000", "[42000] something else (50000)")) is None

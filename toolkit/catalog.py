@@ -20,6 +20,8 @@ CATALOG_VERSION_TABLE = "alembic_version"
 NAME_TYPE = sa.Text().with_variant(sa.NVARCHAR(128), "mssql")
 SETTINGS_TYPE = JSONB().with_variant(sa.NVARCHAR(None), "mssql")
 
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
 
 def queues_table(schema: str) -> sa.Table:
     """The registry of installed queues (one row per queue)."""
@@ -44,6 +46,10 @@ class QueueSettings:
     lease_seconds: int = 30
     backoff_base_seconds: int = 1
     backoff_max_seconds: int = 3600
+    # The largest payload enqueue accepts (reliable_0003); a larger one is refused by the
+    # server with SQLSTATE QC413 and nothing is inserted. 1 MiB: a queue carries work items,
+    # not documents (store those elsewhere and enqueue a reference).
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
     # Allowed ranges; a plain class attribute (no annotation), not a dataclass field.
     LIMITS = {
@@ -51,6 +57,8 @@ class QueueSettings:
         "lease_seconds": (1, 7 * 24 * 3600),
         "backoff_base_seconds": (0, 24 * 3600),
         "backoff_max_seconds": (0, 30 * 24 * 3600),
+        # bytea and varbinary(max) values stop at 1 GiB (PostgreSQL) and 2 GiB (SQL Server)
+        "max_payload_bytes": (1, 1024**3),
     }
 
     def __post_init__(self) -> None:

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.exc import DBAPIError
 
-from queuectl.catalog import QueueSettings
+from queuectl.catalog import DEFAULT_MAX_PAYLOAD_BYTES, QueueSettings
 from queuectl.engine import URL_ENV, first_line, make_engine, mask_url
 from queuectl.errors import QueuectlError
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
@@ -69,6 +69,7 @@ def install(
     lease: Annotated[int, typer.Option(help="Default lease in seconds.")] = 30,
     backoff_base: Annotated[int, typer.Option(help="First retry delay in seconds (doubles per attempt).")] = 1,
     backoff_max: Annotated[int, typer.Option(help="Longest retry delay in seconds.")] = 3600,
+    max_payload_bytes: Annotated[int, typer.Option(help="Largest payload enqueue accepts, in bytes (larger ones are refused, nothing is stored).")] = DEFAULT_MAX_PAYLOAD_BYTES,
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
@@ -79,7 +80,8 @@ def install(
     validate_queue_name(name)
     validate_schema_name(schema)
     settings = settings_for(kind, strict=strict, size=size, reliable=QueueSettings(
-        max_attempts=max_attempts, lease_seconds=lease, backoff_base_seconds=backoff_base, backoff_max_seconds=backoff_max
+        max_attempts=max_attempts, lease_seconds=lease, backoff_base_seconds=backoff_base, backoff_max_seconds=backoff_max,
+        max_payload_bytes=max_payload_bytes,
     ))
     if sql:
         sys.stdout.write(review_script(url, name, kind, settings, schema))

@@ -12,7 +12,9 @@ import typer
 
 from rich.console import Console
 
+from queuectl.client import RETRY_TOTAL_S
 from queuectl.engine import URL_ENV, make_engine
+from queuectl.errors import UsageError
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 from queuectl.worker import DEFAULT_LOG_INTERVAL, DEFAULT_POLL_INTERVAL
 
@@ -52,6 +54,9 @@ def worker(
     ] = False,
     burst: Annotated[bool, typer.Option("--burst", help="Exit once the queue has no due item and nothing is held.")] = False,
     log_interval: Annotated[float, typer.Option(help="Seconds between throughput log lines.")] = DEFAULT_LOG_INTERVAL,
+    reconnect_for: Annotated[
+        float, typer.Option("--reconnect-for", help="After a lost connection, keep reconnecting (jittered back-off) this many seconds, then exit with one error line.")
+    ] = RETRY_TOTAL_S,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final counts as JSON.")] = False,
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
@@ -69,7 +74,10 @@ def worker(
     validate_schema_name(schema)
     function = resolve_handler(handler)
     _log_to_stderr()
+    if not 0 <= reconnect_for <= 86400:
+        raise UsageError(f"--reconnect-for must be from 0 to 86400 seconds, got {reconnect_for:g}")
     with Queue(make_engine(url), name, schema=schema) as queue:
+        queue.retry_total = reconnect_for
         stats = queue.consume(
             function, concurrency=concurrency, batch=batch, lease=lease, poll_interval=poll_interval,
             notify=notify, processes=processes, burst=burst, log_interval=log_interval,

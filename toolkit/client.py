@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine
 
 from queuectl.catalog import QueueInfo
 from queuectl.engine import adapter_for, first_line, make_engine, mask_url
-from queuectl.errors import ConnectionFailed, UsageError
+from queuectl.errors import ConnectionFailed, PayloadTooLarge, StatementCanceled, UsageError
 from queuectl.install import require_queue
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
 from queuectl.sqlfiles import render
@@ -333,6 +333,10 @@ class Queue:
         i.e. before the statement left this process: once it was handed to the connection,
         a broken connection cannot tell whether the autocommit INSERT committed, so the
         client raises EnqueueOutcomeUnknown instead of risking a duplicate.
+
+        Errors on a live connection are not retried: an oversized payload raises
+        PayloadTooLarge, a statement the server canceled (a timeout; it rolled back whole)
+        StatementCanceled, both one line; anything else is the driver's error.
         """
         deadline = time.monotonic() + self.retry_total
         attempt = 0
@@ -345,7 +349,10 @@ class Queue:
                 return fetch(self._conn.execute(self._sql[key], params))
             except sa.exc.DBAPIError as exc:
                 if not self._lost_connection(exc, sent):
-                    raise
+                    refused = self._refused(key, exc)
+                    if refused is exc:
+                        raise
+                    raise refused from None
                 self._drop_connection()
                 if sent and not resend:
                     raise EnqueueOutcomeUnknown(
@@ -364,6 +371,21 @@ class Queue:
                 attempt += 1
                 self.reconnects += 1
                 time.sleep(min(pause, remaining))
+
+    def _refused(self, key: str, exc: sa.exc.DBAPIError) -> Exception:
+        """What to raise for an error on a live connection: one line for the errors a caller
+        acts on (an oversized payload, a canceled statement), else the driver's error."""
+        refusal = self._adapter.payload_refusal(exc)
+        if refusal is not None:
+            return PayloadTooLarge(refusal)
+        if self._adapter.canceled(exc):
+            undone = {"dequeue": "nothing was claimed", "enqueue": "nothing was enqueued",
+                      "enqueue_many": "nothing was enqueued"}.get(key, "the items stay as they were")
+            return StatementCanceled(
+                f"{key} on queue {self.name!r} was canceled by the server and rolled back "
+                f"({self._reason(exc)}): {undone}; sending it again is safe"
+            )
+        return exc
 
     def _lost_connection(self, exc: sa.exc.DBAPIError, sent: bool) -> bool:
         if exc.connection_invalidated:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
@@ -88,6 +89,25 @@ class Adapter:
         """Login timeout in seconds, so an unreachable server fails fast."""
         return {"connect_timeout": 10}
 
+    # -- what a failed statement means -------------------------------------------------
+
+    # SQLSTATEs of a statement the server canceled and rolled back: query_canceled
+    # (statement_timeout, pg_cancel_backend) and lock_not_available (lock_timeout).
+    _CANCELED = ("57014", "55P03")
+
+    def payload_refusal(self, exc: DBAPIError) -> str | None:
+        """The server's message when an enqueue refused an oversized payload (reliable_0003:
+        SQLSTATE QC413), else None."""
+        orig = exc.orig
+        if getattr(orig, "sqlstate", None) != "QC413":
+            return None
+        diag = getattr(orig, "diag", None)
+        return getattr(diag, "message_primary", None) or first_line(orig)
+
+    def canceled(self, exc: DBAPIError) -> bool:
+        """The server canceled the statement (a timeout): it rolled back whole."""
+        return getattr(exc.orig, "sqlstate", None) in self._CANCELED
+
     # -- how the client's values travel ------------------------------------------------
 
     def list_param(self, values: list) -> object:
@@ -161,6 +181,13 @@ class Adapter:
         return [dict(row) for row in rows]
 
 
+def _odbc_message(exc: DBAPIError) -> str:
+    """pyodbc errors carry (sqlstate, message): the message's first line."""
+    args = getattr(exc.orig, "args", ())
+    text = args[1] if len(args) > 1 and isinstance(args[1], str) else str(exc.orig or "")
+    return first_line(text) if text.strip() else ""
+
+
 @dataclass(frozen=True)
 class MssqlAdapter(Adapter):
     """SQL Server through pyodbc and Microsoft's ODBC Driver 18."""
@@ -207,6 +234,18 @@ class MssqlAdapter(Adapter):
 
     def connect_args(self) -> dict[str, object]:
         return {"timeout": 10}  # pyodbc's login timeout
+
+    def payload_refusal(self, exc: DBAPIError) -> str | None:
+        """THROW 50413 in the enqueue procedures; the message without ODBC's [..] prefixes."""
+        text = _odbc_message(exc)
+        if "(50413)" not in text:
+            return None
+        return re.sub(r"^(\[[^\]]*\]\s*)+", "", text).split(" (50413)")[0]
+
+    def canceled(self, exc: DBAPIError) -> bool:
+        """Lock request time out (1222) or the client's query timeout (HYT00)."""
+        args = getattr(exc.orig, "args", ())
+        return (bool(args) and args[0] == "HYT00") or "(1222)" in _odbc_message(exc)
 
     def list_param(self, values: list) -> object:
         """ODBC has no arrays: a JSON array, read by OPENJSON in the procedures."""

@@ -15,3 +15,19 @@ class NotInstalledError(QueuectlError):
 
 class ConnectionFailed(QueuectlError):
     """The database could not be reached; the message never contains a password."""
+
+
+class PayloadTooLarge(UsageError):
+    """The server refused an enqueue: a payload is over the queue's max_payload_bytes.
+
+    Nothing of the call was stored (with enqueue_many, not even the other payloads).
+    """
+
+
+class StatementCanceled(QueuectlError):
+    """The server canceled a statement (statement_timeout, lock_timeout, a cancel request).
+
+    The statement rolled back whole: nothing it would have changed was changed, so sending
+    it again is safe. The client does not resend it by itself: whatever made it slow
+    (a lock, a tight timeout) is still there, and the caller decides how long to wait.
+    """

@@ -48,6 +48,16 @@ Stopping
     items no thread has started, wait for running handlers and ack or nack them, then
     return. A second signal stops waiting: items still in handlers come back when their
     leases expire. Throughput is logged every `log_interval` seconds while there is work.
+
+Faults
+    A lost connection is the client's business (Queue._call reconnects with jittered
+    back-off and resends what is safe to resend). A statement the server cancels (a
+    statement_timeout or lock_timeout: StatementCanceled) rolled back whole: a canceled
+    dequeue claimed nothing and counts as an empty look (one warning line, then the poll
+    back-off); a canceled ack or nack is sent again at the next turn, its items still held
+    and heartbeated meanwhile; a canceled heartbeat is retried within a second. When the
+    client gives up reconnecting (ConnectionFailed), the worker stops at once without
+    further database calls and re-raises: held items come back when their leases expire.
 """
 
 from __future__ import annotations
@@ -73,7 +83,7 @@ from typing import Any
 
 from queuectl.client import Message, Queue, _check_batch, _check_seconds
 from queuectl.engine import adapter_for, first_line
-from queuectl.errors import UsageError
+from queuectl.errors import ConnectionFailed, StatementCanceled, UsageError
 from queuectl.sqlfiles import render
 
 DEFAULT_POLL_INTERVAL = 2.0  # longest wait between looks at an idle queue
@@ -124,6 +134,7 @@ class WorkerStats:
     empty_polls: int = 0
     notifications: int = 0
     heartbeats: int = 0
+    canceled: int = 0  # statements the server canceled (a timeout): retried, nothing lost
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -233,6 +244,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._ran = False
         self._closed = False
+        self._gave_up = False  # the client gave up reconnecting: no more database calls
         self._next_heartbeat = self._next_log = math.inf
         self._logged = (0, 0, time.monotonic())
 
@@ -273,6 +285,12 @@ class Worker:
         )
         try:
             self._loop()
+        except ConnectionFailed:
+            # The client retried for its whole budget: settling now would wait as long
+            # again per call. What is held comes back when its lease expires.
+            self._gave_up = True
+            self._force.set()
+            raise
         finally:
             try:
                 self._shutdown()
@@ -299,7 +317,12 @@ class Worker:
             self._log_if_due()
             room = self._room()
             if look and room:
-                messages = self.queue.dequeue(room, lease=self.lease)
+                try:
+                    messages = self.queue.dequeue(room, lease=self.lease)
+                except StatementCanceled as exc:  # rolled back whole: nothing claimed; look again later
+                    self.stats.canceled += 1
+                    log.warning("%s; looking again in the next poll", exc)
+                    messages = []
                 self.stats.dequeues += 1
                 if messages:
                     for message in messages:
@@ -394,33 +417,55 @@ class Worker:
     # -- outcomes, heartbeats, throughput ----------------------------------------------------
 
     def _settle(self) -> None:
-        """Ack what succeeded (one call), nack what failed (one call per distinct error)."""
+        """Ack what succeeded (one call), nack what failed (one call per distinct error).
+
+        Items stay in _held (and so keep their heartbeat) until the call that settles them
+        returned; a call the server canceled is tried again at the next turn of the loop.
+        """
         succeeded: list[int] = []
         failed: dict[str, list[int]] = {}
-        skipped = 0
         while True:
             try:
                 item_id, error, ran = self._done.get_nowait()
             except queue_mod.Empty:
                 break
-            self._held.pop(item_id, None)
-            self._lost.discard(item_id)
             if not ran:
-                skipped += 1
+                self._forget([item_id])
+                self.stats.lost += 1
             elif error is None:
                 succeeded.append(item_id)
             else:
                 failed.setdefault(error, []).append(item_id)
-        self.stats.lost += skipped
         if succeeded:
-            acked = self.queue.ack(succeeded)
-            self.stats.processed += acked
-            self.stats.lost += len(succeeded) - acked
+            try:
+                acked = self.queue.ack(succeeded)
+            except StatementCanceled as exc:
+                self._settle_later(succeeded, None, exc)
+            else:
+                self._forget(succeeded)
+                self.stats.processed += acked
+                self.stats.lost += len(succeeded) - acked
         for error, ids in failed.items():
-            statuses = self.queue.nack(ids, error)
+            try:
+                statuses = self.queue.nack(ids, error)
+            except StatementCanceled as exc:
+                self._settle_later(ids, error, exc)
+                continue
+            self._forget(ids)
             self.stats.failed += len(statuses)
             self.stats.dead += sum(1 for status in statuses.values() if status == "dead")
             self.stats.lost += len(ids) - len(statuses)
+
+    def _forget(self, ids: list[int]) -> None:
+        for item_id in ids:
+            self._held.pop(item_id, None)
+            self._lost.discard(item_id)
+
+    def _settle_later(self, ids: list[int], error: str | None, exc: StatementCanceled) -> None:
+        self.stats.canceled += 1
+        log.warning("%s; trying again", exc)
+        for item_id in ids:
+            self._done.put((item_id, error, True))
 
     def _heartbeat_if_due(self) -> None:
         if self.heartbeat_every is None:
@@ -432,7 +477,13 @@ class Worker:
         ids = [item_id for item_id in self._held if item_id not in self._lost]
         if not ids:
             return
-        kept = set(self.queue.extend_lease(ids, lease=self.lease))
+        try:
+            kept = set(self.queue.extend_lease(ids, lease=self.lease))
+        except StatementCanceled as exc:  # the leases stand as they were; try again soon
+            self.stats.canceled += 1
+            self._next_heartbeat = now + min(self.heartbeat_every, 1.0)
+            log.warning("%s; trying again", exc)
+            return
         self.stats.heartbeats += 1
         gone = [item_id for item_id in ids if item_id not in kept]
         if gone:
@@ -521,6 +572,10 @@ class Worker:
                 unstarted.append(message.id)
         for _ in self._threads:
             self._work.put(None)
+        if self._gave_up:
+            log.warning("connection lost for good: %d held item(s) come back when their leases expire",
+                        len(self._held))
+            return
         if self._stop.is_set():
             log.info("stopping: releasing %d unstarted item(s), waiting for %d in handlers", len(unstarted),
                      len(self._held) - len(unstarted))

@@ -146,3 +146,8 @@ VALUES (
     :oldest_xmin_age, :oldest_xact_seconds, :oldest_xmin_holder,
     :replication_slots_holding, :oldest_slot_xmin_age, :prepared_xacts, :oldest_prepared_seconds,
     :details)
+
+-- name: runs_running
+-- The (job, queue) pairs with a run still 'running': abandon_orphaned_runs tries each
+-- one's single-runner lock, and a lock nobody holds means the runner died.
+SELECT DISTINCT job, queue FROM {{schema}}.job_runs WHERE outcome = N'running'

@@ -139,3 +139,8 @@ VALUES (
     :replication_slots_holding, :oldest_slot_xmin_age, :prepared_xacts, :oldest_prepared_seconds,
     CAST(:details AS jsonb))
 RETURNING id, taken_at
+
+-- name: runs_running
+-- The (job, queue) pairs with a run still 'running': abandon_orphaned_runs tries each
+-- one's single-runner lock, and a lock nobody holds means the runner died.
+SELECT DISTINCT job, queue FROM {{schema}}.job_runs WHERE outcome = 'running'

@@ -71,66 +71,6 @@ CREATE INDEX {{history_at_idx}} ON {{history}} (archived_at);
 -- name: create_functions
 -- The SQL API, callable from any language.
 
--- enqueue one item; returns its id.
-CREATE FUNCTION {{fn_enqueue}}(
-    p_payload      bytea,
-    p_headers      jsonb    DEFAULT NULL,
-    p_priority     smallint DEFAULT 0,
-    p_delay        interval DEFAULT interval '0',
-    p_title        text     DEFAULT NULL,
-    p_max_attempts integer  DEFAULT NULL
-) RETURNS bigint
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_id bigint;
-BEGIN
-    WITH m AS (
-        INSERT INTO {{meta}} (priority, due_at, title, max_attempts)
-        VALUES (coalesce(p_priority, 0), now() + coalesce(p_delay, interval '0'), p_title,
-                coalesce(p_max_attempts, {{max_attempts}}))
-        RETURNING id
-    )
-    INSERT INTO {{data}} (id, payload, headers)
-    SELECT m.id, p_payload, p_headers FROM m
-    RETURNING id INTO v_id;
-    RETURN v_id;
-END
-$fn$;
-
--- enqueue many items in one statement; ids come back in the order of the arrays.
--- Shorter optional arrays are padded with NULL (defaults); ids are drawn from the
--- identity sequence first so each payload is paired with its own id.
-CREATE FUNCTION {{fn_enqueue_many}}(
-    p_payloads      bytea[],
-    p_headers       jsonb[]    DEFAULT NULL,
-    p_priorities    smallint[] DEFAULT NULL,
-    p_delays        interval[] DEFAULT NULL,
-    p_titles        text[]     DEFAULT NULL,
-    p_max_attempts  integer    DEFAULT NULL
-) RETURNS SETOF bigint
-LANGUAGE plpgsql AS $fn$
-BEGIN
-    RETURN QUERY
-    WITH src AS MATERIALIZED (
-        SELECT nextval({{meta_seq_regclass}}::regclass) AS id, u.payload, u.headers,
-               u.priority, u.delay, u.title, u.ord
-        FROM unnest(p_payloads, p_headers, p_priorities, p_delays, p_titles)
-             WITH ORDINALITY AS u(payload, headers, priority, delay, title, ord)
-        WHERE u.ord <= cardinality(p_payloads)
-    ), m AS (
-        INSERT INTO {{meta}} (id, priority, due_at, title, max_attempts)
-        OVERRIDING SYSTEM VALUE
-        SELECT src.id, coalesce(src.priority, 0), now() + coalesce(src.delay, interval '0'),
-               src.title, coalesce(p_max_attempts, {{max_attempts}})
-        FROM src
-    ), d AS (
-        INSERT INTO {{data}} (id, payload, headers)
-        SELECT src.id, src.payload, src.headers FROM src
-    )
-    SELECT src.id FROM src ORDER BY src.ord;
-END
-$fn$;
-
 -- dequeue: ONE statement claims up to p_batch items and returns them with their payload.
 --  * expired leases are reclaimed first (their consumer died or stalled); one whose
 --    attempts are used up goes DEAD instead of running again;
@@ -270,6 +210,155 @@ BEGIN
       AND (p_worker IS NULL OR m.lease_owner = p_worker);
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;
+END
+$fn$;
+
+-- name: create_enqueue_functions
+-- enqueue and enqueue_many as reliable_0001 made them (no payload limit): created by
+-- reliable_0001 and put back by the downgrade of reliable_0003.
+
+-- enqueue one item; returns its id.
+CREATE OR REPLACE FUNCTION {{fn_enqueue}}(
+    p_payload      bytea,
+    p_headers      jsonb    DEFAULT NULL,
+    p_priority     smallint DEFAULT 0,
+    p_delay        interval DEFAULT interval '0',
+    p_title        text     DEFAULT NULL,
+    p_max_attempts integer  DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_id bigint;
+BEGIN
+    WITH m AS (
+        INSERT INTO {{meta}} (priority, due_at, title, max_attempts)
+        VALUES (coalesce(p_priority, 0), now() + coalesce(p_delay, interval '0'), p_title,
+                coalesce(p_max_attempts, {{max_attempts}}))
+        RETURNING id
+    )
+    INSERT INTO {{data}} (id, payload, headers)
+    SELECT m.id, p_payload, p_headers FROM m
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END
+$fn$;
+
+-- enqueue many items in one statement; ids come back in the order of the arrays.
+-- Shorter optional arrays are padded with NULL (defaults); ids are drawn from the
+-- identity sequence first so each payload is paired with its own id.
+CREATE OR REPLACE FUNCTION {{fn_enqueue_many}}(
+    p_payloads      bytea[],
+    p_headers       jsonb[]    DEFAULT NULL,
+    p_priorities    smallint[] DEFAULT NULL,
+    p_delays        interval[] DEFAULT NULL,
+    p_titles        text[]     DEFAULT NULL,
+    p_max_attempts  integer    DEFAULT NULL
+) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    RETURN QUERY
+    WITH src AS MATERIALIZED (
+        SELECT nextval({{meta_seq_regclass}}::regclass) AS id, u.payload, u.headers,
+               u.priority, u.delay, u.title, u.ord
+        FROM unnest(p_payloads, p_headers, p_priorities, p_delays, p_titles)
+             WITH ORDINALITY AS u(payload, headers, priority, delay, title, ord)
+        WHERE u.ord <= cardinality(p_payloads)
+    ), m AS (
+        INSERT INTO {{meta}} (id, priority, due_at, title, max_attempts)
+        OVERRIDING SYSTEM VALUE
+        SELECT src.id, coalesce(src.priority, 0), now() + coalesce(src.delay, interval '0'),
+               src.title, coalesce(p_max_attempts, {{max_attempts}})
+        FROM src
+    ), d AS (
+        INSERT INTO {{data}} (id, payload, headers)
+        SELECT src.id, src.payload, src.headers FROM src
+    )
+    SELECT src.id FROM src ORDER BY src.ord;
+END
+$fn$;
+
+-- name: create_enqueue_functions_payload_limit
+-- reliable_0003: enqueue and enqueue_many refuse a payload larger than the queue's
+-- max_payload_bytes with SQLSTATE QC413 (the client raises PayloadTooLarge). The check
+-- runs before any insert, and the error aborts the statement, so a refused call stores
+-- nothing: with enqueue_many, not even the payloads within the limit.
+
+-- enqueue one item; returns its id.
+CREATE OR REPLACE FUNCTION {{fn_enqueue}}(
+    p_payload      bytea,
+    p_headers      jsonb    DEFAULT NULL,
+    p_priority     smallint DEFAULT 0,
+    p_delay        interval DEFAULT interval '0',
+    p_title        text     DEFAULT NULL,
+    p_max_attempts integer  DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_id bigint;
+BEGIN
+    IF octet_length(p_payload) > {{max_payload_bytes}} THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC413', MESSAGE = format(
+            'queue %L: payload of %s bytes is over max_payload_bytes %s: nothing was enqueued',
+            {{queue_literal}}, octet_length(p_payload), {{max_payload_bytes}});
+    END IF;
+    WITH m AS (
+        INSERT INTO {{meta}} (priority, due_at, title, max_attempts)
+        VALUES (coalesce(p_priority, 0), now() + coalesce(p_delay, interval '0'), p_title,
+                coalesce(p_max_attempts, {{max_attempts}}))
+        RETURNING id
+    )
+    INSERT INTO {{data}} (id, payload, headers)
+    SELECT m.id, p_payload, p_headers FROM m
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END
+$fn$;
+
+-- enqueue many items in one statement; ids come back in the order of the arrays.
+-- Shorter optional arrays are padded with NULL (defaults); ids are drawn from the
+-- identity sequence first so each payload is paired with its own id.
+CREATE OR REPLACE FUNCTION {{fn_enqueue_many}}(
+    p_payloads      bytea[],
+    p_headers       jsonb[]    DEFAULT NULL,
+    p_priorities    smallint[] DEFAULT NULL,
+    p_delays        interval[] DEFAULT NULL,
+    p_titles        text[]     DEFAULT NULL,
+    p_max_attempts  integer    DEFAULT NULL
+) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_ord bigint;
+    v_bytes integer;
+BEGIN
+    -- the first payload over the limit refuses the whole call, before anything is written
+    SELECT u.ord, octet_length(u.payload) INTO v_ord, v_bytes
+    FROM unnest(p_payloads) WITH ORDINALITY AS u(payload, ord)
+    WHERE octet_length(u.payload) > {{max_payload_bytes}}
+    ORDER BY u.ord
+    LIMIT 1;
+    IF v_ord IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC413', MESSAGE = format(
+            'queue %L: payload %s of %s is %s bytes, over max_payload_bytes %s: nothing was enqueued',
+            {{queue_literal}}, v_ord, cardinality(p_payloads), v_bytes, {{max_payload_bytes}});
+    END IF;
+    RETURN QUERY
+    WITH src AS MATERIALIZED (
+        SELECT nextval({{meta_seq_regclass}}::regclass) AS id, u.payload, u.headers,
+               u.priority, u.delay, u.title, u.ord
+        FROM unnest(p_payloads, p_headers, p_priorities, p_delays, p_titles)
+             WITH ORDINALITY AS u(payload, headers, priority, delay, title, ord)
+        WHERE u.ord <= cardinality(p_payloads)
+    ), m AS (
+        INSERT INTO {{meta}} (id, priority, due_at, title, max_attempts)
+        OVERRIDING SYSTEM VALUE
+        SELECT src.id, coalesce(src.priority, 0), now() + coalesce(src.delay, interval '0'),
+               src.title, coalesce(p_max_attempts, {{max_attempts}})
+        FROM src
+    ), d AS (
+        INSERT INTO {{data}} (id, payload, headers)
+        SELECT src.id, src.payload, src.headers FROM src
+    )
+    SELECT src.id FROM src ORDER BY src.ord;
 END
 $fn$;
 

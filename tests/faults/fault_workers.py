@@ -11,6 +11,7 @@ import json
 import time
 
 from queuectl.client import EnqueueOutcomeUnknown, Queue
+from queuectl.errors import PayloadTooLarge
 
 QUEUE = "orders"
 
@@ -21,11 +22,13 @@ def _write(out, **record) -> None:
     out.flush()
 
 
-def produce(url: str, producer: int, stop, path: str) -> None:
+def produce(url: str, producer: int, stop, path: str, oversize_every: int = 0, oversize: int = 0) -> None:
     """Enqueue unique payloads (singles and batches of 5) until stop is set.
 
     Only enqueues whose call returned are recorded as "ok"; a call that raised
-    EnqueueOutcomeUnknown is recorded as "unknown" (it may or may not exist).
+    EnqueueOutcomeUnknown is recorded as "unknown" (it may or may not exist). With
+    oversize_every, every so many calls carries one payload of `oversize` bytes (alone,
+    or inside a batch); the server must refuse the whole call: recorded as "rejected".
     """
     n = 0
     with open(path, "a") as out, Queue(url, QUEUE) as queue:
@@ -35,6 +38,8 @@ def produce(url: str, producer: int, stop, path: str) -> None:
                 payloads = [f"p{producer}-{n}"]
             else:
                 payloads = [f"p{producer}-{n}-{k}" for k in range(5)]
+            if oversize_every and n % oversize_every == oversize_every - 1:
+                payloads[-1] = payloads[-1].ljust(oversize, "x")
             n += 1
             try:
                 if len(payloads) == 1:
@@ -43,6 +48,9 @@ def produce(url: str, producer: int, stop, path: str) -> None:
                     ids = queue.enqueue_many(payloads)
             except EnqueueOutcomeUnknown as exc:
                 _write(out, ev="unknown", payloads=payloads, error=str(exc))
+                continue
+            except PayloadTooLarge as exc:
+                _write(out, ev="rejected", payloads=payloads, error=str(exc))
                 continue
             _write(out, ev="ok", items=list(zip(ids, payloads)))
             time.sleep(0.003)

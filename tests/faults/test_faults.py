@@ -1,7 +1,9 @@
 """Fault suite: real producer and consumer processes on a reliable queue while faults hit.
 
-Scenarios: SIGKILL of consumers mid-batch, a PostgreSQL fast restart in the middle of the
-load, pg_terminate_backend of random client backends. After each, the ledger check:
+Scenarios: SIGKILL of consumers mid-batch, of the archiver mid-batch and of the scheduler
+mid-job, a PostgreSQL fast restart in the middle of the load, pg_terminate_backend of random
+client backends, producers sending oversized payloads now and then. (The statement timeout
+on the dequeue path: test_statement_timeout.py.) After each, the ledger check:
 
 - every acknowledged enqueue (the call returned an id) is in the queue exactly once, with
   its payload (live meta+data, or history);
@@ -9,7 +11,9 @@ load, pg_terminate_backend of random client backends. After each, the ledger che
   most once); no payload appears twice;
 - no item was acked by two consumers; an item worked on more than once is counted as a
   redelivery and must be explained by the queue's own attempt count (its lease expired);
-- no orphan data rows (data without meta) and no meta row without its data.
+- no orphan data rows (data without meta) and no meta row without its data;
+- every enqueue the server refused (payload over the limit) stored nothing: none of that
+  call's payloads exists.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import multiprocessing as mp
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -54,8 +60,9 @@ def _read(path: Path) -> list[dict]:
 class Load:
     """Producers and consumers as spawned processes, each with its own ledger file."""
 
-    def __init__(self, url: str, tmp: Path):
+    def __init__(self, url: str, tmp: Path, oversize_every: int = 0, oversize: int = 0):
         self.url, self.tmp = url, tmp
+        self.producer_options = (oversize_every, oversize)
         self.stop_producers = SPAWN.Event()
         self.stop_consumers = SPAWN.Event()
         self.producers: list = []
@@ -65,7 +72,8 @@ class Load:
 
     def start(self) -> None:
         for i in range(PRODUCERS):
-            p = SPAWN.Process(target=fault_workers.produce, args=(self.url, i, self.stop_producers, str(self.tmp / f"producer-{i}.jsonl")))
+            p = SPAWN.Process(target=fault_workers.produce, args=(self.url, i, self.stop_producers, str(self.tmp / f"producer-{i}.jsonl"),
+                                                                   *self.producer_options))
             p.start()
             self.producers.append(p)
         for _ in range(CONSUMERS):
@@ -77,7 +85,7 @@ class Load:
         deadline = time.monotonic() + 60
         expected = len(self.producers) + len(self.consumers)
         while True:
-            paths = list(self.tmp.glob("*.jsonl"))
+            paths = [*self.tmp.glob("producer-*.jsonl"), *self.tmp.glob("consumer-*.jsonl")]
             if len(paths) == expected and all(any(r["ev"] == "ready" for r in _read(p)) for p in paths):
                 return
             live = [*self.producers, *(p for i, p in self.consumers.items() if i not in self.killed)]
@@ -134,6 +142,7 @@ class Load:
 def check_ledger(engine, queue_names, tmp: Path, scenario: str, killed: list[int]) -> dict:
     ok: dict[int, str] = {}
     unknown: list[str] = []
+    rejected: list[list[str]] = []
     got: Counter = Counter()
     acked_by: dict[int, set[str]] = {}
     partial = 0
@@ -146,6 +155,8 @@ def check_ledger(engine, queue_names, tmp: Path, scenario: str, killed: list[int
                     ok[item_id] = payload
             elif r["ev"] == "unknown":
                 unknown.extend(r["payloads"])
+            elif r["ev"] == "rejected":
+                rejected.append(r["payloads"])
             elif r["ev"] == "got":
                 got.update(r["ids"])
             elif r["ev"] == "acked":
@@ -194,6 +205,8 @@ def check_ledger(engine, queue_names, tmp: Path, scenario: str, killed: list[int
     assert all(r.last_error for r in dead), "dead letter without its error"
     not_done = [r.id for r in rows if r.status not in (2, 3)]
     assert not not_done, f"items left unfinished: {not_done[:10]}"
+    stored_rejected = [p for call in rejected for p in call if p in payloads]
+    assert not stored_rejected, f"payloads of refused enqueues were stored: {stored_rejected[:5]}"
 
     summary = {
         "scenario": scenario,
@@ -208,7 +221,11 @@ def check_ledger(engine, queue_names, tmp: Path, scenario: str, killed: list[int
         "consumers_killed": len(killed),
         "client_reconnects": reconnects,
         "orphan_data_rows": orphans,
+        "in_history": len(archived),
     }
+    if rejected:
+        summary["rejected_calls"] = len(rejected)
+        summary["rejected_payloads_stored"] = len(stored_rejected)
     return summary
 
 
@@ -217,8 +234,8 @@ def _print_summary(capsys, summary: dict) -> None:
         print("\nledger " + " ".join(f"{k}={v}" for k, v in summary.items()))
 
 
-def _setup(engine):
-    install_queue(engine, "orders", settings=QueueSettings(lease_seconds=int(LEASE_S)))
+def _setup(engine, **settings):
+    install_queue(engine, "orders", settings=QueueSettings(lease_seconds=int(LEASE_S), **settings))
     from queuectl.names import QueueNames
 
     return QueueNames("orders")
@@ -302,3 +319,179 @@ def test_terminate_random_backends(db_url, engine, tmp_path, capsys):
     _print_summary(capsys, summary)
     assert terminated >= 5
     assert summary["client_reconnects"] >= 1
+
+
+def test_oversized_payloads_are_refused_mid_load_and_nothing_else_is_affected(db_url, engine, tmp_path, capsys):
+    names = _setup(engine, max_payload_bytes=OVERSIZE_LIMIT)
+    load = Load(db_url, tmp_path, oversize_every=7, oversize=OVERSIZE_LIMIT + 1)
+    load.start()
+    try:
+        time.sleep(LOAD_S)
+        load.finish(engine, names.qualified("meta"))
+    finally:
+        load.stop_producers.set()
+        load.stop_consumers.set()
+    summary = check_ledger(engine, names, tmp_path, "oversized-payloads", load.killed)
+    _print_summary(capsys, summary)
+    assert summary["rejected_calls"] >= 5 and summary["rejected_payloads_stored"] == 0
+    assert summary["outcome_unknown_enqueues"] == 0  # a refusal is a known outcome
+
+
+# -- maintenance processes killed mid-work ---------------------------------------------------------
+
+OVERSIZE_LIMIT = 256
+
+
+def _queuectl(db_url: str, log: Path, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, QUEUECTL_URL=db_url, COLUMNS="200")
+    return subprocess.Popen([sys.executable, "-m", "queuectl.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=log.open("ab"), env=env)
+
+
+def _runs(engine) -> list:
+    with engine.connect() as conn:
+        return conn.execute(sa.text(
+            "SELECT job, outcome, runner_pid, rows FROM queuectl.job_runs ORDER BY id")).all()
+
+
+def _wait_running(engine, job: str, pid: int, timeout: float = 60.0) -> None:
+    """Until `pid` has a run of `job` in progress (its history row says 'running')."""
+    deadline = time.monotonic() + timeout
+    while not any(r.job == job and r.outcome == "running" and r.runner_pid == pid for r in _runs(engine)):
+        assert time.monotonic() < deadline, f"no {job} run of pid {pid} started within {timeout} s"
+        time.sleep(0.02)
+
+
+def _history_count(engine, names) -> int:
+    with engine.connect() as conn:
+        return conn.execute(sa.text(f"SELECT count(*) FROM {names.qualified('history')}")).scalar_one()
+
+
+def _archive_everything(engine) -> None:
+    from queuectl.jobs.archive import ArchiveConfig
+    from queuectl.jobs.runner import run_job
+
+    record = run_job(engine, "archive", "orders", ArchiveConfig(min_age=0, dead_min_age=0, delay=0))
+    assert record.outcome == "succeeded", record.error
+
+
+def test_sigkill_archiver_mid_batch(db_url, engine, tmp_path, capsys):
+    names = _setup(engine)
+    load = Load(db_url, tmp_path)
+    load.start()
+    log = tmp_path / "archive.log"
+    args = ("archive", "orders", "--continuous", "--batch", "25", "--min-age", "0s", "--dead-min-age", "0s",
+            "--delay", "0.02s")
+    killed: list[int] = []
+    archiver = None
+    try:
+        for _ in range(3):
+            archiver = _queuectl(db_url, log, *args)
+            _wait_running(engine, "archive", archiver.pid)
+            before = _history_count(engine, names)
+            deadline = time.monotonic() + 30
+            while _history_count(engine, names) == before:  # it is moving rows: kill it among its batches
+                assert time.monotonic() < deadline, "the archiver moved nothing"
+                time.sleep(0.01)
+            time.sleep(random.uniform(0.1, 0.6))
+            os.kill(archiver.pid, signal.SIGKILL)
+            archiver.wait(30)
+            killed.append(archiver.pid)
+        archiver = _queuectl(db_url, log, *args)  # a last one runs through the end of the load
+        _wait_running(engine, "archive", archiver.pid)  # (and has its signal handlers)
+        time.sleep(LOAD_S / 4)
+        load.finish(engine, names.qualified("meta"))
+        archiver.send_signal(signal.SIGTERM)
+        assert archiver.wait(60) == 0, log.read_text()
+    finally:
+        load.stop_producers.set()
+        load.stop_consumers.set()
+        if archiver is not None and archiver.poll() is None:
+            archiver.kill()
+    _archive_everything(engine)
+    summary = check_ledger(engine, names, tmp_path, "sigkill-archiver", load.killed)
+    runs = _runs(engine)
+    summary.update(archivers_killed=len(killed),
+                   runs_abandoned=sum(r.outcome == "abandoned" for r in runs),
+                   runs_succeeded=sum(r.outcome == "succeeded" for r in runs))
+    _print_summary(capsys, summary)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text(f"SELECT count(*) FROM {names.qualified('meta')}")).scalar_one() == 0
+    assert summary["in_history"] == summary["acknowledged_enqueues"] + summary["outcome_unknown_found"]
+    # every killed run is on record as abandoned, none is left 'running'
+    assert sorted(r.runner_pid for r in runs if r.outcome == "abandoned") == sorted(killed)
+    assert not [r for r in runs if r.outcome == "running"]
+
+
+SCHEDULER_CONFIG = """
+[scheduler]
+refresh = "1s"
+workers = 2
+
+[jobs.archive]
+interval = "1s"
+max_seconds = "2s"
+batch = 40
+min_age = "0s"
+dead_min_age = "0s"
+delay = "0.05s"
+
+[jobs.reset_stale]
+interval = "1s"
+
+[jobs.inspect]
+enabled = false
+
+[jobs.reorganize]
+enabled = false
+
+[jobs.correct_watermark]
+enabled = false
+"""
+
+
+def test_sigkill_scheduler_mid_job(db_url, engine, tmp_path, capsys):
+    names = _setup(engine)
+    config = tmp_path / "scheduler.toml"
+    config.write_text(SCHEDULER_CONFIG)
+    log = tmp_path / "scheduler.log"
+    load = Load(db_url, tmp_path)
+    load.start()
+    killed: list[int] = []
+    scheduler = None
+    try:
+        for _ in range(2):
+            scheduler = _queuectl(db_url, log, "scheduler", "run", "--config", str(config))
+            _wait_running(engine, "archive", scheduler.pid)
+            time.sleep(random.uniform(0.2, 0.8))
+            os.kill(scheduler.pid, signal.SIGKILL)
+            scheduler.wait(30)
+            killed.append(scheduler.pid)
+        scheduler = _queuectl(db_url, log, "scheduler", "run", "--config", str(config))
+        last = scheduler.pid
+        # the jobs resume: the dead runners' locks went with their sessions
+        deadline = time.monotonic() + 60
+        while not {"archive", "reset_stale"} <= {r.job for r in _runs(engine) if r.runner_pid == last and r.outcome == "succeeded"}:
+            assert time.monotonic() < deadline, f"jobs did not resume after the restart: {log.read_text()[-2000:]}"
+            time.sleep(0.1)
+        load.finish(engine, names.qualified("meta"))
+        scheduler.send_signal(signal.SIGTERM)
+        assert scheduler.wait(60) == 0, log.read_text()[-2000:]
+    finally:
+        load.stop_producers.set()
+        load.stop_consumers.set()
+        if scheduler is not None and scheduler.poll() is None:
+            scheduler.kill()
+    _archive_everything(engine)
+    summary = check_ledger(engine, names, tmp_path, "sigkill-scheduler", load.killed)
+    runs = _runs(engine)
+    summary.update(schedulers_killed=len(killed),
+                   runs_abandoned=sum(r.outcome == "abandoned" for r in runs),
+                   runs_succeeded=sum(r.outcome == "succeeded" for r in runs),
+                   runs_failed=sum(r.outcome == "failed" for r in runs))
+    _print_summary(capsys, summary)
+    # nothing of the killed schedulers is left 'running'; each left at least its archive run abandoned
+    assert not [r for r in runs if r.outcome == "running"]
+    assert {r.runner_pid for r in runs if r.outcome == "abandoned"} == set(killed)
+    assert not [r for r in runs if r.outcome == "failed"]
+    assert summary["in_history"] == summary["acknowledged_enqueues"] + summary["outcome_unknown_found"]

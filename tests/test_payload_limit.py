@@ -1,0 +1,152 @@
+"""The payload limit (reliable_0003): the server refuses an enqueue over the queue's
+max_payload_bytes and stores nothing; payloads within it round-trip byte for byte."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from queuectl.catalog import DEFAULT_MAX_PAYLOAD_BYTES, QueueSettings
+from queuectl.client import Queue
+from queuectl.errors import PayloadTooLarge, UsageError
+from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue
+
+from conftest import run_cli
+
+LIMIT = 4096
+
+
+def table_counts(engine, queue: Queue) -> dict[str, int]:
+    with engine.connect() as conn:
+        return {
+            part: conn.execute(sa.text(f"SELECT count(*) FROM {queue.names.qualified(part)}")).scalar_one()
+            for part in ("meta", "data", "history")
+        }
+
+
+@pytest.fixture
+def small(engine):
+    install_queue(engine, "small", settings=QueueSettings(max_payload_bytes=LIMIT))
+    queue = Queue(engine, "small")
+    yield queue
+    queue.close()
+
+
+def test_an_enqueue_over_the_limit_is_refused_and_stores_nothing(engine, small):
+    small.enqueue(b"x")
+    before = table_counts(engine, small)
+    with pytest.raises(PayloadTooLarge) as err:
+        small.enqueue(b"y" * (LIMIT + 1), headers={"k": "v"})
+    assert isinstance(err.value, UsageError)  # the CLI prints it as one line, exit 2
+    assert str(err.value) == (
+        f"queue 'small': payload of {LIMIT + 1} bytes is over max_payload_bytes {LIMIT}: nothing was enqueued"
+    )
+    assert table_counts(engine, small) == before
+    assert small.enqueue(b"z" * LIMIT) > 0  # exactly the limit is allowed
+
+
+def test_enqueue_many_with_one_oversized_payload_stores_none_of_them(engine, small):
+    before = table_counts(engine, small)
+    payloads = [b"a", b"b" * LIMIT, b"c" * (LIMIT + 10), b"d"]
+    with pytest.raises(PayloadTooLarge, match=rf"payload 3 of 4 is {LIMIT + 10} bytes, over max_payload_bytes {LIMIT}"):
+        small.enqueue_many(payloads)
+    assert table_counts(engine, small) == before
+    ids = small.enqueue_many(payloads[:2] + payloads[3:])
+    assert len(ids) == 3 and table_counts(engine, small)["data"] == before["data"] + 3
+
+
+def test_the_server_enforces_the_limit_for_any_caller(engine, small):
+    """Not the Python client: the SQL API itself refuses, with SQLSTATE QC413."""
+    before = table_counts(engine, small)
+    with engine.connect() as conn:
+        with pytest.raises(sa.exc.DBAPIError) as err:
+            conn.execute(sa.text('SELECT queuectl.small_enqueue(CAST(:p AS bytea))'), {"p": b"q" * (LIMIT + 1)})
+        assert err.value.orig.sqlstate == "QC413"
+        conn.rollback()
+        with pytest.raises(sa.exc.DBAPIError) as err:
+            conn.execute(sa.text("SELECT * FROM queuectl.small_enqueue_many(CAST(:p AS bytea[]))"),
+                         {"p": [b"ok", b"q" * (LIMIT + 1)]})
+        assert err.value.orig.sqlstate == "QC413"
+    assert table_counts(engine, small) == before
+
+
+def test_the_default_limit_is_one_mebibyte(engine, orders):
+    assert orders.info.settings.max_payload_bytes == DEFAULT_MAX_PAYLOAD_BYTES == 1024 * 1024
+    assert orders.enqueue(b"\x00" * DEFAULT_MAX_PAYLOAD_BYTES) > 0
+    with pytest.raises(PayloadTooLarge, match="payload of 1048577 bytes is over max_payload_bytes 1048576"):
+        orders.enqueue(b"\x00" * (DEFAULT_MAX_PAYLOAD_BYTES + 1))
+    assert table_counts(engine, orders)["meta"] == 1
+
+
+def test_cli_install_sets_the_limit_and_enqueue_refuses_in_one_line(db_url, engine):
+    result = run_cli("install", "tiny", "--max-payload-bytes", "10", url=db_url)
+    assert result.returncode == 0, result.stderr.decode()
+    listed = json.loads(run_cli("list", "--json", url=db_url).stdout)
+    assert listed[0]["name"] == "tiny"
+    with engine.connect() as conn:
+        stored = conn.execute(sa.text("SELECT settings FROM queuectl.queues WHERE name = 'tiny'")).scalar_one()
+    assert stored["max_payload_bytes"] == 10
+    assert run_cli("enqueue", "tiny", "0123456789", url=db_url).returncode == 0
+    result = run_cli("enqueue", "tiny", "-", input=b"01234567890", url=db_url)
+    assert result.returncode == 2
+    message = result.stderr.decode().strip()
+    assert message == "error: queue 'tiny': payload of 11 bytes is over max_payload_bytes 10: nothing was enqueued"
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM queuectl.tiny_data")).scalar_one() == 1
+    bad = run_cli("install", "other", "--max-payload-bytes", "0", url=db_url)
+    assert bad.returncode == 2 and "max-payload-bytes must be a whole number from 1" in bad.stderr.decode()
+
+
+def test_a_queue_from_before_the_limit_upgrades_to_the_default_limit(engine):
+    assert head_of("reliable") == "reliable_0003"
+    install_queue(engine, "old", revision="reliable_0002")
+    with engine.connect() as conn:
+        conn.execute(sa.text("UPDATE queuectl.queues SET settings = settings - 'max_payload_bytes' WHERE name = 'old'"))
+        conn.commit()
+    with Queue(engine, "old") as queue:
+        big = b"b" * (DEFAULT_MAX_PAYLOAD_BYTES + 1)
+        queue.enqueue(big)  # 0002 has no limit
+        assert upgrade_queue(engine, "old") == ("reliable_0002", "reliable_0003")
+        with pytest.raises(PayloadTooLarge):
+            queue.enqueue(big)
+        with engine.connect() as conn:
+            stored = conn.execute(sa.text("SELECT settings FROM queuectl.queues WHERE name = 'old'")).scalar_one()
+        assert stored["max_payload_bytes"] == DEFAULT_MAX_PAYLOAD_BYTES
+        # the downgrade takes the limit away again, and nothing else
+        assert downgrade_queue(engine, "old", "reliable_0002") == ("reliable_0003", "reliable_0002")
+        queue.enqueue(big)
+        assert [len(m.payload) for m in queue.dequeue(10)] == [len(big), len(big)]
+
+
+# -- payloads round-trip exactly (property-based) ------------------------------------------------
+
+payloads = st.one_of(
+    st.binary(max_size=64),
+    st.binary(min_size=LIMIT - 8, max_size=LIMIT),
+    st.text(max_size=200).map(lambda t: t.encode("utf-8")),
+    st.just(b""),
+    st.just(b"\x00" * LIMIT),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.lists(payloads, min_size=1, max_size=8), single=payloads)
+def test_payloads_round_trip_byte_for_byte(small, batch, single):
+    ids = small.enqueue_many(batch) + [small.enqueue(single)]
+    sent = dict(zip(ids, batch + [single]))
+    got = small.dequeue(len(sent) + 5, lease=60)
+    assert {m.id: m.payload for m in got} == sent
+    assert small.ack(got) == len(sent)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=300))
+def test_text_payloads_come_back_as_the_same_text(small, text):
+    item = small.enqueue(text)  # a str is stored as its UTF-8 bytes
+    [message] = small.dequeue(1)
+    assert message.id == item and message.text == text and message.payload == text.encode("utf-8")
+    small.ack([message])
