@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import socket
 import threading
 import time
@@ -37,7 +36,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, ProgrammingError
 
-from queuectl.engine import adapter_for, mask_url
+from queuectl.engine import adapter_for, backoff_pause, mask_url
 from queuectl.errors import ConnectionFailed, QueuectlError
 from queuectl.jobs.base import JobBusy, JobResult, JobTarget, error_text
 from queuectl.jobs.registry import JobSpec, job_spec
@@ -149,9 +148,9 @@ class RunnerLock:
                         f"{self.what}: gave up reconnecting to {mask_url(self.engine.url)} after "
                         f"{RECONNECT_TOTAL_S:g} s ({error_text(exc, self.engine)})"
                     ) from None
-                pause = min(RECONNECT_MAX_PAUSE_S, RECONNECT_FIRST_S * 2**attempt)
+                pause = backoff_pause(attempt, RECONNECT_FIRST_S, RECONNECT_MAX_PAUSE_S)
                 attempt += 1
-                time.sleep(min(pause / 2 + random.uniform(0, pause / 2), remaining))
+                time.sleep(min(pause, remaining))
 
     @contextmanager
     def watch(self, outer_stop: threading.Event | None) -> Iterator[threading.Event]:

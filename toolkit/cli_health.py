@@ -28,10 +28,10 @@ from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
-from queuectl.engine import URL_ENV, first_line, make_engine
-from queuectl.errors import QueuectlError
+from queuectl.engine import URL_ENV, backoff_pause, first_line, make_engine, mask_url
+from queuectl.errors import ConnectionFailed, QueuectlError
 from queuectl.health import (
     CRITICAL, DEFAULT_THRESHOLDS, INFO, OK, WARNING, HealthOptions, HealthReport, fmt_bytes, fmt_count,
     fmt_duration, fmt_threshold, health_report, load_config, worst,
@@ -57,6 +57,7 @@ def health(
     config: Annotated[Optional[str], typer.Option("--config", help="TOML file with a \\[health] table (thresholds and options); --set wins over it.", show_default=False)] = None,
     url: Annotated[Optional[str], typer.Option("--url", help=f"Database URL. Default: ${URL_ENV}, else the embedded server.", show_default=False)] = None,
     schema: Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")] = DEFAULT_SCHEMA,
+    reconnect_for: Annotated[float, typer.Option("--reconnect-for", metavar="SECONDS", help="With --watch: after a lost connection keep retrying (jittered back-off) this long, one line on stderr, then exit 3. A single check never retries.")] = 30.0,
 ) -> None:
     """Check queues, storage, cleanup blockers and jobs; give a verdict and advice.
 
@@ -70,13 +71,15 @@ def health(
         options = options.with_settings(settings or [])
         if watch is not None and not 0.5 <= watch <= 86400:
             raise QueuectlError("--watch must be from 0.5 to 86400 seconds")
+        if not 0 <= reconnect_for <= 86400:
+            raise QueuectlError(f"--reconnect-for must be from 0 to 86400 seconds, got {reconnect_for:g}")
         engine = make_engine(url)
         run = lambda: health_report(engine, names or None, schema, options)  # noqa: E731
         if watch is None:
             report = run()
             _emit(report, as_json)
             raise typer.Exit(report.exit_code)
-        raise typer.Exit(_watch(run, watch, as_json))
+        raise typer.Exit(_watch(_surviving(run, engine, reconnect_for, err), watch, as_json))
     except QueuectlError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(UNKNOWN_EXIT) from None
@@ -102,6 +105,42 @@ def _emit(report: HealthReport, as_json: bool, *, compact: bool = False) -> None
     for part in render_parts(report, plain=plain):
         # Piped: advice and notes stay one line each, whatever their length (grep, logs).
         console.print(part, soft_wrap=plain and isinstance(part, Text))
+
+
+def _surviving(run, engine, reconnect_for: float, err: Console):
+    """`run` that outlives a lost or refused connection (server restart, terminated backend).
+
+    Retries with jittered back-off for up to `reconnect_for` seconds from the first failure,
+    saying so once on stderr and again when the server is back; then gives up with
+    ConnectionFailed (one masked line, exit 3). Other database errors stay fatal.
+    """
+
+    def attempt():
+        deadline, tries = None, 0
+        while True:
+            try:
+                report = run()
+            except OperationalError as exc:
+                reason = first_line(exc.orig)
+                if engine.url.password:
+                    reason = reason.replace(str(engine.url.password), "***")
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + reconnect_for
+                    err.print(f"[yellow]lost the database ({escape(reason)}): reconnecting for up to {reconnect_for:g} s[/]",
+                              highlight=False, soft_wrap=True)
+                if now >= deadline:
+                    raise ConnectionFailed(
+                        f"health --watch: gave up reconnecting to {mask_url(engine.url)} after {reconnect_for:g} s ({reason})"
+                    ) from None
+                time.sleep(min(backoff_pause(tries, 0.1, 2.0), max(0.0, deadline - now)))
+                tries += 1
+                continue
+            if deadline is not None:
+                err.print("[green]database reachable again[/]", highlight=False)
+            return report
+
+    return attempt
 
 
 def _watch(run, seconds: float, as_json: bool) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import socket
 import time
 import uuid
@@ -22,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from queuectl.catalog import QueueInfo
-from queuectl.engine import adapter_for, first_line, make_engine, mask_url
+from queuectl.engine import adapter_for, backoff_pause, first_line, make_engine, mask_url
 from queuectl.errors import ConnectionFailed, PayloadTooLarge, StatementCanceled, UsageError
 from queuectl.install import require_queue
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
@@ -359,8 +358,7 @@ class Queue:
                         f"{key} on queue {self.name!r}: connection to {mask_url(self.engine.url)} lost after "
                         f"the statement was sent; it may or may not have committed ({self._reason(exc)})"
                     ) from None
-                pause = min(RETRY_MAX_PAUSE_S, RETRY_FIRST_S * 2**attempt)
-                pause = pause / 2 + random.uniform(0, pause / 2)
+                pause = backoff_pause(attempt, RETRY_FIRST_S, RETRY_MAX_PAUSE_S)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     leased = f"; the {held} items it held stay leased until their lease expires, then return" if held else ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -374,6 +375,14 @@ def check_connection(engine: Engine) -> None:
         if engine.url.password:
             reason = reason.replace(str(engine.url.password), "***")
         raise ConnectionFailed(f"cannot connect to {mask_url(engine.url)}: {reason}") from None
+
+
+def backoff_pause(attempt: int, first: float = 0.05, cap: float = 2.0) -> float:
+    """Seconds to wait before reconnect attempt `attempt` (0, 1, ...): exponential from
+    `first`, at most `cap`, with "equal jitter" (half fixed, half random) so clients that
+    lost the same server do not all come back in the same instant."""
+    pause = min(cap, first * 2**attempt)
+    return pause / 2 + random.uniform(0, pause / 2)
 
 
 def first_line(exc: BaseException | None) -> str:

@@ -164,3 +164,50 @@ def test_worker_gives_up_after_its_reconnect_budget_with_one_masked_line(db_url,
     assert "gave up reconnecting to" in errors[0] and "after 3 s" in errors[0] and "***" in errors[0]
     assert SECRET not in stderr and "Traceback" not in stderr
     assert took < 60
+
+
+def test_health_watch_survives_terminated_backends_and_a_restart_and_gives_up_on_a_lost_database(
+        embedded_server, db_url, engine, admin_engine, tmp_path):
+    install_queue(engine, "orders")
+    queue = Queue(engine, "orders")
+    queue.enqueue_many(["a", "b", "c"])
+    url = make_url(db_url).set(password=SECRET).render_as_string(hide_password=False)
+    log = tmp_path / "health.log"
+    out = tmp_path / "health.jsonl"
+    env = dict(os.environ, QUEUECTL_URL=url, COLUMNS="200")
+    proc = subprocess.Popen([sys.executable, "-m", "queuectl.cli", "health", "orders", "--json", "--watch", "0.5",
+                             "--reconnect-for", "3"], stdout=out.open("wb"), stderr=log.open("wb"), env=env)
+
+    def reports() -> list[dict]:
+        return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+    try:
+        wait_for(lambda: len(reports()) >= 2, "the first reports")
+        for _ in range(2):
+            seen = len(reports())
+            assert terminate_other_backends(engine, queue) >= 1
+            wait_for(lambda: len(reports()) >= seen + 3, "reports after the kill")  # the watch went on
+        if embedded_server is not None:  # an external $QUEUECTL_TEST_URL server is not restarted
+            queue.close()
+            engine.dispose()
+            seen = len(reports())
+            embedded_server.restart(mode="fast")
+            wait_for(lambda: len(reports()) >= seen + 3, "reports after the restart")
+            queue = Queue(engine, "orders")
+        queue.close()
+        engine.dispose()
+        database = make_url(db_url).database
+        with admin_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(sa.text(f'DROP DATABASE "{database}" WITH (FORCE)'))
+        proc.wait(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = log.read_text()
+    assert proc.returncode == 3, stderr  # UNKNOWN: no verdict
+    assert all(r["queues"][0]["name"] == "orders" for r in reports())
+    assert "lost the database" in stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, stderr
+    assert "health --watch: gave up reconnecting to" in errors[0] and "after 3 s" in errors[0] and "***" in errors[0]
+    assert SECRET not in stderr and SECRET not in out.read_text() and "Traceback" not in stderr
