@@ -31,8 +31,8 @@ app = typer.Typer(
 db_app = typer.Typer(help="Manage the embedded PostgreSQL server used when no --url is given.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
-out = Console()
-err = Console(stderr=True)
+out = Console(emoji=False)
+err = Console(stderr=True, emoji=False)
 
 UrlOption = Annotated[
     Optional[str],
