@@ -476,6 +476,8 @@ def gather_facts(
     notes: list[str] = []
     with engine.connect() as conn:
         server = dict(conn.execute(_sql(conn, "server")).mappings().one())
+        if queues:
+            _select_queues(conn, schema, queues)  # a mistyped name fails before anything is created
     pgstattuple = _ensure_pgstattuple(engine, server, options)
     if pgstattuple == "created":
         with engine.connect() as conn:
