@@ -342,3 +342,14 @@ def test_a_typo_or_wrong_type_is_the_parsers_usage_error_not_a_traceback(install
     assert result.returncode == USAGE and says in stderr, stderr
     assert "Traceback" not in stderr and "parser.py" not in stderr and result.stdout == b""
     assert snapshot(installed) == before
+
+
+def test_one_queuectl_toml_serves_the_scheduler_and_health(tmp_path):
+    """`queuectl health --config` reads [health]; the scheduler must not refuse that section."""
+    from queuectl.health import load_config as health_config
+    from queuectl.jobs.scheduler import load_config as scheduler_config
+
+    path = write(tmp_path, "queuectl.toml", '[scheduler]\nworkers = 2\n[jobs.archive]\ninterval = "2m"\n'
+                                            '[health]\nrate_window = "1m"\n')
+    assert scheduler_config(path).jobs["archive"].interval == 120
+    assert health_config(path).rate_window_s == 60
