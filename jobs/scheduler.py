@@ -109,7 +109,9 @@ def _job_settings(spec: JobSpec, table: dict[str, Any]) -> JobSettings:
         if interval < 0.1:
             raise UsageError(f"{where} interval must be at least 100ms")
     elif "cron" in table:
-        cron = str(table["cron"])
+        cron = table["cron"]
+        if not isinstance(cron, str):
+            raise UsageError(f"{where} cron must be a crontab string like \"*/5 * * * *\", got {cron!r}")
         try:
             CronTrigger.from_crontab(cron)
         except ValueError as exc:
@@ -125,7 +127,11 @@ def _job_settings(spec: JobSpec, table: dict[str, Any]) -> JobSettings:
             raise UsageError(f"{where} queues must be a list of queue names")
         queues = tuple(validate_queue_name(q) for q in queues)
     options = {k: v for k, v in table.items() if k not in _SCHEDULE_KEYS}
-    config = config_from_options(spec.config_cls, options, where)
+    try:
+        config = config_from_options(spec.config_cls, options, where)
+    except UsageError as exc:
+        message = str(exc)
+        raise UsageError(message if message.startswith(where) else f"{where} {message}") from None
     return JobSettings(interval, cron, enabled, queues, options, config)
 
 
@@ -138,11 +144,19 @@ def load_config(path: str | Path | None) -> SchedulerConfig:
         data = tomllib.loads(path.read_text("utf-8"))
     except FileNotFoundError:
         raise UsageError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"config file {path} is not UTF-8 text (TOML files are)") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"config file {path} is not valid TOML: {exc}") from None
-    unknown = sorted(set(data) - {"scheduler", "jobs"})
+    # [health] is `queuectl health --config`'s: one queuectl.toml may serve both
+    unknown = sorted(set(data) - {"scheduler", "jobs", "health"})
     if unknown:
         raise UsageError(f"{path}: unknown section(s) {', '.join(unknown)}; expected [scheduler] and [jobs.<name>]")
+    for key in ("scheduler", "jobs"):
+        if not isinstance(data.get(key, {}), dict):
+            raise UsageError(f"{path}: {key} must be a table ([{key}]{'' if key == 'scheduler' else ' with [jobs.<name>] tables'})")
     section = data.get("scheduler", {})
     unknown = sorted(set(section) - {"schema", "refresh", "workers"})
     if unknown:

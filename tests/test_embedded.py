@@ -166,3 +166,32 @@ def test_cli_uses_the_embedded_server_when_no_url_is_given(home: Path):
     listed = run_cli("list", "--json", env_extra=env)
     assert listed.returncode == 0
     assert [q["name"] for q in json.loads(listed.stdout)] == ["orders"]
+
+
+def test_the_server_listens_on_loopback_only_with_private_dirs_and_no_trust_over_tcp(home: Path):
+    server = EmbeddedServer(home)
+    url = server.ensure_running()
+    assert scalar(url, "SHOW listen_addresses") == "127.0.0.1"
+    assert scalar(url, "SHOW unix_socket_permissions") == "0700"
+    for directory in (home / "pgdata", home / "run", home / "log"):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+    hba = [line.split() for line in (home / "pgdata" / "pg_hba.conf").read_text().splitlines()
+           if line.strip() and not line.lstrip().startswith("#")]
+    tcp = [fields for fields in hba if fields[0].startswith("host")]
+    assert tcp and all(fields[-1] not in ("trust", "password") for fields in tcp), tcp  # scram over TCP
+    assert all(fields[-1] in ("trust", "peer") for fields in hba if fields[0] == "local")  # socket: 0700 dir
+
+
+def test_each_server_gets_its_own_generated_password(home: Path):
+    first = EmbeddedServer(home)
+    first.ensure_running()
+    other_home = new_home()
+    try:
+        other = EmbeddedServer(other_home)
+        other.ensure_running()
+        passwords = [json.loads((h / "server.json").read_text())["password"] for h in (home, other_home)]
+        assert passwords[0] != passwords[1] and min(len(p) for p in passwords) >= 24
+        assert not sa.engine.make_url(first.url()).password  # the socket URL carries none
+    finally:
+        EmbeddedServer(other_home).stop()
+        shutil.rmtree(other_home.parent, ignore_errors=True)

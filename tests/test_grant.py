@@ -157,3 +157,50 @@ def test_after_grant_no_function_of_the_queue_is_executable_by_public(engine, ro
             "SELECT count(*) FROM pg_proc WHERE pronamespace = 'queuectl'::regnamespace AND proname LIKE 'q1\\_%'"
         )).scalar()
     assert installed >= 3 and open_to_public == []
+
+
+TABLE_STATEMENTS = {
+    "select": "SELECT * FROM queuectl.{table}",
+    "insert": "INSERT INTO queuectl.{table} DEFAULT VALUES",
+    "update": "UPDATE queuectl.{table} SET {column} = {column}",
+    "delete": "DELETE FROM queuectl.{table}",
+    "truncate": "TRUNCATE queuectl.{table}",
+}
+
+# an ordinary column per table: updating an identity column fails before the privilege check
+COLUMN = {"orders_meta": "priority", "orders_data": "payload", "orders_history": "title"}
+
+
+def test_granted_roles_cannot_touch_any_queue_table_directly_while_their_functions_work(engine, db_url, roles):
+    """Every role queuectl grant makes: no SELECT, INSERT, UPDATE, DELETE or TRUNCATE on
+    meta, data or history (nor the id sequence, nor writes to the catalog), and yet the
+    granted functions run for it."""
+    producer, consumer, _ = roles
+    install_queue(engine, "orders")
+    grant_queue(engine, "orders", producer=producer, consumer=consumer)
+    allowed = []
+    for role in (producer, consumer):
+        as_role = engine_as(db_url, role)
+        try:
+            for table in ("orders_meta", "orders_data", "orders_history"):
+                for what, statement in TABLE_STATEMENTS.items():
+                    if not denied(as_role, statement.format(table=table, column=COLUMN[table])):
+                        allowed.append((role, what, table))
+            if not denied(as_role, "SELECT nextval('queuectl.orders_meta_id_seq')"):
+                allowed.append((role, "nextval", "orders_meta_id_seq"))
+            for what in ("insert", "update", "delete"):
+                if not denied(as_role, TABLE_STATEMENTS[what].format(table="queues", column="kind")):
+                    allowed.append((role, what, "queues"))
+        finally:
+            as_role.dispose()
+    assert allowed == [], allowed
+    as_producer, as_consumer = engine_as(db_url, producer), engine_as(db_url, consumer)
+    try:
+        with Queue(as_producer, "orders") as queue:
+            item = queue.enqueue("through the API")
+        with Queue(as_consumer, "orders") as queue:
+            batch = queue.dequeue(1)
+            assert [m.id for m in batch] == [item] and queue.ack(batch) == 1
+    finally:
+        as_producer.dispose()
+        as_consumer.dispose()

@@ -31,8 +31,8 @@ app = typer.Typer(
 db_app = typer.Typer(help="Manage the embedded PostgreSQL server used when no --url is given.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
-out = Console()
-err = Console(stderr=True)
+out = Console(emoji=False)
+err = Console(stderr=True, emoji=False)
 
 UrlOption = Annotated[
     Optional[str],
@@ -339,6 +339,18 @@ from queuectl.cli_bench import bench as _bench  # noqa: E402
 app.command("bench")(_bench)
 
 
+def _click_exceptions() -> tuple[type[BaseException], ...]:
+    """Parser errors (unknown option, a value of the wrong type): click's, and those of the
+    copy of click that Typer vendors since 0.17 (typer._click), which are not click's."""
+    found: list[type[BaseException]] = []
+    for module, name in (("click", "ClickException"), ("typer._click.exceptions", "ClickException")):
+        try:
+            found.append(getattr(__import__(module, fromlist=[name]), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
 def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 2."""
     try:
@@ -357,9 +369,7 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:  # click usage errors come here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.ClickException):
+        if isinstance(exc, _click_exceptions()):
             exc.show()
             sys.exit(exc.exit_code)
         raise

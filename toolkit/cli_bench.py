@@ -54,7 +54,7 @@ def bench(
     """
     from queuectl.bench import BenchOptions, render, run_bench
 
-    out = Console() if sys.stdout.isatty() else Console(width=200)  # tables stay readable in files
+    out = Console(emoji=False) if sys.stdout.isatty() else Console(emoji=False, width=200)  # tables stay readable in files
     options = BenchOptions(
         kinds=kind or ["reliable"], producers=producers, consumers=consumers, batch=batch,
         payload_bytes=payload_bytes, seconds=seconds, repeat=repeat, scenario=scenario, url=url,

@@ -63,7 +63,7 @@ def health(
 
     Exit code: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (could not check).
     """
-    err = Console(stderr=True)
+    err = Console(stderr=True, emoji=False)
     try:
         options = HealthOptions()
         if config:
@@ -91,8 +91,8 @@ def health(
 def _console() -> Console:
     terminal = sys.stdout.isatty()
     if terminal:
-        return Console()
-    return Console(width=max(PLAIN_WIDTH, int(os.environ.get("COLUMNS", 0) or 0)), no_color=True, highlight=False)
+        return Console(emoji=False)
+    return Console(emoji=False, width=max(PLAIN_WIDTH, int(os.environ.get("COLUMNS", 0) or 0)), no_color=True, highlight=False)
 
 
 def _emit(report: HealthReport, as_json: bool, *, compact: bool = False) -> None:

@@ -33,8 +33,8 @@ from rich.text import Text
 from queuectl.engine import URL_ENV, make_engine
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 
-out = Console()
-err = Console(stderr=True)
+out = Console(emoji=False)
+err = Console(stderr=True, emoji=False)
 
 UrlOption = Annotated[
     Optional[str],

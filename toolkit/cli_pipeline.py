@@ -18,7 +18,7 @@ pipeline_app = typer.Typer(
     help="Export queue history to a Parquet lake with Spark, and report on it (needs the spark extra).",
     no_args_is_help=True,
 )
-out = Console()
+out = Console(emoji=False)
 
 LakeOption = Annotated[str, typer.Option("--lake", help="Lake folder (local or shared path seen by all Spark executors).")]
 MasterOption = Annotated[

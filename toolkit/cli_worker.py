@@ -30,7 +30,7 @@ UrlOption = Annotated[
 ]
 SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")]
 QueueArg = Annotated[str, typer.Argument(help="Queue name: lowercase letters, digits, _ (max 48).")]
-out = Console()
+out = Console(emoji=False)
 
 
 def worker(

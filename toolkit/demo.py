@@ -142,8 +142,11 @@ def run_demo(
     console: Console | None = None,
 ) -> DemoSummary:
     """Run the demo and print its live view and summary on `console`."""
-    if not 0.5 <= seconds <= 3600 or not 1 <= producers <= 64 or not 1 <= consumers <= 64 or not 1 <= batch <= 10000:
-        raise QueuectlError("demo limits: 0.5-3600 seconds, 1-64 producers and consumers, batch 1-10000")
+    if (not 0.5 <= seconds <= 3600 or not 1 <= producers <= 64 or not 1 <= consumers <= 64 or not 1 <= batch <= 10000
+            or not 0 <= rate <= 1_000_000):  # `not` so that nan fails too
+        raise QueuectlError(
+            "demo limits: 0.5-3600 seconds, 1-64 producers and consumers, batch 1-10000, rate 0 (unlimited) to 1000000"
+        )
     console = console or Console()
     resolved = resolve_url(url)
     engine = make_engine(resolved)

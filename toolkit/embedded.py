@@ -36,6 +36,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from queuectl.errors import QueuectlError
+from queuectl.names import quote_ident
 
 log = logging.getLogger(__name__)
 
@@ -518,7 +519,8 @@ class EmbeddedServer:
                 "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)
             ).fetchone()
             if not exists:
-                conn.execute(f'CREATE DATABASE "{DATABASE}" OWNER "{ROLE}"')
+                # identifiers cannot be bind parameters: constants, quoted like every name
+                conn.execute(f"CREATE DATABASE {quote_ident(DATABASE)} OWNER {quote_ident(ROLE)}")
         state.database_ready = True
         self._save_state(state)
 

@@ -313,7 +313,7 @@ def mask_url(url: str | URL) -> str:
     """The URL as it may be shown: password replaced by ***."""
     try:
         parsed = url if isinstance(url, URL) else make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         return "<unparsable URL>"
     return parsed.render_as_string(hide_password=True)
 
@@ -325,6 +325,10 @@ def parse_url(url: str) -> URL:
     except ArgumentError:
         raise UsageError(
             "invalid database URL: expected e.g. postgresql://user@host:5432/dbname"
+        ) from None
+    except ValueError:  # the port part is not a number (the URL is not shown: it may hold a password)
+        raise UsageError(
+            "invalid database URL: the port is not a number (expected e.g. postgresql://user@host:5432/dbname)"
         ) from None
     backend = parsed.get_backend_name()
     if backend in ("postgres",):
@@ -340,8 +344,15 @@ def parse_url(url: str) -> URL:
     return parsed
 
 
+def check_not_empty(url: str | None) -> None:
+    """`--url "$DB"` with DB unset must not silently work on another database."""
+    if url is not None and not url.strip():
+        raise UsageError("the database URL is empty: give one (e.g. postgresql://user@host:5432/dbname) or leave --url out")
+
+
 def resolve_url(url: str | None) -> str:
     """--url, else $QUEUECTL_URL, else the embedded server (started on first use)."""
+    check_not_empty(url)
     if url:
         return url
     if os.environ.get(URL_ENV):

@@ -101,8 +101,24 @@ _DURATION_FACTORS = {None: 1, "s": 1, "ms": 0.001, "m": 60, "min": 60, "h": 3600
 _COUNT_FACTORS = {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}
 
 
+# Beyond these a value is a typo, not a setting (and inf / nan are never one).
+MAX_SECONDS = 10 * 366 * 86400.0
+MAX_COUNT = 1e15
+
+
 def parse_value(unit: str, text: str | int | float) -> float | None:
     """'90s', '5m', '2h' (seconds); '10k', '1.5M' (counts); '61%' (percent); 'off' = None."""
+    value = _parse_value(unit, text)
+    if value is None:
+        return None
+    high = MAX_SECONDS if unit == "seconds" else 100.0 if unit == "percent" else MAX_COUNT
+    if not 0 <= value <= high:  # also false for nan
+        what = {"seconds": "a duration", "percent": "a percentage"}.get(unit, "a count")
+        raise UsageError(f"{text!r} is not {what} from 0 to {high:,.0f}{'s' if unit == 'seconds' else ''}")
+    return value
+
+
+def _parse_value(unit: str, text: str | int | float) -> float | None:
     if isinstance(text, bool):
         raise UsageError(f"expected a number, got {text!r}")
     if isinstance(text, (int, float)):
@@ -197,18 +213,29 @@ def load_config(path: str | Path, options: HealthOptions | None = None) -> Healt
         data = tomllib.loads(Path(path).read_text("utf-8"))
     except OSError as exc:
         raise UsageError(f"cannot read config {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"config {path} is not UTF-8 text (TOML files are)") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"config {path} is not valid TOML: {exc}") from None
     section = data.get("health", {})
     if not isinstance(section, dict):
         raise UsageError(f"config {path}: [health] must be a table")
     thresholds = dict(options.thresholds)
-    for name, levels in (section.get("thresholds") or {}).items():
+    table = section.get("thresholds") or {}
+    if not isinstance(table, dict):
+        raise UsageError(f"config {path}: health.thresholds must be a table like [health.thresholds]")
+    for name, levels in table.items():
         if not isinstance(levels, dict):
             raise UsageError(f"config {path}: health.thresholds.{name} must be a table like {{ warn = ..., crit = ... }}")
         for level, value in levels.items():
-            thresholds = with_threshold(thresholds, name, level, value)
-    _check_order(thresholds)
+            try:
+                thresholds = with_threshold(thresholds, name, level, value)
+            except UsageError as exc:
+                raise UsageError(f"config {path}: health.thresholds.{name}.{level}: {exc}") from None
+    try:
+        _check_order(thresholds)
+    except UsageError as exc:
+        raise UsageError(f"config {path}: {exc}") from None
     changes: dict[str, Any] = {"thresholds": thresholds}
     for key, value in section.items():
         if key == "thresholds":
@@ -221,7 +248,10 @@ def load_config(path: str | Path, options: HealthOptions | None = None) -> Healt
                 raise UsageError(f"config {path}: health.{key} must be true or false")
             changes[key] = value
             continue
-        number = parse_value(kind, value)
+        try:
+            number = parse_value(kind, value)
+        except UsageError as exc:
+            raise UsageError(f"config {path}: health.{key}: {exc}") from None
         if number is None or number <= 0:
             raise UsageError(f"config {path}: health.{key} must be positive")
         if key == "rate_window":
@@ -452,6 +482,8 @@ def gather_facts(
     words = adapter_for(engine).advice_words
     with engine.connect() as conn:
         server = dict(conn.execute(_sql(conn, "server")).mappings().one())
+        if queues:
+            _select_queues(conn, schema, queues)  # a mistyped name fails before anything is created
     pgstattuple = _ensure_pgstattuple(engine, server, options)
     if pgstattuple == "created":
         with engine.connect() as conn:

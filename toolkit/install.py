@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 
 import queuectl.migrations
 from queuectl.catalog import CATALOG_BRANCH, CATALOG_VERSION_TABLE, QueueInfo, QueueSettings, queues_table
-from queuectl.engine import ADAPTERS, URL_ENV, adapter_for, adapter_for_url, make_engine
+from queuectl.engine import ADAPTERS, URL_ENV, adapter_for, adapter_for_url, check_not_empty, make_engine
 from queuectl.errors import NotInstalledError, QueuectlError, UsageError
 from queuectl.kindspec import KINDS, check_name_fits, check_settings, settings_class
 from queuectl.kindspec import validate_kind as validate_kind  # re-exported
@@ -196,6 +196,7 @@ def review_script(
     """`install --sql`: the script for the URL's engine (--url, else $QUEUECTL_URL, else
     PostgreSQL). It connects only where the engine adapter says a review script starts from
     the database's state (PostgreSQL); a SQL Server script is complete and made offline."""
+    check_not_empty(url)
     resolved = url or os.environ.get(URL_ENV)
     adapter = adapter_for_url(resolved) if resolved else ADAPTERS["postgresql"]
     engine = make_engine(resolved) if resolved and adapter.review_script_connects else None

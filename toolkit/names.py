@@ -22,6 +22,41 @@ DEFAULT_SCHEMA = "queuectl"
 # own tables must therefore never end in a queue suffix (_meta, _data, _history, _version,
 # ...), and a queue may not be named so that "<queue>_version" is the catalog's version table.
 RESERVED_QUEUE_NAMES = frozenset({"alembic"})
+# Words a DBA could not write unquoted as a schema or object name on one of the engines:
+# PostgreSQL's reserved keywords (pg_get_keywords() catcode 'R') and those reserved except
+# as function or type names ('T'), and SQL Server's reserved keywords (Transact-SQL's list;
+# ODBC's and "future" keywords are not enforced by the server). queuectl quotes every
+# identifier, but the SQL API is for any language and hand-written SQL: `SELECT * FROM
+# user.orders_meta` must not be a syntax error. tests/test_bad_input.py checks the
+# PostgreSQL part against the live server's keyword list.
+SQL_RESERVED_WORDS = frozenset(
+    """
+    all analyse analyze and any array as asc asymmetric both case cast check collate column
+    constraint create current_catalog current_date current_role current_time current_timestamp
+    current_user default deferrable desc distinct do else end except false fetch for foreign from
+    grant group having in initially intersect into lateral leading limit localtime localtimestamp
+    not null offset on only or order placing primary references returning select session_user
+    some symmetric table then to trailing true union unique user using variadic when where window
+    with
+    authorization binary collation concurrently cross current_schema freeze full ilike inner is
+    isnull join left like natural notnull outer overlaps right similar tablesample verbose
+    add alter backup begin between break browse bulk by cascade checkpoint close clustered
+    coalesce commit compute contains containstable continue convert current cursor database dbcc
+    deallocate declare delete deny disk distributed double drop dump errlvl escape exec execute
+    exists exit external file fillfactor freetext freetexttable function goto holdlock identity
+    identity_insert identitycol if index insert key kill lineno load merge national nocheck
+    nonclustered nullif of off offsets open opendatasource openquery openrowset openxml option
+    over percent pivot plan precision print proc procedure public raiserror read readtext
+    reconfigure replication restore restrict return revert revoke rollback rowcount rowguidcol
+    rule save schema securityaudit semantickeyphrasetable semanticsimilaritydetailstable
+    semanticsimilaritytable set setuser shutdown statistics system_user textsize top tran
+    transaction trigger truncate try_convert tsequal unpivot update updatetext use values varying
+    view waitfor while writetext
+    """.split()
+)
+# PostgreSQL's default schema: reserved on SQL Server only as a role name, and where many
+# PostgreSQL users keep their tables.
+ALLOWED_RESERVED_SCHEMAS = frozenset({"public"})
 _IDENT_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 # LISTEN/NOTIFY channels are identifiers too (at most 63 bytes); '.' joins schema and queue.
 _CHANNEL_RE = re.compile(r"^[a-z][a-z0-9_.]{0,62}$")
@@ -36,15 +71,20 @@ def validate_queue_name(name: str) -> str:
         )
     if name in RESERVED_QUEUE_NAMES:
         raise UsageError(f"queue name {name!r} is reserved for queuectl's catalog: choose another")
+    if name in SQL_RESERVED_WORDS:
+        raise UsageError(f"queue name {name!r} is an SQL reserved word: choose another (e.g. '{name}_queue')")
     return name
 
 
 def validate_schema_name(name: str) -> str:
     if not isinstance(name, str) or not SCHEMA_NAME_RE.fullmatch(name) or name.startswith("pg_"):
+        shown = name if isinstance(name, str) and len(name) <= 64 else f"{str(name)[:40]}..."
         raise UsageError(
-            f"invalid schema name {name!r}: use 1-48 characters, lowercase letters, digits and "
+            f"invalid schema name {shown!r}: use 1-48 characters, lowercase letters, digits and "
             "underscores, starting with a letter and not with 'pg_'"
         )
+    if name in SQL_RESERVED_WORDS and name not in ALLOWED_RESERVED_SCHEMAS:
+        raise UsageError(f"schema name {name!r} is an SQL reserved word: choose another (e.g. '{name}_queues')")
     return name
 
 
