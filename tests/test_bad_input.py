@@ -315,6 +315,8 @@ def test_negative_zero_and_absurd_numbers_are_refused_and_change_nothing(install
         (["worker", "orders", "--handler", "json:dumps", "--poll-interval", "-1"], "error: poll interval must be a number of seconds from 0.001 to 31622400, got -1.0"),
         (["install", "orders2", "--max-attempts", "0"], "error: max-attempts must be a whole number from 1 to 1000, got 0"),
         (["install", "orders2", "--lease", "0"], "error: lease-seconds must be a whole number from 1 to 604800, got 0"),
+        (["install", "orders2", "--max-payload-bytes", "0"], "error: max-payload-bytes must be a whole number from 1 to 1073741824, got 0"),
+        (["worker", "orders", "--handler", "json:dumps", "--reconnect-for", "-1"], "error: --reconnect-for must be from 0 to 86400 seconds, got -1"),
         (["install", "ring2", "--kind", "ring", "--size", str(10**12)], "error: size must be a whole number from 2 to 16,777,216, got 1000000000000"),
         (["bench", "--batch", "0"], "error: --batch must be 1-10000"),
         (["demo", "--rate", "-1"], "error: demo limits: 0.5-3600 seconds, 1-64 producers and consumers, batch 1-10000, rate 0 (unlimited) to 1000000"),
@@ -322,6 +324,7 @@ def test_negative_zero_and_absurd_numbers_are_refused_and_change_nothing(install
     ]
     runs = [(args, USAGE, message) for args, message in cases]
     runs += [(["health", "--watch", "0"], UNKNOWN, "error: --watch must be from 0.5 to 86400 seconds"),
+             (["health", "--watch", "1", "--reconnect-for", "-1"], UNKNOWN, "error: --reconnect-for must be from 0 to 86400 seconds, got -1"),
              (["health", "--set", "dead_letters.warn=-1"], UNKNOWN, "error: '-1' is not a count: use e.g. 100, 10k, 1.5M"),
              (["health", "--set", "dead_letters.warn=99999999999999999999"], UNKNOWN,
               "error: '99999999999999999999' is not a count from 0 to 1,000,000,000,000,000")]
