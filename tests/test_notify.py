@@ -53,8 +53,8 @@ def enqueue_sql(queue: str) -> sa.TextClause:
 
 def test_fresh_install_is_at_the_head_revision_which_notifies(engine):
     info = install_queue(engine, "orders")
-    assert head_of("reliable") == "reliable_0002"
-    assert info.schema_version == "reliable_0002"
+    assert head_of("reliable") == "reliable_0003"  # reliable_0003 (ack_dequeue) came after the notification
+    assert info.schema_version == "reliable_0003"
     assert "orders_notify" in schema_objects(engine)["functions"]
 
 
@@ -133,9 +133,9 @@ def test_queue_at_0001_upgrades_alone_and_starts_notifying(db_url, engine):
 
         result = run_cli("upgrade", "alpha", url=db_url)
         assert result.returncode == 0, result.stderr.decode()
-        assert "alpha: reliable_0001 -> reliable_0002" in result.stdout.decode()
+        assert "alpha: reliable_0001 -> reliable_0003" in result.stdout.decode()
         with engine.connect() as conn:
-            assert {q.name: q.schema_version for q in list_queues(conn)} == {"alpha": "reliable_0002", "beta": "reliable_0001"}
+            assert {q.name: q.schema_version for q in list_queues(conn)} == {"alpha": "reliable_0003", "beta": "reliable_0001"}
             assert conn.execute(sa.text("SELECT version_num FROM queuectl.beta_version")).scalar() == "reliable_0001"
 
         alpha.enqueue("a1")
@@ -143,7 +143,7 @@ def test_queue_at_0001_upgrades_alone_and_starts_notifying(db_url, engine):
         assert listener.received(1) == ["queuectl.alpha"]  # alpha now notifies, beta still does not
 
         # the downgrade removes the notification and nothing else
-        assert downgrade_queue(engine, "alpha", "reliable_0001") == ("reliable_0002", "reliable_0001")
+        assert downgrade_queue(engine, "alpha", "reliable_0001") == ("reliable_0003", "reliable_0001")
         assert "alpha_notify" not in schema_objects(engine)["functions"]
         alpha.enqueue("a2")
         assert listener.received(0, settle=0.5) == []

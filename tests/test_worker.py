@@ -153,7 +153,7 @@ def test_notifications_dropped_mid_run_every_item_is_still_processed(engine, ord
             wait_until(lambda: sum(handler.texts().values()) == 20, what="items announced by notifications")
             assert running.worker.stats.notifications >= 1
             # drop the notification while the worker runs (the per-queue downgrade)
-            assert downgrade_queue(engine, "orders", "reliable_0001") == ("reliable_0002", "reliable_0001")
+            assert downgrade_queue(engine, "orders", "reliable_0001") == ("reliable_0003", "reliable_0001")
             notifications = running.worker.stats.notifications
             for i in range(30):
                 expected.append(producer_item := f"after {i}")
