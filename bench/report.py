@@ -92,8 +92,10 @@ def soak_table(design: str, soak: dict[str, Any]) -> Table:
         verdict = f"grew {grown:+,} bytes" if grown else "constant"
     hot = soak.get("hot_ratio")
     title = (f"soak {design}: {soak['seconds']:g} s at batch {soak['batch']}, {soak['rate']:,.0f} msgs/s; size {verdict}; "
-             f"HOT {'-' if hot is None else f'{hot:.3f}'} ({soak['hot_updates']:,} of {soak['updates']:,} updates); "
-             f"lost {soak['ledger']['lost']}, orphaned {soak['ledger']['orphaned']}")
+             f"HOT {'-' if hot is None else f'{hot:.3f}'} ({soak['hot_updates']:,} of {soak['updates']:,} updates; "
+             f"after the first lap {'-' if soak.get('steady_hot_ratio') is None else format(soak['steady_hot_ratio'], '.3f')}); "
+             f"lost {soak['ledger']['lost']}, orphaned {soak['ledger']['orphaned']} "
+             f"(brought back by ring_repair: {soak['ledger'].get('repaired', 0)})")
     t = Table(title=title, title_justify="left")
     index_names = sorted({name for s in soak["samples"] for name in s["indexes"]})
     for col in ["t s", "laps", "total bytes", "heap bytes", *index_names, "ins", "upd", "HOT upd", "del", "dead"]:
@@ -186,9 +188,15 @@ def soak_markdown(design: str, soak: dict[str, Any]) -> str:
     index_names = sorted({name for s in soak["samples"] for name in s["indexes"]})
     head = ["t s", "laps", "total bytes", *[n.rsplit(".", 1)[-1].strip('"') for n in index_names], "upd", "HOT upd", "dead"]
     hot = soak.get("hot_ratio")
+    if design == "ring":
+        verdict = f"sizes after the first lap: {'constant' if soak['constant'] else 'NOT constant'}"
+    else:
+        verdict = f"total size {soak['start_total_bytes']:,} -> {soak['end_total_bytes']:,} bytes"
     lines = [f"Soak `{design}`: {soak['seconds']:g} s at batch {soak['batch']}, {soak['rate']:,.0f} msgs/s, "
-             f"HOT ratio {'-' if hot is None else f'{hot:.3f}'}, constant after the first lap: {soak['constant']}, "
-             f"lost {soak['ledger']['lost']}, orphaned {soak['ledger']['orphaned']}", "",
+             f"HOT ratio {'-' if hot is None else f'{hot:.3f}'} (after the first lap: "
+             f"{'-' if soak.get('steady_hot_ratio') is None else format(soak['steady_hot_ratio'], '.3f')}), {verdict}, "
+             f"lost {soak['ledger']['lost']}, orphaned {soak['ledger']['orphaned']} "
+             f"(brought back by ring_repair: {soak['ledger'].get('repaired', 0)})", "",
              "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for s in soak["samples"]:
         lines.append("| " + " | ".join([f"{s['t']:.1f}", "-" if s.get("laps") is None else f"{s['laps']:.2f}",

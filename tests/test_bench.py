@@ -162,17 +162,21 @@ def test_tiny_ring_run_balances_every_message_and_its_soak_stays_constant(db_url
     assert set(rows) == {(k, b) for k in ("fifo", "ring") for b in (1, 10)}
     for row in rows.values():
         assert row["rate"]["median"] > 0 and row["metrics"]["messages_sent"]["median"] > 0
-        assert row["metrics"]["lost"]["median"] == 0 and row["metrics"]["orphaned"]["median"] == 0
+        # nothing lost; a ring message a closing consumer left behind (a race the ring's design
+        # leaves to ring_repair) is counted as orphaned and must come back through the repair
+        assert row["metrics"]["lost"]["values"] == [0]
+        assert row["metrics"]["orphaned"]["values"] == row["metrics"]["repaired"]["values"]
     assert rows[("ring", 10)]["metrics"]["ring_vs_one_table"]["median"] == pytest.approx(
         rows[("ring", 10)]["rate"]["median"] / rows[("fifo", 10)]["rate"]["median"])
     ring, fifo = sc["soak"]["ring"], sc["soak"]["fifo"]
     for soak in (ring, fifo):
-        assert soak["ledger"]["lost"] == 0 and soak["ledger"]["orphaned"] == 0 and soak["ledger"]["sent"] > 0
+        assert soak["ledger"]["lost"] == 0 and soak["ledger"]["orphaned"] == soak["ledger"]["repaired"]
+        assert soak["ledger"]["sent"] == soak["ledger"]["taken"] > 0
     # the ring went round and, after its first lap filled the slots, its sizes did not move
     steady = [s for s in ring["samples"] if s["laps"] >= 1]
     assert len(steady) >= 2 and ring["constant"] is True and ring["steady_growth_bytes"] == 0
     assert {s["total_bytes"] for s in steady} == {ring["end_total_bytes"]}
     assert ring["updates"] > 0 and ring["hot_ratio"] == pytest.approx(ring["hot_updates"] / ring["updates"])
-    assert 0 < ring["hot_ratio"] <= 1
+    assert 0 < ring["hot_ratio"] <= 1 and 0 < ring["steady_hot_ratio"] <= 1
     # the one-table queue inserts and deletes (no updates), and its table grew from empty
     assert fifo["updates"] == 0 and fifo["hot_ratio"] is None and fifo["end_total_bytes"] > fifo["start_total_bytes"]
