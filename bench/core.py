@@ -41,8 +41,11 @@ SETTINGS_SHOWN = (
 WORKER_START_TIMEOUT = 120.0
 WORKER_STOP_TIMEOUT = 120.0
 COMMIT_TABLE = "bench_commit"
-# The comparisons: full cycles at batch 100, the split at batch 10.
-DEFAULT_BATCH = {"split": 10}
+# The comparisons: full cycles at batch 100, the split at batch 10, ghosts one
+# item per dequeue call, the ring's soak at batch 10.
+DEFAULT_BATCH = {"split": 10, "ghosts": 1, "ring": 10}
+DEFAULT_ROWS = {"ghosts": [30_000, 60_000]}
+DEFAULT_BATCHES = {"ring": [1, 10, 100]}
 
 
 @dataclass
@@ -59,14 +62,21 @@ class BenchOptions:
     schema: str = DEFAULT_SCHEMA
     pgbench: bool = True
     backlog: int | None = None  # full cycle: most messages waiting; None: auto, 0: unbounded
+    rows: list[int] | None = None  # ghosts: queue sizes to drain; None: the scenario's default
+    batches: list[int] | None = None  # ring: batch sizes compared; None: the scenario's default
+    soak: float = 0.0  # ring: seconds of soak per design (0: no soak)
 
     def validate(self) -> "BenchOptions":
         import queuectl.bench.scenarios  # noqa: F401  (registers the built-in scenarios)
 
         if self.batch is None:
             self.batch = DEFAULT_BATCH.get(self.scenario, 100)
+        if self.rows is None:
+            self.rows = list(DEFAULT_ROWS.get(self.scenario, []))
+        if self.batches is None:
+            self.batches = list(DEFAULT_BATCHES.get(self.scenario, []))
         if self.backlog is None:
-            self.backlog = max(2000, 10 * self.consumers * self.batch)
+            self.backlog = max(2000, 10 * self.consumers * max([self.batch, *self.batches]))
         checks = [
             (1 <= self.producers <= 64, "--producers must be 1-64"),
             (1 <= self.consumers <= 64, "--consumers must be 1-64"),
@@ -75,6 +85,9 @@ class BenchOptions:
             (0.5 <= self.seconds <= 3600, "--seconds must be 0.5-3600"),
             (1 <= self.repeat <= 100, "--repeat must be 1-100"),
             (0 <= self.backlog <= 100_000_000, "--backlog must be 0 (unbounded) to 100000000"),
+            (all(100 <= n <= 10_000_000 for n in self.rows), "--rows must be sizes from 100 to 10000000"),
+            (all(1 <= n <= 10_000 for n in self.batches), "--batches must be sizes from 1 to 10000"),
+            (0 <= self.soak <= 86_400, "--soak must be 0 (none) to 86400 seconds"),
         ]
         for ok, message in checks:
             if not ok:
@@ -326,6 +339,9 @@ class BenchRun:
         }
         if mode == "cycle":
             result["enqueued"] = sum(r["count"] for r in reports if r["role"] == "producer")
+        # everything each side handled, warm-up included: the ledger of lost/duplicated checks
+        result["sent_total"] = sum(r["count"] + r.get("warmup_count", 0) for r in reports if r["role"] == "producer")
+        result["taken_total"] = sum(r["count"] + r.get("warmup_count", 0) for r in reports if r["role"] == "consumer")
         return result
 
     # pgbench phases -----------------------------------------------------------------

@@ -164,6 +164,54 @@ class ReliableDriver:
         return [names.table("meta"), names.table("data")]
 
 
+class _ReliableAckDequeueSession(_ReliableSession):
+    """The consumer loop with Queue.ack_and_dequeue: finish() only remembers the batch,
+    the next take() acks it and claims the next batch in one call (one transaction)."""
+
+    defers_finish = True
+
+    def __init__(self, url: str, names: QueueNames) -> None:
+        super().__init__(url, names)
+        self.pending: list[Any] = []
+
+    def take(self, n: int) -> tuple[list[bytes], Any]:
+        messages = self.queue.ack_and_dequeue(self.pending, n, lease=LEASE_SECONDS)
+        self.pending = []
+        return [m.payload for m in messages], messages
+
+    def finish(self, token: Any) -> None:
+        if token:
+            self.pending = token
+
+    def flush(self) -> None:
+        """Ack what finish() deferred (the end of a run)."""
+        if self.pending:
+            self.queue.ack(self.pending)
+            self.pending = []
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            super().close()
+
+
+class ReliableAckDequeueDriver(ReliableDriver):
+    """The reliable queue whose consumers ack and claim in one call (reliable_0004)."""
+
+    name = "reliable_adq"
+    description = "reliable queue, consumers call ack_and_dequeue (ack + next claim in one transaction)"
+
+    def open(self, url: str, names: QueueNames) -> Session:
+        return _ReliableAckDequeueSession(url, names)
+
+    def pgbench(self, names: QueueNames, batch: int, payloads: Sequence[bytes]) -> PgbenchScripts | None:
+        scripts = super().pgbench(names, batch, payloads)
+        assert scripts is not None
+        # pgbench keeps a client's variables between transactions: :ids is its last claim
+        return PgbenchScripts(scripts.enqueue_section, "pgbench_reliable_ack_dequeue", {**scripts.variables, "ids": "{}"})
+
+
 # -- the one-table design (bench-only baseline of the `split` scenario) ------------------
 
 
@@ -241,6 +289,87 @@ class OneTableDriver:
         return [names.table("meta")]
 
 
+# -- destructive kinds (fifo, ring), through queuectl.kinds ----------------------------------
+
+RING_BENCH_SIZE = 8192  # slots of a bench ring unless a scenario installs it with its own size
+
+
+class _KindSession:
+    def __init__(self, url: str, names: QueueNames, kind: str) -> None:
+        from queuectl.kinds import CLIENTS
+
+        self.queue = CLIENTS[kind](url, names.queue, schema=names.schema)
+
+    def enqueue(self, payloads: list[bytes]) -> None:
+        if len(payloads) == 1:
+            self.queue.enqueue(payloads[0])
+        else:
+            self.queue.enqueue_many(payloads)
+
+    def take(self, n: int) -> tuple[list[bytes], Any]:
+        return [item.payload for item in self.queue.dequeue(n)], None
+
+    def finish(self, token: Any) -> None:
+        """Nothing to do: the dequeue already removed the items."""
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+class KindQueueDriver:
+    """A destructive kind (no ack) through its own client, queuectl.kinds.CLIENTS[kind]."""
+
+    def __init__(self, kind: str, description: str) -> None:
+        self.name = kind
+        self.description = description
+
+    def install(self, engine: Engine, names: QueueNames, size: int | None = None) -> None:
+        from queuectl.install import get_queue, install_queue, uninstall_queue
+        from queuectl.kindspec import settings_for
+
+        with engine.connect() as conn:
+            existing = get_queue(conn, names.queue, names.schema)
+        if existing is not None:
+            uninstall_queue(engine, names.queue, names.schema)
+        ring_size = (size or RING_BENCH_SIZE) if self.name == "ring" else None
+        install_queue(engine, names.queue, self.name, settings_for(self.name, size=ring_size), names.schema)
+
+    def uninstall(self, engine: Engine, names: QueueNames) -> None:
+        from queuectl.install import uninstall_queue
+
+        uninstall_queue(engine, names.queue, names.schema)
+
+    def reset(self, conn: Connection, names: QueueNames) -> None:
+        """A fresh queue of the same size: a ring's slots and sequences start over."""
+        size = None
+        if self.name == "ring":
+            from queuectl.install import get_queue
+
+            info = get_queue(conn, names.queue, names.schema)
+            size = info.settings.as_dict()["size"] if info is not None else None
+        conn.commit()
+        self.install(conn.engine, names, size)
+
+    def open(self, url: str, names: QueueNames) -> Session:
+        return _KindSession(url, names, self.name)
+
+    def consumed(self, conn: Connection, names: QueueNames) -> tuple[int, float | None]:
+        raise NotImplementedError(f"{self.name}: destructive reads leave no record of consumed items")
+
+    def ready(self, conn: Connection, names: QueueNames) -> int:
+        from queuectl.stats import queue_counts
+
+        n = queue_counts(conn, names.queue, self.name, names.schema).get("ready", 0)
+        conn.commit()
+        return int(n)
+
+    def pgbench(self, names: QueueNames, batch: int, payloads: Sequence[bytes]) -> PgbenchScripts | None:
+        return None
+
+    def tables(self, names: QueueNames) -> list[str]:
+        return [names.table("ring" if self.name == "ring" else "items")]
+
+
 DRIVERS: dict[str, KindDriver] = {}
 # Kinds a user may pass to --kind; bench-only designs (onetable) are drivers but not kinds.
 BENCH_KINDS: list[str] = []
@@ -260,4 +389,7 @@ def driver_for(name: str) -> KindDriver:
 
 
 register(ReliableDriver())
+register(ReliableAckDequeueDriver())
 register(OneTableDriver(), user_kind=False)
+register(KindQueueDriver("fifo", "lax FIFO (one table, INSERT / DELETE ... RETURNING) via queuectl.kinds"))
+register(KindQueueDriver("ring", "ring buffer (preallocated slots, UPDATE only) via queuectl.kinds"))

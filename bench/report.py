@@ -49,14 +49,64 @@ def render(result: dict[str, Any], console: Console) -> None:
             t.add_column(col)
         for tg in sc["targets"]:
             value, goal = tg.get("value"), tg.get("threshold")
-            fmt = _pct if goal is not None and goal <= 1.0 else (lambda v: _num(v, 2) + "x" if v is not None else "-")
             met = {True: "[green]yes[/]", False: "[red]no[/]", None: "not measured"}[tg.get("met")]
-            t.add_row(tg["name"], fmt(value), (">= " + fmt(goal)) if goal is not None else "-", met)
+            t.add_row(tg["name"], _target_value(value, goal), _target_goal(tg), met)
         console.print(t)
+    for design, soak in (sc.get("soak") or {}).items():
+        console.print(soak_table(design, soak))
     for u in sc.get("unavailable", []):
         console.print(Text(f"not measured: {u['subject']}: {u['reason']}", style="yellow"))
     for note in sc.get("notes", []):
         console.print(Text(f"note: {note}", style="dim"))
+
+
+def _metric(key: str, value: float | None) -> str:
+    """A fraction as a percentage, a whole count as is, a small factor with two decimals."""
+    if key.startswith("fraction"):
+        return _pct(value)
+    digits = 2 if value is not None and abs(value) < 10 and value != int(value) else 0
+    return _num(value, digits)
+
+
+def _target_value(value: float | None, goal: float | None) -> str:
+    """A share (goal up to 100%) as a percentage, a count (goal 0) as is, else a factor."""
+    if goal is not None and goal == 0:
+        return _num(value)
+    if goal is not None and goal <= 1.0:
+        return _pct(value)
+    return _num(value, 2) + "x" if value is not None else "-"
+
+
+def _target_goal(tg: dict[str, Any]) -> str:
+    goal = tg.get("threshold")
+    if goal is None:
+        return "-"
+    return f"{tg.get('comparison', '>=')} {_target_value(goal, goal)}"
+
+
+def soak_table(design: str, soak: dict[str, Any]) -> Table:
+    """Size over time of one design's soak, with the HOT share of its updates so far."""
+    verdict = "constant" if soak["constant"] else "NOT constant"
+    if design != "ring":
+        grown = soak["end_total_bytes"] - soak["start_total_bytes"]
+        verdict = f"grew {grown:+,} bytes" if grown else "constant"
+    hot = soak.get("hot_ratio")
+    title = (f"soak {design}: {soak['seconds']:g} s at batch {soak['batch']}, {soak['rate']:,.0f} msgs/s; size {verdict}; "
+             f"HOT {'-' if hot is None else f'{hot:.3f}'} ({soak['hot_updates']:,} of {soak['updates']:,} updates; "
+             f"after the first lap {'-' if soak.get('steady_hot_ratio') is None else format(soak['steady_hot_ratio'], '.3f')}); "
+             f"lost {soak['ledger']['lost']}, orphaned {soak['ledger']['orphaned']} "
+             f"(brought back by ring_repair: {soak['ledger'].get('repaired', 0)})")
+    t = Table(title=title, title_justify="left")
+    index_names = sorted({name for s in soak["samples"] for name in s["indexes"]})
+    for col in ["t s", "laps", "total bytes", "heap bytes", *index_names, "ins", "upd", "HOT upd", "del", "dead"]:
+        t.add_column(col.rsplit(".", 1)[-1].strip('"'), justify="right")
+    for s in soak["samples"]:
+        t.add_row(
+            f"{s['t']:.1f}", "-" if s.get("laps") is None else f"{s['laps']:.2f}", _num(s["total_bytes"]),
+            _num(s["heap_bytes"]), *[_num(s["indexes"].get(n)) for n in index_names], _num(s["n_tup_ins"]),
+            _num(s["n_tup_upd"]), _num(s["n_tup_hot_upd"]), _num(s["n_tup_del"]), _num(s["n_dead_tup"]),
+        )
+    return t
 
 
 def rows_table(sc: dict[str, Any]) -> Table:
@@ -82,9 +132,7 @@ def rows_table(sc: dict[str, Any]) -> Table:
             _num(_med(lat.get("p50")), 1), _num(_med(lat.get("p99")), 1),
         ]
         for _, key in extra:
-            value = _med(row.get("metrics", {}).get(key))
-            digits = 2 if value is not None and abs(value) < 10 else 0
-            cells.append(_pct(value) if key.startswith("fraction") else _num(value, digits))
+            cells.append(_metric(key, _med(row.get("metrics", {}).get(key))))
         t.add_row(*cells)
     return t
 
@@ -122,19 +170,38 @@ def markdown(result: dict[str, Any]) -> str:
             _pct(_med(row.get("fraction_of_ceiling"))), _num(_med(lat.get("p50")), 1), _num(_med(lat.get("p99")), 1),
         ]
         for _, key in extra:
-            value = _med(row.get("metrics", {}).get(key))
-            digits = 2 if value is not None and abs(value) < 10 else 0
-            cells.append(_pct(value) if key.startswith("fraction") else _num(value, digits))
+            cells.append(_metric(key, _med(row.get("metrics", {}).get(key))))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     for tg in sc.get("targets", []):
-        value, goal = tg.get("value"), tg.get("threshold")
-        shown = (_pct(value) if goal is not None and goal <= 1.0 else (f"{value:.2f}x" if value is not None else "-"))
-        goal_shown = (_pct(goal) if goal is not None and goal <= 1.0 else f"{goal:.2f}x") if goal is not None else "-"
         met = {True: "**met**", False: "**missed**", None: "not measured"}[tg.get("met")]
-        lines.append(f"- target: {tg['name']}: {shown} (goal >= {goal_shown}): {met}")
+        lines.append(f"- target: {tg['name']}: {_target_value(tg.get('value'), tg.get('threshold'))} "
+                     f"(goal {_target_goal(tg)}): {met}")
+    for design, soak in (sc.get("soak") or {}).items():
+        lines += ["", soak_markdown(design, soak)]
     for u in sc.get("unavailable", []):
         lines.append(f"- not measured: {u['subject']}: {u['reason']}")
+    return "\n".join(lines) + "\n"
+
+
+def soak_markdown(design: str, soak: dict[str, Any]) -> str:
+    index_names = sorted({name for s in soak["samples"] for name in s["indexes"]})
+    head = ["t s", "laps", "total bytes", *[n.rsplit(".", 1)[-1].strip('"') for n in index_names], "upd", "HOT upd", "dead"]
+    hot = soak.get("hot_ratio")
+    if design == "ring":
+        verdict = f"sizes after the first lap: {'constant' if soak['constant'] else 'NOT constant'}"
+    else:
+        verdict = f"total size {soak['start_total_bytes']:,} -> {soak['end_total_bytes']:,} bytes"
+    lines = [f"Soak `{design}`: {soak['seconds']:g} s at batch {soak['batch']}, {soak['rate']:,.0f} msgs/s, "
+             f"HOT ratio {'-' if hot is None else f'{hot:.3f}'} (after the first lap: "
+             f"{'-' if soak.get('steady_hot_ratio') is None else format(soak['steady_hot_ratio'], '.3f')}), {verdict}, "
+             f"lost {soak['ledger']['lost']}, orphaned {soak['ledger']['orphaned']} "
+             f"(brought back by ring_repair: {soak['ledger'].get('repaired', 0)})", "",
+             "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for s in soak["samples"]:
+        lines.append("| " + " | ".join([f"{s['t']:.1f}", "-" if s.get("laps") is None else f"{s['laps']:.2f}",
+                                         _num(s["total_bytes"]), *[_num(s["indexes"].get(n)) for n in index_names],
+                                         _num(s["n_tup_upd"]), _num(s["n_tup_hot_upd"]), _num(s["n_dead_tup"])]) + " |")
     return "\n".join(lines) + "\n"
 
 

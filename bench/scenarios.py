@@ -5,8 +5,10 @@ kinds  (default) every --kind: enqueue-only, dequeue-only (drain a pre-filled qu
        with SELECT 1 and single-row commit ceilings at the same client counts.
 peers  the full cycle on PgQueuer and Procrastinate beside queuectl (bench/peers.py).
 split  one wide table vs the meta/data split per payload size (bench/split.py).
-
-Other scenarios (ghosts, ring) register themselves the same way with @scenario.
+ghosts one consumer drains --rows items, naive fifo vs watermark, with and without a held
+       snapshot (bench/ghosts.py, also `python -m queuectl.bench.ghosts`).
+ring   the ring buffer vs a one-table insert/delete queue per batch size, with a ledger
+       check and an optional --soak of sizes and HOT updates over time (bench/ring.py).
 """
 
 from __future__ import annotations
@@ -111,6 +113,9 @@ def kinds(run: BenchRun) -> dict[str, Any]:
             row["metrics"]["fraction_of_select1_ceiling"] = stat([ratio(a, b) for a, b in zip(m[f"py_{ph}"], select1)])
             if ph == "dequeue":
                 row["metrics"]["sql_queue_drained"] = stat(m["sql_drained"])
+            if kind != "reliable" and "reliable" in per_kind:
+                # e.g. reliable_adq against the plain reliable consumer loop, repeat by repeat
+                row["metrics"]["vs_reliable"] = stat([ratio(a, b) for a, b in zip(m[f"py_{ph}"], per_kind["reliable"][f"py_{ph}"])])
             rows.append(row)
     for (which, n), values in sorted(ceilings.items()):
         ceilings_out.append({
@@ -121,7 +126,8 @@ def kinds(run: BenchRun) -> dict[str, Any]:
         "name": "kinds",
         "description": SCENARIO_TEXT,
         "notes": notes,
-        "display_metrics": [["of commits", "fraction_of_commit_ceiling"]],
+        "display_metrics": [["of commits", "fraction_of_commit_ceiling"]]
+        + ([["x reliable", "vs_reliable"]] if "reliable" in o.kinds and len(o.kinds) > 1 else []),
         "ceilings": ceilings_out,
         "rows": rows,
         "targets": kinds_targets(run, rows),
@@ -156,18 +162,20 @@ def kinds_targets(run: BenchRun, rows: list[dict[str, Any]]) -> list[dict[str, A
     o = run.options
     targets = []
     for row in rows:
-        if row["params"]["kind"] != "reliable" or row["phase"] != "full-cycle":
+        kind = row["params"]["kind"]
+        if kind not in ("reliable", "reliable_adq") or row["phase"] != "full-cycle":
             continue
+        prefix = "reliable" if kind == "reliable" else "reliable with ack_and_dequeue"
         if o.batch == 100 and o.producers == 4 and o.consumers == 4:
             value = row["fraction_of_ceiling"]["median"]
             targets.append({
-                "name": "reliable full cycle, batch 100, 4P+4C: share of the same SQL under pgbench",
+                "name": f"{prefix} full cycle, batch 100, 4P+4C: share of the same SQL under pgbench",
                 "value": value, "threshold": 0.70, "met": None if value is None else value >= 0.70,
             })
         if o.batch == 1:
             value = row["metrics"]["fraction_of_commit_ceiling"]["median"]
             targets.append({
-                "name": f"reliable full cycle, batch 1, {o.producers}P+{o.consumers}C: share of the single-row "
+                "name": f"{prefix} full cycle, batch 1, {o.producers}P+{o.consumers}C: share of the single-row "
                         f"commit ceiling at {o.producers + o.consumers} clients",
                 "value": value, "threshold": 0.50, "met": None if value is None else value >= 0.50,
             })
@@ -182,3 +190,5 @@ def _once(items: list[dict[str, str]], subject: str, reason: str) -> None:
 # the other built-in scenarios register themselves on import
 from queuectl.bench import peers as _peers  # noqa: E402,F401
 from queuectl.bench import split as _split  # noqa: E402,F401
+from queuectl.bench import ghosts as _ghosts  # noqa: E402,F401
+from queuectl.bench import ring as _ring  # noqa: E402,F401

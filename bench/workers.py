@@ -3,7 +3,8 @@
 Each worker opens its own session, warms up (psycopg prepares a statement on its 5th
 execution), reports ready, waits for the common start signal, then works until told to
 stop (or, for a draining consumer, until the queue is empty). It reports how many
-messages it handled and when its last operation finished.
+messages it handled and when its last operation finished, and how many it handled while
+warming up (so a scenario can balance everything sent against everything taken).
 
 End-to-end latency: a producer writes time.time() into the first 8 bytes of every payload
 just before its enqueue call; a consumer subtracts it from time.time() right after its ack
@@ -86,7 +87,7 @@ def run_worker(spec: WorkerSpec, ready: Any, go: Any, stop: Any, results: Any, b
             work = _producer(session, spec, backlog)
         else:
             work = _consumer(session, spec, backlog)
-        next(work)  # warm up
+        report["warmup_count"] = next(work)  # warm up
         ready.put(os.getpid())
         go.wait()
         report.update(work.send(stop))
@@ -114,11 +115,13 @@ def _producer(session: Any, spec: WorkerSpec, backlog: Backlog):
         picked = pool[start:start + n] + pool[: max(0, start + n - len(pool))]
         return [stamp + p[STAMP.size:] for p in picked]
 
+    warm = 0
     if spec.warmup:
         for _ in range(WARMUP_CALLS):
             session.enqueue(batch_now())
             backlog.add(n)
-    stop = yield
+            warm += n
+    stop = yield warm
     count = 0
     t_start = time.time()
     t_end = t_start
@@ -134,32 +137,54 @@ def _producer(session: Any, spec: WorkerSpec, backlog: Backlog):
 
 
 def _consumer(session: Any, spec: WorkerSpec, backlog: Backlog):
+    # A session that `defers_finish` (ack_and_dequeue) acks a batch with its next take:
+    # the batch counts as done, and its latency is taken, when that take returns.
+    deferred = bool(getattr(session, "defers_finish", False))
+    warm = 0
     if spec.warmup:
         for _ in range(WARMUP_CALLS):
             # prepares the dequeue; on a pre-filled queue these claims are finished (not counted)
             payloads, token = session.take(spec.batch)
             session.finish(token)
             backlog.add(len(payloads))
-    stop = yield
+            warm += len(payloads)
+        if deferred:
+            session.flush()
+    stop = yield warm
     latencies = array("d")
     count = 0
     t_start = time.time()
     t_end = t_start
     unpack = STAMP.unpack_from
-    while not stop.is_set():
-        payloads, token = session.take(spec.batch)
-        if not payloads:
-            if spec.drain:
-                break
-            time.sleep(EMPTY_POLL_SECONDS)
-            continue
-        session.finish(token)
+    held: list[bytes] = []
+
+    def done(payloads: list[bytes]) -> None:
+        nonlocal count, t_end
         backlog.add(len(payloads))
         now = time.time()
         t_end = now
         count += len(payloads)
         if not spec.drain:
             latencies.extend(now - unpack(p)[0] for p in payloads)
+
+    while not stop.is_set():
+        payloads, token = session.take(spec.batch)
+        if held:
+            done(held)
+            held = []
+        if not payloads:
+            if spec.drain:
+                break
+            time.sleep(EMPTY_POLL_SECONDS)
+            continue
+        session.finish(token)
+        if deferred:
+            held = payloads
+        else:
+            done(payloads)
+    if held:
+        session.flush()
+        done(held)
     sample = list(latencies)
     if len(sample) > LATENCY_SAMPLE:
         sample = random.Random(spec.seed).sample(sample, LATENCY_SAMPLE)

@@ -11,6 +11,7 @@ from importlib import resources
 from pathlib import Path
 
 import jsonschema
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
@@ -117,3 +118,65 @@ def test_recorded_command_line_masks_a_url_password() -> None:
 
     shown = _masked(["bench", "--url", "postgresql://app:s3cr3t@db/x", "--url=postgresql://app:s3cr3t@db/y"])
     assert "s3cr3t" not in " ".join(shown) and shown[2] == "postgresql://app:***@db/x"
+
+
+def _run_json(db_url: str, tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "bench.json"
+    proc = run_cli("bench", *args, "--json", str(out), url=db_url, timeout=600)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    result = json.loads(out.read_text())
+    jsonschema.validate(result, _schema())
+    return result
+
+
+def test_tiny_ghosts_run_measures_every_kind_size_and_mode(db_url: str, tmp_path: Path) -> None:
+    result = _run_json(db_url, tmp_path, "--scenario", "ghosts", "--rows", "200,400", "--repeat", "1")
+    sc = result["scenario"]
+    assert sc["unavailable"] == []
+    cells = {(r["params"]["kind"], r["params"]["rows"], r["params"]["snapshot"]): r for r in sc["rows"]}
+    assert set(cells) == {(k, n, s) for k in ("fifo", "watermark") for n in (200, 400) for s in (False, True)}
+    for (kind, rows, snapshot), row in cells.items():
+        seconds = row["metrics"]["seconds"]["median"]
+        assert seconds > 0 and abs(row["rate"]["median"] - rows / seconds) < 1e-6 * rows / seconds
+        assert row["ceiling"]["rate"]["median"] > 0
+        assert row["metrics"]["buffers_per_dequeue"]["median"] is not None
+    # the ratios are the same-repeat quotients of the drain times
+    wm_held, wm_none = cells[("watermark", 400, True)], cells[("watermark", 400, False)]
+    assert wm_held["metrics"]["snapshot_over_none"]["median"] == pytest.approx(
+        wm_held["metrics"]["seconds"]["median"] / wm_none["metrics"]["seconds"]["median"])
+    naive_held = cells[("fifo", 400, True)]
+    assert naive_held["metrics"]["naive_over_watermark"]["median"] == pytest.approx(
+        naive_held["metrics"]["seconds"]["median"] / wm_held["metrics"]["seconds"]["median"])
+    assert [t["name"].split(":")[0] for t in sc["targets"]] == [
+        "watermark at 200 rows", "watermark at 400 rows", "at 400 rows under the snapshot"]
+
+
+def test_tiny_ring_run_balances_every_message_and_its_soak_stays_constant(db_url: str, tmp_path: Path) -> None:
+    result = _run_json(
+        db_url, tmp_path, "--scenario", "ring", "--batches", "1,10", "--producers", "1", "--consumers", "1",
+        "--seconds", "1", "--repeat", "1", "--backlog", "20", "--soak", "5",
+    )
+    sc = result["scenario"]
+    assert sc["unavailable"] == []
+    rows = {(r["params"]["kind"], r["params"]["batch"]): r for r in sc["rows"]}
+    assert set(rows) == {(k, b) for k in ("fifo", "ring") for b in (1, 10)}
+    for row in rows.values():
+        assert row["rate"]["median"] > 0 and row["metrics"]["messages_sent"]["median"] > 0
+        # nothing lost; a ring message a closing consumer left behind (a race the ring's design
+        # leaves to ring_repair) is counted as orphaned and must come back through the repair
+        assert row["metrics"]["lost"]["values"] == [0]
+        assert row["metrics"]["orphaned"]["values"] == row["metrics"]["repaired"]["values"]
+    assert rows[("ring", 10)]["metrics"]["ring_vs_one_table"]["median"] == pytest.approx(
+        rows[("ring", 10)]["rate"]["median"] / rows[("fifo", 10)]["rate"]["median"])
+    ring, fifo = sc["soak"]["ring"], sc["soak"]["fifo"]
+    for soak in (ring, fifo):
+        assert soak["ledger"]["lost"] == 0 and soak["ledger"]["orphaned"] == soak["ledger"]["repaired"]
+        assert soak["ledger"]["sent"] == soak["ledger"]["taken"] > 0
+    # the ring went round and, after its first lap filled the slots, its sizes did not move
+    steady = [s for s in ring["samples"] if s["laps"] >= 1]
+    assert len(steady) >= 2 and ring["constant"] is True and ring["steady_growth_bytes"] == 0
+    assert {s["total_bytes"] for s in steady} == {ring["end_total_bytes"]}
+    assert ring["updates"] > 0 and ring["hot_ratio"] == pytest.approx(ring["hot_updates"] / ring["updates"])
+    assert 0 < ring["hot_ratio"] <= 1 and 0 < ring["steady_hot_ratio"] <= 1
+    # the one-table queue inserts and deletes (no updates), and its table grew from empty
+    assert fifo["updates"] == 0 and fifo["hot_ratio"] is None and fifo["end_total_bytes"] > fifo["start_total_bytes"]

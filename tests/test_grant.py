@@ -51,7 +51,8 @@ def test_producer_can_enqueue_but_cannot_read_or_delete_the_tables(engine, db_ur
     granted = grant_queue(engine, "orders", producer=producer, consumer=consumer)
     assert granted == {
         producer: ["orders_enqueue", "orders_enqueue_many"],
-        consumer: ["orders_ack", "orders_dequeue", "orders_extend_lease", "orders_nack", "orders_release"],
+        consumer: ["orders_ack", "orders_ack_dequeue", "orders_dequeue", "orders_extend_lease", "orders_nack",
+                   "orders_release"],
     }
     as_producer = engine_as(db_url, producer)
     try:

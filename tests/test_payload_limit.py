@@ -102,7 +102,7 @@ def test_cli_install_sets_the_limit_and_enqueue_refuses_in_one_line(db_url, engi
 
 
 def test_a_queue_from_before_the_limit_upgrades_to_the_default_limit(engine):
-    assert head_of("reliable") == "reliable_0003"
+    assert head_of("reliable") >= "reliable_0003"
     install_queue(engine, "old", revision="reliable_0002")
     with engine.connect() as conn:
         conn.execute(sa.text("UPDATE queuectl.queues SET settings = settings - 'max_payload_bytes' WHERE name = 'old'"))
@@ -110,14 +110,14 @@ def test_a_queue_from_before_the_limit_upgrades_to_the_default_limit(engine):
     with Queue(engine, "old") as queue:
         big = b"b" * (DEFAULT_MAX_PAYLOAD_BYTES + 1)
         queue.enqueue(big)  # 0002 has no limit
-        assert upgrade_queue(engine, "old") == ("reliable_0002", "reliable_0003")
+        assert upgrade_queue(engine, "old") == ("reliable_0002", head_of("reliable"))
         with pytest.raises(PayloadTooLarge):
             queue.enqueue(big)
         with engine.connect() as conn:
             stored = conn.execute(sa.text("SELECT settings FROM queuectl.queues WHERE name = 'old'")).scalar_one()
         assert stored["max_payload_bytes"] == DEFAULT_MAX_PAYLOAD_BYTES
         # the downgrade takes the limit away again, and nothing else
-        assert downgrade_queue(engine, "old", "reliable_0002") == ("reliable_0003", "reliable_0002")
+        assert downgrade_queue(engine, "old", "reliable_0002") == (head_of("reliable"), "reliable_0002")
         queue.enqueue(big)
         assert [len(m.payload) for m in queue.dequeue(10)] == [len(big), len(big)]
 

@@ -27,8 +27,17 @@ def bench(
     seconds: Annotated[float, typer.Option(help="Length of each measured phase.")] = 10.0,
     repeat: Annotated[int, typer.Option(help="Repeats; medians are reported.")] = 3,
     scenario: Annotated[
-        str, typer.Option(help="kinds (default), peers, split; see the README's bench section.")
+        str, typer.Option(help="kinds (default), peers, split, ghosts, ring; see the README's bench section.")
     ] = "kinds",
+    rows: Annotated[
+        Optional[str], typer.Option(help="ghosts: queue sizes to drain, comma-separated. Default: 30000,60000.")
+    ] = None,
+    batches: Annotated[
+        Optional[str], typer.Option(help="ring: batch sizes to compare, comma-separated. Default: 1,10,100.")
+    ] = None,
+    soak: Annotated[
+        float, typer.Option(help="ring: also run a soak of this many seconds per design, sampling sizes and HOT updates.")
+    ] = 0.0,
     backlog: Annotated[
         Optional[int],
         typer.Option(help="Full cycle: producers pause above this many waiting messages (0: never). "
@@ -58,7 +67,8 @@ def bench(
     options = BenchOptions(
         kinds=kind or ["reliable"], producers=producers, consumers=consumers, batch=batch,
         payload_bytes=payload_bytes, seconds=seconds, repeat=repeat, scenario=scenario, url=url,
-        schema=schema, pgbench=not no_pgbench, backlog=backlog,
+        schema=schema, pgbench=not no_pgbench, backlog=backlog, rows=_sizes(rows, "--rows"),
+        batches=_sizes(batches, "--batches"), soak=soak,
     )
     result = run_bench(options, console=out, argv=["queuectl", *_masked(sys.argv[1:])])
     text = json.dumps(result, indent=2, default=str) + "\n"
@@ -68,6 +78,21 @@ def bench(
         sys.stdout.write(text)
     else:
         render(result, out)
+
+
+def _sizes(text: str | None, option: str) -> list[int] | None:
+    """'30000,60000' -> [30000, 60000]; a malformed list is a one-line usage error."""
+    from queuectl.errors import UsageError
+
+    if text is None:
+        return None
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"{option} takes whole numbers separated by commas, got {text!r}") from None
+    if not sizes:
+        raise UsageError(f"{option} needs at least one size")
+    return sizes
 
 
 def _masked(argv: list[str]) -> list[str]:

@@ -23,7 +23,7 @@ from queuectl.sqlfiles import render
 
 PRODUCER_CALLS = ("enqueue", "enqueue_many")
 CONSUMER_CALLS = {
-    "reliable": ("dequeue", "ack", "nack", "extend_lease", "release"),
+    "reliable": ("dequeue", "ack", "nack", "extend_lease", "release", "ack_dequeue"),
     "ring": ("dequeue", "ring_release"),
 }
 DEFAULT_CONSUMER_CALLS = ("dequeue",)

@@ -171,6 +171,7 @@ class QueueNames:
             "channel": f'"{self.channel}"',
             "channel_literal": f"'{self.channel}'",
         }
-        for fn in ("enqueue", "enqueue_many", "dequeue", "ack", "nack", "extend_lease", "release", "notify"):
+        for fn in ("enqueue", "enqueue_many", "dequeue", "ack", "nack", "extend_lease", "release", "notify",
+                   "ack_dequeue"):
             values[f"fn_{fn}"] = q(fn)
         return values

@@ -474,6 +474,39 @@ DROP TABLE IF EXISTS {{data}};
 DROP TABLE IF EXISTS {{meta}};
 DROP SEQUENCE IF EXISTS {{meta_seq}};
 
+-- name: create_ack_dequeue
+-- reliable_0004: a consumer acks the batch it finished and claims its next batch in ONE
+-- call and one transaction (one round trip, one log flush at commit, where ack then
+-- dequeue cost two of each). The ack is ack's UPDATE restated here, because ack returns
+-- a result set (acked) that would come before the batch; the claim is the dequeue
+-- procedure itself, whose OUTPUT is this procedure's only result set. XACT_ABORT: an
+-- error anywhere rolls back both, so an ack never commits without the claim's outcome.
+-- @ack_ids is a JSON array of ids (may be NULL or empty).
+CREATE PROCEDURE {{fn_ack_dequeue}}
+    @ack_ids       nvarchar(max) = NULL,
+    @batch         int           = 1,
+    @lease_seconds float         = NULL,
+    @worker        nvarchar(200) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    BEGIN TRANSACTION;
+    IF @ack_ids IS NOT NULL
+        UPDATE m SET status = 2, finished_at = SYSUTCDATETIME(), leased_until = NULL
+        FROM {{meta}} AS m WITH (ROWLOCK)
+        WHERE m.id IN (SELECT i.id FROM OPENJSON(@ack_ids) WITH (id bigint '$') AS i)
+          AND m.status = 1
+          AND (@worker IS NULL OR m.lease_owner = @worker);
+    EXEC {{fn_dequeue}} @batch = @batch, @lease_seconds = @lease_seconds, @worker = @worker;
+    COMMIT TRANSACTION;
+END
+GO
+
+-- name: drop_ack_dequeue
+-- reliable_0004 downgrade: consumers ack and dequeue in two calls again.
+DROP PROCEDURE IF EXISTS {{fn_ack_dequeue}};
+
 -- name: enqueue
 -- Client call: one item.
 EXEC {{fn_enqueue}} @payload = :payload, @headers = :headers, @priority = :priority,
@@ -499,6 +532,10 @@ EXEC {{fn_extend_lease}} @ids = :ids, @lease_seconds = :lease_seconds, @worker =
 
 -- name: release
 EXEC {{fn_release}} @ids = :ids, @worker = :worker
+
+-- name: ack_dequeue
+-- Client call: ack what this worker finished (:ack_ids, a JSON array) and claim the next batch.
+EXEC {{fn_ack_dequeue}} @ack_ids = :ack_ids, @batch = :batch, @lease_seconds = :lease_seconds, @worker = :worker
 
 -- name: counts
 -- Items by status, for `queuectl list` and health; READY items not yet due count as scheduled.

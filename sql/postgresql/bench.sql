@@ -74,6 +74,13 @@ SELECT coalesce(array_agg(q.id), '{}') AS ids FROM {{fn_dequeue}}(:batch, NULL, 
 \gset
 SELECT {{fn_ack}}(CAST(:ids AS bigint[]), :worker) AS acked;
 
+-- name: pgbench_reliable_ack_dequeue
+-- The consumer loop of `--kind reliable_adq`: ack the previous claim and claim the next in
+-- one call (reliable_0004). :ids starts as '{}' (-D) and then holds this client's last claim.
+SELECT coalesce(array_agg(q.id), '{}') AS ids
+FROM {{fn_ack_dequeue}}(CAST(:ids AS bigint[]), :batch, NULL, :worker) AS q
+\gset
+
 -- name: reliable_reset
 -- Empty the queue between benchmark phases (bench queues only).
 TRUNCATE {{data}}, {{meta}}
@@ -222,3 +229,22 @@ CREATE DATABASE {{database}}
 
 -- name: drop_database
 DROP DATABASE IF EXISTS {{database}} WITH (FORCE)
+
+-- name: soak_table
+-- One soak sample of a queue's table: its sizes (total: heap, indexes and TOAST) and its
+-- row churn so far, HOT updates among the updates (`queuectl bench --scenario ring --soak`).
+SELECT pg_total_relation_size(s.relid) AS total_bytes, pg_relation_size(s.relid) AS heap_bytes,
+       s.n_tup_ins, s.n_tup_upd, s.n_tup_hot_upd, s.n_tup_del, s.n_dead_tup
+FROM pg_stat_user_tables s
+WHERE s.relid = CAST(:table AS regclass)
+
+-- name: soak_indexes
+-- The size of each index of the sampled table.
+SELECT CAST(i.indexrelid AS regclass)::text AS index_name, pg_relation_size(i.indexrelid) AS bytes
+FROM pg_index i
+WHERE i.indrelid = CAST(:table AS regclass)
+ORDER BY 1
+
+-- name: ring_pops
+-- Positions handed out to pops so far: the ring has gone round once when this reaches its size.
+SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END AS pops FROM {{pop_seq}} s
