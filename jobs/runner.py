@@ -36,7 +36,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, ProgrammingError
 
-from queuectl.engine import adapter_for, backoff_pause, mask_url
+from queuectl.engine import adapter_for, backoff_pause, discard_connection, mask_url
 from queuectl.errors import ConnectionFailed, QueuectlError
 from queuectl.jobs.base import JobBusy, JobResult, JobTarget, error_text
 from queuectl.jobs.registry import JobSpec, job_spec
@@ -193,12 +193,7 @@ class RunnerLock:
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.invalidate()
-                conn.close()
-            except sa.exc.SQLAlchemyError:
-                pass
+        discard_connection(conn)
 
 
 @contextmanager

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from queuectl.catalog import QueueInfo
-from queuectl.engine import adapter_for, backoff_pause, first_line, make_engine, mask_url
+from queuectl.engine import adapter_for, backoff_pause, discard_connection, first_line, make_engine, mask_url
 from queuectl.errors import ConnectionFailed, PayloadTooLarge, StatementCanceled, UsageError
 from queuectl.install import require_queue
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
@@ -230,7 +230,9 @@ class Queue:
             "worker": self.worker,
         }
         # Plain rows, not .mappings(): building dict-like rows was ~7% of a consumer's time (py-spy).
-        rows = self._call("dequeue", params, lambda r: r.all())
+        return self._messages(self._call("dequeue", params, lambda r: r.all()))
+
+    def _messages(self, rows: Sequence[Any]) -> list[Message]:
         return [
             Message(
                 id=r.id,
@@ -324,23 +326,7 @@ class Queue:
             "lease_seconds": _check_seconds(lease, "lease", low=0.001),
             "worker": self.worker,
         }
-        rows = self._call("ack_dequeue", params, lambda r: r.all(), held=len(ids))
-        return [
-            Message(
-                id=r.id,
-                payload=r.payload if type(r.payload) is bytes else bytes(r.payload),
-                headers=self._adapter.json_value(r.headers),
-                priority=r.priority,
-                attempts=r.attempts,
-                max_attempts=r.max_attempts,
-                title=r.title,
-                enqueued_at=r.enqueued_at,
-                dequeued_at=r.dequeued_at,
-                due_at=r.due_at,
-                leased_until=r.leased_until,
-            )
-            for r in rows
-        ]
+        return self._messages(self._call("ack_dequeue", params, lambda r: r.all(), held=len(ids)))
 
     @contextmanager
     def processing(self, n: int = 1, *, lease: float | None = None) -> Iterator[list[Message]]:
@@ -457,12 +443,7 @@ class Queue:
 
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.invalidate()
-                conn.close()
-            except sa.exc.SQLAlchemyError:
-                pass
+        discard_connection(conn)
 
     def _reconnect(self) -> None:
         self._drop_connection()

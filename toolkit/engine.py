@@ -396,6 +396,18 @@ def backoff_pause(attempt: int, first: float = 0.05, cap: float = 2.0) -> float:
     return pause / 2 + random.uniform(0, pause / 2)
 
 
+def discard_connection(conn: sa.Connection | None) -> None:
+    """Invalidate and close a connection that may be broken (or still hold a session lock),
+    so the pool never hands it out again; errors while doing so are moot."""
+    if conn is None:
+        return
+    try:
+        conn.invalidate()
+        conn.close()
+    except sa.exc.SQLAlchemyError:
+        pass
+
+
 def first_line(exc: BaseException | None) -> str:
     text = str(exc or "").strip()
     return text.splitlines()[0] if text else type(exc).__name__
