@@ -212,6 +212,12 @@ def test_oldest_ready_item_older_than_threshold(orders, engine):
 def test_bloated_index_after_churn_is_measured_with_pgstatindex(orders, engine):
     """20k items pass through the ready index; one in ten comes back READY. After VACUUM
     the partial index keeps all its leaf pages with a tenth of their entries."""
+    # No autovacuum in between: on a slow machine it could run while every item is held
+    # (all 20k ready entries dead), empty and delete the leaf pages before the release,
+    # and the test would measure a fresh, small index instead of the churned one.
+    with engine.connect() as conn:
+        conn.execute(sa.text("ALTER TABLE queuectl.orders_meta SET (autovacuum_enabled = false)"))
+        conn.commit()
     for _ in range(4):
         orders.enqueue_many([b"x"] * 5000)
     taken = [m for _ in range(20) for m in orders.dequeue(1000)]
