@@ -18,7 +18,6 @@ or process, as for Queue.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from queuectl.catalog import QueueInfo
-from queuectl.client import MAX_BATCH, Queue
+from queuectl.client import Queue, _as_bytes, _check_batch, _headers_json
 from queuectl.engine import adapter_for, make_engine
 from queuectl.errors import QueuectlError, UsageError
 from queuectl.install import require_queue
@@ -86,28 +85,6 @@ class RingRepair:
     tombstoned: list[int]
     rescued: list[tuple[int, int]]
     deferred: list[int]
-
-
-def _as_bytes(payload: bytes | bytearray | memoryview | str) -> bytes:
-    if isinstance(payload, str):
-        return payload.encode("utf-8")
-    if isinstance(payload, (bytes, bytearray, memoryview)):
-        return bytes(payload)
-    raise UsageError(f"payload must be bytes or str, not {type(payload).__name__}")
-
-
-def _headers_json(headers: dict[str, Any] | None) -> str | None:
-    if headers is None:
-        return None
-    if not isinstance(headers, dict):
-        raise UsageError("headers must be a dict of JSON values")
-    return json.dumps(headers)
-
-
-def _check_batch(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_BATCH:
-        raise UsageError(f"batch size must be a whole number from 1 to {MAX_BATCH}, got {n!r}")
-    return n
 
 
 def _check_seconds(value: float, what: str) -> float:
