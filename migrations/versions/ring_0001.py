@@ -15,10 +15,12 @@ depends_on = None
 def upgrade() -> None:
     run_section("ring", "create_tables")
     run_section("ring", "create_functions")
+    run_section("ring", "create_ring_release_0001")
     register(revision)
 
 
 def downgrade() -> None:
     unregister()
+    run_section("ring", "drop_ring_release_0001")
     run_section("ring", "drop_functions")
     run_section("ring", "drop_tables")

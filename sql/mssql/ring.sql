@@ -251,9 +251,12 @@ BEGIN
     END
     SELECT action, item_id, new_item_id, slot FROM @actions;
 END
-GO
--- ring_release: give up this session's kept claims (a client closing its connection).
--- A claim whose slot is free for it is tombstoned at once. Returns the released positions.
+
+-- name: create_ring_release_0001
+-- ring_release as ring_0001 made it: give up this session's kept claims (a client closing
+-- its connection); a claim whose slot is free for it is tombstoned at once. Returns the
+-- released positions. A section of its own, so that ring_0002 replaces it
+-- (create_ring_release_0002) and its downgrade restores it.
 CREATE PROCEDURE {{fn_ring_release}}
 WITH EXECUTE AS OWNER
 AS
@@ -283,9 +286,12 @@ BEGIN
     SELECT side, item_id, tombstoned FROM @out;
 END
 
+-- name: drop_ring_release_0001
+-- Remove ring_0001's ring_release.
+DROP PROCEDURE IF EXISTS {{fn_ring_release}};
+
 -- name: drop_functions
 -- Remove the SQL API.
-DROP PROCEDURE IF EXISTS {{fn_ring_release}};
 DROP PROCEDURE IF EXISTS {{fn_ring_repair}};
 DROP PROCEDURE IF EXISTS {{fn_dequeue}};
 DROP PROCEDURE IF EXISTS {{fn_enqueue_many}};

@@ -254,8 +254,11 @@ BEGIN
 END
 $fn$;
 
--- ring_release: give up this session's kept claims (a client closing its connection,
--- or a pooled connection going back to its pool). Returns the released positions.
+-- name: create_ring_release_0001
+-- ring_release as ring_0001 made it: give up this session's kept claims (a client closing
+-- its connection, or a pooled connection going back to its pool), tombstoning each one
+-- whose slot is free for it. Returns the released positions. A section of its own, so
+-- that ring_0002 replaces it (create_ring_release_0002) and its downgrade restores it.
 CREATE FUNCTION {{fn_ring_release}}()
 RETURNS TABLE (side text, item_id bigint, tombstoned boolean)
 LANGUAGE plpgsql AS $fn$
@@ -289,9 +292,12 @@ BEGIN
 END
 $fn$;
 
+-- name: drop_ring_release_0001
+-- Remove ring_0001's ring_release.
+DROP FUNCTION IF EXISTS {{fn_ring_release}}();
+
 -- name: drop_functions
 -- Remove the SQL API.
-DROP FUNCTION IF EXISTS {{fn_ring_release}}();
 DROP FUNCTION IF EXISTS {{fn_ring_repair}}(interval, double precision);
 DROP FUNCTION IF EXISTS {{fn_dequeue}}(integer, double precision);
 DROP FUNCTION IF EXISTS {{fn_enqueue_many}}(bytea[], jsonb[], double precision);
