@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -85,6 +85,25 @@ class RingRepair:
     tombstoned: list[int]
     rescued: list[tuple[int, int]]
     deferred: list[int]
+
+
+class ReleasedClaim(NamedTuple):
+    """One claim a ring client gave up at release (a row of <queue>_ring_release).
+
+    side: 'push' or 'pop'; item_id: the claimed position; tombstoned: its slot was free for
+    it and a tombstone went in. outcome says what became of the position: 'tombstoned';
+    'rescued' (a pop claim whose message arrived after the session's last pop: re-pushed at
+    once under new_item_id); 'deferred' (that message stayed where it was because the ring
+    stayed full: ring_repair rescues it after its grace); 'left' (the slot was not free for
+    the claim: whatever arrives there later is ring_repair's). A queue still at ring_0001
+    reports only tombstoned: its rows read as 'tombstoned' or 'left'.
+    """
+
+    side: str
+    item_id: int
+    tombstoned: bool
+    new_item_id: int | None = None
+    outcome: str = "left"
 
 
 def _check_seconds(value: float, what: str) -> float:
@@ -336,11 +355,17 @@ class RingQueue(KindQueue):
     every few minutes) re-pushes such messages at new positions, so they are delivered
     (once) under a new id; it also tombstones positions claimed by pushers that died, which
     would otherwise stall pops and, one lap later, pushes into the same slot. close()
-    gives up this client's claims (a pooled connection must not carry them on).
+    gives up this client's claims (a pooled connection must not carry them on) and keeps
+    what became of them in `released`: a message that arrived at this client's pop claim
+    after its last pop is re-pushed at once (ring_0002), not left for repair().
     """
 
     kind = "ring"
     _calls = ("enqueue", "enqueue_many", "dequeue", "ring_repair", "ring_release")
+
+    def __init__(self, url_or_engine: str | Engine | None, name: str, *, schema: str = DEFAULT_SCHEMA) -> None:
+        self.released: list[ReleasedClaim] = []  # what close() gave up (its release())
+        super().__init__(url_or_engine, name, schema=schema)
 
     def enqueue(  # type: ignore[override]
         self,
@@ -400,14 +425,26 @@ class RingQueue(KindQueue):
             deferred=[r.item_id for r in rows if r.action == "deferred"],
         )
 
-    def release(self) -> list[tuple[str, int, bool]]:
-        """Give up this session's kept claims; returns (side, position, tombstoned)."""
-        return [tuple(r) for r in self._execute("ring_release", {}).all()]
+    def release(self) -> list[ReleasedClaim]:
+        """Give up this session's kept claims: one ReleasedClaim per claim (none if none).
+
+        A pop claim whose message arrived after this session's last pop is re-pushed at
+        once (outcome 'rescued', new_item_id: its new id) rather than left for ring_repair.
+        """
+        rows = self._execute("ring_release", {}).mappings().all()
+        return [
+            ReleasedClaim(
+                r["side"], r["item_id"], bool(r["tombstoned"]), r.get("new_item_id"),
+                r.get("outcome") or ("tombstoned" if r["tombstoned"] else "left"),  # ring_0001: no outcome
+            )
+            for r in rows
+        ]
 
     def close(self) -> None:
+        """Release this client's claims (kept in `released`), then close its connection."""
         try:
             if not self._conn.closed and hasattr(self, "_sql"):
-                self.release()
+                self.released = self.release()
         finally:
             super().close()
 
