@@ -1,18 +1,22 @@
 """The ring buffer: full and empty rings, pops that never read an uncommitted push, the
-recovery path for poppers and pushers that die holding a claimed position, HOT updates."""
+recovery path for poppers and pushers that die holding a claimed position, consumers that
+close leaving no orphan (ring_0002's release, and the upgrade to it and back), HOT updates."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import sqlalchemy as sa
 
 import ring_workers
-from queuectl.install import install_queue
-from queuectl.kinds import QueueFullError, RingQueue, repair_ring
+from queuectl.install import downgrade_queue, head_of, install_queue, uninstall_queue, upgrade_queue
+from queuectl.kinds import QueueFullError, ReleasedClaim, RingQueue, repair_ring
 from queuectl.kindspec import RingSettings
+
+from test_install import schema_objects
 
 
 def ring(engine, size: int, name: str = "r") -> RingQueue:
@@ -144,3 +148,183 @@ def test_ring_updates_stay_hot_over_100000_push_pop_cycles(engine):
     with engine.connect() as conn:
         index_size = conn.execute(sa.text("SELECT pg_relation_size('queuectl.r_ring_pkey')")).scalar()
     assert index_size < 4 * 1024 * 1024  # HOT updates add no index entries: the pkey stays small
+
+
+# -- release: a consumer that closes leaves no orphan ----------------------------------------
+
+
+def test_message_pushed_after_a_closing_consumers_last_pop_is_rescued_by_its_release(engine):
+    """The race ring_0001 left to ring_repair: consumer A pops on an empty ring and keeps its
+    claim (position 0), producer B's push of 0 commits, then A closes. No pop will ever ask
+    for 0 again, so A's release re-pushes the message at once, under a new id."""
+    consumer_a = ring(engine, 4)
+    with RingQueue(engine, "r") as producer_b, RingQueue(engine, "r") as consumer_c:
+        assert consumer_a.dequeue(1) == []  # claims position 0 and keeps it
+        assert producer_b.enqueue("late", headers={"trace": "t-1"}) == 0  # committed (autocommit)
+        consumer_a.close()
+        assert consumer_a.released == [ReleasedClaim("pop", 0, False, 1, "rescued")]
+        assert slots(engine)[:2] == [(0, 0, 3), (1, 1, 1)]  # old slot RESCUED, the message at 1
+        [m] = consumer_c.dequeue(5)
+        assert (m.id, m.text, m.headers) == (1, "late", {"trace": "t-1"})  # same payload and headers
+        assert consumer_c.dequeue(5, timeout=0.2) == []  # exactly once
+        repair = repair_ring(engine, "r", grace=0)
+        assert (repair.tombstoned, repair.rescued, repair.deferred) == ([], [], [])  # nothing left to repair
+        assert producer_b.counts()["ready"] == 0
+
+
+@pytest.mark.parametrize("end", ["commit", "rollback"])
+def test_release_waits_for_a_push_in_flight_at_its_claim_and_acts_on_its_outcome(engine, db_url, end):
+    """The push of the claimed position is under way (row locked, not committed) when the
+    consumer releases: the release waits for it, then rescues the message if the push
+    committed, or tombstones the position if it rolled back."""
+    other = sa.create_engine(db_url)
+    consumer = ring(engine, 4)
+    try:
+        with other.connect() as pusher, ThreadPoolExecutor(1) as pool:
+            assert consumer.dequeue(1) == []  # claims position 0
+            pusher.begin()
+            assert pusher.execute(sa.text("SELECT queuectl.\"r_enqueue\"('in flight')")).scalar() == 0
+            released = pool.submit(consumer.release)
+            wait_until_waiting_on_a_lock(engine, consumer.backend_pid)
+            getattr(pusher, end)()
+            result = released.result(timeout=30)
+        if end == "commit":
+            assert result == [ReleasedClaim("pop", 0, False, 1, "rescued")]
+            assert slots(engine)[:2] == [(0, 0, 3), (1, 1, 1)]
+        else:
+            assert result == [ReleasedClaim("pop", 0, True, None, "tombstoned")]
+            assert slots(engine)[0] == (0, 0, 2)
+    finally:
+        consumer.close()
+        other.dispose()
+
+
+def wait_until_waiting_on_a_lock(engine, pid: int, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with engine.connect() as conn:
+            if conn.execute(sa.text("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :pid"),
+                            {"pid": pid}).scalar():
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"backend {pid} never waited on a lock")
+
+
+def test_release_rescues_through_a_chain_of_closing_consumers(engine):
+    """The rescued message lands at a position another consumer already claimed; that one
+    closes before popping it: its release rescues it in turn, and it is still delivered once."""
+    consumer_a = ring(engine, 8)
+    consumer_b = RingQueue(engine, "r")
+    with RingQueue(engine, "r") as producer, RingQueue(engine, "r") as consumer_c:
+        assert consumer_a.dequeue(1) == [] and consumer_b.dequeue(1) == []  # claims 0 and 1
+        assert producer.enqueue("m") == 0
+        consumer_a.close()
+        assert consumer_a.released == [ReleasedClaim("pop", 0, False, 1, "rescued")]  # at B's claim
+        consumer_b.close()
+        assert consumer_b.released == [ReleasedClaim("pop", 1, False, 2, "rescued")]
+        assert [(m.id, m.text) for m in consumer_c.dequeue(5)] == [(2, "m")]
+        assert repair_ring(engine, "r", grace=0).rescued == []
+
+
+def test_release_still_tombstones_claims_nobody_pushed(engine):
+    """Unchanged from ring_0001: a pop claim and a push claim whose slots are free for them
+    are tombstoned at once; the pushes and pops after them skip those positions."""
+    with ring(engine, 2) as q:
+        assert q.dequeue(1) == []  # keeps pop claim 0
+        assert q.release() == [ReleasedClaim("pop", 0, True, None, "tombstoned")]
+        assert q.release() == []  # nothing kept any more
+        assert q.enqueue_many(["a", "b"]) == [1, 2]  # push 0 found the tombstone and moved on
+        with pytest.raises(QueueFullError):
+            q.enqueue("c", timeout=0.05)  # keeps push claim 3
+        assert [(m.id, m.text) for m in q.dequeue(2)] == [(1, "a"), (2, "b")]
+        assert q.release() == [ReleasedClaim("push", 3, True, None, "tombstoned")]
+        assert q.enqueue("d") == 4
+        assert [(m.id, m.text) for m in q.dequeue(2)] == [(4, "d")]  # pop 3 skips the tombstone
+        assert slots(engine) == [(0, 4, 0), (1, 3, 2)]
+
+
+def test_release_on_a_full_ring_leaves_the_message_for_ring_repair(engine):
+    """The rescue needs a free slot. Ring of 3 holding 0, 1, 2; producer B waits with push
+    claim 3 (slot 0). Consumer A's claim 0 got its message late; its rescue draws position
+    4 (slot 1, full) and gives up after its short timeout: the message stays FULL at 0,
+    reported as deferred, for ring_repair, which rescues it once the ring has room."""
+    consumer_a = ring(engine, 3)
+    with RingQueue(engine, "r") as producer_b, RingQueue(engine, "r") as consumer_c:
+        assert consumer_a.dequeue(1) == []  # claims 0
+        assert producer_b.enqueue_many(["m0", "m1", "m2"], headers=[{"n": 0}, None, None]) == [0, 1, 2]
+        with pytest.raises(QueueFullError):
+            producer_b.enqueue("m3", timeout=0.05)  # keeps push claim 3
+        started = time.monotonic()
+        assert consumer_a.release() == [ReleasedClaim("pop", 0, False, None, "deferred")]
+        assert time.monotonic() - started >= 0.1  # the rescue's push waited its timeout
+        assert consumer_a.release() == []  # the failed push's claim did not stay in the session
+        consumer_a.close()
+        assert consumer_a.released == []
+        assert slots(engine) == [(0, 0, 1), (1, 1, 1), (2, 2, 1)]  # nothing moved, nothing lost
+        assert [m.text for m in consumer_c.dequeue(2)] == ["m1", "m2"]
+        repair = repair_ring(engine, "r", grace=0)
+        # position 4 (drawn by the failed rescue, never written) is tombstoned; 0 is rescued at 5
+        assert (repair.tombstoned, repair.rescued, repair.deferred) == ([4], [(0, 5)], [])
+        assert producer_b.enqueue("m3") == 3  # its kept claim, in the slot the rescue freed
+        assert [(m.id, m.text, m.headers) for m in consumer_c.dequeue(5)] == [(3, "m3", None), (5, "m0", {"n": 0})]
+        assert consumer_c.dequeue(1, timeout=0.1) == [] and producer_b.counts()["ready"] == 0
+
+
+# -- ring_0002: queues upgrade to the rescuing release one at a time, and back ---------------
+
+
+def release_function(engine, name: str) -> tuple[str, str, str]:
+    """(arguments, result columns, whole definition with the queue's name taken out)."""
+    with engine.connect() as conn:
+        args, result, definition = conn.execute(sa.text(
+            "SELECT pg_get_function_identity_arguments(p.oid), pg_get_function_result(p.oid), pg_get_functiondef(p.oid) "
+            "FROM pg_proc p WHERE p.pronamespace = 'queuectl'::regnamespace AND p.proname = :fn"),
+            {"fn": f"{name}_ring_release"}).one()
+    return args, result, definition.replace(f"{name}_", "NAME_")
+
+
+def test_fresh_ring_install_is_at_ring_0002_with_the_rescuing_release(engine):
+    info = install_queue(engine, "r", "ring", RingSettings(size=4))
+    assert head_of("ring") == "ring_0002" == info.schema_version
+    args, result, _ = release_function(engine, "r")
+    assert args == "p_timeout double precision"
+    assert result == "TABLE(side text, item_id bigint, tombstoned boolean, new_item_id bigint, outcome text)"
+
+
+def test_ring_queue_at_0001_upgrades_alone_and_downgrades_cleanly_with_its_messages(engine):
+    install_queue(engine, "alpha", "ring", RingSettings(size=8), revision="ring_0001")
+    install_queue(engine, "beta", "ring", RingSettings(size=8), revision="ring_0001")
+    old = release_function(engine, "beta")
+    assert old[:2] == ("", "TABLE(side text, item_id bigint, tombstoned boolean)")
+    assert release_function(engine, "alpha") == old
+    # at ring_0001 the race orphans the message: the client reads the old rows as 'left'
+    with RingQueue(engine, "alpha") as producer:
+        consumer = RingQueue(engine, "alpha")
+        assert consumer.dequeue(1) == []  # claims 0
+        assert producer.enqueue_many(["a0", "a1", "a2"]) == [0, 1, 2]
+        consumer.close()
+        assert consumer.released == [ReleasedClaim("pop", 0, False, None, "left")]
+    assert slots(engine, "alpha")[:3] == [(0, 0, 1), (1, 1, 1), (2, 2, 1)]
+
+    assert upgrade_queue(engine, "alpha") == ("ring_0001", "ring_0002")
+    assert release_function(engine, "alpha")[1].endswith("new_item_id bigint, outcome text)")
+    assert release_function(engine, "beta") == old  # upgraded one at a time
+    assert slots(engine, "alpha")[:3] == [(0, 0, 1), (1, 1, 1), (2, 2, 1)]  # the messages stay
+    with RingQueue(engine, "alpha") as producer, RingQueue(engine, "alpha") as consumer:
+        assert [m.text for m in consumer.dequeue(5)] == ["a1", "a2"]  # and keeps claim 3
+        assert producer.enqueue("a3") == 3
+        consumer.close()
+        assert consumer.released == [ReleasedClaim("pop", 3, False, 4, "rescued")]  # at once, now
+        assert repair_ring(engine, "alpha", grace=0).rescued == [(0, 5)]  # 0001's orphan needs the repair
+        assert [(m.id, m.text) for m in producer.dequeue(5)] == [(4, "a3"), (5, "a0")]  # and claims 6
+        assert producer.enqueue("a6") == 6  # pushed after its own last pop: close() rescues it
+    assert producer.released == [ReleasedClaim("pop", 6, False, 7, "rescued")]
+
+    assert downgrade_queue(engine, "alpha", "ring_0001") == ("ring_0002", "ring_0001")
+    assert release_function(engine, "alpha") == old  # exactly ring_0001's function again
+    with RingQueue(engine, "alpha") as consumer:
+        assert [(m.id, m.text) for m in consumer.dequeue(5)] == [(7, "a6")]  # the message stays
+        consumer.close()
+        assert consumer.released == [ReleasedClaim("pop", 8, True, None, "tombstoned")]
+    uninstall_queue(engine, "alpha")
+    assert not [f for f in schema_objects(engine)["functions"] if f.startswith("alpha_")]

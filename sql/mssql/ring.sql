@@ -18,7 +18,11 @@
 -- A pop never reads a push that has not committed: its UPDATE uses UPDLOCK, READPAST,
 -- so a slot locked by an open push is skipped (treated as "not there yet"), never read.
 -- Claims a push or pop keeps for its next call (a full ring, an empty queue) live in the
--- session (SESSION_CONTEXT, keyed by the procedure's object id); ring_release gives them up.
+-- session (SESSION_CONTEXT, keyed by the procedure's object id; not transactional: a
+-- rollback leaves it as it was set); ring_release gives them up, tombstoning a claim whose
+-- slot is free for it and, since ring_0002, re-pushing at once a message whose push
+-- committed at the session's own pop claim after its last pop (otherwise orphaned until
+-- ring_repair's grace has passed).
 --
 -- Procedures that read catalog metadata (sys.sequences, OBJECT_ID) run WITH EXECUTE AS
 -- OWNER: metadata visibility follows the caller, and a role granted only EXECUTE
@@ -288,6 +292,101 @@ END
 
 -- name: drop_ring_release_0001
 -- Remove ring_0001's ring_release.
+DROP PROCEDURE IF EXISTS {{fn_ring_release}};
+
+-- name: create_ring_release_0002
+-- ring_0002's ring_release: give up this session's kept claims, as ring_0001's does, and
+-- close the race that version leaves to ring_repair (sql/postgresql/ring.sql explains it):
+-- a pop claim whose slot holds its position FULL (the push committed after this session's
+-- last pop looked) holds this session's own message, so it is re-pushed at once, without
+-- the grace, as ring_repair rescues an orphan: the old slot marked RESCUED and the push
+-- procedure called, waiting up to @timeout seconds for a free slot, in one transaction.
+-- If the ring stays full that long, a rollback to the savepoint leaves the message FULL
+-- for ring_repair. One row per claim: side, item_id, tombstoned (ring_0001's columns),
+-- new_item_id (the rescued message's new id) and outcome: tombstoned, rescued, deferred
+-- (the ring stayed full) or left (the slot was not free for the claim: ring_repair's).
+CREATE PROCEDURE {{fn_ring_release}}
+    @timeout float = 0.1
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @k_push sysname = CONCAT(N'queuectl.rpush.', OBJECT_ID({{ring_regclass}}));
+    DECLARE @k_pop sysname = CONCAT(N'queuectl.rpop.', OBJECT_ID({{ring_regclass}}));
+    DECLARE @out TABLE (side nvarchar(4) NOT NULL, item_id bigint NOT NULL, tombstoned bit NOT NULL,
+                        new_item_id bigint NULL, outcome nvarchar(10) NOT NULL);
+    DECLARE @pushed TABLE (id bigint NULL);
+    DECLARE @pos bigint = CAST(SESSION_CONTEXT(@k_push) AS bigint);
+    DECLARE @done int, @slot int, @new bigint, @payload varbinary(max), @headers nvarchar(max);
+    IF @pos IS NOT NULL
+    BEGIN
+        -- our own claim: safe to tombstone at once when its slot is free for it
+        UPDATE {{ring}} SET msg_id = @pos, state = 2, payload = NULL, headers = NULL,
+                            changed_at = SYSUTCDATETIME()
+        WHERE slot = @pos % {{size}} AND msg_id = @pos - {{size}} AND state <> 1;
+        SET @done = @@ROWCOUNT;
+        INSERT INTO @out VALUES (N'push', @pos, @done, NULL,
+                                 CASE WHEN @done = 1 THEN N'tombstoned' ELSE N'left' END);
+        -- cleared before a rescue below pushes: that push must draw a position of its own
+        EXEC sys.sp_set_session_context @key = @k_push, @value = NULL;
+    END
+    SET @pos = CAST(SESSION_CONTEXT(@k_pop) AS bigint);
+    IF @pos IS NOT NULL
+    BEGIN
+        -- a pop claim whose push has not happened yet: tombstone it before a push fills it.
+        -- A push of @pos in flight holds the slot's key lock: this waits for its outcome.
+        UPDATE {{ring}} SET msg_id = @pos, state = 2, payload = NULL, headers = NULL,
+                            changed_at = SYSUTCDATETIME()
+        WHERE slot = @pos % {{size}} AND msg_id = @pos - {{size}} AND state <> 1;
+        IF @@ROWCOUNT = 1
+            INSERT INTO @out VALUES (N'pop', @pos, 1, NULL, N'tombstoned');
+        ELSE
+        BEGIN
+            -- the race: the push of @pos committed after our last pop looked. READPAST: a
+            -- slot locked now is ring_repair rescuing it already, never waited for here.
+            BEGIN TRANSACTION;
+            SELECT @slot = o.slot, @payload = o.payload, @headers = o.headers
+            FROM {{ring}} AS o WITH (UPDLOCK, READPAST, ROWLOCK)
+            WHERE o.slot = @pos % {{size}} AND o.msg_id = @pos AND o.state = 1;
+            IF @slot IS NULL
+            BEGIN
+                COMMIT TRANSACTION;
+                INSERT INTO @out VALUES (N'pop', @pos, 0, NULL, N'left');
+            END
+            ELSE
+            BEGIN
+                -- a rollback to the savepoint undoes the rescue and keeps the slot's lock
+                SAVE TRANSACTION ring_rescue;
+                UPDATE {{ring}} SET state = 3, payload = NULL, headers = NULL, changed_at = SYSUTCDATETIME()
+                WHERE slot = @slot;
+                INSERT INTO @pushed (id)
+                EXEC {{fn_enqueue}} @payload = @payload, @headers = @headers, @timeout = @timeout;
+                SELECT @new = p.id FROM @pushed AS p;
+                IF @new IS NULL
+                BEGIN
+                    -- the ring stayed full: the message stays FULL at @pos for ring_repair.
+                    -- The push kept the position it drew in the session, and session context
+                    -- is not transactional: drop it (a hole, which ring_repair tombstones).
+                    ROLLBACK TRANSACTION ring_rescue;
+                    COMMIT TRANSACTION;
+                    EXEC sys.sp_set_session_context @key = @k_push, @value = NULL;
+                    INSERT INTO @out VALUES (N'pop', @pos, 0, NULL, N'deferred');
+                END
+                ELSE
+                BEGIN
+                    COMMIT TRANSACTION;
+                    INSERT INTO @out VALUES (N'pop', @pos, 0, @new, N'rescued');
+                END
+            END
+        END
+        EXEC sys.sp_set_session_context @key = @k_pop, @value = NULL;
+    END
+    SELECT side, item_id, tombstoned, new_item_id, outcome FROM @out;
+END
+
+-- name: drop_ring_release_0002
+-- Remove ring_0002's ring_release.
 DROP PROCEDURE IF EXISTS {{fn_ring_release}};
 
 -- name: drop_functions

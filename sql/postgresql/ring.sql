@@ -43,8 +43,11 @@
 --  * ring_release() (the Python client's close()) gives up the session's claims. A claim
 --    whose slot is free for it is tombstoned at once (safe: the claim is ours, and a
 --    push that later draws the same position sees the tombstone and takes the next one).
---    Otherwise (the ring is full at that slot, or the popped-for message arrived in the
---    meantime) the position is left to ring_repair() as above.
+--    A pop claim whose message arrived in the meantime (its push committed between the
+--    session's last pop and the release, so the slot holds it FULL) would be orphaned:
+--    the claim is ours, so release rescues the message at once, as ring_repair does but
+--    without the grace (since ring_0002). Otherwise (the ring is full at that slot, or
+--    stays full for the rescue's push) the position is left to ring_repair() as above.
 --  * a rescued message lands at a new push position; if the pop claim for that position
 --    is itself abandoned, the next ring_repair() run moves it again.
 --
@@ -295,6 +298,89 @@ $fn$;
 -- name: drop_ring_release_0001
 -- Remove ring_0001's ring_release.
 DROP FUNCTION IF EXISTS {{fn_ring_release}}();
+
+-- name: create_ring_release_0002
+-- ring_0002's ring_release: give up this session's kept claims, as ring_0001's does, and
+-- close the race that version leaves to ring_repair: the push of the pop claim's position
+-- v committed after this session's last pop looked for it. The slot then holds v FULL, so
+-- no tombstone can go in, and no pop will ever ask for v again: the message is this
+-- session's own, so it is re-pushed at once (no grace) at a new position, exactly as
+-- ring_repair rescues an orphan: the old slot is marked RESCUED and the payload and
+-- headers go through the enqueue function, waiting up to p_timeout seconds for a free
+-- slot. If the ring stays full that long, the rescue rolls back and the message stays
+-- FULL at v for ring_repair (its grace, then the same rescue); the position the failed
+-- push drew is a hole that ring_repair tombstones. One row per claim:
+--   outcome 'tombstoned': the slot was free for the claim, a tombstone went in;
+--           'rescued':    a pop claim's message was re-pushed at new_item_id;
+--           'deferred':   a pop claim's message stayed FULL (ring full): left to ring_repair;
+--           'left':       the slot was not free for the claim (the ring full at that slot,
+--                         or ring_repair already passed the position, or busy there now):
+--                         whatever arrives there later is ring_repair's, as in ring_0001.
+-- side, item_id and tombstoned are ring_0001's columns, unchanged.
+CREATE FUNCTION {{fn_ring_release}}(p_timeout double precision DEFAULT 0.1)
+RETURNS TABLE (side text, item_id bigint, tombstoned boolean, new_item_id bigint, outcome text)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_push text := 'queuectl.rpush' || {{ring_regclass}}::regclass::oid;
+    v_pop  text := 'queuectl.rpop' || {{ring_regclass}}::regclass::oid;
+    v_pos  bigint;
+    v_msg  record;
+BEGIN
+    v_pos := nullif(current_setting(v_push, true), '')::bigint;
+    IF v_pos IS NOT NULL THEN
+        -- our own claim: safe to tombstone at once when its slot is free for it
+        UPDATE {{ring}} r SET msg_id = v_pos, state = 2, payload = NULL, headers = NULL,
+                              changed_at = clock_timestamp()
+        WHERE r.slot = mod(v_pos, {{size}}) AND r.msg_id = v_pos - {{size}} AND r.state <> 1;
+        side := 'push'; item_id := v_pos; tombstoned := FOUND; new_item_id := NULL;
+        outcome := CASE WHEN tombstoned THEN 'tombstoned' ELSE 'left' END;
+        RETURN NEXT;
+        -- cleared before a rescue below pushes: that push must draw a position of its own
+        PERFORM set_config(v_push, '', false);
+    END IF;
+    v_pos := nullif(current_setting(v_pop, true), '')::bigint;
+    IF v_pos IS NOT NULL THEN
+        -- a pop claim whose push has not happened yet: tombstone the position before a
+        -- push fills it (that push then takes the next position), so nothing is orphaned.
+        -- A push of v in flight holds the slot's row lock: this waits for it, then sees
+        -- its outcome (rolled back: the tombstone goes in; committed: v is FULL, below).
+        UPDATE {{ring}} r SET msg_id = v_pos, state = 2, payload = NULL, headers = NULL,
+                              changed_at = clock_timestamp()
+        WHERE r.slot = mod(v_pos, {{size}}) AND r.msg_id = v_pos - {{size}} AND r.state <> 1;
+        side := 'pop'; item_id := v_pos; tombstoned := FOUND; new_item_id := NULL;
+        outcome := CASE WHEN tombstoned THEN 'tombstoned' ELSE 'left' END;
+        IF NOT tombstoned THEN
+            -- the race: v's push committed after our last pop looked. SKIP LOCKED: a slot
+            -- locked now is ring_repair rescuing it already, never to be waited for here.
+            SELECT s.payload, s.headers INTO v_msg FROM {{ring}} s
+            WHERE s.slot = mod(v_pos, {{size}}) AND s.msg_id = v_pos AND s.state = 1
+            FOR UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                BEGIN
+                    UPDATE {{ring}} r SET state = 3, payload = NULL, headers = NULL, changed_at = clock_timestamp()
+                    WHERE r.slot = mod(v_pos, {{size}});
+                    new_item_id := {{fn_enqueue}}(v_msg.payload, v_msg.headers, p_timeout);
+                    IF new_item_id IS NULL THEN
+                        RAISE EXCEPTION USING ERRCODE = 'QR001', MESSAGE = 'ring full';
+                    END IF;
+                    outcome := 'rescued';
+                EXCEPTION WHEN SQLSTATE 'QR001' THEN
+                    -- the ring stayed full: this block rolled back (the slot is FULL at v
+                    -- again, and the push claim the enqueue kept is gone with it)
+                    outcome := 'deferred';
+                END;
+            END IF;
+        END IF;
+        RETURN NEXT;
+        PERFORM set_config(v_pop, '', false);
+    END IF;
+END
+$fn$;
+
+-- name: drop_ring_release_0002
+-- Remove ring_0002's ring_release.
+DROP FUNCTION IF EXISTS {{fn_ring_release}}(double precision);
 
 -- name: drop_functions
 -- Remove the SQL API.
