@@ -360,6 +360,50 @@ def test_kind_dequeue_returns_postgresqls_columns_in_its_order(kind):
         check_dequeue_matches(kind, pg_fn, ms_proc)
 
 
+@pytest.mark.parametrize("section", ["create_ring_release_0001", "create_ring_release_0002"])
+def test_ring_release_returns_postgresqls_columns(section):
+    """RingQueue.release() reads ring_release's rows by column name, on both engines and at
+    both revisions: the procedure's result set is the function's RETURNS TABLE."""
+    pg_fn = sections("postgresql", "ring")[section]
+    returns = re.search(r"RETURNS TABLE \((.*?)\)\s*LANGUAGE", pg_fn, re.S).group(1)
+    expected = [part.split()[0] for part in returns.split(",")]
+    assert expected[:3] == ["side", "item_id", "tombstoned"]  # ring_0001's columns, kept by ring_0002
+    [proc] = split_go_batches(rendered("ring", section))
+    assert result_columns(proc, "tsql")[-1] == expected
+
+
+def test_ring_release_0002_tsql_rescues_through_the_push_procedure_under_a_savepoint():
+    """The T-SQL counterpart of PostgreSQL's rescue (no server here: its form, not its run).
+    The message is read with the file's lock hints, the old slot marked RESCUED and the push
+    procedure called inside one transaction; a full ring rolls back to the savepoint, and the
+    push claim the failed push kept in the (non-transactional) session context is dropped."""
+    flat = " ".join(rendered("ring", "create_ring_release_0002").split())
+    assert "@timeout float = 0.1" in flat
+    read = flat.index('FROM "queuectl"."orders_ring" AS o WITH (UPDLOCK, READPAST, ROWLOCK) '
+                      "WHERE o.slot = @pos % 1024 AND o.msg_id = @pos AND o.state = 1;")
+    begin, save = flat.index("BEGIN TRANSACTION;"), flat.index("SAVE TRANSACTION ring_rescue;")
+    rescued = flat.index("SET state = 3, payload = NULL, headers = NULL")
+    push = flat.index('INSERT INTO @pushed (id) EXEC "queuectl"."orders_enqueue" @payload = @payload, '
+                      "@headers = @headers, @timeout = @timeout;")
+    assert begin < read < save < rescued < push
+    deferred = flat[push:]
+    assert deferred.index("ROLLBACK TRANSACTION ring_rescue; COMMIT TRANSACTION; "
+                          "EXEC sys.sp_set_session_context @key = @k_push, @value = NULL;") < deferred.index("N'deferred'")
+    assert "INSERT INTO @out VALUES (N'pop', @pos, 0, @new, N'rescued');" in deferred
+    assert flat.count("BEGIN TRANSACTION;") == 1 and flat.count("COMMIT TRANSACTION;") == 3  # every path commits
+
+
+def test_ring_install_script_ends_with_ring_0002s_release():
+    """The offline install runs ring_0001 (its release) then ring_0002 (drops it, creates the
+    new one): the last definition the script leaves is the rescuing procedure."""
+    batches = split_go_batches(install_script(None, "orders", "ring", dialect="mssql"))
+    release = [b for b in batches if '"queuectl"."orders_ring_release"' in b]
+    assert [b.split(None, 2)[:2] for b in release] == [["CREATE", "PROCEDURE"], ["DROP", "PROCEDURE"],
+                                                      ["CREATE", "PROCEDURE"]]
+    assert "@timeout float = 0.1" not in release[0] and "@timeout float = 0.1" in release[2]
+    assert "UPDATE queuectl.queues SET schema_version=N'ring_0002'" in " ".join(batches)
+
+
 def test_an_unsorted_output_batch_fails_the_dequeue_order_check():
     """The reliable dequeue as it was: UPDATE through the ordered pick, OUTPUT straight to the
     client. The pick's ORDER BY chose the rows, but nothing orders what OUTPUT returns."""
