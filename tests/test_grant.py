@@ -205,3 +205,31 @@ def test_granted_roles_cannot_touch_any_queue_table_directly_while_their_functio
     finally:
         as_producer.dispose()
         as_consumer.dispose()
+
+
+def test_ring_consumer_role_that_closes_rescues_the_message_it_missed(engine, db_url, roles):
+    """A ring's consumer role may call dequeue and ring_release, not enqueue; the release's
+    rescue (ring_0002) pushes through the enqueue function with the owner's rights."""
+    from queuectl.kinds import ReleasedClaim, RingQueue
+    from queuectl.kindspec import RingSettings
+
+    producer, consumer, _ = roles
+    install_queue(engine, "events", "ring", RingSettings(size=8))
+    granted = grant_queue(engine, "events", producer=producer, consumer=consumer)
+    assert granted[consumer] == ["events_dequeue", "events_ring_release"]
+    as_producer, as_consumer = engine_as(db_url, producer), engine_as(db_url, consumer)
+    try:
+        late = RingQueue(as_consumer, "events")
+        assert late.dequeue(1) == []  # claims position 0
+        with as_producer.connect() as conn:
+            assert conn.execute(sa.text("SELECT queuectl.events_enqueue('m')")).scalar() == 0
+            conn.commit()
+        with pytest.raises(ProgrammingError, match="permission denied for function events_enqueue"):
+            late.enqueue("not a producer")
+        late.close()
+        assert late.released == [ReleasedClaim("pop", 0, False, 1, "rescued")]
+        with RingQueue(as_consumer, "events") as other:
+            assert [(m.id, m.text) for m in other.dequeue(5)] == [(1, "m")]
+    finally:
+        as_producer.dispose()
+        as_consumer.dispose()
