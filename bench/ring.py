@@ -75,11 +75,13 @@ def _drain(run: BenchRun, design: str, names: QueueNames) -> int:
 def _drain_and_balance(run: BenchRun, design: str, names: QueueNames, phase: dict[str, Any]) -> dict[str, int]:
     """Take everything left, then compare the ledger: sent vs taken, and what stayed behind.
 
-    A ring message can be left FULL at a position a consumer had claimed when it closed
-    (its push committed between the consumer's last empty pop and its ring_release, which
-    then cannot tombstone the position): no pop asks for it again. Those are counted as
-    orphaned, then ring_repair (grace 0: every worker has stopped) re-pushes them and a
-    second drain takes them; lost counts what even that did not bring back."""
+    A ring message left FULL at a position no pop will ask for again is orphaned. Since
+    ring_0002 a consumer's close (ring_release) re-pushes the one a closing consumer used to
+    leave behind (its push committed between the consumer's last empty pop and the release),
+    so a normal run orphans none; a consumer that dies without closing, or a rescue on a
+    ring that stays full, still would. Those are counted as orphaned, then ring_repair
+    (grace 0: every worker has stopped) re-pushes them and a second drain takes them; lost
+    counts what even that did not bring back."""
     driver = driver_for(design)
     drained = _drain(run, design, names)
     with run.engine.connect() as conn:
