@@ -419,7 +419,9 @@ EXEC {{fn_dequeue}} @batch = :batch, @timeout = :timeout
 EXEC {{fn_ring_repair}} @grace_seconds = :grace, @timeout = :timeout
 
 -- name: ring_release
--- Client call: give up this session's kept claims.
+-- Client call: give up this session's kept claims (ring_0002: and rescue a message that
+-- arrived at the pop claim, with the procedure's default timeout). No argument: the same
+-- call serves a queue still at ring_0001, whose procedure returns three columns.
 EXEC {{fn_ring_release}}
 
 -- name: counts

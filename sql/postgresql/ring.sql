@@ -413,7 +413,9 @@ SELECT * FROM {{fn_dequeue}}(:batch, CAST(:timeout AS double precision))
 SELECT * FROM {{fn_ring_repair}}(make_interval(secs => :grace), CAST(:timeout AS double precision))
 
 -- name: ring_release
--- Client call: give up this session's kept claims.
+-- Client call: give up this session's kept claims (ring_0002: and rescue a message that
+-- arrived at the pop claim, with the function's default timeout). No argument and `*`:
+-- the same call serves a queue still at ring_0001, whose function has three columns.
 SELECT * FROM {{fn_ring_release}}()
 
 -- name: counts
