@@ -233,3 +233,27 @@ def test_ring_consumer_role_that_closes_rescues_the_message_it_missed(engine, db
     finally:
         as_producer.dispose()
         as_consumer.dispose()
+
+
+def test_ring_producer_role_that_closes_gives_up_its_kept_push_claim(engine, db_url, roles):
+    """A ring producer whose push found the ring full keeps its claim in the session; its
+    close() must be able to give it up (ring_release), or closing fails for the role."""
+    from queuectl.kinds import QueueFullError, RingQueue
+    from queuectl.kindspec import RingSettings
+
+    producer, consumer, _ = roles
+    install_queue(engine, "events", "ring", RingSettings(size=8))
+    granted = grant_queue(engine, "events", producer=producer, consumer=consumer)
+    assert granted[producer] == ["events_enqueue", "events_enqueue_many", "events_ring_release"]
+    as_producer = engine_as(db_url, producer)
+    try:
+        pusher = RingQueue(as_producer, "events")
+        assert len(pusher.enqueue_many([b"m%d" % i for i in range(8)])) == 8
+        with pytest.raises(QueueFullError):
+            pusher.enqueue(b"full", timeout=0)  # ring full: the claim of position 8 stays in the session
+        pusher.close()
+        assert [(c.side, c.item_id, c.outcome) for c in pusher.released] == [("push", 8, "left")]
+    finally:
+        as_producer.dispose()
+    with RingQueue(engine, "events") as consumer_queue:
+        assert [m.payload for m in consumer_queue.dequeue(10)] == [b"m%d" % i for i in range(8)]

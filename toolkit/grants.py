@@ -22,6 +22,9 @@ from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident
 from queuectl.sqlfiles import render
 
 PRODUCER_CALLS = ("enqueue", "enqueue_many")
+# A ring producer keeps a push claim in its session when the ring is full; its client's
+# close() gives it up through ring_release, so producers need that call too.
+EXTRA_PRODUCER_CALLS = {"ring": ("ring_release",)}
 CONSUMER_CALLS = {
     "reliable": ("dequeue", "ack", "nack", "extend_lease", "release", "ack_dequeue"),
     "ring": ("dequeue", "ring_release"),
@@ -45,6 +48,10 @@ def validate_role(role: str) -> str:
     return role
 
 
+def producer_calls(kind: str) -> tuple[str, ...]:
+    return PRODUCER_CALLS + EXTRA_PRODUCER_CALLS.get(kind, ())
+
+
 def consumer_calls(kind: str) -> tuple[str, ...]:
     return CONSUMER_CALLS.get(kind, DEFAULT_CONSUMER_CALLS)
 
@@ -66,7 +73,7 @@ def granted_functions(conn: Connection, name: str, role: str, schema: str = DEFA
     info = require_queue(conn, name, schema)
     values = {
         "schema_literal": f"'{schema}'",
-        "function_literals": _literals(names, PRODUCER_CALLS + consumer_calls(info.kind)),
+        "function_literals": _literals(names, tuple(dict.fromkeys(producer_calls(info.kind) + consumer_calls(info.kind)))),
     }
     sql = render(adapter_for(conn).sql_dir, "grant", "granted_functions", values)
     return list(conn.execute(sa.text(sql), {"role": validate_role(role)}).scalars())
@@ -84,14 +91,15 @@ def grant_queue(
     Returns {role: the queue functions it may now execute}.
     """
     names = QueueNames(name, schema)
-    roles = {role: calls for role, calls in ((producer, PRODUCER_CALLS), (consumer, None)) if role}
+    roles = [role for role in (producer, consumer) if role]
     if not roles:
         raise UsageError("give --producer ROLE and/or --consumer ROLE")
     for role in roles:
         validate_role(role)
     with engine.connect() as conn:
         info = require_queue(conn, name, schema)
-        everything = PRODUCER_CALLS + consumer_calls(info.kind) + MAINTENANCE_CALLS.get(info.kind, ())
+        everything = tuple(dict.fromkeys(
+            producer_calls(info.kind) + consumer_calls(info.kind) + MAINTENANCE_CALLS.get(info.kind, ())))
         base = {**names.template_values(), "schema_literal": f"'{schema}'"}
         exists = render(adapter_for(conn).sql_dir, "grant", "role_exists", {})
         for role in roles:
@@ -99,7 +107,8 @@ def grant_queue(
                 raise UsageError(f"role {role!r} does not exist in this database: create it first")
         _run(conn, {**base, "function_literals": _literals(names, everything)}, "secure_functions")
         if producer:
-            _run(conn, {**base, "role": quote_ident(producer), "function_literals": _literals(names, PRODUCER_CALLS)},
+            _run(conn, {**base, "role": quote_ident(producer),
+                        "function_literals": _literals(names, producer_calls(info.kind))},
                  "grant_execute")
         if consumer:
             calls = consumer_calls(info.kind)
