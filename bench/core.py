@@ -405,6 +405,26 @@ class BenchRun:
             ).mappings().all()
         return {r["relname"]: {k: int(v or 0) for k, v in r.items() if k != "relname"} for r in rows}
 
+    # pg_stat_statements ---------------------------------------------------------------
+
+    def pgss_available(self) -> bool:
+        """pg_stat_statements is loaded and its extension exists (created here if need be)."""
+        try:
+            with self.engine.connect() as conn:
+                if not conn.execute(sa.text(bench_sql("pgss_installed", {}))).scalar_one():
+                    conn.execute(sa.text(bench_sql("pgss_create", {})))
+                    conn.commit()
+            return True
+        except Exception:
+            return False
+
+    def pgss_calls(self, fn_name: str) -> dict[str, float]:
+        """Totals so far of the top-level statements that call fn_name (a quoted, qualified name)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.text(bench_sql("pgss_calls", {})), {"pattern": f"%{fn_name}(%"}).mappings().all()
+        keys = ("calls", "rows", "shared_blks_hit", "shared_blks_read", "wal_bytes", "total_exec_time")
+        return {k: float(sum(r[k] or 0 for r in rows)) for k in keys}
+
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0

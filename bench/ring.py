@@ -107,9 +107,14 @@ def ring(run: BenchRun) -> dict[str, Any]:
     unavailable: list[dict[str, str]] = []
     commit: list[float | None] = []
     cells: dict[tuple[str, int], dict[str, list[Any]]] = {
-        (d, b): {"rate": [], "p50": [], "p99": [], "lost": [], "orphaned": [], "repaired": [], "messages": []}
+        (d, b): {"rate": [], "p50": [], "p99": [], "lost": [], "orphaned": [], "repaired": [], "messages": [],
+                 **{k: [] for k in PROFILE_KEYS}}
         for d, _, _ in DESIGNS for b in o.batches
     }
+    have_pgss = run.pgss_available()
+    if not have_pgss:
+        unavailable.append({"subject": "server time and buffers per message",
+                            "reason": "pg_stat_statements is not available (needs shared_preload_libraries and CREATE EXTENSION)"})
     _install(run, DESIGNS[0][0], run.names(DESIGNS[0][1]), size)  # the schema, before the ceiling's table
     steps = o.repeat * (1 + len(DESIGNS) * len(o.batches)) + (len(DESIGNS) if o.soak else 0)
     soak: dict[str, Any] = {}
@@ -128,10 +133,15 @@ def ring(run: BenchRun) -> dict[str, Any]:
                     rep.step(f"repeat {r + 1}: {design}, batch {batch}")
                     names = run.names(queue)
                     _install(run, design, names, size)
+                    fns = _profiled_functions(names, design)
+                    before = {side: [run.pgss_calls(f) for f in fs] for side, fs in fns.items()} if have_pgss else None
                     res = run.python_phase(design, names, "cycle", batch=batch, payload_bytes=o.payload_bytes,
                                            producers=P, consumers=C, seconds=o.seconds)
+                    after = {side: [run.pgss_calls(f) for f in fs] for side, fs in fns.items()} if have_pgss else None
                     ledger = _drain_and_balance(run, design, names, res)
                     cell = cells[(design, batch)]
+                    for key, value in _profile(before, after, res, P + C).items():
+                        cell[key].append(value)
                     cell["rate"].append(res["rate"])
                     cell["p50"].append(res["p50_ms"])
                     cell["p99"].append(res["p99_ms"])
@@ -156,6 +166,7 @@ def ring(run: BenchRun) -> dict[str, Any]:
                 "lost": stat(cell["lost"]),
                 "orphaned": stat(cell["orphaned"]),
                 "repaired": stat(cell["repaired"]),
+                **{key: stat(cell[key]) for key in PROFILE_KEYS},
             }
             if design == "ring":
                 metrics["ring_vs_one_table"] = stat(
@@ -186,14 +197,51 @@ def ring(run: BenchRun) -> dict[str, Any]:
             "ring_repair (grace 0) then re-pushes them and a second drain takes them (repaired); lost = sent - "
             "taken - left at the end",
             "SQL ceiling: single-row commits (INSERT, autocommit) at producers+consumers clients via pgbench",
+            "profile per phase (pg_stat_statements deltas of the top-level enqueue and dequeue calls, messages = "
+            "all sent incl. warm-up): server us/msg = execution time inside the server (the functions' statements "
+            "and any wait inside them, e.g. a ring pop backing off for an unpushed position; not the commit's WAL "
+            "flush); buf/msg = shared buffers hit + read; in server = that execution time over the workers' wall "
+            "time (workers x phase seconds): the rest is commit, round trips and the Python client",
         ] + ([_soak_note(o.soak, o.batch)] if o.soak else []),
         "display_metrics": [["lost", "lost"], ["orphaned", "orphaned"], ["repaired", "repaired"],
+                            ["push us/msg", "server_us_per_push"], ["pop us/msg", "server_us_per_pop"],
+                            ["buf/msg", "buffers_per_message"], ["in server", "fraction_worker_time_in_server"],
                             ["ring x", "ring_vs_one_table"]],
         "ceilings": [{"name": "single-row commits", "clients": P + C, "unit": "statements/s", "rate": stat(commit)}],
         "rows": rows,
         "targets": _targets(cells, o.batches, soak),
         "unavailable": unavailable,
         "soak": soak,
+    }
+
+
+PROFILE_KEYS = ("server_us_per_push", "server_us_per_pop", "buffers_per_message", "fraction_worker_time_in_server")
+
+
+def _profiled_functions(names: QueueNames, design: str) -> dict[str, list[str]]:
+    """The SQL functions the kind's client calls for a push (one or many) and for a pop."""
+    values = kind_template_values(names, design)
+    return {"push": [values["fn_enqueue"], values["fn_enqueue_many"]], "pop": [values["fn_dequeue"]]}
+
+
+def _profile(before: dict[str, list[dict[str, float]]] | None, after: dict[str, list[dict[str, float]]] | None,
+             phase: dict[str, Any], workers: int) -> dict[str, float | None]:
+    """Server time and buffers per message over one phase, from pg_stat_statements deltas."""
+    if before is None or after is None:
+        return dict.fromkeys(PROFILE_KEYS)
+
+    def delta(side: str, key: str) -> float:
+        return sum(a[key] - b[key] for a, b in zip(after[side], before[side]))
+
+    sent, taken = phase["sent_total"], phase["taken_total"]
+    push_ms, pop_ms = delta("push", "total_exec_time"), delta("pop", "total_exec_time")
+    buffers = sum(delta(side, k) for side in ("push", "pop") for k in ("shared_blks_hit", "shared_blks_read"))
+    wall_ms = phase["seconds"] * workers * 1000.0
+    return {
+        "server_us_per_push": push_ms * 1000.0 / sent if sent else None,
+        "server_us_per_pop": pop_ms * 1000.0 / taken if taken else None,
+        "buffers_per_message": buffers / sent if sent else None,
+        "fraction_worker_time_in_server": (push_ms + pop_ms) / wall_ms if wall_ms else None,
     }
 
 

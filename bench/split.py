@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import sqlalchemy as sa
-
 from queuectl.bench.core import BenchRun, ratio, scenario, stat
 from queuectl.bench.drivers import bench_sql, driver_for
 from queuectl.bench.workers import payload_pool
@@ -25,24 +23,6 @@ FILL_PER_SECOND = 2000  # pre-filled rows per --seconds: enough that most drains
 FILL_CHUNK = 200
 PAYS_FROM = 1.05  # the split "pays" where it is at least this much faster than one table
 MATCHES = 0.95  # "at least matches" within this machine's noise
-
-
-def _pgss(run: BenchRun) -> bool:
-    try:
-        with run.engine.connect() as conn:
-            if not conn.execute(sa.text(bench_sql("pgss_installed", {}))).scalar_one():
-                conn.execute(sa.text(bench_sql("pgss_create", {})))
-                conn.commit()
-        return True
-    except Exception:
-        return False
-
-
-def _calls(run: BenchRun, fn_name: str) -> dict[str, float]:
-    with run.engine.connect() as conn:
-        rows = conn.execute(sa.text(bench_sql("pgss_calls", {})), {"pattern": f"%{fn_name}(%"}).mappings().all()
-    keys = ("calls", "rows", "shared_blks_hit", "shared_blks_read", "wal_bytes", "total_exec_time")
-    return {k: float(sum(r[k] or 0 for r in rows)) for k in keys}
 
 
 def _fill(run: BenchRun, driver_name: str, names: Any, count: int, payload_bytes: int) -> None:
@@ -66,7 +46,7 @@ def split(run: BenchRun) -> dict[str, Any]:
     B, C = o.batch, o.consumers
     fill = max(1000, int(FILL_PER_SECOND * o.seconds))
     unavailable: list[dict[str, str]] = []
-    have_pgss = _pgss(run)
+    have_pgss = run.pgss_available()
     if not have_pgss:
         unavailable.append({"subject": "buffers per dequeue",
                             "reason": "pg_stat_statements is not available (needs shared_preload_libraries and CREATE EXTENSION)"})
@@ -84,10 +64,10 @@ def split(run: BenchRun) -> dict[str, Any]:
                     driver.install(run.engine, names)
                     _fill(run, design, names, fill, size)
                     fn = names.template_values()["fn_dequeue"]
-                    before = _calls(run, fn) if have_pgss else None
+                    before = run.pgss_calls(fn) if have_pgss else None
                     res = run.python_phase(design, names, "dequeue", batch=B, payload_bytes=size,
                                            producers=0, consumers=C, seconds=o.seconds)
-                    after = _calls(run, fn) if have_pgss else None
+                    after = run.pgss_calls(fn) if have_pgss else None
                     cell = m[(design, size)]
                     cell["rate"].append(res["rate"])
                     if before is not None and after is not None:

@@ -167,6 +167,10 @@ def test_tiny_ring_run_balances_every_message_and_reports_its_soak_sizes(db_url:
         # so none is left behind for ring_repair
         assert row["metrics"]["lost"]["values"] == [0]
         assert row["metrics"]["orphaned"]["values"] == row["metrics"]["repaired"]["values"] == [0]
+        # the per-phase profile from pg_stat_statements: both sides ran statements in the server
+        m = row["metrics"]
+        assert m["server_us_per_push"]["median"] > 0 and m["server_us_per_pop"]["median"] > 0
+        assert m["buffers_per_message"]["median"] > 0 and m["fraction_worker_time_in_server"]["median"] > 0
     assert rows[("ring", 10)]["metrics"]["ring_vs_one_table"]["median"] == pytest.approx(
         rows[("ring", 10)]["rate"]["median"] / rows[("fifo", 10)]["rate"]["median"])
     ring, fifo = sc["soak"]["ring"], sc["soak"]["fifo"]
