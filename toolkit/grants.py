@@ -21,10 +21,12 @@ from queuectl.install import require_queue
 from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident
 from queuectl.sqlfiles import render
 
-PRODUCER_CALLS = ("enqueue", "enqueue_many")
-# A ring producer keeps a push claim in its session when the ring is full; its client's
-# close() gives it up through ring_release, so producers need that call too.
-EXTRA_PRODUCER_CALLS = {"ring": ("ring_release",)}
+DEFAULT_PRODUCER_CALLS = ("enqueue", "enqueue_many")
+PRODUCER_CALLS = {
+    # A ring producer keeps a push claim in its session when the ring is full; its client's
+    # close() gives it up through ring_release, so producers need that call too.
+    "ring": ("enqueue", "enqueue_many", "ring_release"),
+}
 CONSUMER_CALLS = {
     "reliable": ("dequeue", "ack", "nack", "extend_lease", "release", "ack_dequeue"),
     "ring": ("dequeue", "ring_release"),
@@ -49,11 +51,16 @@ def validate_role(role: str) -> str:
 
 
 def producer_calls(kind: str) -> tuple[str, ...]:
-    return PRODUCER_CALLS + EXTRA_PRODUCER_CALLS.get(kind, ())
+    return PRODUCER_CALLS.get(kind, DEFAULT_PRODUCER_CALLS)
 
 
 def consumer_calls(kind: str) -> tuple[str, ...]:
     return CONSUMER_CALLS.get(kind, DEFAULT_CONSUMER_CALLS)
+
+
+def api_calls(kind: str) -> tuple[str, ...]:
+    """Every call a producer or a consumer of this kind may be granted, each once."""
+    return tuple(dict.fromkeys(producer_calls(kind) + consumer_calls(kind)))
 
 
 def _literals(names: QueueNames, calls: tuple[str, ...]) -> str:
@@ -73,7 +80,7 @@ def granted_functions(conn: Connection, name: str, role: str, schema: str = DEFA
     info = require_queue(conn, name, schema)
     values = {
         "schema_literal": f"'{schema}'",
-        "function_literals": _literals(names, tuple(dict.fromkeys(producer_calls(info.kind) + consumer_calls(info.kind)))),
+        "function_literals": _literals(names, api_calls(info.kind)),
     }
     sql = render(adapter_for(conn).sql_dir, "grant", "granted_functions", values)
     return list(conn.execute(sa.text(sql), {"role": validate_role(role)}).scalars())
@@ -98,8 +105,7 @@ def grant_queue(
         validate_role(role)
     with engine.connect() as conn:
         info = require_queue(conn, name, schema)
-        everything = tuple(dict.fromkeys(
-            producer_calls(info.kind) + consumer_calls(info.kind) + MAINTENANCE_CALLS.get(info.kind, ())))
+        everything = api_calls(info.kind) + MAINTENANCE_CALLS.get(info.kind, ())
         base = {**names.template_values(), "schema_literal": f"'{schema}'"}
         exists = render(adapter_for(conn).sql_dir, "grant", "role_exists", {})
         for role in roles:
