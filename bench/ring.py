@@ -134,10 +134,10 @@ def ring(run: BenchRun) -> dict[str, Any]:
                     names = run.names(queue)
                     _install(run, design, names, size)
                     fns = _profiled_functions(names, design)
-                    before = {side: [run.pgss_calls(f) for f in fs] for side, fs in fns.items()} if have_pgss else None
+                    before = _server_totals(run, fns) if have_pgss else None
                     res = run.python_phase(design, names, "cycle", batch=batch, payload_bytes=o.payload_bytes,
                                            producers=P, consumers=C, seconds=o.seconds)
-                    after = {side: [run.pgss_calls(f) for f in fs] for side, fs in fns.items()} if have_pgss else None
+                    after = _server_totals(run, fns) if have_pgss else None
                     ledger = _drain_and_balance(run, design, names, res)
                     cell = cells[(design, batch)]
                     for key, value in _profile(before, after, res, P + C).items():
@@ -222,6 +222,11 @@ def _profiled_functions(names: QueueNames, design: str) -> dict[str, list[str]]:
     """The SQL functions the kind's client calls for a push (one or many) and for a pop."""
     values = kind_template_values(names, design)
     return {"push": [values["fn_enqueue"], values["fn_enqueue_many"]], "pop": [values["fn_dequeue"]]}
+
+
+def _server_totals(run: BenchRun, fns: dict[str, list[str]]) -> dict[str, list[dict[str, float]]]:
+    """pg_stat_statements totals so far of each side's functions (push, pop)."""
+    return {side: [run.pgss_calls(f) for f in fs] for side, fs in fns.items()}
 
 
 def _profile(before: dict[str, list[dict[str, float]]] | None, after: dict[str, list[dict[str, float]]] | None,
