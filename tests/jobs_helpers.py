@@ -1,4 +1,4 @@
-"""Helpers the job tests share: reading the live and history tables, polling."""
+"""Helpers the tests share: polling (wait_until), reading the live and history tables."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from collections import Counter
 
 import sqlalchemy as sa
 
+from jobs_helpers import wait_until
 from queuectl.catalog import QueueSettings
 from queuectl.client import Queue
 from queuectl.install import install_queue
@@ -75,16 +76,6 @@ def hold_batch_forever(url: str, n: int, lease: float, held: "mp.Queue") -> None
 
 
 # -- helpers ----------------------------------------------------------------------------
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def meta_rows(engine: sa.Engine, ids: list[int]) -> dict[int, sa.RowMapping]:

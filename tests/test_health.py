@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 
+from jobs_helpers import wait_until
 from queuectl.catalog import QueueSettings
 from queuectl.client import Queue
 from queuectl.engine import make_engine
@@ -46,16 +47,6 @@ def vacuum(engine: Engine, table: str) -> None:
     """VACUUM reports the dead tuples it could not remove straight to the statistics."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text(f"VACUUM (ANALYZE) queuectl.{table}"))
-
-
-def wait_until(predicate, timeout: float = 15.0, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def churn(queue: Queue, n: int, batch: int = 1000) -> None:
@@ -104,7 +95,8 @@ def test_open_transaction_with_dead_rows_piling_up_names_the_pid(orders, engine,
         churn(orders, 3000)
         vacuum(engine, "orders_meta")  # cannot remove what the snapshot may still see
 
-        wait_until(lambda: the(report(engine, "xact_age.warn=1s"), "blockers.session").status != OK)
+        wait_until(lambda: the(report(engine, "xact_age.warn=1s"), "blockers.session").status != OK,
+                   timeout=15, interval=0.1)
         rep = report(engine, "xact_age.warn=1s", "dead_tuples.warn=1000")
         session = the(rep, "blockers.session", f"pid {pid}")
         assert session.status == WARNING
@@ -139,7 +131,8 @@ def test_idle_in_transaction_session_is_flagged(orders, engine):
     try:
         idle.begin()
         pid = idle.execute(sa.select(sa.func.pg_backend_pid())).scalar_one()  # read committed: no snapshot kept
-        wait_until(lambda: the(report(engine, "idle_in_transaction.warn=1s"), "blockers.session").status != OK)
+        wait_until(lambda: the(report(engine, "idle_in_transaction.warn=1s"), "blockers.session").status != OK,
+                   timeout=15, interval=0.1)
         check = the(report(engine, "idle_in_transaction.warn=1s"), "blockers.session", f"pid {pid}")
         assert check.status == WARNING and "idle in transaction" in check.advice
         assert f"pg_terminate_backend({pid})" in check.advice
@@ -168,7 +161,8 @@ def test_expired_lease_is_a_stuck_item(orders, engine):
     orders.enqueue_many([b"a", b"b", b"c"])
     orders.dequeue(2, lease=0.2)  # the consumer "dies": never acks
 
-    rep = wait_until(lambda: (r := report(engine)) and the(r, "queue.stuck_items").value == 2 and r)
+    rep = wait_until(lambda: (r := report(engine)) and the(r, "queue.stuck_items").value == 2 and r,
+                     timeout=15, interval=0.1)
     stuck = the(rep, "queue.stuck_items", "orders")
     assert stuck.status == WARNING
     assert "2 item(s) hold leases that expired" in stuck.advice
@@ -364,7 +358,7 @@ def test_json_output_validates_against_the_schema_in_the_repository(orders, engi
 def test_piped_output_is_plain_text_with_advice_lines(orders, engine, db_url):
     orders.enqueue_many([b"x"] * 4)
     orders.dequeue(1, lease=0.1)
-    wait_until(lambda: the(report(engine), "queue.stuck_items").value == 1)
+    wait_until(lambda: the(report(engine), "queue.stuck_items").value == 1, timeout=15, interval=0.1)
     result = run_cli("health", "orders", url=db_url)
     text = result.stdout.decode()
     assert result.returncode == 1

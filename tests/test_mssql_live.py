@@ -20,6 +20,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from jobs_helpers import wait_until
 from queuectl.client import Queue
 from queuectl.engine import make_engine
 from queuectl.install import install_queue, list_queues, remove_everything
@@ -44,16 +45,6 @@ def schema(mssql_engine: Engine) -> Iterator[str]:
     name = f"qt_{uuid.uuid4().hex[:12]}"
     yield name
     remove_everything(mssql_engine, name)
-
-
-def wait_until(predicate, timeout: float = 30.0, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def _consume(url: str, schema: str, done: mp.Event, out: mp.Queue) -> None:
@@ -119,7 +110,7 @@ def test_an_expired_lease_is_taken_back_with_its_attempt_counted(mssql_engine, s
         item = first.enqueue("slow")
         [held] = first.dequeue(1, lease=1)
         assert second.dequeue(1) == []  # leased: invisible to others
-        [again] = wait_until(lambda: second.dequeue(1, lease=60))
+        [again] = wait_until(lambda: second.dequeue(1, lease=60), timeout=30, interval=0.1)
         assert (again.id, again.attempts) == (item, 2)
         assert first.ack([held]) == 0  # the first consumer lost its lease: it cannot finish the item
         assert second.ack([again]) == 1

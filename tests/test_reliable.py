@@ -7,6 +7,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
+from jobs_helpers import wait_until
 from queuectl.catalog import QueueSettings
 from queuectl.client import Queue
 from queuectl.errors import UsageError
@@ -19,16 +20,6 @@ def meta_row(queue: Queue, item_id: int) -> sa.RowMapping:
         return conn.execute(
             sa.text(f"SELECT * FROM {queue.names.qualified('meta')} WHERE id = :id"), {"id": item_id}
         ).mappings().one()
-
-
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def test_enqueue_then_dequeue_returns_payload_headers_and_lease(orders: Queue):

@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 import ring_workers
+from jobs_helpers import scalar, wait_until
 from queuectl.install import downgrade_queue, head_of, install_queue, uninstall_queue, upgrade_queue
 from queuectl.kinds import QueueFullError, ReleasedClaim, RingQueue, repair_ring
 from queuectl.kindspec import RingSettings
@@ -185,7 +186,8 @@ def test_release_waits_for_a_push_in_flight_at_its_claim_and_acts_on_its_outcome
             pusher.begin()
             assert pusher.execute(sa.text("SELECT queuectl.\"r_enqueue\"('in flight')")).scalar() == 0
             released = pool.submit(consumer.release)
-            wait_until_waiting_on_a_lock(engine, consumer.backend_pid)
+            wait_until(lambda: scalar(engine, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :pid",
+                                      pid=consumer.backend_pid), timeout=30, interval=0.01)
             getattr(pusher, end)()
             result = released.result(timeout=30)
         if end == "commit":
@@ -197,17 +199,6 @@ def test_release_waits_for_a_push_in_flight_at_its_claim_and_acts_on_its_outcome
     finally:
         consumer.close()
         other.dispose()
-
-
-def wait_until_waiting_on_a_lock(engine, pid: int, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        with engine.connect() as conn:
-            if conn.execute(sa.text("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :pid"),
-                            {"pid": pid}).scalar():
-                return
-        time.sleep(0.01)
-    raise AssertionError(f"backend {pid} never waited on a lock")
 
 
 def test_release_rescues_through_a_chain_of_closing_consumers(engine):
