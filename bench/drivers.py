@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from queuectl.engine import BinaryArray  # the same binary array parameters as the client (Adapter.payload_array)
 from queuectl.errors import UsageError
 from queuectl.names import QueueNames
 from queuectl.sqlfiles import render
@@ -228,7 +229,7 @@ class _OneTableSession:
         self.worker = f"bench:{os.getpid()}"
 
     def enqueue(self, payloads: list[bytes]) -> None:
-        self.conn.execute(self.sql["enqueue_many"], {"payloads": payloads}).all()
+        self.conn.execute(self.sql["enqueue_many"], {"payloads": BinaryArray(payloads)}).all()
 
     def take(self, n: int) -> tuple[list[bytes], Any]:
         params = {"batch": n, "lease_seconds": LEASE_SECONDS, "worker": self.worker}
@@ -237,7 +238,7 @@ class _OneTableSession:
 
     def finish(self, token: Any) -> None:
         if token:
-            self.conn.execute(self.sql["ack"], {"ids": token, "worker": self.worker}).scalar_one()
+            self.conn.execute(self.sql["ack"], {"ids": BinaryArray(token), "worker": self.worker}).scalar_one()
 
     def close(self) -> None:
         self.conn.close()

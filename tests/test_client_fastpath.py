@@ -1,13 +1,20 @@
 """The client's batch enqueue sends arrays of defaults as NULL: the items must come out
-exactly as if every default had been spelled out, and per-item values must still apply."""
+exactly as if every default had been spelled out, and per-item values must still apply.
+Payload and id arrays travel in psycopg's binary format, and every byte value survives."""
 
 from __future__ import annotations
 
 import time
 
+import psycopg
 import sqlalchemy as sa
+from psycopg.adapt import PyFormat, Transformer
 
 from queuectl.client import Queue
+from queuectl.engine import adapter_for
+from queuectl.install import install_queue
+from queuectl.kinds import open_queue
+from queuectl.kindspec import settings_for
 
 
 def _rows(queue: Queue, ids: list[int]) -> dict[int, sa.RowMapping]:
@@ -42,3 +49,50 @@ def test_enqueue_many_takes_tiny_delays_which_python_prints_in_e_notation(orders
     while len(got) < 2 and time.monotonic() < deadline:
         got += orders.dequeue(2)
     assert sorted(m.id for m in got) == sorted(ids)
+
+
+def _dumped_format(queue: Queue, value: object) -> psycopg.pq.Format:
+    """The format psycopg picks for `value` behind a `%s` placeholder, as SQLAlchemy renders them."""
+    driver = queue._conn.connection.driver_connection
+    return Transformer(driver).get_dumper(value, PyFormat.AUTO).format
+
+
+def test_payload_and_id_arrays_are_sent_in_binary_format(orders: Queue) -> None:
+    """Text format escapes each array element in Python (~14 us per 300 B payload on
+    these cores) and makes the server parse hex: the hot path's arrays go binary."""
+    adapter = adapter_for(orders.engine)
+    assert _dumped_format(orders, adapter.payload_array([b"a" * 300, b"b"])) == psycopg.pq.Format.BINARY
+    assert _dumped_format(orders, adapter.id_array([1, 2**40])) == psycopg.pq.Format.BINARY
+    params = adapter.enqueue_many_params(
+        [{"payload": b"x", "headers": None, "priority": 0, "delay": 0.0, "title": None}], None
+    )
+    assert _dumped_format(orders, params["payloads"]) == psycopg.pq.Format.BINARY
+    assert _dumped_format(orders, adapter.kind_enqueue_many_params([b"x"], None)["payloads"]) == psycopg.pq.Format.BINARY
+    # a plain list (every other array parameter) keeps psycopg's default text format
+    assert _dumped_format(orders, [b"x"]) == psycopg.pq.Format.TEXT
+
+
+ALL_BYTES = bytes(range(256))
+AWKWARD = [ALL_BYTES, b"", b"{}", b'"', b"\\", b"NULL", b"\x00", ALL_BYTES * 40]
+
+
+def test_binary_payload_arrays_round_trip_every_byte_value(orders: Queue) -> None:
+    ids = orders.enqueue_many(AWKWARD)
+    got = orders.dequeue(len(AWKWARD))
+    assert [m.id for m in got] == ids
+    assert [m.payload for m in got] == AWKWARD
+    # small ids (an int2[] in binary) and large ones both reach CAST(:ids AS bigint[])
+    assert orders.ack([m.id for m in got]) == len(AWKWARD)
+    assert orders.ack([1, 2**40]) == 0
+
+
+def test_binary_payload_arrays_round_trip_on_every_kind(engine) -> None:
+    for kind in ("heap", "fifo", "stack", "watermark", "ring", "pending"):
+        install_queue(engine, f"b_{kind}", kind, settings_for(kind, size=16) if kind == "ring" else None)
+        with open_queue(engine, f"b_{kind}") as queue:
+            queue.enqueue_many(AWKWARD)
+            got = []
+            deadline = time.monotonic() + 5
+            while len(got) < len(AWKWARD) and time.monotonic() < deadline:
+                got += queue.dequeue(len(AWKWARD))
+            assert sorted(m.payload for m in got) == sorted(AWKWARD), kind
