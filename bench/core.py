@@ -192,6 +192,7 @@ class BenchRun:
         self.schema = options.schema
         self.reporter = Reporter(console)
         self.pgbench_path = find_pgbench() if options.pgbench else None
+        self.pgbench_skipped = not options.pgbench
         self._pgbench: Pgbench | None = None
         self.ctx = mp.get_context("spawn")
         self.commands: dict[str, list[str]] = {}
@@ -217,6 +218,8 @@ class BenchRun:
 
     @property
     def pgbench(self) -> Pgbench:
+        if self.pgbench_skipped:
+            raise PgbenchUnavailable("skipped (--no-pgbench)")
         if self.pgbench_path is None:
             raise PgbenchUnavailable("pgbench not found (install postgresql-client or set QUEUECTL_PGBENCH)")
         if self._pgbench is None:
