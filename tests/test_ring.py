@@ -261,7 +261,8 @@ def test_release_on_a_full_ring_leaves_the_message_for_ring_repair(engine):
         assert consumer_c.dequeue(1, timeout=0.1) == [] and producer_b.counts()["ready"] == 0
 
 
-# -- ring_0002: queues upgrade to the rescuing release one at a time, and back ---------------
+# -- upgrades: queues move to the rescuing release (0002) and the set-based push/pop (0003)
+# -- one at a time, and back ---------------------------------------------------------------
 
 
 def release_function(engine, name: str) -> tuple[str, str, str]:
@@ -274,9 +275,19 @@ def release_function(engine, name: str) -> tuple[str, str, str]:
     return args, result, definition.replace(f"{name}_", "NAME_")
 
 
-def test_fresh_ring_install_is_at_ring_0002_with_the_rescuing_release(engine):
+def ring_functions(engine, name: str) -> dict[str, str]:
+    """The push, pop and release functions' definitions, with the queue's name taken out."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(
+            "SELECT p.proname, pg_get_functiondef(p.oid) FROM pg_proc p "
+            "WHERE p.pronamespace = 'queuectl'::regnamespace AND p.proname = ANY(:fns)"),
+            {"fns": [f"{name}_{f}" for f in ("enqueue", "enqueue_many", "dequeue", "ring_release")]}).all()
+    return {fn.removeprefix(f"{name}_"): definition.replace(f"{name}_", "NAME_") for fn, definition in rows}
+
+
+def test_fresh_ring_install_is_at_ring_0003_with_the_rescuing_release(engine):
     info = install_queue(engine, "r", "ring", RingSettings(size=4))
-    assert head_of("ring") == "ring_0002" == info.schema_version
+    assert head_of("ring") == "ring_0003" == info.schema_version
     args, result, _ = release_function(engine, "r")
     assert args == "p_timeout double precision"
     assert result == "TABLE(side text, item_id bigint, tombstoned boolean, new_item_id bigint, outcome text)"
@@ -286,6 +297,7 @@ def test_ring_queue_at_0001_upgrades_alone_and_downgrades_cleanly_with_its_messa
     install_queue(engine, "alpha", "ring", RingSettings(size=8), revision="ring_0001")
     install_queue(engine, "beta", "ring", RingSettings(size=8), revision="ring_0001")
     old = release_function(engine, "beta")
+    old_functions = ring_functions(engine, "beta")
     assert old[:2] == ("", "TABLE(side text, item_id bigint, tombstoned boolean)")
     assert release_function(engine, "alpha") == old
     # at ring_0001 the race orphans the message: the client reads the old rows as 'left'
@@ -297,25 +309,109 @@ def test_ring_queue_at_0001_upgrades_alone_and_downgrades_cleanly_with_its_messa
         assert consumer.released == [ReleasedClaim("pop", 0, False, None, "left")]
     assert slots(engine, "alpha")[:3] == [(0, 0, 1), (1, 1, 1), (2, 2, 1)]
 
-    assert upgrade_queue(engine, "alpha") == ("ring_0001", "ring_0002")
+    assert upgrade_queue(engine, "alpha") == ("ring_0001", "ring_0003")
     assert release_function(engine, "alpha")[1].endswith("new_item_id bigint, outcome text)")
     assert release_function(engine, "beta") == old  # upgraded one at a time
+    assert ring_functions(engine, "beta") == old_functions
     assert slots(engine, "alpha")[:3] == [(0, 0, 1), (1, 1, 1), (2, 2, 1)]  # the messages stay
     with RingQueue(engine, "alpha") as producer, RingQueue(engine, "alpha") as consumer:
-        assert [m.text for m in consumer.dequeue(5)] == ["a1", "a2"]  # and keeps claim 3
+        # ring_0003's pop claims no position past the pushes once it has taken some
+        assert [m.text for m in consumer.dequeue(5)] == ["a1", "a2"]
+        assert consumer.dequeue(1) == []  # the ring is empty now: it claims 3 and keeps it
         assert producer.enqueue("a3") == 3
         consumer.close()
         assert consumer.released == [ReleasedClaim("pop", 3, False, 4, "rescued")]  # at once, now
         assert repair_ring(engine, "alpha", grace=0).rescued == [(0, 5)]  # 0001's orphan needs the repair
-        assert [(m.id, m.text) for m in producer.dequeue(5)] == [(4, "a3"), (5, "a0")]  # and claims 6
+        assert [(m.id, m.text) for m in producer.dequeue(5)] == [(4, "a3"), (5, "a0")]
+        assert producer.dequeue(1) == []  # claims 6
         assert producer.enqueue("a6") == 6  # pushed after its own last pop: close() rescues it
     assert producer.released == [ReleasedClaim("pop", 6, False, 7, "rescued")]
 
-    assert downgrade_queue(engine, "alpha", "ring_0001") == ("ring_0002", "ring_0001")
-    assert release_function(engine, "alpha") == old  # exactly ring_0001's function again
+    assert downgrade_queue(engine, "alpha", "ring_0001") == ("ring_0003", "ring_0001")
+    assert release_function(engine, "alpha") == old  # exactly ring_0001's functions again
+    assert ring_functions(engine, "alpha") == old_functions
     with RingQueue(engine, "alpha") as consumer:
         assert [(m.id, m.text) for m in consumer.dequeue(5)] == [(7, "a6")]  # the message stays
         consumer.close()
         assert consumer.released == [ReleasedClaim("pop", 8, True, None, "tombstoned")]
     uninstall_queue(engine, "alpha")
     assert not [f for f in schema_objects(engine)["functions"] if f.startswith("alpha_")]
+
+
+# -- ring_0003: a batch is claimed with one sequence series and written/taken in one UPDATE --
+
+
+def test_batch_pop_takes_the_committed_positions_and_keeps_the_uncommitted_ones(engine, db_url):
+    """Positions 0 and 1 are pushed in a transaction still open; 2 and 3 are committed. A pop
+    of 4 takes 2 and 3 in one go, keeps its claims on 0 and 1 (never reading the open push),
+    and the next pop takes them once that push commits."""
+    other = sa.create_engine(db_url)
+    try:
+        with ring(engine, 8) as consumer, RingQueue(engine, "r") as producer, other.connect() as pusher:
+            pusher.begin()
+            assert list(pusher.execute(sa.text(
+                "SELECT * FROM queuectl.\"r_enqueue_many\"(ARRAY['a0', 'a1']::bytea[])")).scalars()) == [0, 1]
+            assert producer.enqueue_many(["b2", "b3"]) == [2, 3]
+            assert [(m.id, m.text) for m in consumer.dequeue(4)] == [(2, "b2"), (3, "b3")]
+            assert consumer.dequeue(4, timeout=0.2) == []  # 0 and 1 still uncommitted: kept, not read
+            pusher.commit()
+            assert [(m.id, m.text) for m in consumer.dequeue(4)] == [(0, "a0"), (1, "a1")]
+            assert consumer.release() == []  # nothing was claimed past the pushes
+            assert producer.counts()["ready"] == 0
+    finally:
+        other.dispose()
+
+
+def test_closing_consumer_rescues_every_message_that_arrived_at_its_kept_claims(engine, db_url):
+    """A consumer keeps two claims (0 and 1) whose pushes are in flight, then closes after
+    they commit: its release re-pushes both at once, so nothing waits for ring_repair."""
+    other = sa.create_engine(db_url)
+    consumer = ring(engine, 8)
+    try:
+        with RingQueue(engine, "r") as producer, other.connect() as pusher:
+            pusher.begin()
+            pusher.execute(sa.text("SELECT * FROM queuectl.\"r_enqueue_many\"(ARRAY['a0', 'a1']::bytea[])")).all()
+            assert producer.enqueue("b2") == 2
+            assert [m.id for m in consumer.dequeue(3)] == [2]  # keeps 0 and 1
+            pusher.commit()
+            consumer.close()
+            assert consumer.released == [ReleasedClaim("pop", 0, False, 3, "rescued"),
+                                         ReleasedClaim("pop", 1, False, 4, "rescued")]
+            assert [(m.id, m.text) for m in producer.dequeue(5)] == [(3, "a0"), (4, "a1")]
+            assert repair_ring(engine, "r", grace=0) == repair_ring(engine, "r", grace=0)
+            assert repair_ring(engine, "r", grace=0).rescued == []
+    finally:
+        other.dispose()
+
+
+def test_batch_push_into_a_filling_ring_writes_in_order_and_keeps_the_rest_of_its_claims(engine):
+    """Ring of 4 holding 0-2: a push of three writes d at 3, cannot write e and f (their slots
+    still hold 0 and 1) and keeps those two claims; after a pop frees the slots, the next
+    push uses them in order: no hole, no reordering."""
+    with ring(engine, 4) as q:
+        assert q.enqueue_many(["a", "b", "c"]) == [0, 1, 2]
+        with pytest.raises(QueueFullError) as full:
+            q.enqueue_many(["d", "e", "f"], timeout=0.1)
+        assert full.value.enqueued == [3]  # always the first payloads: array order is kept
+        assert [m.text for m in q.dequeue(2)] == ["a", "b"]
+        assert q.enqueue_many(["e", "f"]) == [4, 5]  # the kept claims, oldest first
+        assert [(m.id, m.text) for m in q.dequeue(10)] == [(2, "c"), (3, "d"), (4, "e"), (5, "f")]
+        repair = repair_ring(engine, "r", grace=0)
+        assert (repair.tombstoned, repair.rescued, repair.deferred) == ([], [], [])  # no hole to fill
+        assert q.release() == []
+
+
+def test_session_claim_kept_at_ring_0002_is_served_after_the_upgrade_to_0003(engine):
+    """A consumer connected across the upgrade keeps ring_0002's single-value claim; the set-
+    based pop reads it as a list of one, so the message pushed at it is delivered to it."""
+    install_queue(engine, "r", "ring", RingSettings(size=4), revision="ring_0002")
+    with RingQueue(engine, "r") as consumer:
+        assert consumer.dequeue(1) == []  # keeps claim 0 (ring_0002)
+        assert upgrade_queue(engine, "r") == ("ring_0002", "ring_0003")
+        with RingQueue(engine, "r") as producer:
+            assert producer.enqueue_many(["x", "y"]) == [0, 1]
+        assert [(m.id, m.text) for m in consumer.dequeue(5)] == [(0, "x"), (1, "y")]
+    assert downgrade_queue(engine, "r", "ring_0002") == ("ring_0003", "ring_0002")
+    with RingQueue(engine, "r") as producer, RingQueue(engine, "r") as consumer:
+        assert producer.enqueue("z") == 2
+        assert [(m.id, m.text) for m in consumer.dequeue(5)] == [(2, "z")]

@@ -1,0 +1,33 @@
+"""ring queue: set-based push and pop (a batch claims its positions with one nextval series
+and is written or taken with one UPDATE); a session may keep several claims per side
+
+Revision ID: ring_0003
+Revises: ring_0002
+
+ring_0001's push and pop handle one position per statement, so a batch costs as much
+server time per message as single calls (83-84 us per message and side at batch 1, 10 and
+100 in bench series 5). The functions keep their signatures and result columns and are
+replaced in place (CREATE OR REPLACE keeps their EXECUTE grants; SECURITY DEFINER, which
+`queuectl grant` sets, is reset: re-run `queuectl grant` after this upgrade or its
+downgrade). The downgrade restores the per-position functions and ring_0002's release. A
+session's kept claims are a comma-separated list here (a single value before): sessions
+open across the downgrade should reconnect.
+"""
+
+from queuectl.migrations.queue_ops import run_section, set_version
+
+revision = "ring_0003"
+down_revision = "ring_0002"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    run_section("ring", "replace_functions_0003")
+    set_version(revision)
+
+
+def downgrade() -> None:
+    run_section("ring", "create_functions")
+    run_section("ring", "create_ring_release_0002")
+    set_version(down_revision)
