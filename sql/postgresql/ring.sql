@@ -433,26 +433,31 @@ BEGIN
         FROM generate_series(1, v_n - least(cardinality(v_kept), v_n)));
     v_kept := v_kept[v_n + 1:];
     LOOP
-        -- lock the slots free for the unwritten claims; the run to write is the longest
-        -- prefix of them (ordinals 1..k all locked), so array order is never broken
-        SELECT count(*) INTO v_run
-        FROM unnest(ARRAY(
-            SELECT c.ord FROM unnest(v_claims[v_done + 1:]) WITH ORDINALITY AS c(pos, ord)
+        -- one statement: lock the slots free for the unwritten claims, and write the
+        -- longest run of them from the first unwritten claim (ordinals below the first
+        -- claim not locked), so array order is never broken
+        RETURN QUERY
+        WITH c AS (
+            SELECT u.pos, u.ord FROM unnest(v_claims[v_done + 1:]) WITH ORDINALITY AS u(pos, ord)
+        ), locked AS MATERIALIZED (
+            SELECT s.slot, c.pos, c.ord FROM c
             JOIN {{ring}} s ON s.slot = mod(c.pos, {{size}})
             WHERE s.msg_id = c.pos - {{size}} AND s.state <> 1
-            ORDER BY c.ord
-            FOR UPDATE OF s SKIP LOCKED)) WITH ORDINALITY AS l(ord, i)
-        WHERE l.ord = l.i;
-        IF v_run > 0 THEN
+            FOR UPDATE OF s SKIP LOCKED
+        ), run AS (
+            SELECT l.slot, l.pos, l.ord FROM locked l
+            WHERE l.ord < coalesce((SELECT min(c.ord) FROM c WHERE c.ord NOT IN (SELECT ord FROM locked)), v_n - v_done + 1)
+        ), written AS (
             UPDATE {{ring}} r
-            SET msg_id = c.pos, state = 1, payload = p_payloads[v_done + c.ord], headers = p_headers[v_done + c.ord],
-                pushed_at = clock_timestamp(), changed_at = clock_timestamp()
-            FROM unnest(v_claims[v_done + 1:v_done + v_run]) WITH ORDINALITY AS c(pos, ord)
-            WHERE r.slot = mod(c.pos, {{size}});
-            RETURN QUERY SELECT unnest(v_claims[v_done + 1:v_done + v_run]);
-            v_done := v_done + v_run;
-            EXIT WHEN v_done = v_n;
-        END IF;
+            SET msg_id = run.pos, state = 1, payload = p_payloads[v_done + run.ord],
+                headers = p_headers[v_done + run.ord], pushed_at = clock_timestamp(), changed_at = clock_timestamp()
+            FROM run WHERE r.slot = run.slot
+            RETURNING run.pos, run.ord
+        )
+        SELECT w.pos FROM written w ORDER BY w.ord;
+        GET DIAGNOSTICS v_run = ROW_COUNT;
+        v_done := v_done + v_run;
+        EXIT WHEN v_done = v_n;
         v_pos := v_claims[v_done + 1];
         SELECT h.msg_id INTO v_held FROM {{ring}} h WHERE h.slot = mod(v_pos, {{size}});
         IF v_held >= v_pos THEN
@@ -537,11 +542,12 @@ BEGIN
         v_taken := v_taken + v_got;
         -- keep the claims still to come: not pushed yet (the slot holds an earlier lap), or
         -- FULL but locked now or past this batch; drop the taken, skipped and rescued ones
-        v_claims := ARRAY(
+        -- (all of them taken: nothing to look up)
+        v_claims := CASE WHEN v_got = cardinality(v_claims) THEN '{}' ELSE ARRAY(
             SELECT c.pos FROM unnest(v_claims) AS c(pos)
             JOIN {{ring}} s ON s.slot = mod(c.pos, {{size}})
             WHERE s.msg_id < c.pos OR (s.msg_id = c.pos AND s.state = 1)
-            ORDER BY c.pos);
+            ORDER BY c.pos) END;
         EXIT WHEN v_taken >= p_batch;
         CONTINUE WHEN v_got > 0 OR cardinality(v_claims) = 0;
         -- nothing there yet: wait only while we have nothing
