@@ -131,6 +131,12 @@ def percentile(sorted_values: Sequence[float], q: float) -> float | None:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
 
 
+def unavailable_once(items: list[dict[str, str]], subject: str, reason: str) -> None:
+    """Report a subject as not measured once, however many repeats failed alike."""
+    if not any(i["subject"] == subject for i in items):
+        items.append({"subject": subject, "reason": reason})
+
+
 def load_average() -> list[float]:
     try:
         return [round(x, 2) for x in os.getloadavg()]

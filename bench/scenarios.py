@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from queuectl.bench.core import BenchRun, ratio, scenario, stat
+from queuectl.bench.core import BenchRun, ratio, scenario, stat, unavailable_once
 from queuectl.bench.drivers import driver_for
 from queuectl.bench.pgbench import PgbenchUnavailable
 
@@ -65,7 +65,7 @@ def kinds(run: BenchRun) -> dict[str, Any]:
                         ceilings[(which, n)].append(run.ceiling(which, n))
                     except PgbenchUnavailable as exc:
                         ceilings[(which, n)].append(None)
-                        _once(unavailable, f"ceiling {which}", str(exc))
+                        unavailable_once(unavailable, f"ceiling {which}", str(exc))
                     rep.done()
             for kind in o.kinds:
                 names = run.names(bench_queue_name(kind))
@@ -75,7 +75,7 @@ def kinds(run: BenchRun) -> dict[str, Any]:
                     sql = run.sql_phases(kind, names, batch=B, payload_bytes=o.payload_bytes, producers=P, consumers=C)
                 except PgbenchUnavailable as exc:
                     sql = {}
-                    _once(unavailable, f"sql {kind}", str(exc))
+                    unavailable_once(unavailable, f"sql {kind}", str(exc))
                 for ph in PHASES:
                     m[f"sql_{ph}"].append(sql.get(ph))
                 m["sql_drained"].append(sql.get("dequeue_drained"))
@@ -180,11 +180,6 @@ def kinds_targets(run: BenchRun, rows: list[dict[str, Any]]) -> list[dict[str, A
                 "value": value, "threshold": 0.50, "met": None if value is None else value >= 0.50,
             })
     return targets
-
-
-def _once(items: list[dict[str, str]], subject: str, reason: str) -> None:
-    if not any(i["subject"] == subject for i in items):
-        items.append({"subject": subject, "reason": reason})
 
 
 # the other built-in scenarios register themselves on import
