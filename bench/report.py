@@ -45,12 +45,14 @@ def render(result: dict[str, Any], console: Console) -> None:
         console.print(rows_table(sc))
     if sc.get("targets"):
         t = Table(title="targets", title_justify="left")
-        for col in ("target", "value", "goal", "met"):
+        verdicts = any(tg.get("verdict") for tg in sc["targets"])
+        for col in ("target", "value", "goal", "met", *(("verdict",) if verdicts else ())):
             t.add_column(col)
         for tg in sc["targets"]:
             value, goal = tg.get("value"), tg.get("threshold")
             met = {True: "[green]yes[/]", False: "[red]no[/]", None: "not measured"}[tg.get("met")]
-            t.add_row(tg["name"], _target_value(value, goal), _target_goal(tg), met)
+            cells = [tg["name"], _target_value(value, goal), _target_goal(tg), met]
+            t.add_row(*cells, *((tg.get("verdict") or "-",) if verdicts else ()))
         console.print(t)
     for design, soak in (sc.get("soak") or {}).items():
         console.print(soak_table(design, soak))
@@ -176,7 +178,7 @@ def markdown(result: dict[str, Any]) -> str:
     for tg in sc.get("targets", []):
         met = {True: "**met**", False: "**missed**", None: "not measured"}[tg.get("met")]
         lines.append(f"- target: {tg['name']}: {_target_value(tg.get('value'), tg.get('threshold'))} "
-                     f"(goal {_target_goal(tg)}): {met}")
+                     f"(goal {_target_goal(tg)}): {met}" + (f"; {tg['verdict']}" if tg.get("verdict") else ""))
     for design, soak in (sc.get("soak") or {}).items():
         lines += ["", soak_markdown(design, soak)]
     for u in sc.get("unavailable", []):
