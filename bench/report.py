@@ -127,7 +127,7 @@ def rows_table(sc: dict[str, Any]) -> Table:
         lat = row.get("latency_ms") or {}
         ceiling = row.get("ceiling") or {}
         cells = [
-            row["subject"], row["phase"], str(p.get("batch", "-")),
+            _subject(row), row["phase"], str(p.get("batch", "-")),
             f"{p.get('producers', 0)}+{p.get('consumers', 0)}", f"{p.get('payload_bytes', '-')}",
             _num(_med(row.get("rate"))), _num(_med(ceiling.get("rate"))),
             _pct(_med(row.get("fraction_of_ceiling"))),
@@ -137,6 +137,12 @@ def rows_table(sc: dict[str, Any]) -> Table:
             cells.append(_metric(key, _med(row.get("metrics", {}).get(key))))
         t.add_row(*cells)
     return t
+
+
+def _subject(row: dict[str, Any]) -> str:
+    """The subject with its setting (peers: each peer runs at several), so rows stay apart."""
+    setting = row["params"].get("setting")
+    return row["subject"] + (f" ({setting})" if setting else "")
 
 
 def _load(values: list[float] | None) -> str:
@@ -166,7 +172,7 @@ def markdown(result: dict[str, Any]) -> str:
     for row in sc.get("rows", []):
         p, lat, ceiling = row["params"], row.get("latency_ms") or {}, row.get("ceiling") or {}
         cells = [
-            row["subject"] + (f" ({p['setting']})" if p.get("setting") else ""), row["phase"], str(p.get("batch", "-")),
+            _subject(row), row["phase"], str(p.get("batch", "-")),
             f"{p.get('producers', 0)}+{p.get('consumers', 0)}", str(p.get("payload_bytes", "-")),
             _num(_med(row["rate"])), _values(row["rate"]), _num(_med(ceiling.get("rate"))),
             _pct(_med(row.get("fraction_of_ceiling"))), _num(_med(lat.get("p50")), 1), _num(_med(lat.get("p99")), 1),
