@@ -3,7 +3,8 @@
 kinds  (default) every --kind: enqueue-only, dequeue-only (drain a pre-filled queue) and
        full cycle through the Python client, each beside the same SQL driven by pgbench,
        with SELECT 1 and single-row commit ceilings at the same client counts.
-peers  the full cycle on PgQueuer and Procrastinate beside queuectl (bench/peers.py).
+peers  the full cycle on PgQueuer and Procrastinate beside queuectl and the pgbench
+       ceiling of queuectl's own full-cycle SQL (bench/peers.py).
 split  one wide table vs the meta/data split per payload size (bench/split.py).
 ghosts one consumer drains --rows items, naive fifo vs watermark, with and without a held
        snapshot (bench/ghosts.py, also `python -m queuectl.bench.ghosts`).
