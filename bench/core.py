@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from queuectl.bench.drivers import BENCH_KINDS, bench_sql, driver_for
+from queuectl.bench.drivers import BENCH_KINDS, KindDriver, PgbenchScripts, bench_sql, driver_for
 from queuectl.bench.pgbench import Pgbench, PgbenchUnavailable, find_pgbench, pgbench_version
 from queuectl.bench.workers import Backlog, WorkerSpec, payload_pool, run_worker
 from queuectl.engine import make_engine, mask_url, resolve_url
@@ -129,6 +129,12 @@ def percentile(sorted_values: Sequence[float], q: float) -> float | None:
     lo = int(k)
     hi = min(lo + 1, len(sorted_values) - 1)
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+
+
+def unavailable_once(items: list[dict[str, str]], subject: str, reason: str) -> None:
+    """Report a subject as not measured once, however many repeats failed alike."""
+    if not any(i["subject"] == subject for i in items):
+        items.append({"subject": subject, "reason": reason})
 
 
 def load_average() -> list[float]:
@@ -364,23 +370,11 @@ class BenchRun:
         self, driver_name: str, names: QueueNames, *, batch: int, payload_bytes: int, producers: int, consumers: int
     ) -> dict[str, float | None]:
         """The kind's own SQL API under pgbench: enqueue, dequeue (drain what enqueue left)
-        and the full cycle (each client enqueues, dequeues and acks a batch in turn)."""
-        driver = driver_for(driver_name)
-        payloads = payload_pool(payload_bytes, batch, seed=7)
-        scripts = driver.pgbench(names, batch, payloads)
-        if scripts is None:
-            raise PgbenchUnavailable(f"kind {driver_name} has no pgbench scripts")
-        values = names.template_values()
+        and the full cycle (sql_cycle at producers+consumers clients)."""
+        driver, scripts, values = self._pgbench_twin(driver_name, names, batch, payload_bytes)
         pg = self.pgbench
         enqueue = pg.script(f"{names.queue}_enqueue", bench_sql(scripts.enqueue_section, values))
         consume = pg.script(f"{names.queue}_consume", bench_sql(scripts.consume_section, values))
-        # Full cycle: every client enqueues a batch, then dequeues and acks one. No backlog
-        # builds up, so this bounds a full cycle at producers+consumers clients from above
-        # (separate pgbench producers would outrun the consumers and starve them of CPU).
-        cycle = pg.script(
-            f"{names.queue}_cycle",
-            bench_sql(scripts.enqueue_section, values) + bench_sql(scripts.consume_section, values),
-        )
         seconds = self.options.pgbench_seconds
         out: dict[str, float | None] = {}
         with self.engine.connect() as conn:
@@ -393,13 +387,40 @@ class BenchRun:
             n, span = driver.consumed(conn, names)
             out["dequeue"] = n / span if n and span else None
             out["dequeue_drained"] = float(driver.ready(conn, names) == 0)
+        out["cycle"] = self.sql_cycle(driver_name, names, batch=batch, payload_bytes=payload_bytes,
+                                      clients=producers + consumers)
+        return out
+
+    def sql_cycle(self, driver_name: str, names: QueueNames, *, batch: int, payload_bytes: int, clients: int) -> float:
+        """The kind's full cycle under pgbench, messages consumed per second: each client
+        enqueues a batch, then dequeues and acks one, in turn. The queue is left empty."""
+        driver, scripts, values = self._pgbench_twin(driver_name, names, batch, payload_bytes)
+        pg = self.pgbench
+        # No backlog builds up, so this bounds a full cycle at producers+consumers clients
+        # from above (separate pgbench producers would outrun the consumers and starve them
+        # of CPU).
+        cycle = pg.script(
+            f"{names.queue}_cycle",
+            bench_sql(scripts.enqueue_section, values) + bench_sql(scripts.consume_section, values),
+        )
+        seconds = self.options.pgbench_seconds
+        with self.engine.connect() as conn:
             driver.reset(conn, names)
-            run = pg.run([cycle], clients=producers + consumers, seconds=seconds, variables=scripts.variables)
+            run = pg.run([cycle], clients=clients, seconds=seconds, variables=scripts.variables)
             self.commands.setdefault("sql full-cycle", run.command)
             n, _ = driver.consumed(conn, names)
-            out["cycle"] = n / seconds
             driver.reset(conn, names)
-        return out
+        return n / seconds
+
+    def _pgbench_twin(
+        self, driver_name: str, names: QueueNames, batch: int, payload_bytes: int
+    ) -> tuple[KindDriver, PgbenchScripts, dict[str, str]]:
+        """The kind's driver, its pgbench scripts at this batch, and the queue's template values."""
+        driver = driver_for(driver_name)
+        scripts = driver.pgbench(names, batch, payload_pool(payload_bytes, batch, seed=7))
+        if scripts is None:
+            raise PgbenchUnavailable(f"kind {driver_name} has no pgbench scripts")
+        return driver, scripts, names.template_values()
 
     def table_stats(self, names: QueueNames, tables: list[str]) -> dict[str, dict[str, int]]:
         with self.engine.connect() as conn:

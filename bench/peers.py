@@ -1,5 +1,10 @@
 """Scenario `peers`: the same full cycle on PgQueuer and Procrastinate beside queuectl.
 
+Each repeat also measures the SQL ceiling of queuectl's own full cycle: the statements
+its client sends, driven by pgbench at the same batch and client count, with no Python
+(BenchRun.sql_cycle, as the `kinds` scenario's full-cycle ceiling). A target line says
+whether 5x the faster peer is within that ceiling at all.
+
 Each peer is installed from PyPI (`pip install 'queuectl[bench-peers]'`) and driven only
 through its own public API, in its own fresh database, with a no-op handler and the same
 numbers of producer and consumer processes as queuectl. Each runs at several batch
@@ -28,8 +33,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from queuectl.bench.core import BenchRun, ratio, scenario, stat
+from queuectl.bench.core import BenchRun, ratio, scenario, stat, unavailable_once
 from queuectl.bench.drivers import bench_sql, driver_for
+from queuectl.bench.pgbench import PgbenchUnavailable
 from queuectl.bench.workers import BACKLOG_PAUSE_SECONDS, LATENCY_SAMPLE, WARMUP_CALLS, Backlog, payload_pool
 from queuectl.names import quote_ident
 
@@ -39,6 +45,8 @@ ENTRYPOINT = "bench"
 # The settings each peer is tried at ("batch" as its own API understands it).
 PGQUEUER_BATCHES = (10, 100)
 PROCRASTINATE_CONCURRENCY = (1, 10)
+# The issue's goal: queuectl's full cycle at this many times the faster peer's best.
+PEER_FACTOR_GOAL = 5.0
 
 
 @dataclass(frozen=True)
@@ -275,7 +283,7 @@ def _version(module: str) -> str:
         return "?"
 
 
-@scenario("peers", "full cycle: queuectl reliable beside PgQueuer and Procrastinate, equal processes")
+@scenario("peers", "full cycle: queuectl reliable and its SQL ceiling beside PgQueuer and Procrastinate, equal processes")
 def peers(run: BenchRun) -> dict[str, Any]:
     o = run.options
     P, C, B = o.producers, o.consumers, o.batch
@@ -300,10 +308,18 @@ def peers(run: BenchRun) -> dict[str, Any]:
     for peer, settings in ready_peers.items():
         for s in settings:
             series[(peer, s)] = {"rate": [], "p50": [], "p99": []}
-    steps = o.repeat * len(series)
+    sql_rates: list[float | None] = []  # the SQL ceiling, one per repeat, measured beside queuectl's run
+    steps = o.repeat * (len(series) + 1)
     failed: set[str] = set()
     with run.reporter.scenario("peers", steps) as rep:
         for r in range(o.repeat):
+            rep.step(f"repeat {r + 1}: queuectl SQL via pgbench ({P + C} clients)")
+            try:
+                sql_rates.append(run.sql_cycle(kind, names, batch=B, payload_bytes=o.payload_bytes, clients=P + C))
+            except PgbenchUnavailable as exc:
+                sql_rates.append(None)
+                unavailable_once(unavailable, f"sql {kind}", str(exc))
+            rep.done()
             for (subject, setting), m in series.items():
                 rep.step(f"repeat {r + 1}: {subject} (setting {setting})")
                 if subject == "queuectl":
@@ -333,6 +349,7 @@ def peers(run: BenchRun) -> dict[str, Any]:
     _drop_database(run)
     rows = []
     best: dict[str, tuple[float, int]] = {}
+    ours_share = stat([ratio(a, b) for a, b in zip(series[("queuectl", B)]["rate"], sql_rates)])
     for (subject, setting), m in series.items():
         rate = stat(m["rate"])
         if subject != "queuectl" and rate["median"] is not None:
@@ -340,26 +357,35 @@ def peers(run: BenchRun) -> dict[str, Any]:
                 best[subject] = (rate["median"], setting)
         label = f"queuectl {kind}" if subject == "queuectl" else f"{subject} {_version(subject)}"
         setting_name = "batch" if subject == "queuectl" else PEERS[subject][2]
+        ours_row = subject == "queuectl"
         rows.append({
             "subject": label, "phase": "full-cycle",
             "params": {"batch": B, "setting": f"{setting_name} {setting}", "producers": P, "consumers": C,
                        "payload_bytes": o.payload_bytes, "clients": P + C},
-            "rate": rate, "ceiling": None, "fraction_of_ceiling": None,
+            "rate": rate,
+            "ceiling": {"name": "same SQL via pgbench (producers+consumers clients)", "rate": stat(sql_rates)}
+            if ours_row else None,
+            "fraction_of_ceiling": ours_share if ours_row else None,
             "latency_ms": {"p50": stat(m["p50"]), "p99": stat(m["p99"])}, "metrics": {},
         })
     ours = stat(series[("queuectl", B)]["rate"])["median"]
+    ceiling = stat(sql_rates)["median"]
     fastest = max(best.items(), key=lambda kv: kv[1][0]) if best else None
     for row in rows:
-        if not row["subject"].startswith("queuectl") and ours:
-            row["metrics"]["queuectl_x"] = stat([ratio(a, b) for a, b in zip(series[("queuectl", B)]["rate"],
-                                                                             _rates(series, row))])
+        if not row["subject"].startswith("queuectl"):
+            peer_rates = _rates(series, row)
+            if ours:
+                row["metrics"]["queuectl_x"] = stat([ratio(a, b) for a, b in zip(series[("queuectl", B)]["rate"],
+                                                                                 peer_rates)])
+            # the most any client of queuectl's statements could be over this peer, repeat by repeat
+            row["metrics"]["sql_ceiling_x"] = stat([ratio(a, b) for a, b in zip(sql_rates, peer_rates)])
     targets = [{
         "name": f"queuectl reliable (batch {B}, {P}P+{C}C) vs the faster peer at its best setting"
                 + (f" ({fastest[0]} at {PEERS[fastest[0]][2]} {fastest[1][1]})" if fastest else ""),
         "value": ratio(ours, fastest[1][0]) if fastest else None,
-        "threshold": 5.0,
-        "met": (ratio(ours, fastest[1][0]) >= 5.0) if fastest and ours else None,
-    }]
+        "threshold": PEER_FACTOR_GOAL,
+        "met": (ratio(ours, fastest[1][0]) >= PEER_FACTOR_GOAL) if fastest and ours else None,
+    }, reach_target(fastest, ceiling, ours, ours_share["median"], B, P + C)]
     return {
         "name": "peers",
         "description": "full cycle (enqueue -> dequeue -> complete), equal producer and consumer processes",
@@ -370,13 +396,47 @@ def peers(run: BenchRun) -> dict[str, Any]:
             f"every system's producers pause while more than {o.backlog:,} jobs wait (--backlog)",
             "peers count a job when its handler runs, before the peer records completion; queuectl counts "
             "after its ack commits; peers' latency is send -> handler, queuectl's send -> ack returned",
+            f"SQL ceiling (queuectl row): the statements queuectl's client sends, from pgbench -M prepared at "
+            f"{P + C} clients that each enqueue a batch of {B}, then dequeue and ack one, measured in each repeat "
+            "just before queuectl's run; 'ceiling x' is that ceiling over each peer, the most any client of "
+            "queuectl's statements could be ahead of it at this batch and client count on this machine",
         ],
-        "display_metrics": [["queuectl x", "queuectl_x"]],
+        "display_metrics": [["queuectl x", "queuectl_x"], ["ceiling x", "sql_ceiling_x"]],
         "ceilings": [],
         "rows": rows,
         "targets": targets,
         "unavailable": unavailable,
     }
+
+
+def reach_target(
+    fastest: tuple[str, tuple[float, int]] | None,
+    ceiling: float | None,
+    ours: float | None,
+    share: float | None,
+    batch: int,
+    clients: int,
+) -> dict[str, Any]:
+    """Whether PEER_FACTOR_GOAL x the faster peer is within the SQL ceiling of queuectl's own
+    full cycle: if not, no client of these statements reaches it on this machine."""
+    value = ratio(ceiling, fastest[1][0]) if fastest else None
+    target: dict[str, Any] = {
+        "name": f"SQL ceiling of queuectl's full cycle (pgbench, batch {batch}, {clients} clients) over the faster "
+                f"peer's best: can {PEER_FACTOR_GOAL:g}x the faster peer be reached at all",
+        "value": value, "threshold": PEER_FACTOR_GOAL, "met": None if value is None else value >= PEER_FACTOR_GOAL,
+    }
+    if fastest and ceiling and value is not None:
+        peer, (peer_rate, _) = fastest
+        goal = PEER_FACTOR_GOAL * peer_rate
+        where = "within" if value >= PEER_FACTOR_GOAL else "above"
+        verdict = (f"{PEER_FACTOR_GOAL:g}x {peer} = {goal:,.0f} msg/s is {where} the SQL ceiling {ceiling:,.0f} msg/s "
+                   f"({value:.2f}x {peer}'s {peer_rate:,.0f})")
+        verdict += (": reachable in principle" if value >= PEER_FACTOR_GOAL
+                    else ": unreachable by any client of these statements at this batch and client count on this machine")
+        if ours and share is not None:
+            verdict += f"; queuectl's client is at {ours:,.0f} msg/s, {share:.0%} of the ceiling"
+        target["verdict"] = verdict
+    return target
 
 
 def _rates(series: dict[tuple[str, int], dict[str, list[Any]]], row: dict[str, Any]) -> list[Any]:

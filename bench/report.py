@@ -45,12 +45,14 @@ def render(result: dict[str, Any], console: Console) -> None:
         console.print(rows_table(sc))
     if sc.get("targets"):
         t = Table(title="targets", title_justify="left")
-        for col in ("target", "value", "goal", "met"):
+        verdicts = any(tg.get("verdict") for tg in sc["targets"])
+        for col in ("target", "value", "goal", "met", *(("verdict",) if verdicts else ())):
             t.add_column(col)
         for tg in sc["targets"]:
             value, goal = tg.get("value"), tg.get("threshold")
             met = {True: "[green]yes[/]", False: "[red]no[/]", None: "not measured"}[tg.get("met")]
-            t.add_row(tg["name"], _target_value(value, goal), _target_goal(tg), met)
+            cells = [tg["name"], _target_value(value, goal), _target_goal(tg), met]
+            t.add_row(*cells, *((tg.get("verdict") or "-",) if verdicts else ()))
         console.print(t)
     for design, soak in (sc.get("soak") or {}).items():
         console.print(soak_table(design, soak))
@@ -125,7 +127,7 @@ def rows_table(sc: dict[str, Any]) -> Table:
         lat = row.get("latency_ms") or {}
         ceiling = row.get("ceiling") or {}
         cells = [
-            row["subject"], row["phase"], str(p.get("batch", "-")),
+            _subject(row), row["phase"], str(p.get("batch", "-")),
             f"{p.get('producers', 0)}+{p.get('consumers', 0)}", f"{p.get('payload_bytes', '-')}",
             _num(_med(row.get("rate"))), _num(_med(ceiling.get("rate"))),
             _pct(_med(row.get("fraction_of_ceiling"))),
@@ -135,6 +137,12 @@ def rows_table(sc: dict[str, Any]) -> Table:
             cells.append(_metric(key, _med(row.get("metrics", {}).get(key))))
         t.add_row(*cells)
     return t
+
+
+def _subject(row: dict[str, Any]) -> str:
+    """The subject with its setting (peers: each peer runs at several), so rows stay apart."""
+    setting = row["params"].get("setting")
+    return row["subject"] + (f" ({setting})" if setting else "")
 
 
 def _load(values: list[float] | None) -> str:
@@ -164,7 +172,7 @@ def markdown(result: dict[str, Any]) -> str:
     for row in sc.get("rows", []):
         p, lat, ceiling = row["params"], row.get("latency_ms") or {}, row.get("ceiling") or {}
         cells = [
-            row["subject"] + (f" ({p['setting']})" if p.get("setting") else ""), row["phase"], str(p.get("batch", "-")),
+            _subject(row), row["phase"], str(p.get("batch", "-")),
             f"{p.get('producers', 0)}+{p.get('consumers', 0)}", str(p.get("payload_bytes", "-")),
             _num(_med(row["rate"])), _values(row["rate"]), _num(_med(ceiling.get("rate"))),
             _pct(_med(row.get("fraction_of_ceiling"))), _num(_med(lat.get("p50")), 1), _num(_med(lat.get("p99")), 1),
@@ -176,7 +184,7 @@ def markdown(result: dict[str, Any]) -> str:
     for tg in sc.get("targets", []):
         met = {True: "**met**", False: "**missed**", None: "not measured"}[tg.get("met")]
         lines.append(f"- target: {tg['name']}: {_target_value(tg.get('value'), tg.get('threshold'))} "
-                     f"(goal {_target_goal(tg)}): {met}")
+                     f"(goal {_target_goal(tg)}): {met}" + (f"; {tg['verdict']}" if tg.get("verdict") else ""))
     for design, soak in (sc.get("soak") or {}).items():
         lines += ["", soak_markdown(design, soak)]
     for u in sc.get("unavailable", []):

@@ -3,7 +3,8 @@
 kinds  (default) every --kind: enqueue-only, dequeue-only (drain a pre-filled queue) and
        full cycle through the Python client, each beside the same SQL driven by pgbench,
        with SELECT 1 and single-row commit ceilings at the same client counts.
-peers  the full cycle on PgQueuer and Procrastinate beside queuectl (bench/peers.py).
+peers  the full cycle on PgQueuer and Procrastinate beside queuectl and the pgbench
+       ceiling of queuectl's own full-cycle SQL (bench/peers.py).
 split  one wide table vs the meta/data split per payload size (bench/split.py).
 ghosts one consumer drains --rows items, naive fifo vs watermark, with and without a held
        snapshot (bench/ghosts.py, also `python -m queuectl.bench.ghosts`).
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from queuectl.bench.core import BenchRun, ratio, scenario, stat
+from queuectl.bench.core import BenchRun, ratio, scenario, stat, unavailable_once
 from queuectl.bench.drivers import driver_for
 from queuectl.bench.pgbench import PgbenchUnavailable
 
@@ -65,7 +66,7 @@ def kinds(run: BenchRun) -> dict[str, Any]:
                         ceilings[(which, n)].append(run.ceiling(which, n))
                     except PgbenchUnavailable as exc:
                         ceilings[(which, n)].append(None)
-                        _once(unavailable, f"ceiling {which}", str(exc))
+                        unavailable_once(unavailable, f"ceiling {which}", str(exc))
                     rep.done()
             for kind in o.kinds:
                 names = run.names(bench_queue_name(kind))
@@ -75,7 +76,7 @@ def kinds(run: BenchRun) -> dict[str, Any]:
                     sql = run.sql_phases(kind, names, batch=B, payload_bytes=o.payload_bytes, producers=P, consumers=C)
                 except PgbenchUnavailable as exc:
                     sql = {}
-                    _once(unavailable, f"sql {kind}", str(exc))
+                    unavailable_once(unavailable, f"sql {kind}", str(exc))
                 for ph in PHASES:
                     m[f"sql_{ph}"].append(sql.get(ph))
                 m["sql_drained"].append(sql.get("dequeue_drained"))
@@ -180,11 +181,6 @@ def kinds_targets(run: BenchRun, rows: list[dict[str, Any]]) -> list[dict[str, A
                 "value": value, "threshold": 0.50, "met": None if value is None else value >= 0.50,
             })
     return targets
-
-
-def _once(items: list[dict[str, str]], subject: str, reason: str) -> None:
-    if not any(i["subject"] == subject for i in items):
-        items.append({"subject": subject, "reason": reason})
 
 
 # the other built-in scenarios register themselves on import

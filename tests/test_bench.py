@@ -196,3 +196,34 @@ def test_tiny_ring_run_balances_every_message_and_reports_its_soak_sizes(db_url:
     fifo_last = fifo["samples"][-1]
     assert fifo_last["n_tup_ins"] >= fifo["ledger"]["sent"] and fifo_last["n_tup_del"] > 0
     assert fifo["updates"] == 0 and fifo["hot_ratio"] is None and fifo["end_total_bytes"] > fifo["start_total_bytes"]
+
+def test_tiny_peers_run_shows_the_sql_ceiling_of_queuectls_own_full_cycle(db_url: str, tmp_path: Path) -> None:
+    result = _run_json(
+        db_url, tmp_path, "--scenario", "peers", "--batch", "10", "--producers", "1", "--consumers", "1",
+        "--seconds", "1", "--repeat", "1",
+    )
+    sc = result["scenario"]
+    ours, peers = sc["rows"][0], sc["rows"][1:]
+    assert ours["subject"] == "queuectl reliable"
+    # the same statements under pgbench, at the same batch and client count, in the same run
+    rate, ceiling = ours["rate"]["median"], ours["ceiling"]["rate"]["median"]
+    assert rate > 0 and ceiling > 0
+    assert ours["fraction_of_ceiling"]["median"] == pytest.approx(rate / ceiling)
+    pgbench = result["commands"]["sql full-cycle"]
+    assert pgbench[pgbench.index("-c") + 1] == "2"  # producers + consumers clients
+    assert not any(u["subject"] == "sql reliable" for u in sc["unavailable"])
+    reach = sc["targets"][1]
+    assert reach["threshold"] == sc["targets"][0]["threshold"] == 5.0
+    measured = [p for p in peers if p["rate"]["median"]]
+    if not measured:  # the peers are optional (pip install 'queuectl[bench-peers]'): said so, not faked
+        assert {u["subject"] for u in sc["unavailable"]} == {"pgqueuer", "procrastinate"}
+        assert reach["value"] is None and reach["met"] is None and "verdict" not in reach
+        return
+    for peer in measured:
+        assert peer["ceiling"] is None
+        assert peer["metrics"]["sql_ceiling_x"]["median"] == pytest.approx(ceiling / peer["rate"]["median"])
+    fastest = max(p["rate"]["median"] for p in measured)
+    assert reach["value"] == pytest.approx(ceiling / fastest)
+    assert reach["met"] is (reach["value"] >= 5.0)
+    assert f"{5 * fastest:,.0f} msg/s" in reach["verdict"] and f"{ceiling:,.0f} msg/s" in reach["verdict"]
+    assert ("unreachable" in reach["verdict"]) is (not reach["met"])
