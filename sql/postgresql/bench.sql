@@ -126,6 +126,10 @@ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 -- name: onetable_create
 -- Baseline for the `split` scenario: the reliable queue's columns and payload in ONE
 -- table, with the same ready index, fillfactor and dequeue shape as reliable.sql.
+-- The schema may not exist yet on a fresh server: this design is installed first, and
+-- only the reliable queue's install (a migration) creates it.
+CREATE SCHEMA IF NOT EXISTS {{schema}};
+
 CREATE TABLE {{meta}} (
     id            bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{meta_seq}}) PRIMARY KEY,
     priority      smallint    NOT NULL DEFAULT 0,
