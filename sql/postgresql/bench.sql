@@ -85,6 +85,10 @@ FROM {{fn_ack_dequeue}}(CAST(:ids AS bigint[]), :batch, NULL, :worker) AS q
 -- Empty the queue between benchmark phases (bench queues only).
 TRUNCATE {{data}}, {{meta}}
 
+-- name: reliable_analyze
+-- The same after-fill step as onetable_analyze, for both tables of the split.
+VACUUM (ANALYZE) {{meta}}, {{data}}
+
 -- name: reliable_ready
 -- Items waiting.
 SELECT count(*) FROM {{meta}} WHERE status = 0
@@ -126,6 +130,10 @@ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 -- name: onetable_create
 -- Baseline for the `split` scenario: the reliable queue's columns and payload in ONE
 -- table, with the same ready index, fillfactor and dequeue shape as reliable.sql.
+-- The schema may not exist yet on a fresh server: this design is installed first, and
+-- only the reliable queue's install (a migration) creates it.
+CREATE SCHEMA IF NOT EXISTS {{schema}};
+
 CREATE TABLE {{meta}} (
     id            bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{meta_seq}}) PRIMARY KEY,
     priority      smallint    NOT NULL DEFAULT 0,
@@ -214,6 +222,14 @@ SELECT {{fn_ack}}(CAST(:ids AS bigint[]), :worker) AS acked
 
 -- name: onetable_reset
 TRUNCATE {{meta}}
+
+-- name: onetable_analyze
+-- After the `split` pre-fill: start every design and size from statistics and a set
+-- visibility map, as a live queue's tables are. Left to autovacuum, the first ANALYZE of
+-- a fresh table lands in whichever phase is running when its naptime ends, and the
+-- dequeue's plan changes mid-phase (estimates of the picked rows go from a handful to a
+-- tenth of the table, and the UPDATE's join to a hash join over the whole table).
+VACUUM (ANALYZE) {{meta}}
 
 -- name: onetable_ready
 SELECT count(*) FROM {{meta}} WHERE status = 0
