@@ -185,8 +185,8 @@ def test_dequeue_is_one_statement_per_batch(orders: Queue):
         sa.event.remove(orders.engine, "before_cursor_execute", record)
     assert len(batch) == 25
     assert len(statements) == 1 and "dequeue" in statements[0]
-    # the function body: RETURN QUERY followed by exactly one SQL statement
-    body = render("postgresql", "reliable", "create_functions", {**orders.names.template_values(), **QueueSettings().as_dict()})
+    # the function body (the head's, reliable_0005): RETURN QUERY followed by exactly one SQL statement
+    body = render("postgresql", "reliable", "create_dequeue_0005", {**orders.names.template_values(), **QueueSettings().as_dict()})
     dequeue_fn = next(s for s in split_statements(body) if '"orders_dequeue"' in s.split("(")[0])
     inner = dequeue_fn.split("$fn$")[1]
     assert inner.count("RETURN QUERY") == 1

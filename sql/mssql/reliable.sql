@@ -97,84 +97,6 @@ CREATE INDEX {{history_at_idx}} ON {{history}} (archived_at);
 -- name: create_functions
 -- The SQL API as stored procedures, callable from any language.
 
--- dequeue: claims up to @batch items and returns them with their payload.
---  1. Expired leases (their consumer died or stalled) go back to READY, or DEAD when that
---     was their last attempt: a bounded UPDATE through the filtered index on PROCESSING
---     rows, so the claim below reads only the ready index.
---  2. THE claim is ONE statement: the CTE picks up to @batch READY, due rows in
---     (priority, due_at, id) order with UPDLOCK, READPAST, ROWLOCK: concurrent consumers
---     skip each other's rows (READPAST), the picked keys stay locked until the update
---     (UPDLOCK), and no page or table lock blocks the others (ROWLOCK). UPDATE TOP has no
---     ORDER BY, hence the CTE: TOP with ORDER BY inside, the UPDATE through it. OUTPUT
---     returns the updated meta row joined to its payload in the same statement, into a
---     table variable (OUTPUT has no order): the batch is returned sorted from there.
--- Row versioning caveat: READPAST is rejected under SNAPSHOT isolation (error 650); run
--- consumers at READ COMMITTED (the default).
-CREATE PROCEDURE {{fn_dequeue}}
-    @batch         int           = 1,
-    @lease_seconds float         = NULL,
-    @worker        nvarchar(200) = NULL
-AS
-BEGIN
-    SET NOCOUNT ON;
-    DECLARE @now datetime2(6) = SYSUTCDATETIME();
-    DECLARE @n int = CASE WHEN @batch > 0 THEN @batch ELSE 0 END;
-    -- leases are at most 7 days: the milliseconds fit DATEADD's int
-    DECLARE @lease_ms int = CAST(ROUND(COALESCE(@lease_seconds, {{lease_seconds}}) * 1000e0, 0) AS int);
-
-    WITH expired AS (
-        SELECT TOP (@n) m.status, m.attempts, m.max_attempts, m.lease_owner, m.leased_until,
-                        m.finished_at, m.last_error
-        FROM {{meta}} AS m WITH (UPDLOCK, READPAST, ROWLOCK)
-        WHERE m.status = 1 AND m.leased_until < @now
-        ORDER BY m.leased_until
-    )
-    UPDATE expired SET
-        status       = CASE WHEN attempts >= max_attempts THEN 3 ELSE 0 END,
-        finished_at  = CASE WHEN attempts >= max_attempts THEN @now END,
-        last_error   = CASE WHEN attempts >= max_attempts
-                            THEN CONCAT(N'lease expired on its last attempt (', attempts,
-                                        N' of ', max_attempts, N')')
-                            ELSE last_error END,
-        lease_owner  = CASE WHEN attempts >= max_attempts THEN lease_owner END,
-        leased_until = NULL;
-
-    DECLARE @claimed TABLE (
-        id bigint NOT NULL PRIMARY KEY, priority smallint NOT NULL, due_at datetime2(6) NOT NULL,
-        title nvarchar(400) NULL, attempts int NOT NULL, max_attempts int NOT NULL,
-        enqueued_at datetime2(6) NOT NULL, dequeued_at datetime2(6) NULL,
-        leased_until datetime2(6) NULL, payload varbinary(max) NOT NULL, headers nvarchar(max) NULL);
-    WITH picked AS (
-        -- every column the OUTPUT names: inserted.* of a CTE target has the CTE's columns
-        SELECT TOP (@n) m.id, m.priority, m.due_at, m.status, m.title, m.attempts,
-                        m.max_attempts, m.lease_owner, m.leased_until, m.enqueued_at,
-                        m.dequeued_at
-        FROM {{meta}} AS m WITH (UPDLOCK, READPAST, ROWLOCK)
-        WHERE m.status = 0 AND m.due_at <= @now
-        ORDER BY m.priority, m.due_at, m.id
-    )
-    UPDATE p SET
-        status       = 1,
-        attempts     = p.attempts + 1,
-        lease_owner  = @worker,
-        leased_until = DATEADD(millisecond, @lease_ms, @now),
-        dequeued_at  = @now
-    OUTPUT inserted.id, inserted.priority, inserted.due_at, inserted.title, inserted.attempts,
-           inserted.max_attempts, inserted.enqueued_at, inserted.dequeued_at,
-           inserted.leased_until, d.payload, d.headers
-    INTO @claimed (id, priority, due_at, title, attempts, max_attempts, enqueued_at,
-                   dequeued_at, leased_until, payload, headers)
-    FROM picked AS p
-    JOIN {{data}} AS d ON d.id = p.id;
-    -- The ORDER BY in the pick chooses WHICH rows (the oldest ready ones); OUTPUT returns
-    -- them in no defined order. Hand the batch out in the queue's order, as PostgreSQL's
-    -- dequeue does.
-    SELECT c.id, c.priority, c.due_at, c.title, c.attempts, c.max_attempts, c.enqueued_at,
-           c.dequeued_at, c.leased_until, c.payload, c.headers
-    FROM @claimed AS c
-    ORDER BY c.priority, c.due_at, c.id;
-END
-GO
 -- ack: the items are done. Only the current lease holder (when @worker is given) may ack,
 -- so a consumer whose lease expired and was taken over cannot finish the item twice.
 -- @ids is a JSON array of ids. Returns one row: acked.
@@ -268,6 +190,95 @@ BEGIN
       AND (@worker IS NULL OR m.lease_owner = @worker);
     SELECT @@ROWCOUNT AS released;
 END
+
+-- name: create_dequeue_0001
+-- The dequeue procedure (a section of its own, as on PostgreSQL, where reliable_0005 replaces
+-- it and its downgrade restores it; CREATE OR ALTER, so the downgrade can run it again).
+
+-- dequeue: claims up to @batch items and returns them with their payload.
+--  1. Expired leases (their consumer died or stalled) go back to READY, or DEAD when that
+--     was their last attempt: a bounded UPDATE through the filtered index on PROCESSING
+--     rows, so the claim below reads only the ready index.
+--  2. THE claim is ONE statement: the CTE picks up to @batch READY, due rows in
+--     (priority, due_at, id) order with UPDLOCK, READPAST, ROWLOCK: concurrent consumers
+--     skip each other's rows (READPAST), the picked keys stay locked until the update
+--     (UPDLOCK), and no page or table lock blocks the others (ROWLOCK). UPDATE TOP has no
+--     ORDER BY, hence the CTE: TOP with ORDER BY inside, the UPDATE through it. OUTPUT
+--     returns the updated meta row joined to its payload in the same statement, into a
+--     table variable (OUTPUT has no order): the batch is returned sorted from there.
+-- Row versioning caveat: READPAST is rejected under SNAPSHOT isolation (error 650); run
+-- consumers at READ COMMITTED (the default).
+CREATE OR ALTER PROCEDURE {{fn_dequeue}}
+    @batch         int           = 1,
+    @lease_seconds float         = NULL,
+    @worker        nvarchar(200) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @now datetime2(6) = SYSUTCDATETIME();
+    DECLARE @n int = CASE WHEN @batch > 0 THEN @batch ELSE 0 END;
+    -- leases are at most 7 days: the milliseconds fit DATEADD's int
+    DECLARE @lease_ms int = CAST(ROUND(COALESCE(@lease_seconds, {{lease_seconds}}) * 1000e0, 0) AS int);
+
+    WITH expired AS (
+        SELECT TOP (@n) m.status, m.attempts, m.max_attempts, m.lease_owner, m.leased_until,
+                        m.finished_at, m.last_error
+        FROM {{meta}} AS m WITH (UPDLOCK, READPAST, ROWLOCK)
+        WHERE m.status = 1 AND m.leased_until < @now
+        ORDER BY m.leased_until
+    )
+    UPDATE expired SET
+        status       = CASE WHEN attempts >= max_attempts THEN 3 ELSE 0 END,
+        finished_at  = CASE WHEN attempts >= max_attempts THEN @now END,
+        last_error   = CASE WHEN attempts >= max_attempts
+                            THEN CONCAT(N'lease expired on its last attempt (', attempts,
+                                        N' of ', max_attempts, N')')
+                            ELSE last_error END,
+        lease_owner  = CASE WHEN attempts >= max_attempts THEN lease_owner END,
+        leased_until = NULL;
+
+    DECLARE @claimed TABLE (
+        id bigint NOT NULL PRIMARY KEY, priority smallint NOT NULL, due_at datetime2(6) NOT NULL,
+        title nvarchar(400) NULL, attempts int NOT NULL, max_attempts int NOT NULL,
+        enqueued_at datetime2(6) NOT NULL, dequeued_at datetime2(6) NULL,
+        leased_until datetime2(6) NULL, payload varbinary(max) NOT NULL, headers nvarchar(max) NULL);
+    WITH picked AS (
+        -- every column the OUTPUT names: inserted.* of a CTE target has the CTE's columns
+        SELECT TOP (@n) m.id, m.priority, m.due_at, m.status, m.title, m.attempts,
+                        m.max_attempts, m.lease_owner, m.leased_until, m.enqueued_at,
+                        m.dequeued_at
+        FROM {{meta}} AS m WITH (UPDLOCK, READPAST, ROWLOCK)
+        WHERE m.status = 0 AND m.due_at <= @now
+        ORDER BY m.priority, m.due_at, m.id
+    )
+    UPDATE p SET
+        status       = 1,
+        attempts     = p.attempts + 1,
+        lease_owner  = @worker,
+        leased_until = DATEADD(millisecond, @lease_ms, @now),
+        dequeued_at  = @now
+    OUTPUT inserted.id, inserted.priority, inserted.due_at, inserted.title, inserted.attempts,
+           inserted.max_attempts, inserted.enqueued_at, inserted.dequeued_at,
+           inserted.leased_until, d.payload, d.headers
+    INTO @claimed (id, priority, due_at, title, attempts, max_attempts, enqueued_at,
+                   dequeued_at, leased_until, payload, headers)
+    FROM picked AS p
+    JOIN {{data}} AS d ON d.id = p.id;
+    -- The ORDER BY in the pick chooses WHICH rows (the oldest ready ones); OUTPUT returns
+    -- them in no defined order. Hand the batch out in the queue's order, as PostgreSQL's
+    -- dequeue does.
+    SELECT c.id, c.priority, c.due_at, c.title, c.attempts, c.max_attempts, c.enqueued_at,
+           c.dequeued_at, c.leased_until, c.payload, c.headers
+    FROM @claimed AS c
+    ORDER BY c.priority, c.due_at, c.id;
+END
+
+-- name: create_dequeue_0005
+-- reliable_0005 on PostgreSQL finds the picked rows through the primary key instead of a
+-- join that the planner, once the table has statistics, ran as a hash join over the whole
+-- meta table. Nothing to change here: this procedure updates through the TOP (@n) pick
+-- itself (the CTE is the UPDATE's target, no join to the picks), and joins the data table
+-- by its clustered primary key. The section is empty on purpose (no batch runs).
 
 -- name: create_enqueue_functions
 -- enqueue and enqueue_many as reliable_0001 made them (no payload limit): created by

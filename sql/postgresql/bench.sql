@@ -160,9 +160,10 @@ LANGUAGE sql AS $fn$
     INSERT INTO {{meta}} (payload) SELECT u.p FROM unnest(p_payloads) AS u(p) RETURNING id
 $fn$;
 
--- Same shape as the reliable dequeue: expired leases, then READY rows, both picked in
--- MATERIALIZED CTEs with SKIP LOCKED, one UPDATE ... RETURNING; the payload comes from
--- the updated row itself instead of a join.
+-- Same shape as the reliable dequeue (reliable_0005): expired leases, then READY rows, both
+-- picked in MATERIALIZED CTEs with SKIP LOCKED, one UPDATE ... RETURNING of the picked ids
+-- found through the primary key; the payload comes from the updated row itself instead of
+-- a join.
 CREATE FUNCTION {{fn_dequeue}}(p_batch integer, p_lease_seconds double precision, p_worker text)
 RETURNS TABLE (id bigint, enqueued_at timestamptz, payload bytea)
 LANGUAGE plpgsql AS $fn$
@@ -185,8 +186,7 @@ BEGIN
         UPDATE {{meta}} m SET
             status = 1, attempts = m.attempts + 1, lease_owner = p_worker,
             leased_until = now() + make_interval(secs => p_lease_seconds), dequeued_at = now()
-        FROM (SELECT e.id FROM expired e UNION ALL SELECT r.id FROM ready r) picked
-        WHERE m.id = picked.id
+        WHERE m.id = ANY (ARRAY(SELECT e.id FROM expired e UNION ALL SELECT r.id FROM ready r))
         RETURNING m.id, m.priority, m.due_at, m.enqueued_at, m.payload
     )
     SELECT c.id, c.enqueued_at, c.payload FROM claimed c ORDER BY c.priority, c.due_at, c.id;
@@ -227,8 +227,9 @@ TRUNCATE {{meta}}
 -- After the `split` pre-fill: start every design and size from statistics and a set
 -- visibility map, as a live queue's tables are. Left to autovacuum, the first ANALYZE of
 -- a fresh table lands in whichever phase is running when its naptime ends, and the
--- dequeue's plan changes mid-phase (estimates of the picked rows go from a handful to a
--- tenth of the table, and the UPDATE's join to a hash join over the whole table).
+-- dequeue's plan could change mid-phase (before reliable_0005 the estimate of the picked
+-- rows went from a handful to a tenth of the table, and the UPDATE's join to a hash join
+-- over the whole table).
 VACUUM (ANALYZE) {{meta}}
 
 -- name: onetable_ready
