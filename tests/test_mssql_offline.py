@@ -176,8 +176,8 @@ def test_offline_install_script_is_complete_tsql_with_go_batches(kind):
     # QUOTED_IDENTIFIER ON comes first: sqlcmd's default is OFF, and the double-quoted
     # names, filtered indexes and the procedures created over them all need it ON.
     assert batches[0].split() == "BEGIN TRANSACTION; SET QUOTED_IDENTIFIER ON; SET ANSI_NULLS ON".split()
-    procedures = [b for b in batches if "CREATE PROCEDURE" in b]
-    assert procedures and all(b.startswith("CREATE PROCEDURE") for b in procedures)
+    procedures = [b for b in batches if re.search(r"CREATE (?:OR ALTER )?PROCEDURE", b)]
+    assert procedures and all(re.match(r"CREATE (?:OR ALTER )?PROCEDURE", b) for b in procedures)
     assert "CREATE TABLE queuectl.queues" in script and "INSERT INTO queuectl.queues" in script
 
 
@@ -220,12 +220,12 @@ def test_jobs_tsql_holds_the_seed_forms():
     [
         ("unbalanced parenthesis in the pick", lambda s: s.replace("SELECT TOP (@n) m.id", "SELECT TOP (@n m.id", 1)),
         ("procedure without END", lambda s: s[: s.rindex("END")]),
-        ("misspelt keyword at the start of a batch", lambda s: s.replace("CREATE PROCEDURE", "CREAT PROCEDURE", 1)),
+        ("misspelt keyword at the start of a batch", lambda s: s.replace("CREATE OR ALTER PROCEDURE", "CREAT OR ALTER PROCEDURE", 1)),
         ("a clause out of place", lambda s: s.replace("ORDER BY m.priority, m.due_at, m.id", "ORDER m.priority BY", 1)),
     ],
 )
 def test_a_broken_statement_fails_the_check(what, break_it):
-    good = rendered("reliable", "create_functions")
+    good = rendered("reliable", "create_dequeue_0001")
     check_tsql(good)
     broken = break_it(good)
     assert broken != good, what
@@ -316,18 +316,30 @@ def test_health_tsql_measures_ghosts_and_what_holds_them():
     assert "SET LOCK_TIMEOUT 5000" in limits and not _BIND.findall(limits)
 
 
+# A kind's dequeue sections, as (PostgreSQL section, T-SQL section): reliable_0005 changed
+# only PostgreSQL's (its T-SQL section is empty), so reliable_0001's procedure serves both.
+_DEQUEUE_VARIANTS = {
+    "fifo": [("create_dequeue_lax",) * 2, ("create_dequeue_strict",) * 2],
+    "ring": [("create_functions",) * 2, ("replace_functions_0003",) * 2],
+    "reliable": [("create_dequeue_0001",) * 2, ("create_dequeue_0005", "create_dequeue_0001")],
+}
+
+
+def _definition(kind: str, section: str, fn: str, ms_section: str | None = None) -> tuple[str, str]:
+    """(PostgreSQL function, T-SQL procedure) texts of one function of a section: CREATE or
+    CREATE OR REPLACE on one side, CREATE or CREATE OR ALTER on the other."""
+    pg = sections("postgresql", kind)[section]
+    pg_fn = pg[re.search(r"CREATE (?:OR REPLACE )?FUNCTION \{\{fn_%s\}\}\(" % fn, pg).start():]
+    pg_fn = pg_fn[: pg_fn.index("$fn$;") + 5]
+    [ms_proc] = [b for b in split_go_batches(rendered(kind, ms_section or section))
+                 if re.match(r'CREATE (?:OR ALTER )?PROCEDURE "queuectl"\."orders_%s"\s' % fn, b)]
+    return pg_fn, ms_proc
+
+
 def _dequeue_definitions(kind: str) -> list[tuple[str, str]]:
     """(PostgreSQL function, T-SQL procedure) texts of a kind's dequeue, per variant."""
-    variants = ["create_dequeue_lax", "create_dequeue_strict"] if kind == "fifo" else ["create_functions"]
-    pairs = []
-    for section in variants:
-        pg = sections("postgresql", kind)[section]
-        pg_fn = pg[pg.index("CREATE FUNCTION {{fn_dequeue}}"):]
-        pg_fn = pg_fn[: pg_fn.index("$fn$;") + 5]
-        [ms_proc] = [b for b in split_go_batches(rendered(kind, section))
-                     if b.startswith('CREATE PROCEDURE "queuectl"."orders_dequeue"')]
-        pairs.append((pg_fn, ms_proc))
-    return pairs
+    variants = _DEQUEUE_VARIANTS.get(kind, [("create_functions",) * 2])
+    return [_definition(kind, pg_section, "dequeue", ms_section) for pg_section, ms_section in variants]
 
 
 def check_dequeue_matches(kind: str, pg_fn: str, ms_proc: str) -> None:
@@ -360,15 +372,14 @@ def test_kind_dequeue_returns_postgresqls_columns_in_its_order(kind):
         check_dequeue_matches(kind, pg_fn, ms_proc)
 
 
-@pytest.mark.parametrize("section", ["create_ring_release_0001", "create_ring_release_0002"])
+@pytest.mark.parametrize("section", ["create_ring_release_0001", "create_ring_release_0002", "replace_functions_0003"])
 def test_ring_release_returns_postgresqls_columns(section):
     """RingQueue.release() reads ring_release's rows by column name, on both engines and at
-    both revisions: the procedure's result set is the function's RETURNS TABLE."""
-    pg_fn = sections("postgresql", "ring")[section]
+    every revision: the procedure's result set is the function's RETURNS TABLE."""
+    pg_fn, proc = _definition("ring", section, "ring_release")
     returns = re.search(r"RETURNS TABLE \((.*?)\)\s*LANGUAGE", pg_fn, re.S).group(1)
     expected = [part.split()[0] for part in returns.split(",")]
-    assert expected[:3] == ["side", "item_id", "tombstoned"]  # ring_0001's columns, kept by ring_0002
-    [proc] = split_go_batches(rendered("ring", section))
+    assert expected[:3] == ["side", "item_id", "tombstoned"]  # ring_0001's columns, kept since
     assert result_columns(proc, "tsql")[-1] == expected
 
 
@@ -393,21 +404,109 @@ def test_ring_release_0002_tsql_rescues_through_the_push_procedure_under_a_savep
     assert flat.count("BEGIN TRANSACTION;") == 1 and flat.count("COMMIT TRANSACTION;") == 3  # every path commits
 
 
-def test_ring_install_script_ends_with_ring_0002s_release():
-    """The offline install runs ring_0001 (its release) then ring_0002 (drops it, creates the
-    new one): the last definition the script leaves is the rescuing procedure."""
+def test_ring_install_script_ends_with_ring_0003s_procedures():
+    """The offline install runs ring_0001 (its procedures and release), ring_0002 (drops the
+    release, creates the rescuing one) and ring_0003 (alters push, pop and release in place):
+    the last definitions the script leaves are ring_0003's, with a release per kept claim."""
     batches = split_go_batches(install_script(None, "orders", "ring", dialect="mssql"))
     release = [b for b in batches if '"queuectl"."orders_ring_release"' in b]
-    assert [b.split(None, 2)[:2] for b in release] == [["CREATE", "PROCEDURE"], ["DROP", "PROCEDURE"],
-                                                      ["CREATE", "PROCEDURE"]]
+    assert [b.split(None, 4)[:4] for b in release] == [
+        ["CREATE", "PROCEDURE", '"queuectl"."orders_ring_release"', "WITH"],
+        ["DROP", "PROCEDURE", "IF", "EXISTS"],
+        ["CREATE", "OR", "ALTER", "PROCEDURE"], ["CREATE", "OR", "ALTER", "PROCEDURE"]]
     assert "@timeout float = 0.1" not in release[0] and "@timeout float = 0.1" in release[2]
-    assert "UPDATE queuectl.queues SET schema_version=N'ring_0002'" in " ".join(batches)
+    assert "WHILE EXISTS (SELECT 1 FROM @claims)" not in release[2] and "WHILE EXISTS (SELECT 1 FROM @claims)" in release[3]
+    ring_0003 = {"enqueue": "FOR JSON PATH", "enqueue_many": "sp_sequence_get_range", "dequeue": "sp_sequence_get_range"}
+    for fn, mark in ring_0003.items():
+        defined = [b for b in batches if re.match(r'CREATE (?:OR ALTER )?PROCEDURE "queuectl"\."orders_%s"\s' % fn, b)]
+        assert len(defined) == 2 and mark not in defined[0] and mark in defined[1], fn
+    flat = " ".join(batches)
+    assert flat.index("schema_version=N'ring_0002'") < flat.index("schema_version=N'ring_0003'")
+    assert "UPDATE queuectl.queues SET schema_version=N'ring_0003'" in flat
+
+
+def test_ring_0003_tsql_pushes_and_pops_sets_of_kept_claims():
+    """The T-SQL counterpart of ring_0003 (no server here: its form, not its run). Push: the
+    kept claims are read back from SESSION_CONTEXT in order, new positions come from one
+    range, the free slots are locked (UPDLOCK, READPAST, ROWLOCK) and the run written in one
+    UPDATE inside one short transaction, the unwritten claims go back to SESSION_CONTEXT and
+    the positions come back in input order. Pop: claims topped up below the push high mark,
+    every FULL claimed slot taken by one UPDATE ... OUTPUT through a READPAST pick, the rest
+    kept. Release: a row per kept claim, push claims first, rescues through enqueue_many."""
+    batches = split_go_batches(rendered("ring", "replace_functions_0003"))
+    push, push_one, pop, release = (" ".join(b.split()) for b in batches)
+    ring = '"queuectl"."orders_ring"'
+    kept = "OPENJSON(CONCAT(N'[', CAST(SESSION_CONTEXT(@{}) AS nvarchar(4000)), N']')) AS k"
+    write_back = "STRING_AGG(CAST({0}.pos AS nvarchar(20)), N',') WITHIN GROUP (ORDER BY {0}.pos)"
+    assert "STRING_SPLIT" not in " ".join(batches)  # its ordinal needs SQL Server 2022
+
+    # push: same parameters as before (the client's JSON array), one lock pass and one write
+    assert push.startswith('CREATE OR ALTER PROCEDURE "queuectl"."orders_enqueue_many" @items nvarchar(max), '
+                           "@timeout float = 1.0 WITH EXECUTE AS OWNER AS BEGIN")
+    assert kept.format("key") in push and "FROM OPENJSON(@items) AS j" in push
+    assert ("EXEC sys.sp_sequence_get_range @sequence_name = '\"queuectl\".\"orders_push_seq\"', "
+            "@range_size = @draw, @range_first_value = @first OUTPUT;") in push
+    begin = push.index("BEGIN TRANSACTION;")
+    lock = push.index(f"JOIN {ring} AS s WITH (UPDLOCK, READPAST, ROWLOCK) ON s.slot = c.pos % 1024 "
+                      "WHERE s.msg_id = c.pos - 1024 AND s.state <> 1;")
+    stop = push.index("SELECT @stop = MIN(c.pos) FROM @claims AS c WHERE NOT EXISTS")
+    write = push.index("OUTPUT w.ord, inserted.msg_id INTO @written (ord, id)")
+    commit = push.index("COMMIT TRANSACTION;")
+    assert begin < lock < stop < write < commit and push.count("UPDATE r SET") == 1
+    assert "INSERT INTO @claims (pos) VALUES (NEXT VALUE FOR \"queuectl\".\"orders_push_seq\");" in push  # tombstoned
+    assert push.index(write_back.format("k")) < push.index("EXEC sys.sp_set_session_context @key = @key, @value = @kept;")
+    assert push.endswith("SELECT w.id FROM @written AS w ORDER BY w.ord; END")
+
+    # push one: the batch push of one, one row (NULL: full)
+    assert 'INSERT INTO @pushed (id) EXEC "queuectl"."orders_enqueue_many" @items = @items, @timeout = @timeout;' in push_one
+    assert push_one.endswith("SELECT MAX(p.id) AS id FROM @pushed AS p; END")
+
+    # pop: top-up bound, one take, the rest kept, written back
+    assert kept.format("key") in pop and "q.last_used_value" in pop and "p.last_used_value" in pop
+    take = pop.index(f"JOIN {ring} AS r WITH (UPDLOCK, READPAST, ROWLOCK) ON r.slot = c.pos % 1024 "
+                     "WHERE r.msg_id = c.pos AND r.state = 1 ORDER BY c.pos ) UPDATE full_slots SET state = 0")
+    assert pop.index("SELECT TOP (@need)") < take < pop.index("OUTPUT deleted.msg_id, deleted.payload")
+    assert "WHERE s.msg_id > c.pos OR (s.msg_id = c.pos AND s.state <> 1);" in pop  # taken, skipped, rescued
+    assert "IF @taken > 0 OR SYSUTCDATETIME() >= @deadline BREAK;" in pop  # waits only while it has nothing
+    assert pop.index(write_back.format("c")) < pop.index("EXEC sys.sp_set_session_context @key = @key, @value = @kept;")
+
+    # release: every kept claim of both sides, the push side cleared before any rescue
+    assert release.count("WHILE EXISTS (SELECT 1 FROM @claims)") == 2
+    loops = [release.index(kept.format(side)) for side in ("k_push", "k_pop")]
+    cleared = release.index("EXEC sys.sp_set_session_context @key = @k_push, @value = NULL;")
+    assert loops[0] < cleared < release.index("WHILE EXISTS") < loops[1]
+    save, push_call = release.index("SAVE TRANSACTION ring_rescue;"), release.index(
+        'INSERT INTO @pushed (id) EXEC "queuectl"."orders_enqueue_many" @items = @one, @timeout = @timeout;')
+    assert release.index("BEGIN TRANSACTION;") < save < push_call < release.index("ROLLBACK TRANSACTION ring_rescue;")
+    assert release.count("BEGIN TRANSACTION;") == 1 and release.count("COMMIT TRANSACTION;") == 3
+    assert release.endswith("EXEC sys.sp_set_session_context @key = @k_pop, @value = NULL; "
+                            "SELECT side, item_id, tombstoned, new_item_id, outcome FROM @out ORDER BY seq; END")
+
+
+@pytest.mark.parametrize(
+    ("what", "break_it"),
+    [
+        ("unbalanced parenthesis in a kept-claims read", lambda s: s.replace("N']')) AS k", "N']') AS k", 1)),
+        ("the pop's wait loop without END", lambda s: s.replace(
+            "    END\n    SELECT @kept = STRING_AGG(CAST(c.pos", "    SELECT @kept = STRING_AGG(CAST(c.pos", 1)),
+        ("a clause out of place in the take", lambda s: s.replace("ORDER BY c.pos\n        )", "BY ORDER c.pos\n        )", 1)),
+        ("OUTPUT after its INTO", lambda s: s.replace(
+            "OUTPUT w.ord, inserted.msg_id INTO @written (ord, id)", "INTO @written (ord, id) OUTPUT w.ord, inserted.msg_id", 1)),
+    ],
+)
+def test_a_broken_ring_0003_statement_fails_the_check(what, break_it):
+    good = rendered("ring", "replace_functions_0003")
+    check_tsql(good)
+    broken = break_it(good)
+    assert broken != good, what
+    with pytest.raises(TsqlError):
+        check_tsql(broken)
 
 
 def test_an_unsorted_output_batch_fails_the_dequeue_order_check():
     """The reliable dequeue as it was: UPDATE through the ordered pick, OUTPUT straight to the
     client. The pick's ORDER BY chose the rows, but nothing orders what OUTPUT returns."""
-    [(pg_fn, ms_proc)] = _dequeue_definitions("reliable")
+    pg_fn, ms_proc = _definition("reliable", "create_dequeue_0001", "dequeue")
     check_dequeue_matches("reliable", pg_fn, ms_proc)
     unsorted = re.sub(r"\s*INTO @claimed \(.*?\)\s*(FROM picked)", r"\n    \1", ms_proc, flags=re.S)
     unsorted = unsorted[: unsorted.index("    SELECT c.id")] + "END"
