@@ -10,6 +10,7 @@ from alembic import context, op
 
 from queuectl.catalog import QueueSettings, queues_table
 from queuectl.engine import ADAPTERS
+from queuectl.grants import function_values, secured_calls
 from queuectl.kindspec import kind_template_values
 from queuectl.names import QueueNames
 from queuectl.sqlfiles import render
@@ -30,6 +31,19 @@ def run_section(file: str, section: str) -> None:
     adapter = ADAPTERS[op.get_context().dialect.name]
     values: dict[str, str | int] = {**names.template_values(), **kind_template_values(names, kind), **settings.as_dict()}
     for statement in adapter.split_batches(render(adapter.sql_dir, file, section, values)):
+        op.execute(sa.text(statement))
+
+
+def replace_functions(file: str, *sections: str) -> None:
+    """Run sections that replace the queue's functions in place (CREATE OR REPLACE), then give
+    back what that resets on the ones `queuectl grant` secured (grant.sql:
+    resecure_functions), so granted roles keep working across the upgrade or downgrade."""
+    for section in sections:
+        run_section(file, section)
+    names, kind, _settings = _target()
+    adapter = ADAPTERS[op.get_context().dialect.name]
+    values = function_values(names, secured_calls(kind))
+    for statement in adapter.split_batches(render(adapter.sql_dir, "grant", "resecure_functions", values)):
         op.execute(sa.text(statement))
 
 

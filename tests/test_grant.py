@@ -257,3 +257,52 @@ def test_ring_producer_role_that_closes_gives_up_its_kept_push_claim(engine, db_
         as_producer.dispose()
     with RingQueue(engine, "events") as consumer_queue:
         assert [m.payload for m in consumer_queue.dequeue(10)] == [b"m%d" % i for i in range(8)]
+
+
+def secured(engine, prefix: str) -> dict[str, bool]:
+    """Each of the queue's functions: whether it runs SECURITY DEFINER."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(
+            "SELECT p.proname, p.prosecdef FROM pg_proc p "
+            "WHERE p.pronamespace = 'queuectl'::regnamespace AND p.proname LIKE :prefix"), {"prefix": f"{prefix}%"}).all()
+    return dict(rows)
+
+
+@pytest.mark.parametrize("kind, old, new", [("reliable", "reliable_0004", "reliable_0005"),
+                                            ("ring", "ring_0002", "ring_0003")])
+def test_granted_roles_keep_working_across_revisions_that_replace_functions_in_place(
+        engine, db_url, roles, kind, old, new):
+    """CREATE OR REPLACE keeps the ACL but resets SECURITY DEFINER: without the migration's
+    resecure step the consumer role would get 'permission denied for table' after the
+    upgrade. A queue never granted keeps its functions as installed."""
+    from queuectl.install import downgrade_queue, upgrade_queue
+    from queuectl.kinds import open_queue
+    from queuectl.kindspec import RingSettings
+
+    producer, consumer, _ = roles
+    settings = RingSettings(size=8) if kind == "ring" else None
+    install_queue(engine, "granted", kind, settings, revision=old)
+    install_queue(engine, "plain", kind, settings, revision=old)
+    grant_queue(engine, "granted", producer=producer, consumer=consumer)
+    before = secured(engine, "granted_")
+    assert before["granted_dequeue"] and not any(secured(engine, "plain_").values())
+    as_producer, as_consumer = engine_as(db_url, producer), engine_as(db_url, consumer)
+    try:
+        for step, revision in (("upgrade", new), ("downgrade", old)):
+            if step == "upgrade":
+                assert upgrade_queue(engine, "granted") == (old, new)
+                assert upgrade_queue(engine, "plain") == (old, new)
+            else:
+                assert downgrade_queue(engine, "granted", old) == (new, old)
+            assert secured(engine, "granted_") == before, step
+            assert not any(secured(engine, "plain_").values()), step
+            with open_queue(as_producer, "granted") as q:
+                sent = q.enqueue_many([f"{step}-1", f"{step}-2"])
+            with open_queue(as_consumer, "granted") as q:
+                got = q.dequeue(5)
+                assert [m.id for m in got] == sent, step
+                if kind == "reliable":
+                    assert q.ack(got) == 2
+    finally:
+        as_producer.dispose()
+        as_consumer.dispose()

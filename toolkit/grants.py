@@ -63,9 +63,19 @@ def api_calls(kind: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(producer_calls(kind) + consumer_calls(kind)))
 
 
+def secured_calls(kind: str) -> tuple[str, ...]:
+    """Every function `queuectl grant` locks down: the API calls and the maintenance ones."""
+    return api_calls(kind) + MAINTENANCE_CALLS.get(kind, ())
+
+
 def _literals(names: QueueNames, calls: tuple[str, ...]) -> str:
     """The functions' names as SQL string literals: validated identifiers hold no quote."""
     return ", ".join(f"'{names.table(call)}'" for call in calls)
+
+
+def function_values(names: QueueNames, calls: tuple[str, ...]) -> dict[str, str]:
+    """grant.sql's {{schema_literal}} and {{function_literals}} for these calls of the queue."""
+    return {"schema_literal": f"'{names.schema}'", "function_literals": _literals(names, calls)}
 
 
 def _run(conn: Connection, file_values: dict[str, str], section: str, params: dict[str, str] | None = None) -> None:
@@ -78,11 +88,7 @@ def granted_functions(conn: Connection, name: str, role: str, schema: str = DEFA
     """The queue's functions `role` may execute."""
     names = QueueNames(name, schema)
     info = require_queue(conn, name, schema)
-    values = {
-        "schema_literal": f"'{schema}'",
-        "function_literals": _literals(names, api_calls(info.kind)),
-    }
-    sql = render(adapter_for(conn).sql_dir, "grant", "granted_functions", values)
+    sql = render(adapter_for(conn).sql_dir, "grant", "granted_functions", function_values(names, api_calls(info.kind)))
     return list(conn.execute(sa.text(sql), {"role": validate_role(role)}).scalars())
 
 
@@ -105,13 +111,12 @@ def grant_queue(
         validate_role(role)
     with engine.connect() as conn:
         info = require_queue(conn, name, schema)
-        everything = api_calls(info.kind) + MAINTENANCE_CALLS.get(info.kind, ())
         base = {**names.template_values(), "schema_literal": f"'{schema}'"}
         exists = render(adapter_for(conn).sql_dir, "grant", "role_exists", {})
         for role in roles:
             if not conn.execute(sa.text(exists), {"role": role}).scalar():
                 raise UsageError(f"role {role!r} does not exist in this database: create it first")
-        _run(conn, {**base, "function_literals": _literals(names, everything)}, "secure_functions")
+        _run(conn, {**base, **function_values(names, secured_calls(info.kind))}, "secure_functions")
         if producer:
             _run(conn, {**base, "role": quote_ident(producer),
                         "function_literals": _literals(names, producer_calls(info.kind))},

@@ -7,14 +7,14 @@ Revises: ring_0002
 ring_0001's push and pop handle one position per statement, so a batch costs as much
 server time per message as single calls (83-84 us per message and side at batch 1, 10 and
 100 in bench series 5). The functions keep their signatures and result columns and are
-replaced in place (CREATE OR REPLACE keeps their EXECUTE grants; SECURITY DEFINER, which
-`queuectl grant` sets, is reset: re-run `queuectl grant` after this upgrade or its
-downgrade). The downgrade restores the per-position functions and ring_0002's release. A
-session's kept claims are a comma-separated list here (a single value before): sessions
-open across the downgrade should reconnect.
+replaced in place (CREATE OR REPLACE keeps their EXECUTE grants, and the migration gives
+the functions `queuectl grant` secured their SECURITY DEFINER back: nothing to re-run).
+The downgrade restores the per-position functions and ring_0002's release. A session's
+kept claims are a comma-separated list here (a single value before): sessions open across
+the downgrade should reconnect.
 """
 
-from queuectl.migrations.queue_ops import run_section, set_version
+from queuectl.migrations.queue_ops import replace_functions, set_version
 
 revision = "ring_0003"
 down_revision = "ring_0002"
@@ -23,11 +23,10 @@ depends_on = None
 
 
 def upgrade() -> None:
-    run_section("ring", "replace_functions_0003")
+    replace_functions("ring", "replace_functions_0003")
     set_version(revision)
 
 
 def downgrade() -> None:
-    run_section("ring", "create_functions")
-    run_section("ring", "create_ring_release_0002")
+    replace_functions("ring", "create_functions", "create_ring_release_0002")
     set_version(down_revision)

@@ -15,6 +15,10 @@ SELECT CASE WHEN DATABASE_PRINCIPAL_ID(:role) IS NULL THEN 0 ELSE 1 END AS n
 -- name: secure_functions
 -- Nothing to change on SQL Server: procedures run with ownership chaining already.
 
+-- name: resecure_functions
+-- Nothing to restore on SQL Server: CREATE OR ALTER PROCEDURE keeps the procedure's
+-- permissions, and EXECUTE AS OWNER is part of its text.
+
 -- name: grant_execute
 -- The principal may execute these procedures and read the catalog's registry (which
 -- queues exist, their kind and settings: the client looks its queue up there).

@@ -9,7 +9,8 @@
 -- EXECUTE on new functions to PUBLIC: that is revoked, or every role could use the
 -- owner's rights. Done at grant time rather than in the install migration, so the
 -- functions' definitions stay as installed; re-run `queuectl grant` after an upgrade
--- that recreates them. {{function_literals}} are the queue's own function names
+-- that recreates them (a revision that replaces them in place restores this itself:
+-- resecure_functions). {{function_literals}} are the queue's own function names
 -- (validated identifiers as string literals).
 
 -- name: role_exists
@@ -30,6 +31,29 @@ BEGIN
         -- f::text is the server's own quoted signature, e.g. queuectl.orders_ack(bigint[],text)
         EXECUTE 'ALTER FUNCTION ' || f::text || ' SECURITY DEFINER SET search_path = pg_catalog, pg_temp';
         EXECUTE 'REVOKE ALL ON FUNCTION ' || f::text || ' FROM PUBLIC';
+    END LOOP;
+END
+$grant$
+
+-- name: resecure_functions
+-- Run by a queue revision right after it replaced functions in place (CREATE OR REPLACE):
+-- that keeps their ACL, so what `queuectl grant` granted stays granted, but resets SECURITY
+-- DEFINER and the fixed search_path, and a granted role without privileges on the tables
+-- would then get "permission denied". A function whose EXECUTE is revoked from PUBLIC is
+-- one that `queuectl grant` secured (a fresh function is executable by PUBLIC): it gets
+-- both back. Functions never granted are left as installed.
+DO $grant$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN
+        SELECT p.oid::regprocedure FROM pg_proc p
+        WHERE p.pronamespace = {{schema_literal}}::regnamespace
+          AND p.proname IN ({{function_literals}})
+          AND NOT p.prosecdef
+          AND NOT has_function_privilege('public', p.oid, 'EXECUTE')
+    LOOP
+        EXECUTE 'ALTER FUNCTION ' || f::text || ' SECURITY DEFINER SET search_path = pg_catalog, pg_temp';
     END LOOP;
 END
 $grant$

@@ -398,8 +398,8 @@ DROP FUNCTION IF EXISTS {{fn_ring_release}}(double precision);
 -- ring nor an empty one leaves a hole. A session may now keep several claims per side:
 -- the setting holds them as a comma-separated list, oldest first (ring_0001/0002 kept one;
 -- a single value reads as a list of one). Same signatures and result columns as before,
--- so CREATE OR REPLACE keeps each function's EXECUTE grants (not SECURITY DEFINER: re-run
--- `queuectl grant`, as after any upgrade that replaces functions).
+-- so CREATE OR REPLACE keeps each function's EXECUTE grants (the migration then restores
+-- SECURITY DEFINER where `queuectl grant` had set it: grant.sql, resecure_functions).
 
 -- push many messages in array order; returns their positions. Claims (the session's kept
 -- ones first, then new ones) are written in one UPDATE for the longest run of them whose
