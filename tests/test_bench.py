@@ -227,3 +227,20 @@ def test_tiny_peers_run_shows_the_sql_ceiling_of_queuectls_own_full_cycle(db_url
     assert reach["met"] is (reach["value"] >= 5.0)
     assert f"{5 * fastest:,.0f} msg/s" in reach["verdict"] and f"{ceiling:,.0f} msg/s" in reach["verdict"]
     assert ("unreachable" in reach["verdict"]) is (not reach["met"])
+
+
+def test_tiny_dequeue_plan_probe_measures_both_revisions_side_by_side(db_url: str, engine: sa.Engine) -> None:
+    """`python -m queuectl.bench.dequeue_plan`: both queues drained and their dequeue calls
+    timed, the queues removed afterwards; a reliable_0004 queue's dequeue takes longer once
+    its table has statistics (the flaw reliable_0005 removes)."""
+    from queuectl.bench.dequeue_plan import run
+    from queuectl.install import list_queues
+
+    result = run(db_url, [20_000], repeats=1, seconds=0.2)
+    cell = result["sizes"]["20000"]
+    assert result["before"] == "reliable_0004" and result["head"] >= "reliable_0005"
+    assert cell["before_median"] > 0 and cell["head_median"] > 0
+    assert cell["ratio"] == [cell["head"][0] / cell["before"][0]]
+    assert cell["call_ms_before_median"] > cell["call_ms_head_median"] > 0  # the whole-table join costs time
+    with engine.connect() as conn:
+        assert [q.name for q in list_queues(conn) if q.name.startswith("plan_")] == []
