@@ -356,9 +356,11 @@ class RingQueue(KindQueue):
     """A ring buffer of preallocated slots: push and pop update rows, nothing else.
 
     A push waits up to `timeout` seconds (default 1) for a free slot and raises
-    QueueFullError when the ring stays full; it keeps its claimed position for the next
-    push, so a full ring leaves no hole. A pop waits up to `timeout` seconds (default 0)
-    for the first message and keeps its claimed position for the next pop.
+    QueueFullError when the ring stays full (its `.enqueued` are the first payloads); it
+    keeps the positions it claimed but could not write for the next push, so a full ring
+    leaves no hole. A pop waits up to `timeout` seconds (default 0) for the first message
+    and keeps the positions it claimed that have no message yet for the next pop. A batch
+    claims and writes (or takes) its positions in one statement each (ring_0003).
 
     A popper that dies holding a claimed position (its session ends) or rolls back a
     `processing()` block after taking the message leaves that message FULL at a position

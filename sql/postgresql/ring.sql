@@ -21,6 +21,11 @@
 --   so no message is skipped. The pop's pick uses FOR UPDATE SKIP LOCKED and reads only
 --   committed versions: a slot whose push has not committed still shows v - size to it.
 --
+-- Since ring_0003 (section replace_functions_0003) a batch does the same in bulk: a push of
+-- n claims n positions with one nextval() series and writes them with one UPDATE, a pop
+-- claims up to n (never past what pushers have claimed) and takes every FULL one with one
+-- UPDATE; the session may then keep several claims per side (a comma-separated list).
+--
 -- Updates never touch an indexed column (only the slot primary key is indexed) and the
 -- table has fillfactor 50, so PostgreSQL can keep every update HOT (heap-only: no new
 -- index entry, old versions pruned within the page).
