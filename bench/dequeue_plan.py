@@ -21,7 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from queuectl.bench.drivers import bench_sql
+from queuectl.bench.drivers import analyze_filled
 from queuectl.client import Queue
 from queuectl.engine import make_engine
 from queuectl.install import head_of, install_queue, list_queues, uninstall_queue
@@ -36,8 +36,7 @@ def _fill(engine: sa.Engine, name: str, rows: int, revision: str | None) -> None
     with Queue(engine, name) as queue:
         for start in range(0, rows, 1000):
             queue.enqueue_many([PAYLOAD] * min(1000, rows - start))
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql(bench_sql("reliable_analyze", QueueNames(name).template_values()))
+    analyze_filled(engine, "reliable", QueueNames(name))
 
 
 def _drain(engine: sa.Engine, name: str, seconds: float) -> tuple[float, float]:
@@ -71,11 +70,10 @@ def run(url: str | None, sizes: list[int], repeats: int, seconds: float) -> dict
                 _fill(engine, names["head"], rows, None)
                 order = ("before", "head") if repeat % 2 == 0 else ("head", "before")
                 drained = {which: _drain(engine, names[which], seconds) for which in order}
-                rates = {which: rate for which, (rate, _ms) in drained.items()}
                 for which, (rate, call_ms) in drained.items():
                     cell[which].append(rate)
                     cell.setdefault(f"call_ms_{which}", []).append(call_ms)
-                cell["ratio"].append(rates["head"] / rates["before"])
+                cell["ratio"].append(drained["head"][0] / drained["before"][0])
                 for name in names.values():
                     uninstall_queue(engine, name)
             for key in ("before", "head", "ratio", "call_ms_before", "call_ms_head"):

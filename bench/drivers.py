@@ -82,6 +82,13 @@ def bench_sql(section: str, values: dict[str, str | int]) -> str:
     return render(ENGINE_DIR, BENCH_SQL, section, values)
 
 
+def analyze_filled(engine: Engine, design: str, names: QueueNames) -> None:
+    """Statistics and visibility map for a design's freshly filled tables, as autovacuum
+    gives a live queue's (bench.sql <design>_analyze says why); VACUUM needs autocommit."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(bench_sql(f"{design}_analyze", names.template_values()))
+
+
 def bytea_array_literal(payloads: Sequence[bytes]) -> str:
     """A bytea[] in PostgreSQL's text form, for a pgbench -D variable."""
     return "{" + ",".join(f'"\\\\x{p.hex()}"' for p in payloads) + "}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from queuectl.bench.core import BenchRun, ratio, scenario, stat
-from queuectl.bench.drivers import bench_sql, driver_for
+from queuectl.bench.drivers import analyze_filled, driver_for
 from queuectl.bench.workers import payload_pool
 
 PAYLOAD_SIZES = (300, 1024, 4096, 16384)
@@ -40,13 +40,6 @@ def _fill(run: BenchRun, driver_name: str, names: Any, count: int, payload_bytes
         session.close()
 
 
-def _analyze(run: BenchRun, design: str, names: Any) -> None:
-    """Statistics and visibility map for the filled tables, the same step for every design
-    (bench.sql <design>_analyze says why); VACUUM needs autocommit."""
-    with run.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql(bench_sql(f"{design}_analyze", names.template_values()))
-
-
 @scenario("split", "one wide table vs the meta/data split: buffers per dequeue and drain rate per payload size")
 def split(run: BenchRun) -> dict[str, Any]:
     o = run.options
@@ -70,7 +63,7 @@ def split(run: BenchRun) -> dict[str, Any]:
                     driver = driver_for(design)
                     driver.install(run.engine, names)
                     _fill(run, design, names, fill, size)
-                    _analyze(run, design, names)
+                    analyze_filled(run.engine, design, names)  # the same step for every design
                     fn = names.template_values()["fn_dequeue"]
                     before = run.pgss_calls(fn) if have_pgss else None
                     res = run.python_phase(design, names, "dequeue", batch=B, payload_bytes=size,
