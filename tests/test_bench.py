@@ -244,3 +244,25 @@ def test_tiny_dequeue_plan_probe_measures_both_revisions_side_by_side(db_url: st
     assert cell["call_ms_before_median"] > cell["call_ms_head_median"] > 0  # the whole-table join costs time
     with engine.connect() as conn:
         assert [q.name for q in list_queues(conn) if q.name.startswith("plan_")] == []
+
+
+def test_tiny_split_run_measures_both_designs_at_every_size(db_url: str, tmp_path: Path) -> None:
+    """`queuectl bench --scenario split` on a fresh database (its one-table design is installed
+    before any reliable queue: it once failed there for want of the schema), every size
+    measured for both designs with buffers and WAL per message, JSON per the schema."""
+    out = tmp_path / "split.json"
+    proc = run_cli("bench", "--scenario", "split", "--batch", "10", "--consumers", "1", "--seconds", "1",
+                   "--repeat", "1", "--json", str(out), url=db_url, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    result = json.loads(out.read_text())
+    jsonschema.validate(result, _schema())
+    sc = result["scenario"]
+    assert sc["unavailable"] == []
+    cells = {(row["subject"], row["params"]["payload_bytes"]): row for row in sc["rows"]}
+    assert set(cells) == {(design, size) for design in ("one table", "meta/data split")
+                          for size in (300, 1024, 4096, 16384)}
+    for row in cells.values():
+        assert row["rate"]["median"] > 0
+        assert row["metrics"]["buffers_per_dequeue"]["median"] > 0
+        assert row["metrics"]["wal_bytes_per_message"]["median"] > 0
+    assert len(sc["targets"]) == 2
