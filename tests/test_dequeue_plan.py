@@ -72,15 +72,16 @@ def test_queue_at_0004_upgrades_alone_and_downgrades_to_the_same_function(engine
         ids = alpha.enqueue_many(["a0", "a1", "a2"])
         [first] = alpha.dequeue(1)
 
-        assert head_of("reliable") == "reliable_0005"
-        assert upgrade_queue(engine, "alpha") == ("reliable_0004", "reliable_0005")
+        head = head_of("reliable")
+        assert head >= "reliable_0005"
+        assert upgrade_queue(engine, "alpha") == ("reliable_0004", head)
         new = dequeue_definition(engine, "alpha")
         assert new != old and "= ANY (ARRAY(SELECT e.id FROM expired e UNION ALL SELECT r.id FROM ready r))" in new
         assert dequeue_definition(engine, "beta") == old  # upgraded one at a time
         assert alpha.ack([first]) == 1  # the lease taken before the upgrade is still held
         assert [(m.id, m.text, m.attempts) for m in alpha.dequeue(5)] == [(ids[1], "a1", 1), (ids[2], "a2", 1)]
 
-    assert downgrade_queue(engine, "alpha", "reliable_0004") == ("reliable_0005", "reliable_0004")
+    assert downgrade_queue(engine, "alpha", "reliable_0004") == (head, "reliable_0004")
     assert dequeue_definition(engine, "alpha") == old  # exactly reliable_0004's function again
     with Queue(engine, "alpha") as alpha:
         alpha.enqueue("a3")

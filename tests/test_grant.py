@@ -268,16 +268,20 @@ def secured(engine, prefix: str) -> dict[str, bool]:
     return dict(rows)
 
 
-@pytest.mark.parametrize("kind, old, new", [("reliable", "reliable_0004", "reliable_0005"),
-                                            ("ring", "ring_0002", "ring_0003")])
+@pytest.mark.parametrize("kind, old, replacing", [("reliable", "reliable_0004", "reliable_0005"),
+                                                 ("ring", "ring_0002", "ring_0003")])
 def test_granted_roles_keep_working_across_revisions_that_replace_functions_in_place(
-        engine, db_url, roles, kind, old, new):
+        engine, db_url, roles, kind, old, replacing):
     """CREATE OR REPLACE keeps the ACL but resets SECURITY DEFINER: without the migration's
     resecure step the consumer role would get 'permission denied for table' after the
-    upgrade. A queue never granted keeps its functions as installed."""
-    from queuectl.install import downgrade_queue, upgrade_queue
+    upgrade. A queue never granted keeps its functions as installed. The upgrade goes from
+    the revision before `replacing` to the head (through it), the downgrade back."""
+    from queuectl.install import downgrade_queue, head_of, upgrade_queue
     from queuectl.kinds import open_queue
     from queuectl.kindspec import RingSettings
+
+    new = head_of(kind)
+    assert new >= replacing
 
     producer, consumer, _ = roles
     settings = RingSettings(size=8) if kind == "ring" else None

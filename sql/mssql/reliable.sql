@@ -518,6 +518,20 @@ GO
 -- reliable_0004 downgrade: consumers ack and dequeue in two calls again.
 DROP PROCEDURE IF EXISTS {{fn_ack_dequeue}};
 
+-- name: set_autovacuum
+-- reliable_0006 on PostgreSQL sets autovacuum storage parameters per table. SQL Server has
+-- no per-table counterpart: deleted rows become ghost records that one instance-wide
+-- ghost-cleanup task removes (every 5 s, no per-table setting; dba.md 1.6), and version
+-- ghosts go when no snapshot needs them. The one per-table option the reference names for
+-- queue tables, LOCK_ESCALATION, stays at its default: its advice is to keep each
+-- statement under the 5,000 locks that trigger escalation, which the archive and purge
+-- batches do (jobs.sql, dba.md 1.12). Statistics options: the reference gives none per
+-- table, and the dequeue seeks through its filtered index whatever the statistics say.
+-- Empty on purpose (no batch runs).
+
+-- name: reset_autovacuum
+-- reliable_0006 downgrade: nothing was set (see set_autovacuum). Empty on purpose.
+
 -- name: enqueue
 -- Client call: one item.
 EXEC {{fn_enqueue}} @payload = :payload, @headers = :headers, @priority = :priority,

@@ -485,6 +485,82 @@ $fn$;
 -- reliable_0004 downgrade: consumers ack and dequeue in two calls again.
 DROP FUNCTION IF EXISTS {{fn_ack_dequeue}}(bigint[], integer, double precision, text);
 
+-- name: set_autovacuum
+-- reliable_0006: autovacuum storage parameters per table role (reset_autovacuum removes
+-- exactly these). PostgreSQL's defaults vacuum a table once 50 + 0.2 x reltuples rows are
+-- dead, and a busy table is visited at most once per autovacuum_naptime (1 min) whatever
+-- its settings: the parameters below decide WHICH naptime rounds vacuum a queue table,
+-- not how often a round comes.
+--
+-- <queue>_meta: every message leaves three dead versions (dequeue and ack update an
+--   indexed column, status, so neither is HOT; the archive deletes the row). The dead
+--   READY versions sit at the head of the ready index, where every dequeue starts, and
+--   stay there until VACUUM removes them (dba.md 2.9): a dequeue walks all of them. With
+--   a scale factor the head may collect 20% of the backlog first (200,000 dead entries
+--   under a backlog of 1,000,000 drained slowly). Scale factor 0 and a threshold of 1,000
+--   dead rows (about 330 messages) make every naptime round vacuum it as soon as there is
+--   any real churn, however deep the backlog is.
+--   No cost delay: the table is small while the queue is healthy (a vacuum takes
+--   milliseconds either way), and when it is not (a deep backlog) a throttled vacuum
+--   leaves the head dirty longest exactly when it is largest.
+--   Inserts: the same absolute trigger (PG13+), so a backlog that only grows (consumers
+--   stopped) is still visited every round: visibility map, hint bits and freezing done in
+--   the background instead of by the first consumers back.
+--   ANALYZE keeps its defaults: a busy meta table passes 50 + 10% modifications in
+--   seconds, so it is analysed every round already; a lower trigger would only add
+--   analyses of quiet queues, each holding a snapshot (the xmin horizon, dba.md 2.3) for
+--   its duration. The dequeue does not depend on the statistics (reliable_0005), so a
+--   table analysed empty and then filled costs nothing.
+-- <queue>_data: written once at enqueue, deleted by the archive (one dead row per
+--   message, found only through the primary key: dead rows cost space, not dequeue
+--   time). Scale factor 0 and the same threshold keep the table (and its TOAST table,
+--   which inherits these values) near its live size instead of 20% above it; vacuum
+--   keeps its default throttling: this is the queue's large table (the payloads).
+-- <queue>_history: append-only, emptied from the oldest end by retention. What vacuum
+--   does here is set the visibility map and freeze (PostgreSQL 13's insert-driven
+--   vacuum) and, in passing, remove the rows retention purged (whose dead entries the
+--   next purge would walk at the head of the archived_at index). An absolute insert
+--   trigger (100,000 rows, scale factor 0) gives each vacuum a bounded slice of new
+--   pages instead of 20% of an ever larger table; dead-row and analyze triggers keep
+--   their defaults (retention deletes as fast as the archive inserts, so the insert
+--   trigger comes first).
+-- ALTER TABLE ... SET takes SHARE UPDATE EXCLUSIVE: producers and consumers are not
+-- blocked; a running autovacuum of the table is waited for (or cancels itself).
+ALTER TABLE {{meta}} SET (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_insert_scale_factor = 0,
+    autovacuum_vacuum_insert_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0
+);
+ALTER TABLE {{data}} SET (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 1000
+);
+ALTER TABLE {{history}} SET (
+    autovacuum_vacuum_insert_scale_factor = 0,
+    autovacuum_vacuum_insert_threshold = 100000
+);
+
+-- name: reset_autovacuum
+-- reliable_0006 downgrade: back to the server's autovacuum settings (exactly the
+-- parameters set_autovacuum set; fillfactor and anything else stay as they are).
+ALTER TABLE {{meta}} RESET (
+    autovacuum_vacuum_scale_factor,
+    autovacuum_vacuum_threshold,
+    autovacuum_vacuum_insert_scale_factor,
+    autovacuum_vacuum_insert_threshold,
+    autovacuum_vacuum_cost_delay
+);
+ALTER TABLE {{data}} RESET (
+    autovacuum_vacuum_scale_factor,
+    autovacuum_vacuum_threshold
+);
+ALTER TABLE {{history}} RESET (
+    autovacuum_vacuum_insert_scale_factor,
+    autovacuum_vacuum_insert_threshold
+);
+
 -- name: enqueue
 -- Client call: one item.
 SELECT {{fn_enqueue}}(:payload, CAST(:headers AS jsonb), CAST(:priority AS smallint),

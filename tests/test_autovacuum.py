@@ -1,0 +1,110 @@
+"""reliable_0006: autovacuum storage parameters per queue table role, set at install and by
+the upgrade from reliable_0005, removed (exactly those) by its downgrade."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import sqlalchemy as sa
+
+from queuectl.client import Queue
+from queuectl.install import downgrade_queue, head_of, install_queue, list_queues, upgrade_queue
+from queuectl.sqlfiles import sections
+
+# What reliable_0006 sets, per table (sql/postgresql/reliable.sql: set_autovacuum says why).
+RELIABLE_0006 = {
+    "meta": ["autovacuum_vacuum_cost_delay=0", "autovacuum_vacuum_insert_scale_factor=0",
+             "autovacuum_vacuum_insert_threshold=1000", "autovacuum_vacuum_scale_factor=0",
+             "autovacuum_vacuum_threshold=1000"],
+    "data": ["autovacuum_vacuum_scale_factor=0", "autovacuum_vacuum_threshold=1000"],
+    "history": ["autovacuum_vacuum_insert_scale_factor=0", "autovacuum_vacuum_insert_threshold=100000"],
+}
+INSTALLED = {"meta": ["fillfactor=80"], "data": [], "history": []}  # what create_tables sets
+
+
+def reloptions(engine, queue: str, suffixes=("meta", "data", "history")) -> dict[str, list[str]]:
+    """pg_class.reloptions of the queue's tables, sorted ([] for none)."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(
+            "SELECT c.relname, coalesce(c.reloptions, '{}') FROM pg_class c "
+            "WHERE c.relnamespace = 'queuectl'::regnamespace AND c.relname = ANY(:names)"),
+            {"names": [f"{queue}_{s}" for s in suffixes]}).all()
+    return {name.removeprefix(f"{queue}_"): sorted(options) for name, options in rows}
+
+
+def expected(*layers: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {table: sorted(o for layer in layers for o in layer.get(table, [])) for table in layers[0]}
+
+
+def test_a_fresh_reliable_queue_has_the_autovacuum_settings_of_each_table_role(engine):
+    info = install_queue(engine, "orders")
+    assert info.schema_version == head_of("reliable") >= "reliable_0006"
+    assert reloptions(engine, "orders") == expected(INSTALLED, RELIABLE_0006)
+
+
+def test_a_queue_at_0005_upgrades_alone_with_its_messages_and_the_downgrade_resets_exactly_what_was_set(engine):
+    install_queue(engine, "alpha", revision="reliable_0005")
+    install_queue(engine, "beta", revision="reliable_0005")
+    # A DBA's own setting on a parameter the revision does not own survives both ways.
+    with engine.begin() as conn:
+        conn.execute(sa.text('ALTER TABLE queuectl."alpha_meta" SET (autovacuum_analyze_threshold = 500)'))
+    own = {"meta": ["autovacuum_analyze_threshold=500"]}
+    assert reloptions(engine, "alpha") == expected(INSTALLED, own)
+    with Queue(engine, "alpha") as alpha:
+        ids = alpha.enqueue_many([f"a{i}" for i in range(5)])
+        first, second = alpha.dequeue(2)
+        assert alpha.ack([first]) == 1
+
+        assert upgrade_queue(engine, "alpha") == ("reliable_0005", head_of("reliable"))
+        assert reloptions(engine, "alpha") == expected(INSTALLED, own, RELIABLE_0006)
+        assert reloptions(engine, "beta") == INSTALLED  # upgraded one at a time
+        assert alpha.ack([second]) == 1  # the lease taken before the upgrade is still held
+        third = alpha.dequeue(1)
+        assert [m.text for m in third] == ["a2"]
+
+        assert downgrade_queue(engine, "alpha", "reliable_0005") == (head_of("reliable"), "reliable_0005")
+        assert reloptions(engine, "alpha") == expected(INSTALLED, own)
+        assert alpha.ack(third) == 1
+        assert [(m.id, m.text) for m in alpha.dequeue(5)] == [(ids[3], "a3"), (ids[4], "a4")]
+    with engine.connect() as conn:
+        versions = {q.name: q.schema_version for q in list_queues(conn)}
+    assert versions == {"alpha": "reliable_0005", "beta": "reliable_0005"}
+
+
+# -- the SQL sections: what a kind's set_autovacuum sets, its reset_autovacuum resets ------
+
+_ALTER = re.compile(r"ALTER TABLE (\{\{\w+\}\}) (SET|RESET) \((.*?)\);", re.S)
+
+
+def autovacuum_sections() -> list[tuple[str, str, str]]:
+    """(file, set section, reset section) of every PostgreSQL kind file that has them."""
+    files = [p.name.removesuffix(".sql") for p in resources.files("queuectl.sql").joinpath("postgresql").iterdir()
+             if p.name.endswith(".sql")]
+    found = []
+    for file in sorted(files):
+        own = sections("postgresql", file)
+        if "set_autovacuum" in own or "reset_autovacuum" in own:
+            found.append((file, own["set_autovacuum"], own["reset_autovacuum"]))
+    return found
+
+
+def parameters(sql: str, verb: str) -> dict[str, list[str]]:
+    statements = _ALTER.findall(sql)
+    assert statements and all(v == verb for _t, v, _p in statements), sql
+    out: dict[str, list[str]] = {}
+    for table, _verb, params in statements:
+        names = [p.split("=")[0].strip() for p in params.split(",")]
+        assert table not in out, f"{table} altered twice"
+        out[table] = sorted(names)
+    return out
+
+
+def test_every_reset_autovacuum_resets_exactly_the_parameters_its_set_autovacuum_sets():
+    found = autovacuum_sections()
+    assert "reliable" in [file for file, _s, _r in found]
+    for file, set_sql, reset_sql in found:
+        assert parameters(set_sql, "SET") == parameters(reset_sql, "RESET"), file
+        # PostgreSQL 18's cap is unknown to the servers queuectl supports (13-17): an
+        # install there would fail on it.
+        assert "autovacuum_vacuum_max_threshold" not in set_sql, file
