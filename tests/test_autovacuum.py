@@ -1,14 +1,20 @@
 """reliable_0006: autovacuum storage parameters per queue table role, set at install and by
-the upgrade from reliable_0005, removed (exactly those) by its downgrade."""
+the upgrade from reliable_0005, removed (exactly those) by its downgrade; the health report
+shows them."""
 
 from __future__ import annotations
 
+import json
 import re
 from importlib import resources
 
+import jsonschema
+import pytest
 import sqlalchemy as sa
 
+from jobs_helpers import scalar, wait_until
 from queuectl.client import Queue
+from queuectl.health import HealthOptions, health_report, report_schema
 from queuectl.install import downgrade_queue, head_of, install_queue, list_queues, upgrade_queue
 from queuectl.sqlfiles import sections
 
@@ -108,3 +114,32 @@ def test_every_reset_autovacuum_resets_exactly_the_parameters_its_set_autovacuum
         # PostgreSQL 18's cap is unknown to the servers queuectl supports (13-17): an
         # install there would fail on it.
         assert "autovacuum_vacuum_max_threshold" not in set_sql, file
+
+
+# -- health ------------------------------------------------------------------------------
+
+
+def test_health_reports_each_tables_own_autovacuum_settings_and_names_them_in_its_advice(engine, db_url):
+    install_queue(engine, "new")
+    install_queue(engine, "old", revision="reliable_0005")
+    with engine.begin() as conn:  # so that the dead rows below wait for the report
+        conn.execute(sa.text('ALTER TABLE queuectl."old_meta" SET (autovacuum_enabled = false)'))
+    with Queue(db_url, "old") as old:  # its own engine: the session ends, and flushes its statistics
+        for _ in range(6):  # 12,000 dead versions in old_meta (dequeue, ack): over the 10,000 warning
+            old.enqueue_many([b"x"] * 1000)
+            old.ack(old.dequeue(1000))
+    wait_until(lambda: scalar(engine, "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'old_meta'") >= 12_000)
+    rep = health_report(engine, None, options=HealthOptions())
+    data = rep.to_dict()
+    jsonschema.validate(data, report_schema(), format_checker=jsonschema.FormatChecker())
+    tables = {t["table"]: t for t in data["storage"]["tables"]}
+    for role, options in RELIABLE_0006.items():
+        assert tables[f"new_{role}"]["autovacuum"] == dict(o.split("=") for o in options), role
+    assert tables["old_meta"]["autovacuum"] == {"autovacuum_enabled": "false"}
+    assert tables["old_data"]["autovacuum"] == {} == tables["old_history"]["autovacuum"]
+    [dead] = [c for c in rep.checks if c.id == "storage.dead_tuples" and c.object == "old_meta"]
+    assert dead.advice.endswith("(its autovacuum settings now: autovacuum_enabled=false)"), dead.advice
+    with pytest.raises(jsonschema.ValidationError):  # the field is required and typed
+        broken = json.loads(json.dumps(data, default=str))
+        broken["storage"]["tables"][0]["autovacuum"] = ["autovacuum_enabled=false"]
+        jsonschema.validate(broken, report_schema())

@@ -33,9 +33,10 @@ class PostgresWords:
                 f"{self.holder(holder, duration)} holds the xmin horizon: end that transaction first")
 
     def dead_rows_waiting(self, t: dict[str, Any], count: str, pct: float, schema: str, since: str) -> str:
+        own = ", ".join(t.get("autovacuum_options") or []) or "the server's"
         return (f"{t['table_name']}: {count} dead tuples ({pct:.0f}%), {since}: run VACUUM (ANALYZE) "
                 f"{schema}.{t['table_name']}; if it recurs, lower autovacuum_vacuum_threshold / scale_factor "
-                "for this table")
+                f"for this table (its autovacuum settings now: {own})")
 
     def table_bloat(self, t: dict[str, Any], bloat: float, size: str) -> str:
         return (f"table {t['table_name']} ~{bloat:.0f}% bloated ({size} with {bloat:.0f}% free beyond "

@@ -1025,8 +1025,17 @@ def _table_dict(t: dict[str, Any]) -> dict[str, Any]:
         "last_vacuum": t["last_vacuum"], "last_autovacuum": t["last_autovacuum"],
         "last_analyze": t["last_analyze"], "last_autoanalyze": t["last_autoanalyze"],
         "vacuum_count": t["vacuum_count"], "autovacuum_count": t["autovacuum_count"],
+        "autovacuum": autovacuum_options(t.get("autovacuum_options")),
         "physical": t.get("physical"),
     }
+
+
+def autovacuum_options(options: list[str] | None) -> dict[str, str] | None:
+    """The table's own autovacuum storage parameters by name ({}: the server's settings
+    apply); None where the engine has no per-table autovacuum (SQL Server)."""
+    if options is None:
+        return None
+    return dict(option.split("=", 1) for option in options)
 
 
 def _index_dict(ix: dict[str, Any]) -> dict[str, Any]:

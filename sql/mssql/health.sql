@@ -117,7 +117,9 @@ FROM live CROSS JOIN archived CROSS JOIN clock AS c
 --   last_analyze  the newest statistics update of the table (converted to UTC);
 --   pages, table_bytes: used pages of the heap or clustered index (LOB and row-overflow
 --                 included); index_bytes: used pages of the other indexes;
---   fillfactor    the clustered index's fill factor (0 means 100; a heap has none: 100).
+--   fillfactor    the clustered index's fill factor (0 means 100; a heap has none: 100);
+--   autovacuum_options: NULL (no per-table autovacuum: one ghost-cleanup task serves the
+--                 whole instance, with no per-table setting).
 -- A table someone holds or waits for in Sch-M or X mode (DDL, an offline rebuild, a
 -- table lock) gets locked = 1 and NULL sizes and ghosts instead of stalling the report.
 SET NOCOUNT ON;
@@ -155,7 +157,8 @@ SELECT t.name                                        AS qualified,
        p.table_pages * 8192                          AS table_bytes,
        p.index_pages * 8192                          AS index_bytes,
        COALESCE((SELECT NULLIF(CAST(i.fill_factor AS int), 0) FROM sys.indexes AS i
-                 WHERE i.object_id = o.object_id AND i.index_id = 1), 100) AS "fillfactor"
+                 WHERE i.object_id = o.object_id AND i.index_id = 1), 100) AS "fillfactor",
+       CAST(NULL AS nvarchar(max))                   AS autovacuum_options
 FROM t
 JOIN sys.objects AS o ON o.object_id = t.object_id
 LEFT JOIN @exclusive AS x ON x.object_id = o.object_id
