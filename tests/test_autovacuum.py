@@ -1,6 +1,6 @@
 """reliable_0006: autovacuum storage parameters per queue table role, set at install and by
 the upgrade from reliable_0005, removed (exactly those) by its downgrade; the health report
-shows them."""
+shows them; and the probe that measured them (bench/autovacuum.py) runs."""
 
 from __future__ import annotations
 
@@ -143,3 +143,30 @@ def test_health_reports_each_tables_own_autovacuum_settings_and_names_them_in_it
         broken = json.loads(json.dumps(data, default=str))
         broken["storage"]["tables"][0]["autovacuum"] = ["autovacuum_enabled=false"]
         jsonschema.validate(broken, report_schema())
+
+
+# -- the probe ---------------------------------------------------------------------------
+
+
+def test_tiny_autovacuum_probe_runs_both_revisions_and_returns_sane_json(db_url, engine):
+    """`python -m queuectl.bench.autovacuum` on a few seconds: both queues run the full cycle
+    (producers, consumers, archiver), are sampled, and are removed afterwards."""
+    from queuectl.bench.autovacuum import Options, run
+
+    options = Options(seconds=2.0, repeats=1, producers=1, consumers=1, batch=10, backlog=300, sample=0.5,
+                      archive_min_age=0.2, retention=0.5, purge_every=0.5)
+    result = json.loads(json.dumps(run(db_url, options), default=str))
+    assert result["revisions"] == {"baseline": "reliable_0005", "head": head_of("reliable")}
+    assert result["server"]["autovacuum_naptime"].endswith("s")
+    for which in ("baseline", "head"):
+        [one] = result["runs"][which]
+        assert len(one["samples"]) >= 3
+        assert one["acked"] > 0 and one["rate"] > 0 and one["dequeue_ms"] > 0
+        for role in ("meta", "data", "history"):
+            cell = one[role]
+            assert cell["dead_median"] >= 0 and cell["autovacuums"] >= 0 and cell["autoanalyzes"] >= 0, (which, role)
+            assert cell["table_bytes_end"] > 0 and cell["index_bytes_end"] > 0, (which, role)
+        assert one["history"]["table_bytes_end"] > 8192  # the archiver moved rows
+        assert result["medians"][which]["rate"] == one["rate"]
+    with engine.connect() as conn:
+        assert [q.name for q in list_queues(conn) if q.name.startswith("av_")] == []

@@ -262,6 +262,26 @@ FROM pg_index i
 WHERE i.indrelid = CAST(:table AS regclass)
 ORDER BY 1
 
+-- name: autovacuum_sample
+-- One sample of the given tables (text[] of qualified names) for the autovacuum probe
+-- (bench/autovacuum.py): estimated live and dead rows, inserts since the last vacuum, heap
+-- (with TOAST) and index sizes, and how often autovacuum and autoanalyze ran. A new
+-- transaction per sample: the statistics are cached for a transaction's duration.
+SELECT t.name AS qualified, s.n_live_tup, s.n_dead_tup, s.n_ins_since_vacuum,
+       pg_table_size(s.relid) AS table_bytes, pg_indexes_size(s.relid) AS index_bytes,
+       s.autovacuum_count, s.autoanalyze_count
+FROM unnest(CAST(:tables AS text[])) WITH ORDINALITY AS t(name, ord)
+JOIN pg_stat_user_tables s ON s.relid = to_regclass(t.name)
+ORDER BY t.ord
+
+-- name: set_naptime
+-- The autovacuum probe's own throwaway server only: how often autovacuum visits each
+-- database (ALTER SYSTEM cannot run in a transaction block; pg_reload_conf applies it).
+ALTER SYSTEM SET autovacuum_naptime = {{naptime_s}}
+
+-- name: reload_conf
+SELECT pg_reload_conf()
+
 -- name: ring_pops
 -- Positions handed out to pops so far: the ring has gone round once when this reaches its size.
 SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END AS pops FROM {{pop_seq}} s
