@@ -1,23 +1,29 @@
-"""Probe: what reliable_0006's per-table autovacuum settings change under a steady full
-cycle, against a queue at reliable_0005 (the server's autovacuum defaults), in one run.
+"""Probe: what per-table autovacuum settings change under a steady full cycle, against the
+server's defaults, in one run: reliable_0006 against reliable_0005, or (`--kind ring`) a
+ring with trial settings against a ring without.
 
-    python -m queuectl.bench.autovacuum --seconds 90 --repeats 2 [--url URL] [--json out.json]
+    python -m queuectl.bench.autovacuum --seconds 90 --repeats 2 [--kind ring] [--url URL] [--json out.json]
 
-Each repeat installs two queues side by side, one at reliable_0005 and one at the head,
-and runs the same workload on each in turn (the order alternates between repeats): the
-queue is pre-filled with `--backlog` messages and vacuumed and analysed (as a live queue
-would be), then P producer and C consumer processes (queuectl.client.Queue: enqueue_many,
-dequeue, ack; batch `--batch`) and one archiver process (jobs/archive.py run_continuous,
-moving DONE rows older than `--archive-min-age` to history and purging history older than
-`--retention`) run for `--seconds`. Producers pause while the backlog is deeper than
-`--backlog`, so the meta table keeps a standing backlog; `--rate` caps the consumers'
-total messages/s (0: as fast as they go), the regime where a scale factor delays vacuum
-longest (a deep backlog drained slowly).
-Every `--sample` seconds the probe records, per table (meta, data, history): estimated
-dead rows, heap+TOAST and index sizes, autovacuum and autoanalyze counts; and the
-messages/s acked and the mean time of one dequeue call over the interval. Reported per
-revision: medians over the samples (per repeat, then the median of the repeats), the
-autovacuum runs per table during a run and the sizes at its end.
+Each repeat installs two queues side by side and runs the same workload on each in turn
+(the order alternates between repeats):
+  * reliable: one queue at reliable_0005 (no per-table settings), one at the head; each is
+    pre-filled with `--backlog` messages and vacuumed and analysed (as a live queue would
+    be); P producer and C consumer processes (queuectl.client.Queue: enqueue_many,
+    dequeue, ack; batch `--batch`) and one archiver process (jobs/archive.py
+    run_continuous, moving DONE rows older than `--archive-min-age` to history and purging
+    history older than `--retention`) run for `--seconds`;
+  * ring: two rings of `--ring-size` slots at the head, the second given the settings of
+    bench.sql's ring_autovacuum_trial (slots and TOAST table); producers push and consumers
+    pop (RingQueue, batch `--batch`).
+Producers pause while the backlog is deeper than `--backlog`, so the queue keeps a
+standing backlog; `--rate` caps the consumers' total messages/s (0: as fast as they go),
+the regime where a scale factor delays vacuum longest (a deep backlog drained slowly).
+Every `--sample` seconds the probe records, per table: estimated dead rows, HOT updates,
+heap (with TOAST) and index sizes, autovacuum and autoanalyze counts, the TOAST table's
+dead rows and autovacuum count; and the messages/s consumed and the mean time of one
+dequeue call over the interval. Reported per side: medians over the samples (per repeat,
+then the median of the repeats), the autovacuum runs per table during a run and the sizes
+at its end.
 Without --url (or $QUEUECTL_URL) a throwaway server is started in a temporary folder;
 `--naptime` then sets its autovacuum_naptime (default: the server's own, 1 min).
 """
@@ -39,11 +45,9 @@ from typing import Any
 import sqlalchemy as sa
 
 BASELINE = "reliable_0005"
-TABLES = ("meta", "data", "history")
 SETTINGS = ("server_version", "autovacuum_naptime", "autovacuum_vacuum_cost_delay", "autovacuum_vacuum_cost_limit",
             "autovacuum_max_workers", "autovacuum_vacuum_threshold", "autovacuum_vacuum_scale_factor",
             "autovacuum_vacuum_insert_threshold", "autovacuum_vacuum_insert_scale_factor")
-QUEUES = {"baseline": "av_baseline", "head": "av_head"}
 FILL_BATCH = 1000
 EMPTY_POLL_SECONDS = 0.002
 BACKLOG_PAUSE_SECONDS = 0.001
@@ -51,6 +55,7 @@ BACKLOG_PAUSE_SECONDS = 0.001
 
 @dataclass(frozen=True)
 class Options:
+    kind: str = "reliable"          # reliable | ring
     seconds: float = 90.0
     repeats: int = 2
     producers: int = 2
@@ -60,36 +65,72 @@ class Options:
     rate: float = 0.0               # consumers' total msg/s cap (0: none)
     payload_bytes: int = 300
     sample: float = 5.0             # seconds between samples
-    archive_min_age: float = 5.0    # DONE rows stay this long before the archive moves them
-    retention: float = 30.0         # history rows older than this are purged
+    archive_min_age: float = 5.0    # reliable: DONE rows stay this long before the archive moves them
+    retention: float = 30.0         # reliable: history rows older than this are purged
     purge_every: float = 10.0
+    ring_size: int = 65_536         # ring: slots (the kind's default size)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One of the two queues a repeat compares."""
+
+    label: str               # what the report calls it
+    queue: str
+    revision: str | None     # install at this revision (None: the head)
+    trial: str | None = None  # a bench.sql section run on the queue after install (None: nothing)
+
+
+def sides(kind: str) -> dict[str, Side]:
+    from queuectl.install import head_of
+
+    if kind == "reliable":
+        return {"baseline": Side(BASELINE, "av_baseline", BASELINE), "head": Side(head_of("reliable"), "av_head", None)}
+    head = head_of("ring")
+    return {"baseline": Side(f"{head} (server defaults)", "av_ring_defaults", None),
+            "head": Side(f"{head} + ring_autovacuum_trial", "av_ring_trial", None, "ring_autovacuum_trial")}
+
+
+def tables(kind: str) -> tuple[str, ...]:
+    return ("meta", "data", "history") if kind == "reliable" else ("ring",)
 
 
 # -- worker processes (spawn: module-level functions, imports inside) ----------------------
 
 
+def _client(url: str, queue: str, kind: str) -> Any:
+    if kind == "reliable":
+        from queuectl.client import Queue
+
+        return Queue(url, queue)
+    from queuectl.kinds import RingQueue
+
+    return RingQueue(url, queue)
+
+
 def _producer(url: str, queue: str, o: Options, index: int, counts: Any, go: Any, stop: Any) -> None:
-    from queuectl.client import Queue
+    from queuectl.kinds import QueueFullError
 
     payloads = [os.urandom(o.payload_bytes) for _ in range(o.batch)]
-    with Queue(url, queue) as q:
+    with _client(url, queue, o.kind) as q:
         go.wait()
         while not stop.is_set():
             depth = o.backlog + sum(counts[: o.producers]) - sum(counts[o.producers:])
             if depth > o.backlog:
                 time.sleep(BACKLOG_PAUSE_SECONDS)
                 continue
-            q.enqueue_many(payloads)
-            counts[index] += o.batch
+            try:
+                q.enqueue_many(payloads)
+                counts[index] += o.batch
+            except QueueFullError as full:  # a ring that stayed full: what went in counts
+                counts[index] += len(full.enqueued or [])
 
 
 def _consumer(url: str, queue: str, o: Options, index: int, counts: Any, calls: Any, call_seconds: Any,
               go: Any, stop: Any) -> None:
-    from queuectl.client import Queue
-
     slot = index - o.producers
     pace = o.consumers / o.rate if o.rate > 0 else 0.0  # seconds per message for this consumer
-    with Queue(url, queue) as q:
+    with _client(url, queue, o.kind) as q:
         go.wait()
         due = time.monotonic()
         while not stop.is_set():
@@ -100,7 +141,8 @@ def _consumer(url: str, queue: str, o: Options, index: int, counts: Any, calls: 
             if not batch:
                 time.sleep(EMPTY_POLL_SECONDS)
                 continue
-            q.ack(batch)
+            if o.kind == "reliable":
+                q.ack(batch)
             counts[index] += len(batch)
             if pace:
                 due += pace * len(batch)
@@ -138,18 +180,29 @@ def _sample(engine: sa.Engine, qualified: dict[str, str]) -> dict[str, dict[str,
     return {role: {k: v for k, v in by_name[name].items() if k != "qualified"} for role, name in qualified.items()}
 
 
-def _fill(engine: sa.Engine, name: str, o: Options, revision: str | None) -> None:
-    from queuectl.bench.drivers import analyze_filled
-    from queuectl.client import Queue
+def _install(engine: sa.Engine, side: Side, o: Options) -> None:
+    """Install the side's queue, pre-fill its backlog, vacuum and analyse it (reliable)."""
+    from queuectl.bench.drivers import analyze_filled, bench_sql
     from queuectl.install import install_queue
+    from queuectl.kindspec import kind_template_values
     from queuectl.names import QueueNames
 
-    install_queue(engine, name, **({"revision": revision} if revision else {}))
+    names = QueueNames(side.queue)
+    if o.kind == "reliable":
+        install_queue(engine, side.queue, **({"revision": side.revision} if side.revision else {}))
+    else:
+        from queuectl.kindspec import RingSettings
+
+        install_queue(engine, side.queue, "ring", RingSettings(size=o.ring_size))
+    if side.trial:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(bench_sql(side.trial, {**names.template_values(), **kind_template_values(names, o.kind)}))
     payload = bytes(o.payload_bytes)
-    with Queue(engine, name) as queue:
+    with _client(engine, side.queue, o.kind) as queue:
         for start in range(0, o.backlog, FILL_BATCH):
             queue.enqueue_many([payload] * min(FILL_BATCH, o.backlog - start))
-    analyze_filled(engine, "reliable", QueueNames(name))
+    if o.kind == "reliable":
+        analyze_filled(engine, "reliable", names)
 
 
 def _run_side(engine: sa.Engine, url: str, name: str, o: Options) -> dict[str, Any]:
@@ -157,7 +210,7 @@ def _run_side(engine: sa.Engine, url: str, name: str, o: Options) -> dict[str, A
     from queuectl.names import QueueNames
 
     names = QueueNames(name)
-    qualified = {role: names.qualified(role) for role in TABLES}
+    qualified = {role: names.qualified(role) for role in tables(o.kind)}
     ctx = mp.get_context("spawn")
     go, stop = ctx.Event(), ctx.Event()
     counts = ctx.Array("q", o.producers + o.consumers, lock=False)
@@ -166,7 +219,8 @@ def _run_side(engine: sa.Engine, url: str, name: str, o: Options) -> dict[str, A
     procs = [ctx.Process(target=_producer, args=(url, name, o, i, counts, go, stop)) for i in range(o.producers)]
     procs += [ctx.Process(target=_consumer, args=(url, name, o, o.producers + i, counts, calls, call_seconds, go, stop))
               for i in range(o.consumers)]
-    procs.append(ctx.Process(target=_archiver, args=(url, name, o, go, stop)))
+    if o.kind == "reliable":
+        procs.append(ctx.Process(target=_archiver, args=(url, name, o, go, stop)))
     for p in procs:
         p.start()
     samples: list[dict[str, Any]] = []
@@ -184,17 +238,17 @@ def _run_side(engine: sa.Engine, url: str, name: str, o: Options) -> dict[str, A
             if any(not p.is_alive() for p in procs):
                 raise RuntimeError(f"a worker process of the autovacuum probe on {name} ended early")
             now = time.monotonic()
-            acked, n_calls, seconds = sum(counts[o.producers:]), sum(calls), sum(call_seconds)
-            tables = _sample(engine, qualified)
+            consumed, n_calls, seconds = sum(counts[o.producers:]), sum(calls), sum(call_seconds)
+            sampled = _sample(engine, qualified)
             interval = now - last[0]
             samples.append({
                 "t": round(now - started, 2),
-                "rate": (acked - last[1]) / interval if interval > 0 else 0.0,
+                "rate": (consumed - last[1]) / interval if interval > 0 else 0.0,
                 "dequeue_ms": 1000 * (seconds - last[3]) / (n_calls - last[2]) if n_calls > last[2] else None,
-                "depth": o.backlog + sum(counts[: o.producers]) - acked,
-                "tables": tables,
+                "depth": o.backlog + sum(counts[: o.producers]) - consumed,
+                "tables": sampled,
             })
-            last = (now, acked, n_calls, seconds)
+            last = (now, consumed, n_calls, seconds)
     finally:
         stop.set()
         go.set()
@@ -202,58 +256,69 @@ def _run_side(engine: sa.Engine, url: str, name: str, o: Options) -> dict[str, A
             p.join(timeout=60)
             if p.is_alive():
                 p.terminate()
-    return {"first": first, "samples": samples, "acked": sum(counts[o.producers:])}
+    return {"first": first, "samples": samples, "consumed": sum(counts[o.producers:])}
 
 
-def _summary(side: dict[str, Any]) -> dict[str, Any]:
-    """Medians over a run's samples; autovacuum runs and sizes from its first to last sample."""
+def _median(values: list[Any]) -> Any:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _summary(side: dict[str, Any], roles: tuple[str, ...]) -> dict[str, Any]:
+    """Medians over a run's samples; autovacuum runs, updates and sizes from its first to last sample."""
     samples = side["samples"]
     first, end = side["first"], samples[-1]["tables"] if samples else side["first"]
-
-    def median(values: list[Any]) -> float | None:
-        values = [v for v in values if v is not None]
-        return statistics.median(values) if values else None
-
     out: dict[str, Any] = {
-        "rate": median([s["rate"] for s in samples]),
-        "dequeue_ms": median([s["dequeue_ms"] for s in samples]),
-        "acked": side["acked"],
+        "rate": _median([s["rate"] for s in samples]),
+        "dequeue_ms": _median([s["dequeue_ms"] for s in samples]),
+        "consumed": side["consumed"],
     }
-    for role in TABLES:
+    for role in roles:
+        updates = end[role]["n_tup_upd"] - first[role]["n_tup_upd"]
         out[role] = {
-            "dead_median": median([s["tables"][role]["n_dead_tup"] for s in samples]),
+            "reloptions": first[role]["reloptions"],
+            "toast_reloptions": first[role]["toast_reloptions"],
+            "dead_median": _median([s["tables"][role]["n_dead_tup"] for s in samples]),
             "dead_max": max((s["tables"][role]["n_dead_tup"] for s in samples), default=None),
-            "bytes_median": median([s["tables"][role]["table_bytes"] + s["tables"][role]["index_bytes"] for s in samples]),
+            "bytes_median": _median([s["tables"][role]["table_bytes"] + s["tables"][role]["index_bytes"] for s in samples]),
             "table_bytes_end": end[role]["table_bytes"],
             "index_bytes_end": end[role]["index_bytes"],
+            "toast_bytes_end": end[role]["toast_bytes"],
+            "toast_dead_median": _median([s["tables"][role]["toast_dead"] for s in samples]),
+            "hot_update_pct": 100.0 * (end[role]["n_tup_hot_upd"] - first[role]["n_tup_hot_upd"]) / updates
+            if updates else None,
             "autovacuums": end[role]["autovacuum_count"] - first[role]["autovacuum_count"],
+            "toast_autovacuums": end[role]["toast_autovacuum_count"] - first[role]["toast_autovacuum_count"],
             "autoanalyzes": end[role]["autoanalyze_count"] - first[role]["autoanalyze_count"],
         }
     return out
 
 
-def _combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def _combine(runs: list[dict[str, Any]], roles: tuple[str, ...]) -> dict[str, Any]:
     """The median over the repeats of each per-run figure."""
-    def med(values: list[Any]) -> Any:
-        values = [v for v in values if v is not None]
-        return statistics.median(values) if values else None
-
-    combined: dict[str, Any] = {key: med([r[key] for r in runs]) for key in ("rate", "dequeue_ms", "acked")}
-    for role in TABLES:
-        combined[role] = {key: med([r[role][key] for r in runs]) for key in runs[0][role]}
+    combined: dict[str, Any] = {key: _median([r[key] for r in runs]) for key in ("rate", "dequeue_ms", "consumed")}
+    for role in roles:
+        combined[role] = {key: runs[0][role][key] if key.endswith("reloptions") else _median([r[role][key] for r in runs])
+                          for key in runs[0][role]}
     return combined
 
 
 def run(url: str, options: Options | None = None) -> dict[str, Any]:
-    """Both revisions, options.repeats times, alternating; the queues are removed afterwards."""
+    """Both sides, options.repeats times, alternating; the queues are removed afterwards."""
     from queuectl.bench.drivers import bench_sql
     from queuectl.engine import make_engine
-    from queuectl.install import head_of, list_queues, uninstall_queue
+    from queuectl.install import list_queues, uninstall_queue
 
     o = options or Options()
+    if o.kind not in ("reliable", "ring"):
+        raise ValueError(f"kind must be reliable or ring, got {o.kind!r}")
+    if o.kind == "ring" and o.backlog >= o.ring_size:
+        raise ValueError("a ring's backlog must be smaller than its size")
     engine = make_engine(url)
-    revisions = {"baseline": BASELINE, "head": head_of("reliable")}
-    result: dict[str, Any] = {"revisions": revisions, "options": asdict(o), "runs": {k: [] for k in revisions}}
+    both = sides(o.kind)
+    roles = tables(o.kind)
+    result: dict[str, Any] = {"kind": o.kind, "sides": {k: s.label for k, s in both.items()},
+                              "options": asdict(o), "runs": {k: [] for k in both}}
     try:
         with engine.connect() as conn:
             rows = conn.execute(sa.text(bench_sql("server_settings", {})), {"names": list(SETTINGS)}).mappings().all()
@@ -261,64 +326,74 @@ def run(url: str, options: Options | None = None) -> dict[str, Any]:
         for repeat in range(o.repeats):
             order = ("baseline", "head") if repeat % 2 == 0 else ("head", "baseline")
             for which in order:
-                name = QUEUES[which]
+                side = both[which]
                 with engine.connect() as conn:
-                    if any(q.name == name for q in list_queues(conn)):
-                        uninstall_queue(engine, name)
-                _fill(engine, name, o, BASELINE if which == "baseline" else None)
+                    if any(q.name == side.queue for q in list_queues(conn)):
+                        uninstall_queue(engine, side.queue)
+                _install(engine, side, o)
                 try:
-                    side = _run_side(engine, url, name, o)
+                    ran = _run_side(engine, url, side.queue, o)
                 finally:
-                    uninstall_queue(engine, name)
-                summary = _summary(side)
-                summary["samples"] = side["samples"]
+                    uninstall_queue(engine, side.queue)
+                summary = _summary(ran, roles)
+                summary["samples"] = ran["samples"]
                 result["runs"][which].append(summary)
-                print(f"repeat {repeat + 1} {revisions[which]}: {_line(summary)}", flush=True)
-        result["medians"] = {which: _combine(result["runs"][which]) for which in revisions}
+                print(f"repeat {repeat + 1} {side.label}: {_line(summary, roles)}", flush=True)
+        result["medians"] = {which: _combine(result["runs"][which], roles) for which in both}
         result["load_average"] = os.getloadavg()[0]
     finally:
         engine.dispose()
     return result
 
 
-def _line(s: dict[str, Any]) -> str:
-    meta, data, history = s["meta"], s["data"], s["history"]
-
+def _line(s: dict[str, Any], roles: tuple[str, ...]) -> str:
     def mb(n: float | None) -> str:
         return "-" if n is None else f"{n / 2**20:.1f} MB"
 
     def n(value: float | None, spec: str = ",.0f") -> str:
         return "-" if value is None else format(value, spec)
 
-    return (f"{n(s['rate'])} msg/s, dequeue {n(s['dequeue_ms'], '.2f')} ms; meta dead {n(meta['dead_median'])} "
-            f"(max {n(meta['dead_max'])}), {mb(meta['bytes_median'])}, {n(meta['autovacuums'], 'g')} autovacuums; "
-            f"data dead {n(data['dead_median'])}, {mb(data['bytes_median'])}, {n(data['autovacuums'], 'g')} autovacuums; "
-            f"history dead {n(history['dead_median'])}, {mb(history['bytes_median'])}, "
-            f"{n(history['autovacuums'], 'g')} autovacuums")
+    parts = [f"{n(s['rate'])} msg/s, dequeue {n(s['dequeue_ms'], '.2f')} ms"]
+    for role in roles:
+        t = s[role]
+        text = (f"{role} dead {n(t['dead_median'])} (max {n(t['dead_max'])}), {mb(t['bytes_median'])}, "
+                f"{n(t['autovacuums'], 'g')} autovacuums")
+        if t["hot_update_pct"] is not None:
+            text += f", HOT {n(t['hot_update_pct'], '.2f')}%"
+        if t["toast_bytes_end"]:
+            text += (f"; its TOAST {mb(t['toast_bytes_end'])} at the end, dead {n(t['toast_dead_median'])}, "
+                     f"{n(t['toast_autovacuums'], 'g')} autovacuums")
+        parts.append(text)
+    return "; ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     d = Options()
     parser.add_argument("--url", default=None, help="database URL (default: $QUEUECTL_URL, else a throwaway server)")
+    parser.add_argument("--kind", choices=("reliable", "ring"), default=d.kind)
     parser.add_argument("--seconds", type=float, default=d.seconds, help="run time per queue and repeat")
     parser.add_argument("--repeats", type=int, default=d.repeats)
     parser.add_argument("--producers", type=int, default=d.producers)
     parser.add_argument("--consumers", type=int, default=d.consumers)
     parser.add_argument("--batch", type=int, default=d.batch, help="enqueue_many and dequeue batch size")
-    parser.add_argument("--backlog", type=int, default=d.backlog, help="messages kept waiting (pre-filled)")
+    parser.add_argument("--backlog", type=int, default=None,
+                        help=f"messages kept waiting, pre-filled (default: {d.backlog:,}; ring: a quarter of its size)")
     parser.add_argument("--rate", type=float, default=d.rate, help="consumers' total msg/s cap (0: none)")
     parser.add_argument("--payload-bytes", type=int, default=d.payload_bytes)
     parser.add_argument("--sample", type=float, default=d.sample, help="seconds between samples")
     parser.add_argument("--archive-min-age", type=float, default=d.archive_min_age)
     parser.add_argument("--retention", type=float, default=d.retention, help="history retention, seconds")
+    parser.add_argument("--ring-size", type=int, default=d.ring_size)
     parser.add_argument("--naptime", type=int, default=None,
                         help="autovacuum_naptime in seconds for the throwaway server (not with --url)")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
-    options = Options(seconds=args.seconds, repeats=args.repeats, producers=args.producers, consumers=args.consumers,
-                      batch=args.batch, backlog=args.backlog, rate=args.rate, payload_bytes=args.payload_bytes,
-                      sample=args.sample, archive_min_age=args.archive_min_age, retention=args.retention)
+    backlog = args.backlog if args.backlog is not None else (d.backlog if args.kind == "reliable" else args.ring_size // 4)
+    options = Options(kind=args.kind, seconds=args.seconds, repeats=args.repeats, producers=args.producers,
+                      consumers=args.consumers, batch=args.batch, backlog=backlog, rate=args.rate,
+                      payload_bytes=args.payload_bytes, sample=args.sample, archive_min_age=args.archive_min_age,
+                      retention=args.retention, ring_size=args.ring_size)
     url = args.url or os.environ.get("QUEUECTL_URL")
     if url and args.naptime is not None:
         parser.error("--naptime changes the server's configuration: only for the throwaway server (no --url)")
@@ -359,10 +434,11 @@ def _set_naptime(url: str, seconds: int) -> None:
 
 def _print_medians(result: dict[str, Any]) -> None:
     server = result["server"]
+    roles = tables(result["kind"])
     print(f"server {server.get('server_version')}, autovacuum_naptime {server.get('autovacuum_naptime')}, "
           f"load average now {result['load_average']:.1f}; medians of {result['options']['repeats']} repeats:")
-    for which, revision in result["revisions"].items():
-        print(f"  {revision}: {_line(result['medians'][which])}")
+    for which, label in result["sides"].items():
+        print(f"  {label}: {_line(result['medians'][which], roles)}")
 
 
 if __name__ == "__main__":

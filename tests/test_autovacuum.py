@@ -156,17 +156,38 @@ def test_tiny_autovacuum_probe_runs_both_revisions_and_returns_sane_json(db_url,
     options = Options(seconds=2.0, repeats=1, producers=1, consumers=1, batch=10, backlog=300, sample=0.5,
                       archive_min_age=0.2, retention=0.5, purge_every=0.5)
     result = json.loads(json.dumps(run(db_url, options), default=str))
-    assert result["revisions"] == {"baseline": "reliable_0005", "head": head_of("reliable")}
+    assert result["sides"] == {"baseline": "reliable_0005", "head": head_of("reliable")}
     assert result["server"]["autovacuum_naptime"].endswith("s")
     for which in ("baseline", "head"):
         [one] = result["runs"][which]
         assert len(one["samples"]) >= 3
-        assert one["acked"] > 0 and one["rate"] > 0 and one["dequeue_ms"] > 0
+        assert one["consumed"] > 0 and one["rate"] > 0 and one["dequeue_ms"] > 0
         for role in ("meta", "data", "history"):
             cell = one[role]
             assert cell["dead_median"] >= 0 and cell["autovacuums"] >= 0 and cell["autoanalyzes"] >= 0, (which, role)
             assert cell["table_bytes_end"] > 0 and cell["index_bytes_end"] > 0, (which, role)
+        assert 0 <= one["meta"]["hot_update_pct"] < 100  # dequeue and ack change status: not HOT
+        measured = {role: sorted(one[role]["reloptions"]) for role in ("meta", "data", "history")}
+        assert measured == (expected(INSTALLED, RELIABLE_0006) if which == "head" else INSTALLED)
         assert one["history"]["table_bytes_end"] > 8192  # the archiver moved rows
         assert result["medians"][which]["rate"] == one["rate"]
+    with engine.connect() as conn:
+        assert [q.name for q in list_queues(conn) if q.name.startswith("av_")] == []
+
+
+def test_tiny_autovacuum_probe_of_a_ring_compares_it_with_and_without_the_trial_settings(db_url, engine):
+    from queuectl.bench.autovacuum import Options, run
+
+    options = Options(kind="ring", seconds=1.5, repeats=1, producers=1, consumers=1, batch=10, backlog=16,
+                      sample=0.5, ring_size=64)
+    result = json.loads(json.dumps(run(db_url, options), default=str))
+    assert result["sides"]["head"].endswith("+ ring_autovacuum_trial")
+    for which in ("baseline", "head"):
+        [one] = result["runs"][which]
+        assert one["consumed"] > 0 and set(one) >= {"ring", "rate", "dequeue_ms", "samples"}
+        assert one["ring"]["hot_update_pct"] > 50
+        trial = ["autovacuum_vacuum_cost_delay=0", "autovacuum_vacuum_scale_factor=0", "autovacuum_vacuum_threshold=1000"]
+        assert sorted(one["ring"]["reloptions"]) == sorted(["fillfactor=50"] + (trial if which == "head" else []))
+        assert sorted(one["ring"]["toast_reloptions"]) == (trial if which == "head" else [])
     with engine.connect() as conn:
         assert [q.name for q in list_queues(conn) if q.name.startswith("av_")] == []

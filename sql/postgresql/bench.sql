@@ -264,15 +264,36 @@ ORDER BY 1
 
 -- name: autovacuum_sample
 -- One sample of the given tables (text[] of qualified names) for the autovacuum probe
--- (bench/autovacuum.py): estimated live and dead rows, inserts since the last vacuum, heap
--- (with TOAST) and index sizes, and how often autovacuum and autoanalyze ran. A new
--- transaction per sample: the statistics are cached for a transaction's duration.
-SELECT t.name AS qualified, s.n_live_tup, s.n_dead_tup, s.n_ins_since_vacuum,
+-- (bench/autovacuum.py): estimated live and dead rows, updates and HOT updates, heap
+-- (with TOAST) and index sizes, how often autovacuum and autoanalyze ran, and the same
+-- for the table's TOAST table (large payloads churn there, vacuumed on its own trigger);
+-- the storage parameters of both, so a report says which settings it measured.
+-- A new transaction per sample: the statistics are cached for a transaction's duration.
+SELECT t.name AS qualified, s.n_live_tup, s.n_dead_tup, s.n_tup_upd, s.n_tup_hot_upd,
+       coalesce(c.reloptions, '{}') AS reloptions,
+       coalesce((SELECT tc.reloptions FROM pg_class tc WHERE tc.oid = c.reltoastrelid), '{}') AS toast_reloptions,
        pg_table_size(s.relid) AS table_bytes, pg_indexes_size(s.relid) AS index_bytes,
-       s.autovacuum_count, s.autoanalyze_count
+       s.autovacuum_count, s.autoanalyze_count,
+       coalesce(pg_total_relation_size(NULLIF(c.reltoastrelid, 0)), 0) AS toast_bytes,
+       coalesce(ts.n_dead_tup, 0) AS toast_dead, coalesce(ts.autovacuum_count, 0) AS toast_autovacuum_count
 FROM unnest(CAST(:tables AS text[])) WITH ORDINALITY AS t(name, ord)
 JOIN pg_stat_user_tables s ON s.relid = to_regclass(t.name)
+JOIN pg_class c ON c.oid = s.relid
+LEFT JOIN pg_stat_all_tables ts ON ts.relid = c.reltoastrelid
 ORDER BY t.ord
+
+-- name: ring_autovacuum_trial
+-- The autovacuum probe's trial for a ring (`--kind ring`): the settings reliable_0006 gives
+-- a queue's meta table (scale factor 0, threshold 1,000, no cost delay), on the slots and
+-- on their TOAST table, to see whether any of them helps a table whose updates are HOT.
+ALTER TABLE {{ring}} SET (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0,
+    toast.autovacuum_vacuum_scale_factor = 0,
+    toast.autovacuum_vacuum_threshold = 1000,
+    toast.autovacuum_vacuum_cost_delay = 0
+)
 
 -- name: set_naptime
 -- The autovacuum probe's own throwaway server only: how often autovacuum visits each
