@@ -49,6 +49,7 @@ SETTINGS = ("server_version", "autovacuum_naptime", "autovacuum_vacuum_cost_dela
             "autovacuum_max_workers", "autovacuum_vacuum_threshold", "autovacuum_vacuum_scale_factor",
             "autovacuum_vacuum_insert_threshold", "autovacuum_vacuum_insert_scale_factor")
 FILL_BATCH = 1000
+FILL_STATS_WAIT_SECONDS = 15.0
 EMPTY_POLL_SECONDS = 0.002
 BACKLOG_PAUSE_SECONDS = 0.001
 
@@ -180,8 +181,11 @@ def _sample(engine: sa.Engine, qualified: dict[str, str]) -> dict[str, dict[str,
     return {role: {k: v for k, v in by_name[name].items() if k != "qualified"} for role, name in qualified.items()}
 
 
-def _install(engine: sa.Engine, side: Side, o: Options) -> None:
-    """Install the side's queue, pre-fill its backlog, vacuum and analyse it (reliable)."""
+def _install(engine: sa.Engine, url: str, side: Side, o: Options) -> None:
+    """Install the side's queue and pre-fill its backlog; a reliable queue is then vacuumed
+    and analysed, once the fill's row counts have reached the statistics: a session sends
+    them when it ends (or up to 10 s after its last transaction), and inserts counted after
+    the VACUUM would bring insert-driven autovacuum forward on one side and not the other."""
     from queuectl.bench.drivers import analyze_filled, bench_sql
     from queuectl.install import install_queue
     from queuectl.kindspec import kind_template_values
@@ -198,10 +202,14 @@ def _install(engine: sa.Engine, side: Side, o: Options) -> None:
         with engine.begin() as conn:
             conn.exec_driver_sql(bench_sql(side.trial, {**names.template_values(), **kind_template_values(names, o.kind)}))
     payload = bytes(o.payload_bytes)
-    with _client(engine, side.queue, o.kind) as queue:
+    with _client(url, side.queue, o.kind) as queue:  # its own engine: its session ends with it
         for start in range(0, o.backlog, FILL_BATCH):
             queue.enqueue_many([payload] * min(FILL_BATCH, o.backlog - start))
     if o.kind == "reliable":
+        meta = {"meta": names.qualified("meta")}
+        deadline = time.monotonic() + FILL_STATS_WAIT_SECONDS
+        while _sample(engine, meta)["meta"]["n_ins_since_vacuum"] < o.backlog and time.monotonic() < deadline:
+            time.sleep(0.1)
         analyze_filled(engine, "reliable", names)
 
 
@@ -330,7 +338,7 @@ def run(url: str, options: Options | None = None) -> dict[str, Any]:
                 with engine.connect() as conn:
                     if any(q.name == side.queue for q in list_queues(conn)):
                         uninstall_queue(engine, side.queue)
-                _install(engine, side, o)
+                _install(engine, url, side, o)
                 try:
                     ran = _run_side(engine, url, side.queue, o)
                 finally:

@@ -264,13 +264,14 @@ ORDER BY 1
 
 -- name: autovacuum_sample
 -- One sample of the given tables (text[] of qualified names) for the autovacuum probe
--- (bench/autovacuum.py): estimated live and dead rows, updates and HOT updates, heap
+-- (bench/autovacuum.py): reltuples (what autovacuum's scale factors multiply), estimated
+-- live and dead rows, inserts since the last vacuum, updates and HOT updates, heap
 -- (with TOAST) and index sizes, how often autovacuum and autoanalyze ran, and the same
 -- for the table's TOAST table (large payloads churn there, vacuumed on its own trigger);
 -- the storage parameters of both, so a report says which settings it measured.
 -- A new transaction per sample: the statistics are cached for a transaction's duration.
-SELECT t.name AS qualified, s.n_live_tup, s.n_dead_tup, s.n_tup_upd, s.n_tup_hot_upd,
-       coalesce(c.reloptions, '{}') AS reloptions,
+SELECT t.name AS qualified, c.reltuples, s.n_live_tup, s.n_dead_tup, s.n_ins_since_vacuum,
+       s.n_tup_upd, s.n_tup_hot_upd, coalesce(c.reloptions, '{}') AS reloptions,
        coalesce((SELECT tc.reloptions FROM pg_class tc WHERE tc.oid = c.reltoastrelid), '{}') AS toast_reloptions,
        pg_table_size(s.relid) AS table_bytes, pg_indexes_size(s.relid) AS index_bytes,
        s.autovacuum_count, s.autoanalyze_count,
