@@ -23,7 +23,7 @@ RELIABLE_0006 = {
     "meta": ["autovacuum_vacuum_cost_delay=0", "autovacuum_vacuum_insert_scale_factor=0",
              "autovacuum_vacuum_insert_threshold=1000", "autovacuum_vacuum_scale_factor=0",
              "autovacuum_vacuum_threshold=1000"],
-    "data": ["autovacuum_vacuum_scale_factor=0", "autovacuum_vacuum_threshold=1000"],
+    "data": ["autovacuum_vacuum_cost_delay=0", "autovacuum_vacuum_scale_factor=0", "autovacuum_vacuum_threshold=1000"],
     "history": ["autovacuum_vacuum_insert_scale_factor=0", "autovacuum_vacuum_insert_threshold=100000"],
 }
 INSTALLED = {"meta": ["fillfactor=80"], "data": [], "history": []}  # what create_tables sets

@@ -513,9 +513,14 @@ DROP FUNCTION IF EXISTS {{fn_ack_dequeue}}(bigint[], integer, double precision, 
 --   table analysed empty and then filled costs nothing.
 -- <queue>_data: written once at enqueue, deleted by the archive (one dead row per
 --   message, found only through the primary key: dead rows cost space, not dequeue
---   time). Scale factor 0 and the same threshold keep the table (and its TOAST table,
---   which inherits these values) near its live size instead of 20% above it; vacuum
---   keeps its default throttling: this is the queue's large table (the payloads).
+--   time). Scale factor 0 and the same threshold keep the table near its live size
+--   instead of 20% above it. No cost delay either: this table (with its TOAST table)
+--   churns the payload bytes as fast as the queue runs, and a vacuum throttled at the
+--   default 2 ms can dirty at most ~40 MB/s (cost limit 200, 20 per dirtied page): a
+--   fast queue with large payloads deletes more than that, so the vacuum would never
+--   catch up (bench/autovacuum.py --kind ring --payload-bytes 4000 shows it on a TOAST
+--   table). Its TOAST table follows all of these: autovacuum reads the main table's
+--   parameters for a TOAST table that has none of its own.
 -- <queue>_history: append-only, emptied from the oldest end by retention. What vacuum
 --   does here is set the visibility map and freeze (PostgreSQL 13's insert-driven
 --   vacuum) and, in passing, remove the rows retention purged (whose dead entries the
@@ -535,7 +540,8 @@ ALTER TABLE {{meta}} SET (
 );
 ALTER TABLE {{data}} SET (
     autovacuum_vacuum_scale_factor = 0,
-    autovacuum_vacuum_threshold = 1000
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0
 );
 ALTER TABLE {{history}} SET (
     autovacuum_vacuum_insert_scale_factor = 0,
@@ -554,7 +560,8 @@ ALTER TABLE {{meta}} RESET (
 );
 ALTER TABLE {{data}} RESET (
     autovacuum_vacuum_scale_factor,
-    autovacuum_vacuum_threshold
+    autovacuum_vacuum_threshold,
+    autovacuum_vacuum_cost_delay
 );
 ALTER TABLE {{history}} RESET (
     autovacuum_vacuum_insert_scale_factor,
