@@ -1,6 +1,6 @@
 """Probe: what per-table autovacuum settings change under a steady full cycle, against the
-server's defaults, in one run: reliable_0006 against reliable_0005, or (`--kind ring`) a
-ring with trial settings against a ring without.
+server's defaults, in one run: reliable_0006 against reliable_0005, or (`--kind ring`)
+ring_0004 against ring_0003.
 
     python -m queuectl.bench.autovacuum --seconds 90 --repeats 2 [--kind ring] [--url URL] [--json out.json]
 
@@ -12,9 +12,9 @@ Each repeat installs two queues side by side and runs the same workload on each 
     dequeue, ack; batch `--batch`) and one archiver process (jobs/archive.py
     run_continuous, moving DONE rows older than `--archive-min-age` to history and purging
     history older than `--retention`) run for `--seconds`;
-  * ring: two rings of `--ring-size` slots at the head, the second given the settings of
-    bench.sql's ring_autovacuum_trial (slots and TOAST table); producers push and consumers
-    pop (RingQueue, batch `--batch`).
+  * ring: two rings of `--ring-size` slots, one at ring_0003 and one at the head, each
+    pre-filled with `--backlog` messages; producers push and consumers pop (RingQueue,
+    batch `--batch`). `--payload-bytes` over ~2 kB puts the payloads in the TOAST table.
 Producers pause while the backlog is deeper than `--backlog`, so the queue keeps a
 standing backlog; `--rate` caps the consumers' total messages/s (0: as fast as they go),
 the regime where a scale factor delays vacuum longest (a deep backlog drained slowly).
@@ -44,7 +44,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-BASELINE = "reliable_0005"
+BASELINES = {"reliable": "reliable_0005", "ring": "ring_0003"}  # the last revisions without settings
 SETTINGS = ("server_version", "autovacuum_naptime", "autovacuum_vacuum_cost_delay", "autovacuum_vacuum_cost_limit",
             "autovacuum_max_workers", "autovacuum_vacuum_threshold", "autovacuum_vacuum_scale_factor",
             "autovacuum_vacuum_insert_threshold", "autovacuum_vacuum_insert_scale_factor")
@@ -76,20 +76,14 @@ class Options:
 class Side:
     """One of the two queues a repeat compares."""
 
-    label: str               # what the report calls it
+    revision: str            # install at this revision
     queue: str
-    revision: str | None     # install at this revision (None: the head)
-    trial: str | None = None  # a bench.sql section run on the queue after install (None: nothing)
 
 
 def sides(kind: str) -> dict[str, Side]:
     from queuectl.install import head_of
 
-    if kind == "reliable":
-        return {"baseline": Side(BASELINE, "av_baseline", BASELINE), "head": Side(head_of("reliable"), "av_head", None)}
-    head = head_of("ring")
-    return {"baseline": Side(f"{head} (server defaults)", "av_ring_defaults", None),
-            "head": Side(f"{head} + ring_autovacuum_trial", "av_ring_trial", None, "ring_autovacuum_trial")}
+    return {"baseline": Side(BASELINES[kind], "av_baseline"), "head": Side(head_of(kind), "av_head")}
 
 
 def tables(kind: str) -> tuple[str, ...]:
@@ -186,21 +180,14 @@ def _install(engine: sa.Engine, url: str, side: Side, o: Options) -> None:
     and analysed, once the fill's row counts have reached the statistics: a session sends
     them when it ends (or up to 10 s after its last transaction), and inserts counted after
     the VACUUM would bring insert-driven autovacuum forward on one side and not the other."""
-    from queuectl.bench.drivers import analyze_filled, bench_sql
+    from queuectl.bench.drivers import analyze_filled
     from queuectl.install import install_queue
-    from queuectl.kindspec import kind_template_values
+    from queuectl.kindspec import RingSettings
     from queuectl.names import QueueNames
 
     names = QueueNames(side.queue)
-    if o.kind == "reliable":
-        install_queue(engine, side.queue, **({"revision": side.revision} if side.revision else {}))
-    else:
-        from queuectl.kindspec import RingSettings
-
-        install_queue(engine, side.queue, "ring", RingSettings(size=o.ring_size))
-    if side.trial:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(bench_sql(side.trial, {**names.template_values(), **kind_template_values(names, o.kind)}))
+    settings = RingSettings(size=o.ring_size) if o.kind == "ring" else None
+    install_queue(engine, side.queue, o.kind, settings, revision=side.revision)
     payload = bytes(o.payload_bytes)
     with _client(url, side.queue, o.kind) as queue:  # its own engine: its session ends with it
         for start in range(0, o.backlog, FILL_BATCH):
@@ -325,7 +312,7 @@ def run(url: str, options: Options | None = None) -> dict[str, Any]:
     engine = make_engine(url)
     both = sides(o.kind)
     roles = tables(o.kind)
-    result: dict[str, Any] = {"kind": o.kind, "sides": {k: s.label for k, s in both.items()},
+    result: dict[str, Any] = {"kind": o.kind, "sides": {k: s.revision for k, s in both.items()},
                               "options": asdict(o), "runs": {k: [] for k in both}}
     try:
         with engine.connect() as conn:
@@ -346,7 +333,7 @@ def run(url: str, options: Options | None = None) -> dict[str, Any]:
                 summary = _summary(ran, roles)
                 summary["samples"] = ran["samples"]
                 result["runs"][which].append(summary)
-                print(f"repeat {repeat + 1} {side.label}: {_line(summary, roles)}", flush=True)
+                print(f"repeat {repeat + 1} {side.revision}: {_line(summary, roles)}", flush=True)
         result["medians"] = {which: _combine(result["runs"][which], roles) for which in both}
         result["load_average"] = os.getloadavg()[0]
     finally:

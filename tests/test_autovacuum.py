@@ -1,6 +1,6 @@
-"""reliable_0006: autovacuum storage parameters per queue table role, set at install and by
-the upgrade from reliable_0005, removed (exactly those) by its downgrade; the health report
-shows them; and the probe that measured them (bench/autovacuum.py) runs."""
+"""reliable_0006 and ring_0004: autovacuum storage parameters per queue table role, set at
+install and by the upgrade, removed (exactly those) by the downgrade, messages kept; the
+health report shows them; and the probe that measured them (bench/autovacuum.py) runs."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from jobs_helpers import scalar, wait_until
 from queuectl.client import Queue
 from queuectl.health import HealthOptions, health_report, report_schema
 from queuectl.install import downgrade_queue, head_of, install_queue, list_queues, upgrade_queue
+from queuectl.kinds import RingQueue
+from queuectl.kindspec import RingSettings
 from queuectl.sqlfiles import sections
 
 # What reliable_0006 sets, per table (sql/postgresql/reliable.sql: set_autovacuum says why).
@@ -27,6 +29,8 @@ RELIABLE_0006 = {
     "history": ["autovacuum_vacuum_insert_scale_factor=0", "autovacuum_vacuum_insert_threshold=100000"],
 }
 INSTALLED = {"meta": ["fillfactor=80"], "data": [], "history": []}  # what create_tables sets
+RING_0004 = {"ring": [], "toast": ["autovacuum_vacuum_cost_delay=0"]}  # on the slots' TOAST table only
+RING_INSTALLED = {"ring": ["fillfactor=50"], "toast": []}
 
 
 def reloptions(engine, queue: str, suffixes=("meta", "data", "history")) -> dict[str, list[str]]:
@@ -37,6 +41,16 @@ def reloptions(engine, queue: str, suffixes=("meta", "data", "history")) -> dict
             "WHERE c.relnamespace = 'queuectl'::regnamespace AND c.relname = ANY(:names)"),
             {"names": [f"{queue}_{s}" for s in suffixes]}).all()
     return {name.removeprefix(f"{queue}_"): sorted(options) for name, options in rows}
+
+
+def ring_reloptions(engine, queue: str) -> dict[str, list[str]]:
+    """pg_class.reloptions of the ring's slots and of their TOAST table."""
+    with engine.connect() as conn:
+        ring, toast = conn.execute(sa.text(
+            "SELECT coalesce(c.reloptions, '{}'), coalesce(t.reloptions, '{}') FROM pg_class c "
+            "JOIN pg_class t ON t.oid = c.reltoastrelid WHERE c.oid = to_regclass(:ring)"),
+            {"ring": f'queuectl."{queue}_ring"'}).one()
+    return {"ring": sorted(ring), "toast": sorted(toast)}
 
 
 def expected(*layers: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -78,6 +92,33 @@ def test_a_queue_at_0005_upgrades_alone_with_its_messages_and_the_downgrade_rese
     assert versions == {"alpha": "reliable_0005", "beta": "reliable_0005"}
 
 
+def test_a_fresh_ring_has_no_cost_delay_on_its_toast_table_and_keeps_its_slots_settings(engine):
+    info = install_queue(engine, "r", "ring", RingSettings(size=8))
+    assert info.schema_version == head_of("ring") >= "ring_0004"
+    assert ring_reloptions(engine, "r") == expected(RING_INSTALLED, RING_0004)
+
+
+def test_a_ring_at_0003_upgrades_alone_with_its_messages_and_the_downgrade_resets_exactly_what_was_set(engine):
+    install_queue(engine, "alpha", "ring", RingSettings(size=8), revision="ring_0003")
+    install_queue(engine, "beta", "ring", RingSettings(size=8), revision="ring_0003")
+    with engine.begin() as conn:  # a DBA's own TOAST setting, one the revision does not own
+        conn.execute(sa.text('ALTER TABLE queuectl."alpha_ring" SET (toast.autovacuum_vacuum_threshold = 500)'))
+    own = {"toast": ["autovacuum_vacuum_threshold=500"]}
+    assert ring_reloptions(engine, "alpha") == expected(RING_INSTALLED, own)
+    with RingQueue(engine, "alpha") as q:
+        assert q.enqueue_many(["a0", "a1", b"x" * 5000, "a3"]) == [0, 1, 2, 3]  # one in the TOAST table
+        assert [m.text for m in q.dequeue(1)] == ["a0"]
+    assert upgrade_queue(engine, "alpha") == ("ring_0003", head_of("ring"))
+    assert ring_reloptions(engine, "alpha") == expected(RING_INSTALLED, own, RING_0004)
+    assert ring_reloptions(engine, "beta") == RING_INSTALLED  # upgraded one at a time
+    with RingQueue(engine, "alpha") as q:
+        assert [m.text for m in q.dequeue(1)] == ["a1"]
+    assert downgrade_queue(engine, "alpha", "ring_0003") == (head_of("ring"), "ring_0003")
+    assert ring_reloptions(engine, "alpha") == expected(RING_INSTALLED, own)
+    with RingQueue(engine, "alpha") as q:
+        assert [m.payload for m in q.dequeue(5)] == [b"x" * 5000, b"a3"]
+
+
 # -- the SQL sections: what a kind's set_autovacuum sets, its reset_autovacuum resets ------
 
 _ALTER = re.compile(r"ALTER TABLE (\{\{\w+\}\}) (SET|RESET) \((.*?)\);", re.S)
@@ -100,7 +141,7 @@ def parameters(sql: str, verb: str) -> dict[str, list[str]]:
     assert statements and all(v == verb for _t, v, _p in statements), sql
     out: dict[str, list[str]] = {}
     for table, _verb, params in statements:
-        names = [p.split("=")[0].strip() for p in params.split(",")]
+        names = [p.split("=")[0].strip() for p in params.split(",") if p.strip()]
         assert table not in out, f"{table} altered twice"
         out[table] = sorted(names)
     return out
@@ -108,7 +149,7 @@ def parameters(sql: str, verb: str) -> dict[str, list[str]]:
 
 def test_every_reset_autovacuum_resets_exactly_the_parameters_its_set_autovacuum_sets():
     found = autovacuum_sections()
-    assert "reliable" in [file for file, _s, _r in found]
+    assert {"reliable", "ring"} <= {file for file, _s, _r in found}
     for file, set_sql, reset_sql in found:
         assert parameters(set_sql, "SET") == parameters(reset_sql, "RESET"), file
         # PostgreSQL 18's cap is unknown to the servers queuectl supports (13-17): an
@@ -175,19 +216,19 @@ def test_tiny_autovacuum_probe_runs_both_revisions_and_returns_sane_json(db_url,
         assert [q.name for q in list_queues(conn) if q.name.startswith("av_")] == []
 
 
-def test_tiny_autovacuum_probe_of_a_ring_compares_it_with_and_without_the_trial_settings(db_url, engine):
+def test_tiny_autovacuum_probe_of_a_ring_compares_ring_0003_with_the_head(db_url, engine):
     from queuectl.bench.autovacuum import Options, run
 
     options = Options(kind="ring", seconds=1.5, repeats=1, producers=1, consumers=1, batch=10, backlog=16,
-                      sample=0.5, ring_size=64)
+                      sample=0.5, ring_size=64, payload_bytes=3000)
     result = json.loads(json.dumps(run(db_url, options), default=str))
-    assert result["sides"]["head"].endswith("+ ring_autovacuum_trial")
+    assert result["sides"] == {"baseline": "ring_0003", "head": head_of("ring")}
     for which in ("baseline", "head"):
         [one] = result["runs"][which]
         assert one["consumed"] > 0 and set(one) >= {"ring", "rate", "dequeue_ms", "samples"}
         assert one["ring"]["hot_update_pct"] > 50
-        trial = ["autovacuum_vacuum_cost_delay=0", "autovacuum_vacuum_scale_factor=0", "autovacuum_vacuum_threshold=1000"]
-        assert sorted(one["ring"]["reloptions"]) == sorted(["fillfactor=50"] + (trial if which == "head" else []))
-        assert sorted(one["ring"]["toast_reloptions"]) == (trial if which == "head" else [])
+        assert one["ring"]["toast_bytes_end"] > 0  # 3,000-byte payloads are stored out of line
+        assert sorted(one["ring"]["reloptions"]) == RING_INSTALLED["ring"]
+        assert sorted(one["ring"]["toast_reloptions"]) == (RING_0004["toast"] if which == "head" else [])
     with engine.connect() as conn:
         assert [q.name for q in list_queues(conn) if q.name.startswith("av_")] == []

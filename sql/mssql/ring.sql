@@ -393,6 +393,15 @@ END
 -- Remove ring_0002's ring_release.
 DROP PROCEDURE IF EXISTS {{fn_ring_release}};
 
+-- name: set_autovacuum
+-- ring_0004 on PostgreSQL takes the cost delay off the vacuum of the slots' TOAST table.
+-- SQL Server has no per-table autovacuum (sql/mssql/reliable.sql: set_autovacuum says
+-- more): large payloads are LOB pages that the instance's ghost cleanup reclaims, with no
+-- per-table setting. Empty on purpose (no batch runs).
+
+-- name: reset_autovacuum
+-- ring_0004 downgrade: nothing was set (see set_autovacuum). Empty on purpose.
+
 -- name: replace_functions_0003
 -- ring_0003: set-based push and pop (sql/postgresql/ring.sql explains why: one statement
 -- per position cost as much server time per message at every batch size). A batch claims

@@ -283,19 +283,6 @@ JOIN pg_class c ON c.oid = s.relid
 LEFT JOIN pg_stat_all_tables ts ON ts.relid = c.reltoastrelid
 ORDER BY t.ord
 
--- name: ring_autovacuum_trial
--- The autovacuum probe's trial for a ring (`--kind ring`): the settings reliable_0006 gives
--- a queue's meta table (scale factor 0, threshold 1,000, no cost delay), on the slots and
--- on their TOAST table, to see whether any of them helps a table whose updates are HOT.
-ALTER TABLE {{ring}} SET (
-    autovacuum_vacuum_scale_factor = 0,
-    autovacuum_vacuum_threshold = 1000,
-    autovacuum_vacuum_cost_delay = 0,
-    toast.autovacuum_vacuum_scale_factor = 0,
-    toast.autovacuum_vacuum_threshold = 1000,
-    toast.autovacuum_vacuum_cost_delay = 0
-)
-
 -- name: set_naptime
 -- The autovacuum probe's own throwaway server only: how often autovacuum visits each
 -- database (ALTER SYSTEM cannot run in a transaction block; pg_reload_conf applies it).
