@@ -163,6 +163,7 @@ def test_every_reset_autovacuum_resets_exactly_the_parameters_its_set_autovacuum
 def test_health_reports_each_tables_own_autovacuum_settings_and_names_them_in_its_advice(engine, db_url):
     install_queue(engine, "new")
     install_queue(engine, "old", revision="reliable_0005")
+    install_queue(engine, "r", "ring", RingSettings(size=8))
     with engine.begin() as conn:  # so that the dead rows below wait for the report
         conn.execute(sa.text('ALTER TABLE queuectl."old_meta" SET (autovacuum_enabled = false)'))
     with Queue(db_url, "old") as old:  # its own engine: the session ends, and flushes its statistics
@@ -178,6 +179,7 @@ def test_health_reports_each_tables_own_autovacuum_settings_and_names_them_in_it
         assert tables[f"new_{role}"]["autovacuum"] == dict(o.split("=") for o in options), role
     assert tables["old_meta"]["autovacuum"] == {"autovacuum_enabled": "false"}
     assert tables["old_data"]["autovacuum"] == {} == tables["old_history"]["autovacuum"]
+    assert tables["r_ring"]["autovacuum"] == {"toast.autovacuum_vacuum_cost_delay": "0"}  # its TOAST table's
     [dead] = [c for c in rep.checks if c.id == "storage.dead_tuples" and c.object == "old_meta"]
     assert dead.advice.endswith("(its autovacuum settings now: autovacuum_enabled=false)"), dead.advice
     with pytest.raises(jsonschema.ValidationError):  # the field is required and typed

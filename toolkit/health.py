@@ -1031,8 +1031,9 @@ def _table_dict(t: dict[str, Any]) -> dict[str, Any]:
 
 
 def autovacuum_options(options: list[str] | None) -> dict[str, str] | None:
-    """The table's own autovacuum storage parameters by name ({}: the server's settings
-    apply); None where the engine has no per-table autovacuum (SQL Server)."""
+    """The table's own autovacuum storage parameters by name, its TOAST table's as
+    toast.<name> ({}: the server's settings apply); None where the engine has no per-table
+    autovacuum (SQL Server)."""
     if options is None:
         return None
     return dict(option.split("=", 1) for option in options)

@@ -76,7 +76,8 @@ FROM live, archived
 -- name: tables
 -- Vital signs of the given tables (text[] of qualified names): tuples, churn, sizes,
 -- vacuum/analyze times, fillfactor, and the table's own autovacuum storage parameters
--- ('name=value' text[], empty: the server's settings apply). Missing tables are left out. Sizes need a lock on the
+-- ('name=value' text[], its TOAST table's as 'toast.name=value'; empty: the server's
+-- settings apply). Missing tables are left out. Sizes need a lock on the
 -- relation, so a table someone holds (or waits for) in ACCESS EXCLUSIVE mode gets NULL
 -- sizes instead of stalling the report; pg_stat_user_tables needs no lock.
 WITH exclusive AS MATERIALIZED (
@@ -98,8 +99,11 @@ SELECT t.name                                    AS qualified,
        CASE WHEN x.relation IS NULL THEN pg_indexes_size(c.oid) END AS index_bytes,
        coalesce((SELECT substr(o, 12)::int FROM unnest(c.reloptions) o
                  WHERE o LIKE 'fillfactor=%'), 100) AS fillfactor,
-       ARRAY(SELECT o FROM unnest(c.reloptions) o
-             WHERE o LIKE 'autovacuum\_%' ORDER BY o) AS autovacuum_options
+       ARRAY(SELECT o FROM unnest(c.reloptions) o WHERE o LIKE 'autovacuum\_%'
+             UNION ALL
+             SELECT 'toast.' || o FROM pg_class tc, unnest(tc.reloptions) o
+             WHERE tc.oid = c.reltoastrelid AND o LIKE 'autovacuum\_%'
+             ORDER BY 1) AS autovacuum_options
 FROM unnest(CAST(:tables AS text[])) WITH ORDINALITY AS t(name, ord)
 JOIN pg_class c ON c.oid = to_regclass(t.name)
 JOIN pg_stat_user_tables s ON s.relid = c.oid
