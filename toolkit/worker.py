@@ -12,9 +12,10 @@ Waking
     its LISTEN session (`<queue>_wait_begin()`) and looks once more; a busy loop gives the
     registration up (`<queue>_wait_end()`). When the registration finds an enqueue still
     open that may have missed it, the loop does not sleep on the channel but looks again
-    after 20 ms, doubling while that lasts (sql/postgresql/activation.sql has the protocol). A notification that never arrives (dropped trigger, a
-    pooler in transaction mode, a listener connection that broke and is being reopened)
-    costs latency, never items, because the loop also polls.
+    after 20 ms, doubling while that lasts (sql/postgresql/activation.sql has the protocol).
+    A notification that never arrives (dropped trigger, a pooler in transaction mode, a
+    listener connection that broke and is being reopened) costs latency, never items,
+    because the loop also polls.
 
 Polling with adaptive back-off
     After a dequeue that returned items the loop looks again at once (drain). After an
