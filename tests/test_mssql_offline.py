@@ -322,6 +322,7 @@ _DEQUEUE_VARIANTS = {
     "fifo": [("create_dequeue_lax",) * 2, ("create_dequeue_strict",) * 2],
     "ring": [("create_functions",) * 2, ("replace_functions_0003",) * 2],
     "reliable": [("create_dequeue_0001",) * 2, ("create_dequeue_0005", "create_dequeue_0001")],
+    **{kind: [("create_dequeue_0001",) * 2] for kind in ("heap", "stack", "pending", "watermark")},
 }
 
 
@@ -338,7 +339,7 @@ def _definition(kind: str, section: str, fn: str, ms_section: str | None = None)
 
 def _dequeue_definitions(kind: str) -> list[tuple[str, str]]:
     """(PostgreSQL function, T-SQL procedure) texts of a kind's dequeue, per variant."""
-    variants = _DEQUEUE_VARIANTS.get(kind, [("create_functions",) * 2])
+    variants = _DEQUEUE_VARIANTS[kind]
     return [_definition(kind, pg_section, "dequeue", ms_section) for pg_section, ms_section in variants]
 
 

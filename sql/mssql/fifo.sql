@@ -70,9 +70,10 @@ END
 
 -- name: create_dequeue_lax
 -- The lax dequeue: oldest first, skipping rows other consumers hold.
+-- (fifo_0001's; CREATE OR ALTER, so fifo_0002's downgrade can run it again.)
 -- dequeue: ONE statement takes up to @batch items, oldest first; READPAST skips
 -- rows other consumers hold.
-CREATE PROCEDURE {{fn_dequeue}}
+CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch int = 1
 AS
 BEGIN
@@ -97,9 +98,10 @@ END
 
 -- name: create_dequeue_strict
 -- The strict dequeue: oldest first, waiting for rows other consumers hold (no READPAST).
+-- (fifo_0001's; CREATE OR ALTER, so fifo_0002's downgrade can run it again.)
 -- dequeue: ONE statement takes up to @batch items in id order. No READPAST: a consumer
 -- waits for the head rows another consumer's transaction holds (see the header).
-CREATE PROCEDURE {{fn_dequeue}}
+CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch int = 1
 AS
 BEGIN

@@ -51,10 +51,11 @@ LANGUAGE sql AS $fn$
 $fn$;
 
 -- name: create_dequeue_lax
--- The lax dequeue: oldest first, skipping rows other consumers hold.
+-- The lax dequeue: oldest first, skipping rows other consumers hold (fifo_0001's; fifo_0002
+-- replaces it and its downgrade restores it).
 -- dequeue: ONE statement takes up to p_batch items. The pick is a MATERIALIZED CTE so the
 -- planner cannot flatten it into the DELETE (a flattened plan may delete more rows than the LIMIT).
-CREATE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1)
+CREATE OR REPLACE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1)
 RETURNS TABLE (id bigint, payload bytea, headers jsonb, enqueued_at timestamptz, dequeued_at timestamptz)
 LANGUAGE plpgsql AS $fn$
 #variable_conflict use_column
@@ -74,13 +75,14 @@ END
 $fn$;
 
 -- name: create_dequeue_strict
--- The strict dequeue: oldest first, waiting for rows other consumers hold (no SKIP LOCKED).
+-- The strict dequeue: oldest first, waiting for rows other consumers hold (no SKIP LOCKED)
+-- (fifo_0001's; fifo_0002 replaces it and its downgrade restores it).
 -- dequeue: ONE statement takes up to p_batch items. The pick is a MATERIALIZED CTE so the
 -- planner cannot flatten it into the DELETE (a flattened plan may delete more rows than the LIMIT).
 -- Plain FOR UPDATE in id order: every consumer queues behind the holder of the head rows
 -- and locks in the same order, so they cannot deadlock each other. In READ COMMITTED a
 -- row deleted by the holder's commit is skipped and the scan goes on to the next rows.
-CREATE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1)
+CREATE OR REPLACE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1)
 RETURNS TABLE (id bigint, payload bytea, headers jsonb, enqueued_at timestamptz, dequeued_at timestamptz)
 LANGUAGE plpgsql AS $fn$
 #variable_conflict use_column

@@ -57,9 +57,13 @@ LANGUAGE sql AS $fn$
     SELECT src.id FROM src ORDER BY src.ord
 $fn$;
 
+-- name: create_dequeue_0001
+-- pending_0001's dequeue (a section of its own, so that pending_0002 replaces it and its
+-- downgrade restores it).
+
 -- dequeue: ONE statement takes up to p_batch due items, earliest due first (then id).
 -- The pick is a MATERIALIZED CTE so the planner cannot flatten it into the DELETE.
-CREATE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1)
+CREATE OR REPLACE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1)
 RETURNS TABLE (
     id bigint, payload bytea, headers jsonb, enqueued_at timestamptz, dequeued_at timestamptz,
     due_at timestamptz

@@ -40,10 +40,14 @@ LANGUAGE sql AS $fn$
     SELECT src.id FROM src ORDER BY src.ord
 $fn$;
 
+-- name: create_dequeue_0001
+-- stack_0001's dequeue (a section of its own, so that stack_0002 replaces it and its
+-- downgrade restores it).
+
 -- dequeue: ONE statement takes up to p_batch items. The pick is a MATERIALIZED CTE so the
 -- planner cannot flatten it into the DELETE (a flattened plan may delete more rows than the LIMIT).
 -- Newest first: a backward scan of the primary key, skipping rows other consumers hold.
-CREATE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1)
+CREATE OR REPLACE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1)
 RETURNS TABLE (id bigint, payload bytea, headers jsonb, enqueued_at timestamptz, dequeued_at timestamptz)
 LANGUAGE plpgsql AS $fn$
 #variable_conflict use_column
