@@ -124,6 +124,12 @@ BEGIN
     FROM @taken AS t ORDER BY t.id;
 END
 
+-- name: create_dequeue_lax_0002
+-- Empty on purpose (fifo_0002): this procedure deletes through its TOP pick, with no join to fix.
+
+-- name: create_dequeue_strict_0002
+-- Empty on purpose (fifo_0002): this procedure deletes through its TOP pick, with no join to fix.
+
 -- name: drop_functions
 -- Remove the SQL API.
 DROP PROCEDURE IF EXISTS {{fn_dequeue}};

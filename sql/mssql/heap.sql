@@ -82,6 +82,9 @@ BEGIN
     OUTPUT deleted.id, deleted.payload, deleted.headers, deleted.enqueued_at, @now AS dequeued_at;
 END
 
+-- name: create_dequeue_0002
+-- Empty on purpose (heap_0002): this procedure deletes through its TOP pick, with no join to fix.
+
 -- name: drop_functions
 -- Remove the SQL API.
 DROP PROCEDURE IF EXISTS {{fn_dequeue}};

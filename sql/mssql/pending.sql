@@ -110,6 +110,9 @@ BEGIN
     FROM @taken AS t ORDER BY t.due_at, t.id;
 END
 
+-- name: create_dequeue_0002
+-- Empty on purpose (pending_0002): this procedure deletes through its TOP pick, with no join to fix.
+
 -- name: drop_functions
 -- Remove the SQL API.
 DROP PROCEDURE IF EXISTS {{fn_dequeue}};

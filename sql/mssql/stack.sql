@@ -89,6 +89,9 @@ BEGIN
     FROM @taken AS t ORDER BY t.id DESC;
 END
 
+-- name: create_dequeue_0002
+-- Empty on purpose (stack_0002): this procedure deletes through its TOP pick, with no join to fix.
+
 -- name: drop_functions
 -- Remove the SQL API.
 DROP PROCEDURE IF EXISTS {{fn_dequeue}};

@@ -228,6 +228,9 @@ BEGIN
     FROM @taken AS t ORDER BY t.id;
 END
 
+-- name: create_dequeue_0002
+-- Empty on purpose (watermark_0002): this procedure deletes through its TOP pick, with no join to fix.
+
 -- name: drop_functions
 -- Remove the SQL API.
 DROP PROCEDURE IF EXISTS {{fn_correct_watermark}};
