@@ -126,6 +126,7 @@ class ReliableDriver:
 
     name = "reliable"
     description = "reliable queue (meta/data split, lease, ack) via queuectl.client.Queue"
+    revision: str | None = None  # None: the head
 
     def install(self, engine: Engine, names: QueueNames) -> None:
         from queuectl.install import get_queue, install_queue, uninstall_queue
@@ -134,7 +135,8 @@ class ReliableDriver:
             existing = get_queue(conn, names.queue, names.schema)
         if existing is not None:
             uninstall_queue(engine, names.queue, names.schema)
-        install_queue(engine, names.queue, "reliable", schema=names.schema)
+        install_queue(engine, names.queue, "reliable", schema=names.schema,
+                      **({"revision": self.revision} if self.revision else {}))
 
     def uninstall(self, engine: Engine, names: QueueNames) -> None:
         from queuectl.install import uninstall_queue
@@ -218,6 +220,15 @@ class ReliableAckDequeueDriver(ReliableDriver):
         assert scripts is not None
         # pgbench keeps a client's variables between transactions: :ids is its last claim
         return PgbenchScripts(scripts.enqueue_section, "pgbench_reliable_ack_dequeue", {**scripts.variables, "ids": "{}"})
+
+
+class ReliableNotifyAllDriver(ReliableDriver):
+    """The reliable queue as it was before reliable_0006: NOTIFY in every enqueueing
+    transaction, whether or not a consumer waits (same client, same consumer loop)."""
+
+    name = "reliable_0005"
+    description = "reliable queue at reliable_0005 (NOTIFY in every enqueueing transaction)"
+    revision = "reliable_0005"
 
 
 # -- the one-table design (bench-only baseline of the `split` scenario) ------------------
@@ -398,6 +409,7 @@ def driver_for(name: str) -> KindDriver:
 
 register(ReliableDriver())
 register(ReliableAckDequeueDriver())
+register(ReliableNotifyAllDriver())
 register(OneTableDriver(), user_kind=False)
 register(KindQueueDriver("fifo", "lax FIFO (one table, INSERT / DELETE ... RETURNING) via queuectl.kinds"))
 register(KindQueueDriver("ring", "ring buffer (preallocated slots, UPDATE only) via queuectl.kinds"))

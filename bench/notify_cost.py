@@ -1,12 +1,15 @@
-"""What the enqueue notification (reliable_0002) costs producers.
+"""What the enqueue notification costs producers, per reliable revision.
 
     python -m queuectl.bench.notify_cost [--url URL] [--rounds 5] [--producers 1,4] [--seconds 3]
 
-Two queues side by side, one at reliable_0001 (no notification) and one at the head
-(statement-level trigger + pg_notify). Each round runs, in turn on each queue, P producer
-processes doing single-item enqueues (one transaction each) for `seconds`, then one
-process doing enqueue_many of 100; the order of the two queues alternates between
-rounds. Reported: medians of items/s over the rounds.
+Queues side by side: reliable_0001 (no notification), reliable_0005 (reliable_0002's
+trigger: NOTIFY in every enqueueing transaction), the head (reliable_0006: NOTIFY only
+while a consumer is registered as possibly sleeping) with no consumer registered, and the
+head again while one session is registered (LISTEN + wait_begin, as an idle worker is).
+Each round runs, in turn on each queue, P producer processes doing single-item enqueues
+(one transaction each) for `seconds`, then one process doing enqueue_many of 100; the
+order of the queues is rotated between rounds. Reported: medians of items/s over the
+rounds, and each one's ratio to the queue without notification.
 
 Why producers matter: PostgreSQL serialises the commits of all transactions that sent a
 notification (PreCommit_Notify takes a cluster-wide lock held through commit, so that
@@ -88,33 +91,72 @@ def main(argv: list[str] | None = None) -> int:
             server = EmbeddedServer(Path(tmp) / "pg")
             url = server.ensure_running()
         engine = make_engine(url)
-        queues = {"without notify (0001)": "nc_plain", "with notify (0002)": "nc_notify"}
-        install_queue(engine, "nc_plain", revision="reliable_0001")
-        install_queue(engine, "nc_notify")
+        # label -> (queue, revision, a consumer session registered while producers run)
+        queues = {
+            "0001 no notify": ("nc_plain", "reliable_0001", False),
+            "0005 always": ("nc_always", "reliable_0005", False),
+            "head, none waits": ("nc_gated", None, False),
+            "head, one waits": ("nc_waited", None, True),
+        }
+        for queue, revision, _waits in queues.values():
+            install_queue(engine, queue, **({"revision": revision} if revision else {}))
         results: dict[tuple[str, str], list[float]] = {}
         try:
+            labels = list(queues)
             for round_ in range(args.rounds):
-                order = list(queues.items()) if round_ % 2 == 0 else list(reversed(queues.items()))
-                for label, queue in order:
-                    for p in counts:
-                        rate = measure(url, queue, p, args.seconds, _single_producer)
-                        results.setdefault((f"single enqueues, {p} producer(s)", label), []).append(rate)
-                    rate = measure(url, queue, 1, args.seconds, _batch_producer)
-                    results.setdefault(("enqueue_many(100), 1 producer", label), []).append(rate)
+                order = labels[round_ % len(labels):] + labels[:round_ % len(labels)]
+                for label in order:
+                    queue, _revision, waits = queues[label]
+                    waiter = _registered_session(url, queue) if waits else None
+                    try:
+                        for p in counts:
+                            rate = measure(url, queue, p, args.seconds, _single_producer)
+                            results.setdefault((f"single enqueues, {p} producer(s)", label), []).append(rate)
+                        rate = measure(url, queue, 1, args.seconds, _batch_producer)
+                        results.setdefault(("enqueue_many(100), 1 producer", label), []).append(rate)
+                    finally:
+                        if waiter is not None:
+                            waiter.close()
                 print(f"round {round_ + 1} done", flush=True)
         finally:
-            for queue in queues.values():
+            for queue, _revision, _waits in queues.values():
                 uninstall_queue(engine, queue)
             engine.dispose()
             if server is not None:
                 server.stop()
-    print(f"medians of {args.rounds} rounds, items/s (load average now {os.getloadavg()[0]:.1f}):")
-    scenarios = sorted({s for s, _ in results})
-    for scenario in scenarios:
-        plain = statistics.median(results[(scenario, "without notify (0001)")])
-        notify = statistics.median(results[(scenario, "with notify (0002)")])
-        print(f"  {scenario:36s} without {plain:9,.0f}   with {notify:9,.0f}   ({100 * (notify / plain - 1):+.1f}%)")
+    print(f"medians of {args.rounds} rounds, items/s, (x the queue without notification); "
+          f"load average now {os.getloadavg()[0]:.1f}")
+    print(f"| scenario | {' | '.join(queues)} |")
+    print(f"|---|{'---:|' * len(queues)}")
+    for scenario in sorted({s for s, _ in results}):
+        plain = statistics.median(results[(scenario, "0001 no notify")])
+        cells = []
+        for label in queues:
+            rate = statistics.median(results[(scenario, label)])
+            runs = " / ".join(f"{r:,.0f}" for r in results[(scenario, label)])
+            cells.append(f"{rate:,.0f} ({rate / plain:.2f}x; {runs})")
+        print(f"| {scenario} | {' | '.join(cells)} |")
     return 0
+
+
+def _registered_session(url: str, queue: str):
+    """A session that LISTENs on the queue's channel and is registered as a consumer that may
+    sleep (the activation.sql calls an idle worker makes), held while producers run."""
+    from queuectl.engine import make_engine
+    from queuectl.names import QueueNames
+    from queuectl.sqlfiles import render
+
+    names = QueueNames(queue)
+    engine = make_engine(url, pool_size=1)
+    raw = engine.raw_connection()
+    conn = raw.driver_connection
+    raw.detach()
+    engine.dispose()
+    conn.rollback()
+    conn.autocommit = True
+    conn.execute(render("postgresql", "activation", "listen", names.template_values()))
+    conn.execute(render("postgresql", "activation", "wait_begin", names.template_values()))
+    return conn
 
 
 if __name__ == "__main__":

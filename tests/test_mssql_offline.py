@@ -316,12 +316,16 @@ def test_health_tsql_measures_ghosts_and_what_holds_them():
     assert "SET LOCK_TIMEOUT 5000" in limits and not _BIND.findall(limits)
 
 
-# A kind's dequeue sections, as (PostgreSQL section, T-SQL section): reliable_0005 changed
-# only PostgreSQL's (its T-SQL section is empty), so reliable_0001's procedure serves both.
+# A kind's dequeue sections, as (PostgreSQL section, T-SQL section): reliable_0005 and the
+# destructive kinds' <kind>_0002 changed only PostgreSQL's (their T-SQL sections are empty),
+# so the first revision's procedure serves both.
 _DEQUEUE_VARIANTS = {
-    "fifo": [("create_dequeue_lax",) * 2, ("create_dequeue_strict",) * 2],
+    "fifo": [("create_dequeue_lax",) * 2, ("create_dequeue_strict",) * 2,
+             ("create_dequeue_lax_0002", "create_dequeue_lax"), ("create_dequeue_strict_0002", "create_dequeue_strict")],
     "ring": [("create_functions",) * 2, ("replace_functions_0003",) * 2],
     "reliable": [("create_dequeue_0001",) * 2, ("create_dequeue_0005", "create_dequeue_0001")],
+    **{kind: [("create_dequeue_0001",) * 2, ("create_dequeue_0002", "create_dequeue_0001")]
+       for kind in ("heap", "stack", "pending", "watermark")},
 }
 
 
@@ -338,7 +342,7 @@ def _definition(kind: str, section: str, fn: str, ms_section: str | None = None)
 
 def _dequeue_definitions(kind: str) -> list[tuple[str, str]]:
     """(PostgreSQL function, T-SQL procedure) texts of a kind's dequeue, per variant."""
-    variants = _DEQUEUE_VARIANTS.get(kind, [("create_functions",) * 2])
+    variants = _DEQUEUE_VARIANTS[kind]
     return [_definition(kind, pg_section, "dequeue", ms_section) for pg_section, ms_section in variants]
 
 
@@ -402,6 +406,20 @@ def test_ring_release_0002_tsql_rescues_through_the_push_procedure_under_a_savep
                           "EXEC sys.sp_set_session_context @key = @k_push, @value = NULL;") < deferred.index("N'deferred'")
     assert "INSERT INTO @out VALUES (N'pop', @pos, 0, @new, N'rescued');" in deferred
     assert flat.count("BEGIN TRANSACTION;") == 1 and flat.count("COMMIT TRANSACTION;") == 3  # every path commits
+
+
+@pytest.mark.parametrize("kind", ["heap", "fifo", "stack", "pending", "watermark"])
+def test_destructive_kinds_install_to_0002_keeping_their_first_dequeue_procedure(kind):
+    """<kind>_0002 changes PostgreSQL's dequeue only: the offline install creates the dequeue
+    procedure once (CREATE OR ALTER, so the downgrade can run it again) and its 0002 step
+    runs no batch of its own, only the version bookkeeping."""
+    script = install_script(None, "orders", kind, dialect="mssql")
+    batches = split_go_batches(script)
+    dequeue = [b for b in batches if re.match(r'CREATE (?:OR ALTER )?PROCEDURE "queuectl"\."orders_dequeue"\s', b)]
+    assert len(dequeue) == 1 and dequeue[0].startswith("CREATE OR ALTER PROCEDURE")
+    assert f"UPDATE queuectl.orders_version SET version_num='{kind}_0002'" in script
+    after_0001 = script[script.index(f"VALUES ('{kind}_0001')"):]
+    assert "PROCEDURE" not in after_0001
 
 
 def test_ring_install_script_ends_with_ring_0003s_procedures():

@@ -34,6 +34,18 @@ class Listener:
         for channel in channels:
             self.conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
 
+    def register(self, *names: QueueNames) -> list[bool]:
+        """reliable_0006+: say, as a consumer about to sleep would, that this session waits
+        on these queues (their producers notify only then); True where sleeping is safe."""
+        return [self.conn.execute(psycopg.sql.SQL("SELECT {}.{}()").format(
+            psycopg.sql.Identifier(n.schema), psycopg.sql.Identifier(n.table("wait_begin")))).fetchone()[0]
+            for n in names]
+
+    def unregister(self, *names: QueueNames) -> None:
+        for n in names:
+            self.conn.execute(psycopg.sql.SQL("SELECT {}.{}()").format(
+                psycopg.sql.Identifier(n.schema), psycopg.sql.Identifier(n.table("wait_end"))))
+
     def received(self, expect: int, settle: float = 0.3, deadline: float = 10.0) -> list[str]:
         """Channels of the notifications that arrive: wait for `expect`, then `settle` s for extras."""
         got: list[str] = []
@@ -60,6 +72,7 @@ def test_fresh_install_is_at_the_head_revision_which_notifies(engine):
 
 def test_one_notification_per_transaction_not_per_row(db_url, engine, orders):
     listener = Listener(db_url, orders.names.channel)
+    listener.register(orders.names)
     try:
         orders.enqueue_many([f"item {i}" for i in range(500)])
         assert listener.received(1) == ["queuectl.orders"]
@@ -86,6 +99,7 @@ def test_each_queue_notifies_only_its_own_channel(db_url, engine):
         install_queue(engine, name)
     alpha, beta = QueueNames("alpha").channel, QueueNames("beta").channel
     listener = Listener(db_url, alpha, beta)
+    listener.register(QueueNames("alpha"), QueueNames("beta"))
     try:
         with Queue(engine, "beta") as queue:
             queue.enqueue("b")
@@ -109,6 +123,7 @@ def test_channel_names_are_distinct_and_fit_in_63_bytes(db_url, engine):
     # the shortened channel is the one the trigger really notifies
     install_queue(engine, long_queue, schema=long_schema)
     listener = Listener(db_url, names[0].channel)
+    listener.register(names[0])
     try:
         with Queue(engine, long_queue, schema=long_schema) as queue:
             queue.enqueue("deep")
@@ -139,6 +154,7 @@ def test_queue_at_0001_upgrades_alone_and_starts_notifying(db_url, engine):
             assert {q.name: q.schema_version for q in list_queues(conn)} == {"alpha": head, "beta": "reliable_0001"}
             assert conn.execute(sa.text("SELECT version_num FROM queuectl.beta_version")).scalar() == "reliable_0001"
 
+        assert listener.register(QueueNames("alpha")) == [True]  # a consumer about to sleep on alpha
         alpha.enqueue("a1")
         beta.enqueue("b1")
         assert listener.received(1) == ["queuectl.alpha"]  # alpha now notifies, beta still does not
@@ -161,3 +177,79 @@ def test_installing_at_an_unknown_revision_is_refused(engine):
     with pytest.raises(Exception, match="unknown revision"):
         install_queue(engine, "orders", revision="catalog_0001")
     assert schema_objects(engine)["functions"] == []
+
+
+# -- reliable_0006: notifications only while a consumer may be sleeping ----------------------
+
+WAITING = sa.text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1902347383 "
+                  "AND objsubid = 2 AND mode = 'ShareLock' AND granted")
+
+
+def waiting_sessions(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(WAITING).scalar_one()
+
+
+def test_producers_notify_only_while_a_consumer_is_registered(db_url, engine, orders):
+    listener = Listener(db_url, orders.names.channel)
+    try:
+        orders.enqueue("nobody waits")  # LISTEN alone is not a registration
+        assert listener.received(0, settle=0.5) == []
+        assert listener.register(orders.names) == [True]
+        assert listener.register(orders.names) == [True]  # once per session, however often called
+        assert waiting_sessions(engine) == 1
+        for i in range(3):
+            orders.enqueue(f"announced {i}")
+        orders.enqueue_many(["one", "announcement"])
+        assert listener.received(4) == ["queuectl.orders"] * 4
+        listener.unregister(orders.names)  # the consumer is busy again
+        assert waiting_sessions(engine) == 0
+        orders.enqueue("busy consumer")
+        assert listener.received(0, settle=0.5) == []
+    finally:
+        listener.close()
+    assert orders.counts()["ready"] == 7
+
+
+def test_registration_sees_an_enqueue_still_open_which_it_would_not_hear(db_url, engine, orders):
+    """The race the 'in flight' lock closes: an enqueue whose trigger ran before the consumer
+    registered does not notify at its commit; wait_begin says so while it is open."""
+    listener = Listener(db_url, orders.names.channel)
+    try:
+        with engine.connect() as producer:
+            producer.execute(enqueue_sql("orders"), {"p": b"open"})  # trigger ran, not committed
+            assert listener.register(orders.names) == [False]  # sleeping now could miss it
+            assert listener.register(orders.names) == [False]
+            producer.commit()
+        assert listener.received(0, settle=0.5) == []  # it probed before the registration
+        assert listener.register(orders.names) == [True]  # ended: the next look sees its row
+        assert [m.text for m in orders.dequeue(10)] == ["open"]
+
+        with engine.connect() as producer:  # a rolled-back enqueue is no longer in flight either
+            producer.execute(enqueue_sql("orders"), {"p": b"never"})
+            assert listener.register(orders.names) == [False]
+            producer.rollback()
+        assert listener.register(orders.names) == [True]
+        assert listener.received(0, settle=0.3) == []
+
+        with engine.connect() as producer:  # an enqueue after the registration announces itself
+            producer.execute(enqueue_sql("orders"), {"p": b"late"})
+            producer.commit()
+        assert listener.received(1) == ["queuectl.orders"]
+    finally:
+        listener.close()
+    assert waiting_sessions(engine) == 0  # a closed session's registration is gone
+
+
+def test_downgrade_to_0005_notifies_every_transaction_again(db_url, engine, orders):
+    assert downgrade_queue(engine, "orders", "reliable_0005") == (head_of("reliable"), "reliable_0005")
+    assert not {"orders_wait_begin", "orders_wait_end"} & set(schema_objects(engine)["functions"])
+    listener = Listener(db_url, orders.names.channel)
+    try:
+        orders.enqueue("unregistered listener hears it")
+        assert listener.received(1) == ["queuectl.orders"]
+    finally:
+        listener.close()
+    result = run_cli("upgrade", "orders", url=db_url)
+    assert result.returncode == 0, result.stderr.decode()
+    assert {"orders_wait_begin", "orders_wait_end"} <= set(schema_objects(engine)["functions"])

@@ -28,7 +28,7 @@ from queuectl.worker import PollBackoff, Worker, WorkerStats
 
 from activation_handlers import CREATE_TABLE
 from conftest import run_cli
-from test_notify import psycopg_conninfo
+from test_notify import psycopg_conninfo, waiting_sessions
 
 TESTS_DIR = Path(__file__).parent
 
@@ -141,6 +141,52 @@ def test_idle_worker_wakes_on_the_notification_and_drains_in_batches(engine, ord
     assert {s for s, _a, _e in statuses(engine).values()} == {2}
 
 
+def test_busy_worker_gives_up_its_registration_and_an_idle_one_holds_it(engine, orders):
+    """reliable_0006: producers notify only registered consumers, so a busy worker must not
+    stay registered (its producers would pay a serialised commit each) and an idle one must."""
+    handler = Recorder(sleep=1.0)
+    running = Running(Worker(orders, handler, batch=1, poll_interval=30, min_poll_interval=30))
+    try:
+        wait_until(lambda: waiting_sessions(engine) == 1, what="the idle worker's registration")
+        with Queue(engine, "orders") as producer:
+            producer.enqueue_many(["slow 1", "slow 2"])
+            wait_until(lambda: handler.texts()["slow 1"] == 1, timeout=10, what="the wake-up")
+            assert waiting_sessions(engine) == 0  # busy
+            wait_until(lambda: sum(handler.texts().values()) == 2, timeout=10)
+        wait_until(lambda: waiting_sessions(engine) == 1, what="the registration after the drain")
+    finally:
+        stats = running.stop()
+    assert stats.processed == 2
+    assert waiting_sessions(engine) == 0  # stopped: its session is gone
+
+
+def test_idle_worker_finds_an_enqueue_that_was_open_when_it_registered(engine, orders):
+    """An enqueue whose trigger ran before the worker registered does not notify; the
+    worker sees it was open and looks again soon (polls are 30 s apart here)."""
+    handler = Recorder()
+    with engine.connect() as producer:
+        producer.execute(sa.text("SELECT queuectl.orders_enqueue(CAST(:p AS bytea))"), {"p": b"open"})
+        running = Running(Worker(orders, handler, poll_interval=30, min_poll_interval=30))
+        try:
+            wait_until(lambda: running.worker.stats.empty_polls >= 2, what="the worker's empty looks")
+            time.sleep(0.5)
+            committed = time.monotonic()
+            producer.commit()
+            wait_until(lambda: handler.texts() == {"open": 1}, timeout=10, what="the open enqueue")
+            took = handler.calls[0][2] - committed
+            assert took < 5, took
+            # now registered with nothing in flight: the next enqueue is announced
+            wait_until(lambda: waiting_sessions(engine) == 1, what="the registration")
+            notifications = running.worker.stats.notifications
+            with Queue(engine, "orders") as queue:
+                queue.enqueue("announced")
+            wait_until(lambda: handler.texts()["announced"] == 1, timeout=10, what="the wake-up")
+            assert running.worker.stats.notifications > notifications
+        finally:
+            stats = running.stop()
+    assert stats.processed == 2
+
+
 def test_notifications_dropped_mid_run_every_item_is_still_processed(engine, orders):
     handler = Recorder()
     running = Running(Worker(orders, handler, concurrency=2, batch=5, poll_interval=0.3))
@@ -172,7 +218,9 @@ def test_notifications_dropped_mid_run_every_item_is_still_processed(engine, ord
 def test_listener_connection_killed_mid_run_polling_covers_and_listening_resumes(engine, orders):
     handler = Recorder()
     running = Running(Worker(orders, handler, poll_interval=0.3))
-    listening = sa.text("SELECT pid FROM pg_stat_activity WHERE query LIKE '%LISTEN \"queuectl.orders\"%' "
+    # the listener's last statement: its LISTEN, or (reliable_0006) its registration calls
+    listening = sa.text("SELECT pid FROM pg_stat_activity WHERE (query LIKE '%LISTEN \"queuectl.orders\"%' "
+                        "OR query LIKE '%orders_wait_%') "
                         "AND datname = current_database() AND pid <> pg_backend_pid()")
     try:
         # autocommit: pg_stat_activity is read once per transaction

@@ -28,7 +28,8 @@ PRODUCER_CALLS = {
     "ring": ("enqueue", "enqueue_many", "ring_release"),
 }
 CONSUMER_CALLS = {
-    "reliable": ("dequeue", "ack", "nack", "extend_lease", "release", "ack_dequeue"),
+    # wait_begin/wait_end (reliable_0006): a consumer registers before it sleeps on the channel
+    "reliable": ("dequeue", "ack", "nack", "extend_lease", "release", "ack_dequeue", "wait_begin", "wait_end"),
     "ring": ("dequeue", "ring_release"),
 }
 DEFAULT_CONSUMER_CALLS = ("dequeue",)

@@ -172,6 +172,6 @@ class QueueNames:
             "channel_literal": f"'{self.channel}'",
         }
         for fn in ("enqueue", "enqueue_many", "dequeue", "ack", "nack", "extend_lease", "release", "notify",
-                   "ack_dequeue"):
+                   "ack_dequeue", "wait_begin", "wait_end"):
             values[f"fn_{fn}"] = q(fn)
         return values

@@ -6,9 +6,16 @@ Waking
     in select() on that socket and on a self-pipe (stop requests, finished handlers), so an
     idle worker spends no CPU and wakes a millisecond or two after the enqueue commits.
     A notification is only a hint to look: the loop then dequeues batch after batch until
-    a dequeue comes back empty. A notification that never arrives (dropped trigger, a
-    pooler in transaction mode, a listener connection that broke and is being reopened)
-    costs latency, never items, because the loop also polls.
+    a dequeue comes back empty. From reliable_0006 the queue notifies only while some
+    consumer is registered as possibly sleeping (a NOTIFY serialises the producers' commits,
+    so busy consumers should not cost them one): before it sleeps the loop registers on
+    its LISTEN session (`<queue>_wait_begin()`) and looks once more; a busy loop gives the
+    registration up (`<queue>_wait_end()`). When the registration finds an enqueue still
+    open that may have missed it, the loop does not sleep on the channel but looks again
+    after 20 ms, doubling while that lasts (sql/postgresql/activation.sql has the protocol).
+    A notification that never arrives (dropped trigger, a pooler in transaction mode, a
+    listener connection that broke and is being reopened) costs latency, never items,
+    because the loop also polls.
 
 Polling with adaptive back-off
     After a dequeue that returned items the loop looks again at once (drain). After an
@@ -81,13 +88,15 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Any
 
-from queuectl.client import Message, Queue, _check_batch, _check_seconds
+from queuectl.client import Message, Queue, _check_batch, _check_seconds, _schema_revision_number
 from queuectl.engine import adapter_for, first_line
 from queuectl.errors import ConnectionFailed, StatementCanceled, UsageError
 from queuectl.sqlfiles import render
 
 DEFAULT_POLL_INTERVAL = 2.0  # longest wait between looks at an idle queue
 DEFAULT_MIN_POLL_INTERVAL = 0.05  # first wait after a look found nothing
+IN_FLIGHT_FIRST_WAIT = 0.02  # first wait while an enqueue that missed our registration is open
+WAIT_REGISTRATION_REVISION = 6  # reliable_0006: notifications only to registered consumers
 DEFAULT_HEARTBEAT_FRACTION = 1 / 3  # extend leases three times per lease
 DEFAULT_LOG_INTERVAL = 10.0
 POLL_JITTER = 0.1
@@ -147,7 +156,10 @@ class _Listener:
 
     def __init__(self, queue: Queue) -> None:
         values = queue.names.template_values()
-        self._sql = {key: render("postgresql", "activation", key, values) for key in ("listen", "notify")}
+        self._sql = {key: render("postgresql", "activation", key, values)
+                     for key in ("listen", "notify", "wait_begin", "wait_end")}
+        # reliable_0006+: the queue notifies only consumers registered through wait_begin
+        self.gated = _schema_revision_number(queue.info.schema_version) >= WAIT_REGISTRATION_REVISION
         raw = queue.engine.raw_connection()
         self.conn = raw.driver_connection
         raw.detach()  # owned here and closed here, never handed back to the pool
@@ -162,6 +174,14 @@ class _Listener:
 
     def notify(self) -> None:
         self.conn.execute(self._sql["notify"])
+
+    def wait_begin(self) -> bool:
+        """Register this session as one that may sleep; True when sleeping after one more
+        empty look is safe, False while an enqueue that may have missed the registration is open."""
+        return bool(self.conn.execute(self._sql["wait_begin"]).fetchone()[0])
+
+    def wait_end(self) -> None:
+        self.conn.execute(self._sql["wait_end"])
 
     def close(self) -> None:
         try:
@@ -238,6 +258,8 @@ class Worker:
         self._lost: set[int] = set()  # held items whose lease a heartbeat found gone
         self._listener: _Listener | None = None
         self._listener_retry_at = 0.0
+        self._registered = False  # the listener session holds the queue's "waiting" registration
+        self._armed = False  # ... and no enqueue that missed it was open when it was checked
         self._selector: selectors.BaseSelector | None = None
         self._pool: ProcessPoolExecutor | None = None
         self._pool_lock = threading.Lock()
@@ -302,6 +324,7 @@ class Worker:
 
     def _loop(self) -> None:
         backoff = PollBackoff(self.min_poll_interval, self.poll_interval)
+        in_flight = PollBackoff(min(IN_FLIGHT_FIRST_WAIT, self.min_poll_interval), self.poll_interval)
         look = True  # dequeue at the next chance: at start, on a notification, when a poll is due
         next_poll = math.inf
         now = time.monotonic()
@@ -329,13 +352,25 @@ class Worker:
                         self._held[message.id] = message
                         self._work.put(message)
                     backoff.reset()
+                    in_flight.reset()
+                    if self._registered:
+                        self._unregister()  # busy: producers need not announce to us
                     continue  # drain: look again at once
                 self.stats.empty_polls += 1
                 look = False
-                next_poll = time.monotonic() + backoff.next_wait()
                 if self.burst and not self._held and self._done.empty():
                     log.info("queue %s is empty: burst worker done", self.queue.name)
                     break
+                if self._listener is not None and self._listener.gated and not self._armed:
+                    clear = self._register()
+                    if clear:
+                        in_flight.reset()
+                        look = True  # one more look, now that every later enqueue will announce itself
+                        continue
+                    if clear is False:  # an enqueue that may have missed the registration is still open
+                        next_poll = time.monotonic() + in_flight.next_wait()
+                        continue
+                next_poll = time.monotonic() + backoff.next_wait()
             now = time.monotonic()
             deadlines = [self._next_log]
             if not look:
@@ -402,7 +437,32 @@ class Worker:
         self._selector.register(self._listener.fd, selectors.EVENT_READ)
         return True
 
+    def _register(self) -> bool | None:
+        """Tell producers this consumer may sleep (reliable_0006: they notify only then); None
+        when the listener connection broke (it is dropped, and polling covers until it is back)."""
+        assert self._listener is not None
+        try:
+            clear = self._listener.wait_begin()
+            self.stats.notifications += self._listener.drain()  # any that came in with the reply
+        except Exception as exc:
+            log.warning("LISTEN connection lost (%s): polling until it is reopened", first_line(exc))
+            self._drop_listener()
+            return None
+        self._registered, self._armed = True, clear
+        return clear
+
+    def _unregister(self) -> None:
+        assert self._listener is not None
+        self._registered = self._armed = False
+        try:
+            self._listener.wait_end()
+            self.stats.notifications += self._listener.drain()
+        except Exception as exc:
+            log.warning("LISTEN connection lost (%s): polling until it is reopened", first_line(exc))
+            self._drop_listener()
+
     def _drop_listener(self) -> None:
+        self._registered = self._armed = False
         if self._listener is None:
             return
         assert self._selector is not None

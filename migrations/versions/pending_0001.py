@@ -15,6 +15,7 @@ depends_on = None
 def upgrade() -> None:
     run_section("pending", "create_tables")
     run_section("pending", "create_functions")
+    run_section("pending", "create_dequeue_0001")
     register(revision)
 
 

@@ -1,18 +1,27 @@
-"""reliable queue: autovacuum storage parameters per table role (meta, data, history)
+"""reliable queue: notify only when a consumer may be waiting
 
 Revision ID: reliable_0006
 Revises: reliable_0005
 
-PostgreSQL's default trigger (50 + 0.2 x reltuples dead rows) lets a queue's meta table
-collect a fifth of its backlog as dead index entries at the head of the ready index, which
-every dequeue walks. This revision gives each table the parameters its role needs
-(sql/postgresql/reliable.sql, section set_autovacuum, says which and why); the downgrade
-RESETs exactly those, back to the server's settings. ALTER TABLE ... SET takes SHARE
-UPDATE EXCLUSIVE: producers and consumers keep working while it runs. SQL Server has no
-per-table autovacuum; its section is empty (sql/mssql/reliable.sql says why).
+reliable_0002 notified the queue's channel from every enqueueing transaction. PostgreSQL
+serialises the commits of transactions that issued NOTIFY (a database-wide lock held from
+before the commit record until it is flushed), so concurrent single-item producers queued
+behind one another: 277 enqueues/s with the notification against 899 without at 4 pgbench
+clients (bench/RESULTS.md, series 3), whether or not any consumer was listening. Now the
+trigger notifies only while some consumer session is registered as possibly sleeping
+(`<queue>_wait_begin()`, which queuectl's worker calls on its LISTEN session before it
+sleeps), with an "in flight" lock that lets a consumer tell whether an enqueue that did
+not see its registration is still open: no wake-up is missed (sql/postgresql/activation.sql,
+create_reliable_notify_0006, has the protocol and why it holds).
+
+Upgrading a live queue: workers of an older queuectl never register, so after the upgrade
+they are woken only while a new worker sleeps, and otherwise find items by their fallback
+poll (every 2 s at most by default): nothing is lost, latency rises until they are
+restarted. A plain LISTEN client of the channel must call `<queue>_wait_begin()` the same way.
+SQL Server has no notifications: its sections are empty.
 """
 
-from queuectl.migrations.queue_ops import run_section, set_version
+from queuectl.migrations.queue_ops import replace_functions, set_version
 
 revision = "reliable_0006"
 down_revision = "reliable_0005"
@@ -21,10 +30,10 @@ depends_on = None
 
 
 def upgrade() -> None:
-    run_section("reliable", "set_autovacuum")
+    replace_functions("activation", "create_reliable_notify_0006")
     set_version(revision)
 
 
 def downgrade() -> None:
-    run_section("reliable", "reset_autovacuum")
+    replace_functions("activation", "replace_reliable_notify_0002")
     set_version(down_revision)

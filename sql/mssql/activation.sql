@@ -11,11 +11,24 @@
 -- name: drop_reliable_notify
 -- Downgrade of reliable_0002 on SQL Server: nothing was created.
 
+-- name: create_reliable_notify_0006
+-- reliable_0006 on SQL Server: nothing (there is no notification to make conditional;
+-- consumers poll).
+
+-- name: replace_reliable_notify_0002
+-- Downgrade of reliable_0006 on SQL Server: nothing was created.
+
 -- name: listen
 -- Not used on SQL Server (no LISTEN): consumers poll.
 
 -- name: unlisten
 -- Not used on SQL Server (no UNLISTEN).
+
+-- name: wait_begin
+-- Not used on SQL Server (consumers poll, nobody waits on a channel).
+
+-- name: wait_end
+-- Not used on SQL Server.
 
 -- name: notify
 -- Not used on SQL Server (no NOTIFY): an enqueue needs no announcement when consumers poll.

@@ -70,9 +70,10 @@ END
 
 -- name: create_dequeue_lax
 -- The lax dequeue: oldest first, skipping rows other consumers hold.
+-- (fifo_0001's; CREATE OR ALTER, so fifo_0002's downgrade can run it again.)
 -- dequeue: ONE statement takes up to @batch items, oldest first; READPAST skips
 -- rows other consumers hold.
-CREATE PROCEDURE {{fn_dequeue}}
+CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch int = 1
 AS
 BEGIN
@@ -97,9 +98,10 @@ END
 
 -- name: create_dequeue_strict
 -- The strict dequeue: oldest first, waiting for rows other consumers hold (no READPAST).
+-- (fifo_0001's; CREATE OR ALTER, so fifo_0002's downgrade can run it again.)
 -- dequeue: ONE statement takes up to @batch items in id order. No READPAST: a consumer
 -- waits for the head rows another consumer's transaction holds (see the header).
-CREATE PROCEDURE {{fn_dequeue}}
+CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch int = 1
 AS
 BEGIN
@@ -121,6 +123,12 @@ BEGIN
     SELECT t.id, t.payload, t.headers, t.enqueued_at, @now AS dequeued_at
     FROM @taken AS t ORDER BY t.id;
 END
+
+-- name: create_dequeue_lax_0002
+-- Empty on purpose (fifo_0002): this procedure deletes through its TOP pick, with no join to fix.
+
+-- name: create_dequeue_strict_0002
+-- Empty on purpose (fifo_0002): this procedure deletes through its TOP pick, with no join to fix.
 
 -- name: drop_functions
 -- Remove the SQL API.

@@ -60,10 +60,14 @@ BEGIN
     SELECT s.id, s.payload, s.headers FROM @src AS s;
     SELECT s.id FROM @src AS s ORDER BY s.ord;
 END
-GO
+
+-- name: create_dequeue_0001
+-- The dequeue procedure (a section of its own, as on PostgreSQL, where heap_0002 replaces
+-- it and its downgrade restores it; CREATE OR ALTER, so the downgrade can run it again).
+
 -- dequeue: ONE statement takes up to @batch items: no ORDER BY, any unlocked rows will do,
 -- so the scan stops at the first rows it can lock. Rows come back in no particular order.
-CREATE PROCEDURE {{fn_dequeue}}
+CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch int = 1
 AS
 BEGIN
@@ -77,6 +81,9 @@ BEGIN
     DELETE FROM picked
     OUTPUT deleted.id, deleted.payload, deleted.headers, deleted.enqueued_at, @now AS dequeued_at;
 END
+
+-- name: create_dequeue_0002
+-- Empty on purpose (heap_0002): this procedure deletes through its TOP pick, with no join to fix.
 
 -- name: drop_functions
 -- Remove the SQL API.

@@ -60,9 +60,13 @@ BEGIN
     SELECT s.id, s.payload, s.headers FROM @src AS s;
     SELECT s.id FROM @src AS s ORDER BY s.ord;
 END
-GO
+
+-- name: create_dequeue_0001
+-- The dequeue procedure (a section of its own, as on PostgreSQL, where stack_0002 replaces
+-- it and its downgrade restores it; CREATE OR ALTER, so the downgrade can run it again).
+
 -- dequeue: ONE statement takes up to @batch items, newest first, skipping rows others hold.
-CREATE PROCEDURE {{fn_dequeue}}
+CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch int = 1
 AS
 BEGIN
@@ -84,6 +88,9 @@ BEGIN
     SELECT t.id, t.payload, t.headers, t.enqueued_at, @now AS dequeued_at
     FROM @taken AS t ORDER BY t.id DESC;
 END
+
+-- name: create_dequeue_0002
+-- Empty on purpose (stack_0002): this procedure deletes through its TOP pick, with no join to fix.
 
 -- name: drop_functions
 -- Remove the SQL API.

@@ -97,10 +97,60 @@ BEGIN
     SELECT s.id FROM @src AS s ORDER BY s.ord;
 END
 GO
+-- correct_watermark: recompute the true low bound (the smallest id still in the table,
+-- read with a locking read that waits for in-flight inserts, else the sequence's next
+-- value) and fix the stored hint; sessions adopt a changed hint at their next move.
+-- Meant for a job every 5 minutes: it walks the index from its start, over every ghost,
+-- once per run.
+--  * stored low too high (items below it are unreachable): lowered at once;
+--  * stored low too low (dequeues walk needless ghosts): raised to the true bound, but
+--    never past the candidate this procedure recorded on its previous run (ids drawn
+--    before that run have long since inserted their rows), so a fresh raise takes two runs.
+-- Returns one row: old_low, new_low, true_low, changed, reason.
+CREATE PROCEDURE {{fn_correct_watermark}}
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @next bigint, @old bigint, @pending bigint, @true bigint, @new bigint;
+    DECLARE @reason nvarchar(200);
+    SELECT @next = COALESCE(CAST(s.last_used_value AS bigint), 0) + 1
+    FROM sys.sequences AS s WHERE s.object_id = OBJECT_ID({{items_seq_regclass}});
+    BEGIN TRANSACTION;
+    SELECT @old = w.low, @pending = w.pending_low
+    FROM {{watermark}} AS w WITH (UPDLOCK, ROWLOCK);
+    SELECT @true = COALESCE(MIN(i.id), @next) FROM {{items}} AS i WITH (READCOMMITTEDLOCK);
+    IF @old > @true
+        SELECT @new = @true, @reason = N'lowered: items below the stored watermark were unreachable';
+    ELSE IF @old < @true AND @pending IS NOT NULL
+        SELECT @new = CASE WHEN @true < @pending THEN @true ELSE @pending END,
+               @reason = N'raised up to the previous run''s settled candidate';
+    ELSE IF @old < @true
+        SELECT @new = @old, @reason = N'raise deferred: the next run completes it';
+    ELSE
+        SELECT @new = @old, @reason = N'already correct';
+    IF @new < @old AND @old <= @true
+        SET @new = @old;  -- never lower a correct watermark while raising
+    UPDATE {{watermark}} SET
+        low          = @new,
+        epoch        = epoch + CASE WHEN @new <> @old THEN 1 ELSE 0 END,
+        pending_low  = @next,
+        updated_at   = SYSUTCDATETIME(),
+        corrected_at = SYSUTCDATETIME();
+    COMMIT TRANSACTION;
+    SELECT @old AS old_low, @new AS new_low, @true AS true_low,
+           CAST(CASE WHEN @new <> @old THEN 1 ELSE 0 END AS bit) AS changed, @reason AS reason;
+END
+
+-- name: create_dequeue_0001
+-- The dequeue procedure (a section of its own, as on PostgreSQL, where watermark_0002 replaces
+-- it and its downgrade restores it; CREATE OR ALTER, so the downgrade can run it again).
+
 -- dequeue: ONE statement takes up to @batch items at or above the session's watermark,
 -- oldest first, skipping rows other consumers hold. Around it, every 100th call moves the
 -- session's watermark (see the header).
-CREATE PROCEDURE {{fn_dequeue}}
+CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch int = 1
 WITH EXECUTE AS OWNER
 AS
@@ -177,52 +227,9 @@ BEGIN
     SELECT t.id, t.payload, t.headers, t.enqueued_at, @now AS dequeued_at
     FROM @taken AS t ORDER BY t.id;
 END
-GO
--- correct_watermark: recompute the true low bound (the smallest id still in the table,
--- read with a locking read that waits for in-flight inserts, else the sequence's next
--- value) and fix the stored hint; sessions adopt a changed hint at their next move.
--- Meant for a job every 5 minutes: it walks the index from its start, over every ghost,
--- once per run.
---  * stored low too high (items below it are unreachable): lowered at once;
---  * stored low too low (dequeues walk needless ghosts): raised to the true bound, but
---    never past the candidate this procedure recorded on its previous run (ids drawn
---    before that run have long since inserted their rows), so a fresh raise takes two runs.
--- Returns one row: old_low, new_low, true_low, changed, reason.
-CREATE PROCEDURE {{fn_correct_watermark}}
-WITH EXECUTE AS OWNER
-AS
-BEGIN
-    SET NOCOUNT ON;
-    SET XACT_ABORT ON;
-    DECLARE @next bigint, @old bigint, @pending bigint, @true bigint, @new bigint;
-    DECLARE @reason nvarchar(200);
-    SELECT @next = COALESCE(CAST(s.last_used_value AS bigint), 0) + 1
-    FROM sys.sequences AS s WHERE s.object_id = OBJECT_ID({{items_seq_regclass}});
-    BEGIN TRANSACTION;
-    SELECT @old = w.low, @pending = w.pending_low
-    FROM {{watermark}} AS w WITH (UPDLOCK, ROWLOCK);
-    SELECT @true = COALESCE(MIN(i.id), @next) FROM {{items}} AS i WITH (READCOMMITTEDLOCK);
-    IF @old > @true
-        SELECT @new = @true, @reason = N'lowered: items below the stored watermark were unreachable';
-    ELSE IF @old < @true AND @pending IS NOT NULL
-        SELECT @new = CASE WHEN @true < @pending THEN @true ELSE @pending END,
-               @reason = N'raised up to the previous run''s settled candidate';
-    ELSE IF @old < @true
-        SELECT @new = @old, @reason = N'raise deferred: the next run completes it';
-    ELSE
-        SELECT @new = @old, @reason = N'already correct';
-    IF @new < @old AND @old <= @true
-        SET @new = @old;  -- never lower a correct watermark while raising
-    UPDATE {{watermark}} SET
-        low          = @new,
-        epoch        = epoch + CASE WHEN @new <> @old THEN 1 ELSE 0 END,
-        pending_low  = @next,
-        updated_at   = SYSUTCDATETIME(),
-        corrected_at = SYSUTCDATETIME();
-    COMMIT TRANSACTION;
-    SELECT @old AS old_low, @new AS new_low, @true AS true_low,
-           CAST(CASE WHEN @new <> @old THEN 1 ELSE 0 END AS bit) AS changed, @reason AS reason;
-END
+
+-- name: create_dequeue_0002
+-- Empty on purpose (watermark_0002): this procedure deletes through its TOP pick, with no join to fix.
 
 -- name: drop_functions
 -- Remove the SQL API.

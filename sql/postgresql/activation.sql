@@ -36,12 +36,118 @@ CREATE TRIGGER {{notify_trigger}}
 DROP TRIGGER IF EXISTS {{notify_trigger}} ON {{meta}};
 DROP FUNCTION IF EXISTS {{fn_notify}}();
 
+-- name: create_reliable_notify_0006
+-- reliable_0006: notify only when a consumer may be waiting.
+--
+-- Why: PostgreSQL serialises the commits of all transactions that issued NOTIFY (a
+-- database-wide lock taken before the commit record and held until it is flushed), so
+-- concurrent single-item producers that all notify stop sharing WAL flushes. While the
+-- consumers are busy nobody needs the announcement: a busy consumer looks again by itself.
+--
+-- The protocol, two advisory locks per queue (two-int4 keys: a class constant, and the
+-- queue's channel hashed to a non-negative int4; a collision with another queue only
+-- costs a spare notification or poll):
+--   "waiting"   (class 1902347383, 'qctw') held SHARED, session-level, by every consumer
+--               session that may go to sleep on the channel ({{fn_wait_begin}}), given up
+--               when it finds work again ({{fn_wait_end}}).
+--   "in flight" (class 1902343273, 'qcti') held SHARED by every enqueueing transaction
+--               from its INSERT statement until it commits or rolls back.
+-- A producer, after each enqueueing INSERT statement: takes "in flight" (shared, until its
+-- transaction ends), then probes "waiting" (pg_try_advisory_lock, exclusive, released at
+-- once when it got it): if a consumer holds it, NOTIFY as before; if not, no notification.
+-- A consumer, before the empty dequeue that lets it sleep: takes "waiting" (shared), then
+-- probes "in flight" (exclusive try, released at once). Got it: every enqueue that probed
+-- "waiting" before this registration has ended (locks are released only after the commit
+-- is visible), so the dequeue that follows sees its rows, and every later enqueue sees
+-- the registration and notifies: sleeping is safe. Not got: an enqueue that may have
+-- missed the registration is still open; the consumer looks again shortly instead of
+-- sleeping (queuectl.worker: 20 ms, doubling while it lasts).
+-- Spare notifications are possible (two producers probing at the same instant), missed
+-- ones are not. Costs: two lock-manager calls per enqueueing statement instead of a
+-- serialised commit; a consumer pays one call when it goes idle and one when it gets busy.
+-- A plain LISTEN session that never calls {{fn_wait_begin}} is no longer woken, except
+-- while some registered consumer waits: it still finds items by polling.
+CREATE OR REPLACE FUNCTION {{fn_notify}}() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_key integer := hashtext({{channel_literal}}) & 2147483647;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(1902343273, v_key);
+    IF pg_try_advisory_lock(1902347383, v_key) THEN
+        PERFORM pg_advisory_unlock(1902347383, v_key);
+    ELSE
+        PERFORM pg_notify({{channel_literal}}, '');
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- A consumer session is about to sleep on the channel: register it (once per session,
+-- however often this is called) and say whether sleeping is safe (true), or whether an
+-- enqueue that may not have seen the registration is still open (false: look again soon).
+-- Call it on the session that LISTENs, then dequeue once more before sleeping.
+CREATE FUNCTION {{fn_wait_begin}}() RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_key integer := hashtext({{channel_literal}}) & 2147483647;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks
+                   WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND mode = 'ShareLock'
+                     AND classid = 1902347383 AND objid = v_key::oid AND objsubid = 2) THEN
+        PERFORM pg_advisory_lock_shared(1902347383, v_key);
+    END IF;
+    IF pg_try_advisory_lock(1902343273, v_key) THEN
+        PERFORM pg_advisory_unlock(1902343273, v_key);
+        RETURN true;
+    END IF;
+    RETURN false;
+END
+$fn$;
+
+-- The consumer session found work: producers need not announce to it any more.
+-- Returns whether it was registered.
+CREATE FUNCTION {{fn_wait_end}}() RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_key integer := hashtext({{channel_literal}}) & 2147483647;
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_locks
+               WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND mode = 'ShareLock'
+                 AND classid = 1902347383 AND objid = v_key::oid AND objsubid = 2) THEN
+        RETURN pg_advisory_unlock_shared(1902347383, v_key);
+    END IF;
+    RETURN false;
+END
+$fn$;
+
+-- name: replace_reliable_notify_0002
+-- reliable_0006 downgrade: notify in every enqueueing transaction again (reliable_0002's
+-- body), and drop the consumer registration calls.
+CREATE OR REPLACE FUNCTION {{fn_notify}}() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM pg_notify({{channel_literal}}, '');
+    RETURN NULL;
+END
+$fn$;
+
+DROP FUNCTION IF EXISTS {{fn_wait_begin}}();
+DROP FUNCTION IF EXISTS {{fn_wait_end}}();
+
 -- name: listen
 -- A consumer's dedicated autocommit connection subscribes to the queue's channel.
 LISTEN {{channel}}
 
 -- name: unlisten
 UNLISTEN {{channel}}
+
+-- name: wait_begin
+-- reliable_0006+: register this LISTEN session as a consumer that may sleep; true when
+-- sleeping after one more empty dequeue is safe (see create_reliable_notify_0006).
+SELECT {{fn_wait_begin}}()
+
+-- name: wait_end
+SELECT {{fn_wait_end}}()
 
 -- name: notify
 -- Wake the queue's consumers without inserting (after a worker gives items back at shutdown).
