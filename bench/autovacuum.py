@@ -1,12 +1,12 @@
 """Probe: what per-table autovacuum settings change under a steady full cycle, against the
-server's defaults, in one run: reliable_0006 against reliable_0005, or (`--kind ring`)
+server's defaults, in one run: reliable_0007 against reliable_0006, or (`--kind ring`)
 ring_0004 against ring_0003.
 
     python -m queuectl.bench.autovacuum --seconds 90 --repeats 2 [--kind ring] [--url URL] [--json out.json]
 
 Each repeat installs two queues side by side and runs the same workload on each in turn
 (the order alternates between repeats):
-  * reliable: one queue at reliable_0005 (no per-table settings), one at the head; each is
+  * reliable: one queue at reliable_0006 (no per-table settings), one at the head; each is
     pre-filled with `--backlog` messages and vacuumed and analysed (as a live queue would
     be); P producer and C consumer processes (queuectl.client.Queue: enqueue_many,
     dequeue, ack; batch `--batch`) and one archiver process (jobs/archive.py
@@ -44,7 +44,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-BASELINES = {"reliable": "reliable_0005", "ring": "ring_0003"}  # the last revisions without settings
+BASELINES = {"reliable": "reliable_0006", "ring": "ring_0003"}  # the last revisions without settings
 SETTINGS = ("server_version", "autovacuum_naptime", "autovacuum_vacuum_cost_delay", "autovacuum_vacuum_cost_limit",
             "autovacuum_max_workers", "autovacuum_vacuum_threshold", "autovacuum_vacuum_scale_factor",
             "autovacuum_vacuum_insert_threshold", "autovacuum_vacuum_insert_scale_factor")

@@ -1,4 +1,4 @@
-"""reliable_0006 and ring_0004: autovacuum storage parameters per queue table role, set at
+"""reliable_0007 and ring_0004: autovacuum storage parameters per queue table role, set at
 install and by the upgrade, removed (exactly those) by the downgrade, messages kept; the
 health report shows them; and the probe that measured them (bench/autovacuum.py) runs."""
 
@@ -20,8 +20,8 @@ from queuectl.kinds import RingQueue
 from queuectl.kindspec import RingSettings
 from queuectl.sqlfiles import sections
 
-# What reliable_0006 sets, per table (sql/postgresql/reliable.sql: set_autovacuum says why).
-RELIABLE_0006 = {
+# What reliable_0007 sets, per table (sql/postgresql/reliable.sql: set_autovacuum says why).
+RELIABLE_0007 = {
     "meta": ["autovacuum_vacuum_cost_delay=0", "autovacuum_vacuum_insert_scale_factor=0",
              "autovacuum_vacuum_insert_threshold=1000", "autovacuum_vacuum_scale_factor=0",
              "autovacuum_vacuum_threshold=1000"],
@@ -59,13 +59,13 @@ def expected(*layers: dict[str, list[str]]) -> dict[str, list[str]]:
 
 def test_a_fresh_reliable_queue_has_the_autovacuum_settings_of_each_table_role(engine):
     info = install_queue(engine, "orders")
-    assert info.schema_version == head_of("reliable") >= "reliable_0006"
-    assert reloptions(engine, "orders") == expected(INSTALLED, RELIABLE_0006)
+    assert info.schema_version == head_of("reliable") >= "reliable_0007"
+    assert reloptions(engine, "orders") == expected(INSTALLED, RELIABLE_0007)
 
 
-def test_a_queue_at_0005_upgrades_alone_with_its_messages_and_the_downgrade_resets_exactly_what_was_set(engine):
-    install_queue(engine, "alpha", revision="reliable_0005")
-    install_queue(engine, "beta", revision="reliable_0005")
+def test_a_queue_at_0006_upgrades_alone_with_its_messages_and_the_downgrade_resets_exactly_what_was_set(engine):
+    install_queue(engine, "alpha", revision="reliable_0006")
+    install_queue(engine, "beta", revision="reliable_0006")
     # A DBA's own setting on a parameter the revision does not own survives both ways.
     with engine.begin() as conn:
         conn.execute(sa.text('ALTER TABLE queuectl."alpha_meta" SET (autovacuum_analyze_threshold = 500)'))
@@ -76,20 +76,20 @@ def test_a_queue_at_0005_upgrades_alone_with_its_messages_and_the_downgrade_rese
         first, second = alpha.dequeue(2)
         assert alpha.ack([first]) == 1
 
-        assert upgrade_queue(engine, "alpha") == ("reliable_0005", head_of("reliable"))
-        assert reloptions(engine, "alpha") == expected(INSTALLED, own, RELIABLE_0006)
+        assert upgrade_queue(engine, "alpha") == ("reliable_0006", head_of("reliable"))
+        assert reloptions(engine, "alpha") == expected(INSTALLED, own, RELIABLE_0007)
         assert reloptions(engine, "beta") == INSTALLED  # upgraded one at a time
         assert alpha.ack([second]) == 1  # the lease taken before the upgrade is still held
         third = alpha.dequeue(1)
         assert [m.text for m in third] == ["a2"]
 
-        assert downgrade_queue(engine, "alpha", "reliable_0005") == (head_of("reliable"), "reliable_0005")
+        assert downgrade_queue(engine, "alpha", "reliable_0006") == (head_of("reliable"), "reliable_0006")
         assert reloptions(engine, "alpha") == expected(INSTALLED, own)
         assert alpha.ack(third) == 1
         assert [(m.id, m.text) for m in alpha.dequeue(5)] == [(ids[3], "a3"), (ids[4], "a4")]
     with engine.connect() as conn:
         versions = {q.name: q.schema_version for q in list_queues(conn)}
-    assert versions == {"alpha": "reliable_0005", "beta": "reliable_0005"}
+    assert versions == {"alpha": "reliable_0006", "beta": "reliable_0006"}
 
 
 def test_a_fresh_ring_has_no_cost_delay_on_its_toast_table_and_keeps_its_slots_settings(engine):
@@ -162,7 +162,7 @@ def test_every_reset_autovacuum_resets_exactly_the_parameters_its_set_autovacuum
 
 def test_health_reports_each_tables_own_autovacuum_settings_and_names_them_in_its_advice(engine, db_url):
     install_queue(engine, "new")
-    install_queue(engine, "old", revision="reliable_0005")
+    install_queue(engine, "old", revision="reliable_0006")
     install_queue(engine, "r", "ring", RingSettings(size=8))
     with engine.begin() as conn:  # so that the dead rows below wait for the report
         conn.execute(sa.text('ALTER TABLE queuectl."old_meta" SET (autovacuum_enabled = false)'))
@@ -175,7 +175,7 @@ def test_health_reports_each_tables_own_autovacuum_settings_and_names_them_in_it
     data = rep.to_dict()
     jsonschema.validate(data, report_schema(), format_checker=jsonschema.FormatChecker())
     tables = {t["table"]: t for t in data["storage"]["tables"]}
-    for role, options in RELIABLE_0006.items():
+    for role, options in RELIABLE_0007.items():
         assert tables[f"new_{role}"]["autovacuum"] == dict(o.split("=") for o in options), role
     assert tables["old_meta"]["autovacuum"] == {"autovacuum_enabled": "false"}
     assert tables["old_data"]["autovacuum"] == {} == tables["old_history"]["autovacuum"]
@@ -199,7 +199,7 @@ def test_tiny_autovacuum_probe_runs_both_revisions_and_returns_sane_json(db_url,
     options = Options(seconds=2.0, repeats=1, producers=1, consumers=1, batch=10, backlog=300, sample=0.5,
                       archive_min_age=0.2, retention=0.5, purge_every=0.5)
     result = json.loads(json.dumps(run(db_url, options), default=str))
-    assert result["sides"] == {"baseline": "reliable_0005", "head": head_of("reliable")}
+    assert result["sides"] == {"baseline": "reliable_0006", "head": head_of("reliable")}
     assert result["server"]["autovacuum_naptime"].endswith("s")
     for which in ("baseline", "head"):
         [one] = result["runs"][which]
@@ -211,7 +211,7 @@ def test_tiny_autovacuum_probe_runs_both_revisions_and_returns_sane_json(db_url,
             assert cell["table_bytes_end"] > 0 and cell["index_bytes_end"] > 0, (which, role)
         assert 0 <= one["meta"]["hot_update_pct"] < 100  # dequeue and ack change status: not HOT
         measured = {role: sorted(one[role]["reloptions"]) for role in ("meta", "data", "history")}
-        assert measured == (expected(INSTALLED, RELIABLE_0006) if which == "head" else INSTALLED)
+        assert measured == (expected(INSTALLED, RELIABLE_0007) if which == "head" else INSTALLED)
         assert one["history"]["table_bytes_end"] > 8192  # the archiver moved rows
         assert result["medians"][which]["rate"] == one["rate"]
     with engine.connect() as conn:

@@ -519,7 +519,7 @@ GO
 DROP PROCEDURE IF EXISTS {{fn_ack_dequeue}};
 
 -- name: set_autovacuum
--- reliable_0006 on PostgreSQL sets autovacuum storage parameters per table. SQL Server has
+-- reliable_0007 on PostgreSQL sets autovacuum storage parameters per table. SQL Server has
 -- no per-table counterpart: deleted rows become ghost records that one instance-wide
 -- ghost-cleanup task removes (every 5 s, no per-table setting; dba.md 1.6), and version
 -- ghosts go when no snapshot needs them. The one per-table option the reference names for
@@ -530,7 +530,7 @@ DROP PROCEDURE IF EXISTS {{fn_ack_dequeue}};
 -- Empty on purpose (no batch runs).
 
 -- name: reset_autovacuum
--- reliable_0006 downgrade: nothing was set (see set_autovacuum). Empty on purpose.
+-- reliable_0007 downgrade: nothing was set (see set_autovacuum). Empty on purpose.
 
 -- name: enqueue
 -- Client call: one item.

@@ -486,7 +486,7 @@ $fn$;
 DROP FUNCTION IF EXISTS {{fn_ack_dequeue}}(bigint[], integer, double precision, text);
 
 -- name: set_autovacuum
--- reliable_0006: autovacuum storage parameters per table role (reset_autovacuum removes
+-- reliable_0007: autovacuum storage parameters per table role (reset_autovacuum removes
 -- exactly these). PostgreSQL's defaults vacuum a table once 50 + 0.2 x reltuples rows are
 -- dead, and a busy table is visited at most once per autovacuum_naptime (1 min) whatever
 -- its settings: the parameters below decide WHICH naptime rounds vacuum a queue table,
@@ -528,19 +528,20 @@ DROP FUNCTION IF EXISTS {{fn_ack_dequeue}}(bigint[], integer, double precision, 
 --   pages instead of 20% of an ever larger table; dead-row and analyze triggers keep
 --   their defaults (retention deletes as fast as the archive inserts, so the insert
 --   trigger comes first).
--- Measured (bench/autovacuum.py: 2 producers, 2 consumers and the archiver, batch 50,
--- reliable_0006 against reliable_0005 in turn, 2 repeats; on a machine shared with another
--- benchmark, so msg/s swung by a quarter between repeats):
+-- Measured (bench/autovacuum.py: 2 producers, 2 consumers and the archiver, batch 50, a
+-- queue with these settings against one without, in turn, 2 repeats; both on
+-- reliable_0005's functions, as the revision was written before reliable_0006; on a
+-- machine shared with another benchmark, so msg/s swung by a quarter between repeats):
 --  * full speed, 300-byte payloads, backlog 50,000, 90 s per side: meta held a median of
 --    809,990 dead rows against 1,309,575 (208 against 230 MB), data 141,900 against
 --    412,538; 13,684 against 12,650 msg/s, dequeue(50) 5.72 against 6.34 ms. At this rate
 --    every table passes any trigger within seconds, so autovacuum_naptime (a server
 --    setting) decides how often; what changes is that the unthrottled vacuums finish
---    (1.5 against 0.5 finished autovacuums per run on each table; reliable_0005 had
---    none on any table after 90 s in one repeat of two);
+--    (1.5 against 0.5 finished autovacuums per run on each table; without the settings
+--    none had finished on any table after 90 s in one repeat of two);
 --  * a deep backlog drained slowly (200,000 waiting, 150 msg/s, 90 s per side):
---    reliable_0005 never vacuumed meta (dead rows rising to 39,362, on their way to
---    0.2 x 200,000), reliable_0006 did at the first round: median 9,025 against 20,075;
+--    without the settings meta was never vacuumed (dead rows rising to 39,362, on their
+--    way to 0.2 x 200,000), with them at the first round: median 9,025 against 20,075;
 --    dequeue times equal within noise at these counts;
 --  * 4,000-byte payloads (backlog 20,000, 60 s per side): meta 593,599 against 828,892
 --    dead rows, data with its TOAST table 1.51 against 1.76 GB, 9,636 against 9,286 msg/s.
@@ -564,7 +565,7 @@ ALTER TABLE {{history}} SET (
 );
 
 -- name: reset_autovacuum
--- reliable_0006 downgrade: back to the server's autovacuum settings (exactly the
+-- reliable_0007 downgrade: back to the server's autovacuum settings (exactly the
 -- parameters set_autovacuum set; fillfactor and anything else stay as they are).
 ALTER TABLE {{meta}} RESET (
     autovacuum_vacuum_scale_factor,
