@@ -529,22 +529,25 @@ DROP FUNCTION IF EXISTS {{fn_ack_dequeue}}(bigint[], integer, double precision, 
 --   their defaults (retention deletes as fast as the archive inserts, so the insert
 --   trigger comes first).
 -- Measured (bench/autovacuum.py: 2 producers, 2 consumers and the archiver, batch 50, a
--- queue with these settings against one without, in turn, 2 repeats; both on
--- reliable_0005's functions, as the revision was written before reliable_0006; on a
--- machine shared with another benchmark, so msg/s swung by a quarter between repeats):
---  * full speed, 300-byte payloads, backlog 50,000, 90 s per side: meta held a median of
---    809,990 dead rows against 1,309,575 (208 against 230 MB), data 141,900 against
---    412,538; 13,684 against 12,650 msg/s, dequeue(50) 5.72 against 6.34 ms. At this rate
---    every table passes any trigger within seconds, so autovacuum_naptime (a server
---    setting) decides how often; what changes is that the unthrottled vacuums finish
---    (1.5 against 0.5 finished autovacuums per run on each table; without the settings
---    none had finished on any table after 90 s in one repeat of two);
---  * a deep backlog drained slowly (200,000 waiting, 150 msg/s, 90 s per side):
---    without the settings meta was never vacuumed (dead rows rising to 39,362, on their
---    way to 0.2 x 200,000), with them at the first round: median 9,025 against 20,075;
---    dequeue times equal within noise at these counts;
---  * 4,000-byte payloads (backlog 20,000, 60 s per side): meta 593,599 against 828,892
---    dead rows, data with its TOAST table 1.51 against 1.76 GB, 9,636 against 9,286 msg/s.
+-- queue with these settings against one without, in turn, 2 repeats; on a machine shared
+-- with another benchmark, so msg/s swung by a quarter between repeats):
+--  * full speed, 300-byte payloads, backlog 50,000, 90 s per side (reliable_0007 against
+--    reliable_0006): meta held a median of 899,520 dead rows against 1,498,132 (214
+--    against 257 MB), data 142,538 against 479,100 (239 against 274 MB); 13,432 against
+--    13,137 msg/s, dequeue(50) 5.88 against 6.28 ms. At this rate every table passes any
+--    trigger within seconds, so autovacuum_naptime (a server setting) decides how often;
+--    what changes is that the unthrottled vacuums finish (1.5 against 0.5 finished
+--    autovacuums per run on each table; without the settings none had finished on any
+--    table after 90 s in one repeat of two). A run before reliable_0006 existed (the
+--    settings on reliable_0005) gave 809,990 against 1,309,575 dead rows in meta;
+--  * a deep backlog drained slowly (200,000 waiting, 150 msg/s, 90 s per side; the
+--    settings on reliable_0005, data still throttled): without the settings meta was never
+--    vacuumed (dead rows rising to 39,362, on their way to 0.2 x 200,000), with them at
+--    the first round: median 9,025 against 20,075; dequeue times equal within noise at
+--    these counts;
+--  * 4,000-byte payloads (backlog 20,000, 60 s per side; the settings on reliable_0005):
+--    meta 593,599 against 828,892 dead rows, data with its TOAST table 1.51 against
+--    1.76 GB, 9,636 against 9,286 msg/s.
 -- ALTER TABLE ... SET takes SHARE UPDATE EXCLUSIVE: producers and consumers are not
 -- blocked; a running autovacuum of the table is waited for (or cancels itself).
 ALTER TABLE {{meta}} SET (
