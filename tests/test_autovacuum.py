@@ -63,9 +63,11 @@ def test_a_fresh_reliable_queue_has_the_autovacuum_settings_of_each_table_role(e
     assert reloptions(engine, "orders") == expected(INSTALLED, RELIABLE_0007)
 
 
-def test_a_queue_at_0006_upgrades_alone_with_its_messages_and_the_downgrade_resets_exactly_what_was_set(engine):
-    install_queue(engine, "alpha", revision="reliable_0006")
-    install_queue(engine, "beta", revision="reliable_0006")
+@pytest.mark.parametrize("old", ["reliable_0005", "reliable_0006"])
+def test_an_older_queue_upgrades_alone_with_its_messages_and_the_downgrade_resets_exactly_what_was_set(engine, old):
+    """From the revision before (reliable_0006) and from reliable_0005, through it."""
+    install_queue(engine, "alpha", revision=old)
+    install_queue(engine, "beta", revision=old)
     # A DBA's own setting on a parameter the revision does not own survives both ways.
     with engine.begin() as conn:
         conn.execute(sa.text('ALTER TABLE queuectl."alpha_meta" SET (autovacuum_analyze_threshold = 500)'))
@@ -76,20 +78,20 @@ def test_a_queue_at_0006_upgrades_alone_with_its_messages_and_the_downgrade_rese
         first, second = alpha.dequeue(2)
         assert alpha.ack([first]) == 1
 
-        assert upgrade_queue(engine, "alpha") == ("reliable_0006", head_of("reliable"))
+        assert upgrade_queue(engine, "alpha") == (old, head_of("reliable"))
         assert reloptions(engine, "alpha") == expected(INSTALLED, own, RELIABLE_0007)
         assert reloptions(engine, "beta") == INSTALLED  # upgraded one at a time
         assert alpha.ack([second]) == 1  # the lease taken before the upgrade is still held
         third = alpha.dequeue(1)
         assert [m.text for m in third] == ["a2"]
 
-        assert downgrade_queue(engine, "alpha", "reliable_0006") == (head_of("reliable"), "reliable_0006")
+        assert downgrade_queue(engine, "alpha", old) == (head_of("reliable"), old)
         assert reloptions(engine, "alpha") == expected(INSTALLED, own)
         assert alpha.ack(third) == 1
         assert [(m.id, m.text) for m in alpha.dequeue(5)] == [(ids[3], "a3"), (ids[4], "a4")]
     with engine.connect() as conn:
         versions = {q.name: q.schema_version for q in list_queues(conn)}
-    assert versions == {"alpha": "reliable_0006", "beta": "reliable_0006"}
+    assert versions == {"alpha": old, "beta": old}
 
 
 def test_a_fresh_ring_has_no_cost_delay_on_its_toast_table_and_keeps_its_slots_settings(engine):
