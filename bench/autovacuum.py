@@ -1,8 +1,9 @@
 """Probe: what per-table autovacuum settings change under a steady full cycle, against the
-server's defaults, in one run: reliable_0007 against reliable_0006, or (`--kind ring`)
-ring_0004 against ring_0003.
+server's defaults, in one run: reliable_0007 against reliable_0006, (`--kind ring`)
+ring_0004 against ring_0003, or (`--kind heap|fifo|stack|pending|watermark`) <kind>_0003
+against <kind>_0002.
 
-    python -m queuectl.bench.autovacuum --seconds 90 --repeats 2 [--kind ring] [--url URL] [--json out.json]
+    python -m queuectl.bench.autovacuum --seconds 90 --repeats 2 [--kind K] [--url URL] [--json out.json]
 
 Each repeat installs two queues side by side and runs the same workload on each in turn
 (the order alternates between repeats):
@@ -14,7 +15,10 @@ Each repeat installs two queues side by side and runs the same workload on each 
     history older than `--retention`) run for `--seconds`;
   * ring: two rings of `--ring-size` slots, one at ring_0003 and one at the head, each
     pre-filled with `--backlog` messages; producers push and consumers pop (RingQueue,
-    batch `--batch`). `--payload-bytes` over ~2 kB puts the payloads in the TOAST table.
+    batch `--batch`). `--payload-bytes` over ~2 kB puts the payloads in the TOAST table;
+  * the one-table kinds: two queues, one at <kind>_0002 and one at the head, each
+    pre-filled with `--backlog` items, vacuumed and analysed; producers enqueue_many and
+    consumers dequeue (batch `--batch`; the dequeue deletes, there is no ack).
 Producers pause while the backlog is deeper than `--backlog`, so the queue keeps a
 standing backlog; `--rate` caps the consumers' total messages/s (0: as fast as they go),
 the regime where a scale factor delays vacuum longest (a deep backlog drained slowly).
@@ -44,7 +48,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-BASELINES = {"reliable": "reliable_0006", "ring": "ring_0003"}  # the last revisions without settings
+ONE_TABLE_KINDS = ("heap", "fifo", "stack", "pending", "watermark")
+# the last revisions without per-table settings
+BASELINES = {"reliable": "reliable_0006", "ring": "ring_0003", **{k: f"{k}_0002" for k in ONE_TABLE_KINDS}}
 SETTINGS = ("server_version", "autovacuum_naptime", "autovacuum_vacuum_cost_delay", "autovacuum_vacuum_cost_limit",
             "autovacuum_max_workers", "autovacuum_vacuum_threshold", "autovacuum_vacuum_scale_factor",
             "autovacuum_vacuum_insert_threshold", "autovacuum_vacuum_insert_scale_factor")
@@ -56,7 +62,7 @@ BACKLOG_PAUSE_SECONDS = 0.001
 
 @dataclass(frozen=True)
 class Options:
-    kind: str = "reliable"          # reliable | ring
+    kind: str = "reliable"          # reliable | ring | one of ONE_TABLE_KINDS
     seconds: float = 90.0
     repeats: int = 2
     producers: int = 2
@@ -87,7 +93,9 @@ def sides(kind: str) -> dict[str, Side]:
 
 
 def tables(kind: str) -> tuple[str, ...]:
-    return ("meta", "data", "history") if kind == "reliable" else ("ring",)
+    if kind == "reliable":
+        return ("meta", "data", "history")
+    return ("ring",) if kind == "ring" else ("items",)
 
 
 # -- worker processes (spawn: module-level functions, imports inside) ----------------------
@@ -98,9 +106,9 @@ def _client(url: str, queue: str, kind: str) -> Any:
         from queuectl.client import Queue
 
         return Queue(url, queue)
-    from queuectl.kinds import RingQueue
+    from queuectl.kinds import open_queue
 
-    return RingQueue(url, queue)
+    return open_queue(url, queue)
 
 
 def _producer(url: str, queue: str, o: Options, index: int, counts: Any, go: Any, stop: Any) -> None:
@@ -192,12 +200,13 @@ def _install(engine: sa.Engine, url: str, side: Side, o: Options) -> None:
     with _client(url, side.queue, o.kind) as queue:  # its own engine: its session ends with it
         for start in range(0, o.backlog, FILL_BATCH):
             queue.enqueue_many([payload] * min(FILL_BATCH, o.backlog - start))
-    if o.kind == "reliable":
-        meta = {"meta": names.qualified("meta")}
+    if o.kind != "ring":
+        role = tables(o.kind)[0]
+        first = {role: names.qualified(role)}
         deadline = time.monotonic() + FILL_STATS_WAIT_SECONDS
-        while _sample(engine, meta)["meta"]["n_ins_since_vacuum"] < o.backlog and time.monotonic() < deadline:
+        while _sample(engine, first)[role]["n_ins_since_vacuum"] < o.backlog and time.monotonic() < deadline:
             time.sleep(0.1)
-        analyze_filled(engine, "reliable", names)
+        analyze_filled(engine, "reliable" if o.kind == "reliable" else "items", names, o.kind)
 
 
 def _run_side(engine: sa.Engine, url: str, name: str, o: Options) -> dict[str, Any]:
@@ -305,8 +314,8 @@ def run(url: str, options: Options | None = None) -> dict[str, Any]:
     from queuectl.install import list_queues, uninstall_queue
 
     o = options or Options()
-    if o.kind not in ("reliable", "ring"):
-        raise ValueError(f"kind must be reliable or ring, got {o.kind!r}")
+    if o.kind not in BASELINES:
+        raise ValueError(f"kind must be one of {', '.join(BASELINES)}, got {o.kind!r}")
     if o.kind == "ring" and o.backlog >= o.ring_size:
         raise ValueError("a ring's backlog must be smaller than its size")
     engine = make_engine(url)
@@ -366,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     d = Options()
     parser.add_argument("--url", default=None, help="database URL (default: $QUEUECTL_URL, else a throwaway server)")
-    parser.add_argument("--kind", choices=("reliable", "ring"), default=d.kind)
+    parser.add_argument("--kind", choices=tuple(BASELINES), default=d.kind)
     parser.add_argument("--seconds", type=float, default=d.seconds, help="run time per queue and repeat")
     parser.add_argument("--repeats", type=int, default=d.repeats)
     parser.add_argument("--producers", type=int, default=d.producers)
@@ -384,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="autovacuum_naptime in seconds for the throwaway server (not with --url)")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
-    backlog = args.backlog if args.backlog is not None else (d.backlog if args.kind == "reliable" else args.ring_size // 4)
+    backlog = args.backlog if args.backlog is not None else (args.ring_size // 4 if args.kind == "ring" else d.backlog)
     options = Options(kind=args.kind, seconds=args.seconds, repeats=args.repeats, producers=args.producers,
                       consumers=args.consumers, batch=args.batch, backlog=backlog, rate=args.rate,
                       payload_bytes=args.payload_bytes, sample=args.sample, archive_min_age=args.archive_min_age,

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from queuectl.engine import BinaryArray  # the same binary array parameters as the client (Adapter.payload_array)
 from queuectl.errors import UsageError
+from queuectl.kindspec import kind_template_values
 from queuectl.names import QueueNames
 from queuectl.sqlfiles import render
 
@@ -82,11 +83,13 @@ def bench_sql(section: str, values: dict[str, str | int]) -> str:
     return render(ENGINE_DIR, BENCH_SQL, section, values)
 
 
-def analyze_filled(engine: Engine, design: str, names: QueueNames) -> None:
+def analyze_filled(engine: Engine, design: str, names: QueueNames, kind: str = "reliable") -> None:
     """Statistics and visibility map for a design's freshly filled tables, as autovacuum
-    gives a live queue's (bench.sql <design>_analyze says why); VACUUM needs autocommit."""
+    gives a live queue's (bench.sql <design>_analyze says why); VACUUM needs autocommit.
+    `kind` names the installed kind whose table names the section uses."""
+    values = {**names.template_values(), **kind_template_values(names, kind)}
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql(bench_sql(f"{design}_analyze", names.template_values()))
+        conn.exec_driver_sql(bench_sql(f"{design}_analyze", values))
 
 
 def bytea_array_literal(payloads: Sequence[bytes]) -> str:

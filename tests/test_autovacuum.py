@@ -1,6 +1,7 @@
-"""reliable_0007 and ring_0004: autovacuum storage parameters per queue table role, set at
-install and by the upgrade, removed (exactly those) by the downgrade, messages kept; the
-health report shows them; and the probe that measured them (bench/autovacuum.py) runs."""
+"""reliable_0007, ring_0004 and the one-table kinds' <kind>_0003: autovacuum storage
+parameters per queue table role, set at install and by the upgrade, removed (exactly those)
+by the downgrade, messages kept; the health report shows them; and the probe that measured
+them (bench/autovacuum.py) runs."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from jobs_helpers import scalar, wait_until
 from queuectl.client import Queue
 from queuectl.health import HealthOptions, health_report, report_schema
 from queuectl.install import downgrade_queue, head_of, install_queue, list_queues, upgrade_queue
-from queuectl.kinds import RingQueue
+from queuectl.kinds import RingQueue, open_queue
 from queuectl.kindspec import RingSettings
 from queuectl.sqlfiles import sections
 
@@ -31,6 +32,10 @@ RELIABLE_0007 = {
 INSTALLED = {"meta": ["fillfactor=80"], "data": [], "history": []}  # what create_tables sets
 RING_0004 = {"ring": [], "toast": ["autovacuum_vacuum_cost_delay=0"]}  # on the slots' TOAST table only
 RING_INSTALLED = {"ring": ["fillfactor=50"], "toast": []}
+ONE_TABLE_KINDS = ("heap", "fifo", "stack", "pending", "watermark")
+# What <kind>_0003 sets on the items table (sql/postgresql/storage.sql: set_items_autovacuum).
+ITEMS_0003 = {"items": ["autovacuum_vacuum_cost_delay=0", "autovacuum_vacuum_scale_factor=0",
+                        "autovacuum_vacuum_threshold=1000"]}
 
 
 def reloptions(engine, queue: str, suffixes=("meta", "data", "history")) -> dict[str, list[str]]:
@@ -121,21 +126,65 @@ def test_a_ring_at_0003_upgrades_alone_with_its_messages_and_the_downgrade_reset
         assert [m.payload for m in q.dequeue(5)] == [b"x" * 5000, b"a3"]
 
 
+@pytest.mark.parametrize("kind", ONE_TABLE_KINDS)
+def test_a_fresh_one_table_queue_has_the_autovacuum_settings_on_its_items_table(engine, kind):
+    info = install_queue(engine, "q", kind)
+    assert info.schema_version == head_of(kind) >= f"{kind}_0003"
+    assert reloptions(engine, "q", ("items",)) == ITEMS_0003
+    if kind == "watermark":  # its one-row hint table keeps what create_tables gave it
+        assert reloptions(engine, "q", ("watermark",)) == {"watermark": ["fillfactor=50"]}
+
+
+@pytest.mark.parametrize("kind", ONE_TABLE_KINDS)
+def test_a_one_table_queue_at_0002_upgrades_alone_with_its_items_and_the_downgrade_resets_exactly_what_was_set(
+        engine, kind):
+    old = f"{kind}_0002"
+    install_queue(engine, "alpha", kind, revision=old)
+    install_queue(engine, "beta", kind, revision=old)
+    with engine.begin() as conn:  # a DBA's own setting on a parameter the revision does not own
+        conn.execute(sa.text('ALTER TABLE queuectl."alpha_items" SET (autovacuum_analyze_threshold = 500)'))
+    own = {"items": ["autovacuum_analyze_threshold=500"]}
+    assert reloptions(engine, "alpha", ("items",)) == own
+    with open_queue(engine, "alpha") as alpha:
+        alpha.enqueue_many([f"a{i}" for i in range(6)])
+        taken = [m.text for m in alpha.dequeue(2)]
+    assert upgrade_queue(engine, "alpha") == (old, head_of(kind))
+    assert reloptions(engine, "alpha", ("items",)) == expected(own, ITEMS_0003)
+    assert reloptions(engine, "beta", ("items",)) == {"items": []}  # upgraded one at a time
+    with open_queue(engine, "alpha") as alpha:
+        taken += [m.text for m in alpha.dequeue(2)]
+    assert downgrade_queue(engine, "alpha", old) == (head_of(kind), old)
+    assert reloptions(engine, "alpha", ("items",)) == own
+    with open_queue(engine, "alpha") as alpha:
+        taken += [m.text for m in alpha.dequeue(10)]
+    assert sorted(taken) == [f"a{i}" for i in range(6)]  # every item once, none lost by either step
+    if kind in ("fifo", "watermark"):
+        assert taken == [f"a{i}" for i in range(6)]
+    elif kind == "stack":
+        assert taken == [f"a{i}" for i in reversed(range(6))]
+    with engine.connect() as conn:
+        versions = {q.name: q.schema_version for q in list_queues(conn)}
+    assert versions == {"alpha": old, "beta": old}
+
+
 # -- the SQL sections: what a kind's set_autovacuum sets, its reset_autovacuum resets ------
 
 _ALTER = re.compile(r"ALTER TABLE (\{\{\w+\}\}) (SET|RESET) \((.*?)\);", re.S)
 
 
 def autovacuum_sections() -> list[tuple[str, str, str]]:
-    """(file, set section, reset section) of every PostgreSQL kind file that has them."""
+    """(file:set section, set section, reset section) of every pair of PostgreSQL sections
+    set_<x>autovacuum / reset_<x>autovacuum (a kind's own, or storage.sql's shared one)."""
     files = [p.name.removesuffix(".sql") for p in resources.files("queuectl.sql").joinpath("postgresql").iterdir()
              if p.name.endswith(".sql")]
     found = []
     for file in sorted(files):
         own = sections("postgresql", file)
-        if "set_autovacuum" in own or "reset_autovacuum" in own:
-            found.append((file, own["set_autovacuum"], own["reset_autovacuum"]))
-    return found
+        for name in own:
+            if re.fullmatch(r"(re)?set_\w*autovacuum", name):
+                pair = name.removeprefix("re").removeprefix("set_")
+                found.append((f"{file}:{pair}", own.get(f"set_{pair}", ""), own.get(f"reset_{pair}", "")))
+    return sorted(set(found))
 
 
 def parameters(sql: str, verb: str) -> dict[str, list[str]]:
@@ -151,7 +200,7 @@ def parameters(sql: str, verb: str) -> dict[str, list[str]]:
 
 def test_every_reset_autovacuum_resets_exactly_the_parameters_its_set_autovacuum_sets():
     found = autovacuum_sections()
-    assert {"reliable", "ring"} <= {file for file, _s, _r in found}
+    assert {"reliable:autovacuum", "ring:autovacuum", "storage:items_autovacuum"} <= {file for file, _s, _r in found}
     for file, set_sql, reset_sql in found:
         assert parameters(set_sql, "SET") == parameters(reset_sql, "RESET"), file
         # PostgreSQL 18's cap is an unknown parameter to older servers (the embedded one
@@ -166,6 +215,7 @@ def test_health_reports_each_tables_own_autovacuum_settings_and_names_them_in_it
     install_queue(engine, "new")
     install_queue(engine, "old", revision="reliable_0006")
     install_queue(engine, "r", "ring", RingSettings(size=8))
+    install_queue(engine, "f", "fifo")
     with engine.begin() as conn:  # so that the dead rows below wait for the report
         conn.execute(sa.text('ALTER TABLE queuectl."old_meta" SET (autovacuum_enabled = false)'))
     with Queue(db_url, "old") as old:  # its own engine: the session ends, and flushes its statistics
@@ -182,6 +232,7 @@ def test_health_reports_each_tables_own_autovacuum_settings_and_names_them_in_it
     assert tables["old_meta"]["autovacuum"] == {"autovacuum_enabled": "false"}
     assert tables["old_data"]["autovacuum"] == {} == tables["old_history"]["autovacuum"]
     assert tables["r_ring"]["autovacuum"] == {"toast.autovacuum_vacuum_cost_delay": "0"}  # its TOAST table's
+    assert tables["f_items"]["autovacuum"] == dict(o.split("=") for o in ITEMS_0003["items"])
     [dead] = [c for c in rep.checks if c.id == "storage.dead_tuples" and c.object == "old_meta"]
     assert dead.advice.endswith("(its autovacuum settings now: autovacuum_enabled=false)"), dead.advice
     with pytest.raises(jsonschema.ValidationError):  # the field is required and typed
@@ -234,5 +285,23 @@ def test_tiny_autovacuum_probe_of_a_ring_compares_ring_0003_with_the_head(db_url
         assert one["ring"]["toast_bytes_end"] > 0  # 3,000-byte payloads are stored out of line
         assert sorted(one["ring"]["reloptions"]) == RING_INSTALLED["ring"]
         assert sorted(one["ring"]["toast_reloptions"]) == (RING_0004["toast"] if which == "head" else [])
+    with engine.connect() as conn:
+        assert [q.name for q in list_queues(conn) if q.name.startswith("av_")] == []
+
+
+def test_tiny_autovacuum_probe_of_a_one_table_kind_compares_0002_with_the_head(db_url, engine):
+    from queuectl.bench.autovacuum import Options, run
+
+    options = Options(kind="fifo", seconds=1.5, repeats=1, producers=1, consumers=1, batch=10, backlog=500,
+                      sample=0.5)
+    result = json.loads(json.dumps(run(db_url, options), default=str))
+    assert result["sides"] == {"baseline": "fifo_0002", "head": head_of("fifo")}
+    for which in ("baseline", "head"):
+        [one] = result["runs"][which]
+        assert one["consumed"] > 0 and one["rate"] > 0 and len(one["samples"]) >= 2
+        assert set(one) >= {"items", "rate", "dequeue_ms", "samples"}
+        assert one["items"]["table_bytes_end"] > 0 and one["items"]["index_bytes_end"] > 0
+        assert one["items"]["hot_update_pct"] is None  # the dequeue deletes: no updates at all
+        assert sorted(one["items"]["reloptions"]) == (ITEMS_0003["items"] if which == "head" else [])
     with engine.connect() as conn:
         assert [q.name for q in list_queues(conn) if q.name.startswith("av_")] == []

@@ -409,15 +409,18 @@ def test_ring_release_0002_tsql_rescues_through_the_push_procedure_under_a_savep
 
 
 @pytest.mark.parametrize("kind", ["heap", "fifo", "stack", "pending", "watermark"])
-def test_destructive_kinds_install_to_0002_keeping_their_first_dequeue_procedure(kind):
-    """<kind>_0002 changes PostgreSQL's dequeue only: the offline install creates the dequeue
-    procedure once (CREATE OR ALTER, so the downgrade can run it again) and its 0002 step
-    runs no batch of its own, only the version bookkeeping."""
+def test_destructive_kinds_install_to_the_head_keeping_their_first_dequeue_procedure(kind):
+    """<kind>_0002 changes PostgreSQL's dequeue only and <kind>_0003 PostgreSQL's autovacuum
+    parameters only: the offline install creates the dequeue procedure once (CREATE OR
+    ALTER, so the downgrade can run it again) and its 0002 and 0003 steps run no batch of
+    their own, only the version bookkeeping."""
     script = install_script(None, "orders", kind, dialect="mssql")
     batches = split_go_batches(script)
     dequeue = [b for b in batches if re.match(r'CREATE (?:OR ALTER )?PROCEDURE "queuectl"\."orders_dequeue"\s', b)]
     assert len(dequeue) == 1 and dequeue[0].startswith("CREATE OR ALTER PROCEDURE")
     assert f"UPDATE queuectl.orders_version SET version_num='{kind}_0002'" in script
+    assert f"UPDATE queuectl.orders_version SET version_num='{kind}_0003'" in script
+    assert "ALTER TABLE" not in script  # no per-table autovacuum on SQL Server
     after_0001 = script[script.index(f"VALUES ('{kind}_0001')"):]
     assert "PROCEDURE" not in after_0001
 

@@ -25,3 +25,13 @@ WHERE o.schema_id = SCHEMA_ID(:schema)
   AND ps.alloc_unit_type_desc = N'IN_ROW_DATA'
   AND ps.index_level = 0
 ORDER BY o.name, ps.index_id
+
+-- name: set_items_autovacuum
+-- <kind>_0003 of the one-table kinds sets autovacuum storage parameters of the items table
+-- on PostgreSQL. SQL Server has no per-table counterpart: a dequeue's deleted rows become
+-- ghost records that the instance-wide ghost-cleanup task removes (every 5 s, no per-table
+-- setting; dba.md 1.6), as reliable.sql's set_autovacuum says for the reliable queue.
+-- Empty on purpose (no batch runs).
+
+-- name: reset_items_autovacuum
+-- <kind>_0003 downgrade: nothing was set (see set_items_autovacuum). Empty on purpose.

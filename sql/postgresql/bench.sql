@@ -89,6 +89,11 @@ TRUNCATE {{data}}, {{meta}}
 -- The same after-fill step as onetable_analyze, for both tables of the split.
 VACUUM (ANALYZE) {{meta}}, {{data}}
 
+-- name: items_analyze
+-- The same after-fill step for the items table of a one-table kind (heap, fifo, stack,
+-- pending, watermark), as the autovacuum probe (bench/autovacuum.py) fills it.
+VACUUM (ANALYZE) {{items}}
+
 -- name: reliable_ready
 -- Items waiting.
 SELECT count(*) FROM {{meta}} WHERE status = 0

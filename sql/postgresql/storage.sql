@@ -31,3 +31,42 @@ WHERE n.nspname = :schema
   AND t.relname IN (:queue || '_meta', :queue || '_data', :queue || '_history',
                     :queue || '_items', :queue || '_watermark', :queue || '_ring')
 ORDER BY 1, 2 NULLS FIRST
+
+-- name: set_items_autovacuum
+-- <kind>_0003 of the one-table kinds (heap, fifo, stack, pending, watermark): autovacuum
+-- storage parameters of the items table (reset_items_autovacuum removes exactly these).
+-- Every item is inserted once and deleted once by its dequeue: one dead row per message,
+-- all of them where the dequeue starts (the head of the primary key for fifo and
+-- watermark, its tail for stack, the first heap pages for heap, the earliest due_at for
+-- pending). A dequeue walks the dead index entries it meets until VACUUM removes them or
+-- an index scan marks them dead (which a snapshot held open prevents; that is what the
+-- watermark kind is for), and the server's default trigger (50 + 0.2 x reltuples dead
+-- rows) lets a deep backlog collect a fifth of its size there first. Scale factor 0 and a
+-- threshold of 1,000 dead rows make every autovacuum round (autovacuum_naptime, a server
+-- setting) vacuum the table as soon as there is real churn, however deep the backlog is;
+-- no cost delay, because a throttled vacuum (the default 2 ms: ~40 MB/s of dirtied pages
+-- at most) falls furthest behind exactly when the table churns fastest, and its TOAST
+-- table (large payloads) follows the same parameters. Inserts and ANALYZE keep the
+-- server's defaults: every row is deleted soon after its insert, so the dead-row trigger
+-- comes first, and the dequeues do not depend on the statistics (<kind>_0002).
+-- The same values as reliable_0007's meta table (sql/postgresql/reliable.sql says how
+-- those were measured); what they change on these kinds is measured in bench/RESULTS.md
+-- (series 8: python -m queuectl.bench.autovacuum --kind fifo / heap).
+-- The watermark kind's one-row hint table is updated HOT at most once a second per
+-- consumer and keeps the server's settings.
+-- ALTER TABLE ... SET takes SHARE UPDATE EXCLUSIVE: producers and consumers are not
+-- blocked; a running autovacuum of the table is waited for (or cancels itself).
+ALTER TABLE {{items}} SET (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0
+);
+
+-- name: reset_items_autovacuum
+-- <kind>_0003 downgrade of the one-table kinds: back to the server's autovacuum settings
+-- (exactly the parameters set_items_autovacuum set; anything else stays as it is).
+ALTER TABLE {{items}} RESET (
+    autovacuum_vacuum_scale_factor,
+    autovacuum_vacuum_threshold,
+    autovacuum_vacuum_cost_delay
+);
