@@ -107,7 +107,7 @@ def test_a_role_without_a_grant_cannot_call_the_functions(engine, db_url, roles)
             "FROM pg_proc p WHERE p.proname LIKE 'orders\\_%'"
         )).scalar()
         definer = conn.execute(sa.text(
-            "SELECT bool_and(prosecdef) AND bool_and(proconfig = '{\"search_path=pg_catalog, pg_temp\"}') "
+            "SELECT bool_and(prosecdef) AND bool_and('search_path=pg_catalog, pg_temp' = ANY(proconfig)) "
             "FROM pg_proc WHERE proname IN ('orders_enqueue', 'orders_dequeue', 'orders_ack')"
         )).scalar()
     assert public == 0 and definer  # no EXECUTE for PUBLIC; definer rights with a fixed search_path

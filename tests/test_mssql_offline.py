@@ -316,17 +316,19 @@ def test_health_tsql_measures_ghosts_and_what_holds_them():
     assert "SET LOCK_TIMEOUT 5000" in limits and not _BIND.findall(limits)
 
 
-# A kind's dequeue sections, as (PostgreSQL section, T-SQL section): reliable_0005 and the
-# destructive kinds' <kind>_0002 changed only PostgreSQL's (their T-SQL sections are empty),
+# A kind's dequeue sections, as (PostgreSQL section, T-SQL section): reliable_0005 and 0008 and
+# the destructive kinds' <kind>_0002 changed only PostgreSQL's (their T-SQL sections are empty),
 # so the first revision's procedure serves both.
 _DEQUEUE_VARIANTS = {
     "fifo": [("create_dequeue_lax",) * 2, ("create_dequeue_strict",) * 2,
              ("create_dequeue_lax_0002", "create_dequeue_lax"), ("create_dequeue_strict_0002", "create_dequeue_strict")],
     "ring": [("create_functions",) * 2, ("replace_functions_0003",) * 2],
-    "reliable": [("create_dequeue_0001",) * 2, ("create_dequeue_0005", "create_dequeue_0001")],
+    "reliable": [("create_dequeue_0001",) * 2, ("create_dequeue_0005", "create_dequeue_0001"),
+                 ("create_dequeue_0008", "create_dequeue_0001")],
     **{kind: [("create_dequeue_0001",) * 2, ("create_dequeue_0002", "create_dequeue_0001")]
        for kind in ("heap", "stack", "pending", "watermark")},
 }
+_DEQUEUE_VARIANTS["pending"].append(("create_dequeue_0004", "create_dequeue_0001"))  # pending_0004
 
 
 def _definition(kind: str, section: str, fn: str, ms_section: str | None = None) -> tuple[str, str]:

@@ -113,6 +113,18 @@ END
 -- name: create_dequeue_0002
 -- Empty on purpose (pending_0002): this procedure deletes through its TOP pick, with no join to fix.
 
+-- name: create_dequeue_0004
+-- pending_0004 on PostgreSQL also names the picked due times in its DELETE, so that a plan
+-- built for an empty table cannot walk a whole index. This procedure deletes through its
+-- TOP pick itself: nothing to change. Empty on purpose.
+
+-- name: set_plan_guard
+-- pending_0004 on PostgreSQL keeps the dequeue's cached generic plan off sequential scans;
+-- sql/mssql/reliable.sql, set_plan_guard, says why nothing is set here. Empty on purpose.
+
+-- name: reset_plan_guard
+-- pending_0004 downgrade: nothing was set. Empty on purpose.
+
 -- name: drop_functions
 -- Remove the SQL API.
 DROP PROCEDURE IF EXISTS {{fn_dequeue}};

@@ -280,6 +280,12 @@ END
 -- itself (the CTE is the UPDATE's target, no join to the picks), and joins the data table
 -- by its clustered primary key. The section is empty on purpose (no batch runs).
 
+-- name: create_dequeue_0008
+-- reliable_0008 on PostgreSQL also names the claimed ids as an array in the join to the
+-- data table, so that a plan built for an empty table cannot walk the whole primary key.
+-- This procedure joins the data table to the ids it has just updated (OUTPUT into a table
+-- variable) by the clustered primary key; nothing to change. Empty on purpose.
+
 -- name: create_enqueue_functions
 -- enqueue and enqueue_many as reliable_0001 made them (no payload limit): created by
 -- reliable_0001 and put back by the downgrade of reliable_0003. CREATE OR ALTER keeps
@@ -531,6 +537,19 @@ DROP PROCEDURE IF EXISTS {{fn_ack_dequeue}};
 
 -- name: reset_autovacuum
 -- reliable_0007 downgrade: nothing was set (see set_autovacuum). Empty on purpose.
+
+-- name: set_plan_guard
+-- reliable_0008 on PostgreSQL keeps the meta-table functions' cached generic plans off
+-- sequential scans (a plan cached while the table held one page). SQL Server caches one
+-- plan per procedure too, compiled for the first call's parameters and recompiled when the
+-- statistics change (auto update after ~sqrt(1000 x rows) modifications on a large table,
+-- 500 + 20% on a small one); its procedures here seek through the filtered ready index or
+-- the primary key with TOP and READPAST. Whether a plan compiled on a nearly empty table
+-- stays on a scan after growth was not measured here (no SQL Server runs on these
+-- machines); nothing is set. Empty on purpose (no batch runs).
+
+-- name: reset_plan_guard
+-- reliable_0008 downgrade: nothing was set (see set_plan_guard). Empty on purpose.
 
 -- name: enqueue
 -- Client call: one item.

@@ -92,6 +92,13 @@ END
 -- name: create_dequeue_0002
 -- Empty on purpose (stack_0002): this procedure deletes through its TOP pick, with no join to fix.
 
+-- name: set_plan_guard
+-- stack_0004 on PostgreSQL keeps the dequeue's cached generic plan off sequential scans;
+-- sql/mssql/reliable.sql, set_plan_guard, says why nothing is set here. Empty on purpose.
+
+-- name: reset_plan_guard
+-- stack_0004 downgrade: nothing was set. Empty on purpose.
+
 -- name: drop_functions
 -- Remove the SQL API.
 DROP PROCEDURE IF EXISTS {{fn_dequeue}};

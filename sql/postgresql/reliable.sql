@@ -288,6 +288,72 @@ BEGIN
 END
 $fn$;
 
+-- name: create_dequeue_0008
+-- reliable_0008's dequeue: reliable_0005's, with the payloads read by the claimed ids as an
+-- array (a MATERIALIZED CTE joined to the claimed rows in memory) instead of a join to the
+-- data table. A plan built for an empty data table (a generic plan cached while the queue
+-- was drained and analysed, where every path costs the same) joined by walking the data
+-- table's primary key from its start and filtering it, once per claimed row; the array
+-- search reads the claimed ids' index entries only, whichever plan it gets. Measured in
+-- a session that cached its plans on an empty, analysed queue, then grew it (sections
+-- set_plan_guard and bench/RESULTS.md series 8 have the figures). Everything else is
+-- reliable_0005's dequeue, unchanged.
+CREATE OR REPLACE FUNCTION {{fn_dequeue}}(
+    p_batch         integer          DEFAULT 1,
+    p_lease_seconds double precision DEFAULT {{lease_seconds}},
+    p_worker        text             DEFAULT NULL
+) RETURNS TABLE (
+    id bigint, priority smallint, due_at timestamptz, title text, attempts integer,
+    max_attempts integer, enqueued_at timestamptz, dequeued_at timestamptz,
+    leased_until timestamptz, payload bytea, headers jsonb
+)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH expired AS MATERIALIZED (
+        SELECT m.id FROM {{meta}} m
+        WHERE m.status = 1 AND m.leased_until < now()
+        ORDER BY m.leased_until
+        LIMIT greatest(p_batch, 0)
+        FOR UPDATE SKIP LOCKED
+    ), ready AS MATERIALIZED (
+        SELECT m.id FROM {{meta}} m
+        WHERE m.status = 0 AND m.due_at <= now()
+        ORDER BY m.priority, m.due_at, m.id
+        LIMIT greatest(p_batch - (SELECT count(*) FROM expired), 0)
+        FOR UPDATE SKIP LOCKED
+    ), claimed AS (
+        UPDATE {{meta}} m SET
+            status       = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN 3 ELSE 1 END,
+            attempts     = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN m.attempts
+                                ELSE m.attempts + 1 END,
+            lease_owner  = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN m.lease_owner
+                                ELSE p_worker END,
+            leased_until = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN NULL
+                                ELSE now() + make_interval(secs => coalesce(p_lease_seconds, {{lease_seconds}})) END,
+            dequeued_at  = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN m.dequeued_at
+                                ELSE now() END,
+            finished_at  = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN now() END,
+            last_error   = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts
+                                THEN 'lease expired on its last attempt (' || m.attempts || ' of '
+                                     || m.max_attempts || ')'
+                                ELSE m.last_error END
+        WHERE m.id = ANY (ARRAY(SELECT e.id FROM expired e UNION ALL SELECT r.id FROM ready r))
+        RETURNING m.id, m.priority, m.due_at, m.title, m.attempts, m.max_attempts,
+                  m.enqueued_at, m.dequeued_at, m.leased_until, m.status
+    ), payloads AS MATERIALIZED (
+        SELECT d.id, d.payload, d.headers FROM {{data}} d
+        WHERE d.id = ANY (ARRAY(SELECT c.id FROM claimed c WHERE c.status = 1))
+    )
+    SELECT c.id, c.priority, c.due_at, c.title, c.attempts, c.max_attempts, c.enqueued_at,
+           c.dequeued_at, c.leased_until, p.payload, p.headers
+    FROM claimed c JOIN payloads p ON p.id = c.id
+    WHERE c.status = 1
+    ORDER BY c.priority, c.due_at, c.id;
+END
+$fn$;
+
 -- name: create_enqueue_functions
 -- enqueue and enqueue_many as reliable_0001 made them (no payload limit): created by
 -- reliable_0001 and put back by the downgrade of reliable_0003.
@@ -586,6 +652,51 @@ ALTER TABLE {{history}} RESET (
     autovacuum_vacuum_insert_scale_factor,
     autovacuum_vacuum_insert_threshold
 );
+
+-- name: set_plan_guard
+-- reliable_0008: the functions that look rows up in the meta table plan without sequential
+-- scans and without JIT (reset_plan_guard removes exactly these two settings).
+-- plpgsql caches each statement's plan per session: after five custom plans it keeps a
+-- generic one when that looks no dearer, and keeps it until the table's statistics or
+-- definition change. A consumer session that plans while its queue is empty or holds a
+-- page (analysed: a drained queue, once autovacuum has been by) gets generic plans that
+-- read the meta and data tables whole (a sequential scan is the cheapest way to read one
+-- page), and keeps them while a burst grows the tables, until autovacuum next analyses or
+-- vacuums them (a naptime round at best; never while autovacuum is off or starved).
+-- Measured (bench/RESULTS.md series 8: the session's plans cached on 0, 1 or 20 analysed
+-- rows, then 20,000 rows enqueued and 500 leased, no ANALYZE): 1,101-1,470 shared buffers
+-- per dequeue(10) against 139-160 in a new session, growing with the table (2,667-4,174 at
+-- 60,000 rows); with this revision 144-151, the same at 60,000.
+-- With sequential scans disabled the planner goes through an index (the primary key, the
+-- ready or the leased index) whatever the size of the table it plans for; a statement with
+-- no index path still gets its sequential scan, at a cost estimate raised by 10^10, which
+-- would make every call JIT-compile it (jit_above_cost is 100,000): measured on the heap
+-- kind, whose pick has no index path, 42 ms per call instead of 0.22 ms. So JIT is off
+-- too: these statements touch a few index pages and never gain from it. On an empty table
+-- every index path costs the same, so the dequeue also reads its payloads by an array of
+-- the claimed ids instead of a join (create_dequeue_0008).
+-- Cost (pgbench, one client, dequeue(N) + ROLLBACK on 20,000 analysed rows, the head and
+-- reliable_0007 in one run, alternating, medians of 5): see bench/RESULTS.md series 8;
+-- forcing a custom plan per call instead (plan_cache_mode = force_custom_plan) cost
+-- 0.55x / 0.50x / 0.68x at N = 1 / 10 / 100.
+-- A function's SET clauses apply to its own statements only: callers, ack_dequeue
+-- included, keep their settings. A later revision that replaces one of these functions
+-- (CREATE OR REPLACE resets its SET clauses) must run this section again after it (a test
+-- checks the installed head: tests/test_plan_guard.py).
+ALTER FUNCTION {{fn_dequeue}} SET enable_seqscan = off SET jit = off;
+ALTER FUNCTION {{fn_ack}} SET enable_seqscan = off SET jit = off;
+ALTER FUNCTION {{fn_nack}} SET enable_seqscan = off SET jit = off;
+ALTER FUNCTION {{fn_extend_lease}} SET enable_seqscan = off SET jit = off;
+ALTER FUNCTION {{fn_release}} SET enable_seqscan = off SET jit = off;
+
+-- name: reset_plan_guard
+-- reliable_0008 downgrade: the functions plan with the session's settings again (exactly
+-- the two settings set_plan_guard set; the search_path `queuectl grant` set stays).
+ALTER FUNCTION {{fn_dequeue}} RESET enable_seqscan RESET jit;
+ALTER FUNCTION {{fn_ack}} RESET enable_seqscan RESET jit;
+ALTER FUNCTION {{fn_nack}} RESET enable_seqscan RESET jit;
+ALTER FUNCTION {{fn_extend_lease}} RESET enable_seqscan RESET jit;
+ALTER FUNCTION {{fn_release}} RESET enable_seqscan RESET jit;
 
 -- name: enqueue
 -- Client call: one item.

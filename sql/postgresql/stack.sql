@@ -98,6 +98,20 @@ BEGIN
 END
 $fn$;
 
+-- name: set_plan_guard
+-- stack_0004: the dequeue plans without sequential scans and JIT (reset_plan_guard removes
+-- exactly these two settings), as reliable_0008 does for the reliable queue (sql/postgresql/reliable.sql,
+-- set_plan_guard, says why). A session that cached its generic plan while the items table
+-- was empty or held a page (analysed) read the grown table whole at every dequeue until
+-- the next ANALYZE: measured at 20,000 rows 900-1,850 shared buffers per dequeue(10)
+-- against 52-58 in a new session (bench/RESULTS.md series 8). A later revision that replaces the function (CREATE OR
+-- REPLACE resets its SET clauses) must run this section again.
+ALTER FUNCTION {{fn_dequeue}} SET enable_seqscan = off SET jit = off;
+
+-- name: reset_plan_guard
+-- stack_0004 downgrade: the dequeue plans with the session's settings again.
+ALTER FUNCTION {{fn_dequeue}} RESET enable_seqscan RESET jit;
+
 -- name: drop_functions
 -- Remove the SQL API.
 DROP FUNCTION IF EXISTS {{fn_dequeue}}(integer);

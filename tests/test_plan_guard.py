@@ -1,0 +1,203 @@
+"""reliable_0008 and the one-table kinds' <kind>_0004: the functions that look rows up keep
+plans that go through an index, even when a session cached them while the queue was empty
+or held a page (analysed) and the tables grew afterwards (no ANALYZE in between); a running
+session gets the setting at its next call after the upgrade; the downgrade resets exactly
+that setting (and puts the previous dequeue back); `queuectl grant` keeps it."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import sqlalchemy as sa
+
+from queuectl.client import Queue
+from queuectl.grants import grant_queue
+from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue
+from queuectl.kinds import open_queue
+from queuectl.kindspec import FifoSettings
+
+from test_grant import roles  # noqa: F401  (the fixture: three fresh roles)
+
+GUARDED = ("dequeue", "ack", "nack", "extend_lease", "release")
+GROWN_TO = 20_000
+GUARD = ["enable_seqscan=off", "jit=off"]  # what the revisions set (sorted)
+
+
+def proconfig(engine, queue: str, functions=GUARDED) -> dict[str, list[str]]:
+    """Each of the queue's guarded functions: its SET clauses (pg_proc.proconfig)."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(
+            "SELECT p.proname, coalesce(p.proconfig, '{}') FROM pg_proc p "
+            "WHERE p.pronamespace = 'queuectl'::regnamespace AND p.proname = ANY(:names)"),
+            {"names": [f"{queue}_{fn}" for fn in functions]}).all()
+    return {name.removeprefix(f"{queue}_"): sorted(config) for name, config in rows}
+
+
+def shared_hits(conn, call: str) -> int:
+    """Shared buffers of one call, the function's own statements included; rolled back, so
+    every call sees the same rows."""
+    plan = [row[0] for row in conn.execute(sa.text(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {call}"))]
+    conn.rollback()
+    hits = [int(m.group(1)) for line in plan[:3] if (m := re.search(r"shared hit=(\d+)", line))]
+    return hits[0] if hits else 0  # an empty table: no buffer at all
+
+
+def calls(queue: str) -> dict[str, str]:
+    missing = "ARRAY[-1, -2, -3, -4, -5, -6, -7, -8, -9, -10]::bigint[]"  # ids that are not there
+    return {"dequeue": f'SELECT * FROM queuectl."{queue}_dequeue"(10)',
+            "ack": f'SELECT queuectl."{queue}_ack"({missing})'}
+
+
+def cost_per_call(conn, queue: str, times: int = 8) -> dict[str, int]:
+    """Buffers of the last of `times` calls of each: plpgsql keeps a generic plan after five."""
+    return {what: [shared_hits(conn, call) for _ in range(times)][-1] for what, call in calls(queue).items()}
+
+
+def small_queue(engine, name: str, revision: str | None = None, rows: int = 20, kind: str = "reliable",
+                settings=None) -> None:
+    """A few rows (or none), analysed as autovacuum would, and no autovacuum afterwards (it
+    would replan the sessions below when it analyses the grown tables)."""
+    install_queue(engine, name, kind, settings, **({"revision": revision} if revision else {}))
+    tables = ("meta", "data") if kind == "reliable" else ("items",)
+    with engine.begin() as conn:
+        for table in tables:
+            conn.execute(sa.text(f'ALTER TABLE queuectl."{name}_{table}" SET (autovacuum_enabled = false)'))
+    if rows:
+        with open_queue(engine, name) as q:
+            q.enqueue_many([bytes(300)] * rows)
+    with engine.connect() as conn:
+        conn.execute(sa.text("ANALYZE " + ", ".join(f'queuectl."{name}_{table}"' for table in tables)))
+        conn.commit()
+
+
+def grow(engine, name: str, leased: int = 0) -> None:
+    with open_queue(engine, name) as q:
+        for _ in range(GROWN_TO // 1000):
+            q.enqueue_many([bytes(300)] * 1000)
+        if leased:
+            q.dequeue(leased)  # in flight, ahead of the ready rows in id order
+
+
+@pytest.fixture
+def early_session(engine):
+    """A session that exists before the queue grows (a consumer started on a quiet queue)."""
+    conn = engine.connect()
+    yield conn
+    conn.close()
+
+
+@pytest.mark.parametrize("rows", [0, 20], ids=["empty", "one-page"])
+def test_a_session_that_planned_on_a_small_queue_reads_as_few_buffers_after_growth_as_a_new_one(
+        engine, early_session, rows):
+    """Empty: every index path costs the same to the planner, which is why reliable_0008 also
+    reads the payloads by an array of the claimed ids (a join walked the data table's key)."""
+    small_queue(engine, "q", rows=rows)
+    assert proconfig(engine, "q") == {fn: GUARD for fn in GUARDED}
+    cost_per_call(early_session, "q")  # plans cached on the small queue
+    grow(engine, "q", leased=500)
+    early = cost_per_call(early_session, "q", times=2)  # the first call marks the leased rows' old entries dead
+    with engine.connect() as fresh_conn:
+        fresh = cost_per_call(fresh_conn, "q")
+    for what in calls("q"):
+        assert early[what] <= fresh[what] * 1.5 + 10, (what, early, fresh)
+
+
+def test_before_reliable_0008_the_early_session_read_the_grown_tables_whole_and_the_upgrade_fixes_it_live(
+        engine, early_session):
+    """reliable_0007 shows the flaw (so the test above can tell the two apart); the upgrade
+    reaches the early session at its next call, without a reconnect; the downgrade removes
+    the setting and nothing else."""
+    small_queue(engine, "q", revision="reliable_0007")
+    installed_at_0007 = dequeue_definition(engine, "q")
+    assert proconfig(engine, "q") == {fn: [] for fn in GUARDED}
+    cost_per_call(early_session, "q")
+    grow(engine, "q", leased=500)
+    with engine.connect() as fresh_conn:
+        fresh = cost_per_call(fresh_conn, "q")
+    stale = cost_per_call(early_session, "q", times=1)
+    for what in calls("q"):
+        assert stale[what] > fresh[what] * 4, (what, stale, fresh)  # the whole grown table
+
+    assert upgrade_queue(engine, "q") == ("reliable_0007", head_of("reliable"))
+    assert proconfig(engine, "q") == {fn: GUARD for fn in GUARDED}
+    fixed = cost_per_call(early_session, "q", times=1)
+    for what in calls("q"):
+        assert fixed[what] <= fresh[what] * 1.5 + 10, (what, fixed, fresh)
+
+    assert downgrade_queue(engine, "q", "reliable_0007") == (head_of("reliable"), "reliable_0007")
+    assert proconfig(engine, "q") == {fn: [] for fn in GUARDED}
+    assert dequeue_definition(engine, "q") == installed_at_0007
+
+
+def dequeue_definition(engine, name: str) -> str:
+    with engine.connect() as conn:
+        return conn.execute(sa.text("SELECT pg_get_functiondef(CAST(:fn AS regproc))"),
+                            {"fn": f'queuectl."{name}_dequeue"'}).scalar_one().replace(f"{name}_", "NAME_")
+
+
+def test_grant_keeps_the_setting_and_a_secured_queue_downgrades_to_its_secured_functions(engine, roles):
+    """`queuectl grant` adds SECURITY DEFINER and a search_path to the same SET clauses; the
+    downgrade resets enable_seqscan only, so the granted roles keep working."""
+    producer, consumer, _ = roles
+    install_queue(engine, "g")
+    grant_queue(engine, "g", producer=producer, consumer=consumer)
+    secured = [*GUARD, "search_path=pg_catalog, pg_temp"]
+    assert proconfig(engine, "g") == {fn: secured for fn in GUARDED}
+    assert downgrade_queue(engine, "g", "reliable_0007") == (head_of("reliable"), "reliable_0007")
+    assert proconfig(engine, "g") == {fn: ["search_path=pg_catalog, pg_temp"] for fn in GUARDED}
+    assert upgrade_queue(engine, "g") == ("reliable_0007", head_of("reliable"))
+    assert proconfig(engine, "g") == {fn: secured for fn in GUARDED}
+    with engine.begin() as conn:  # SET LOCAL: the pooled session goes back as it was
+        conn.execute(sa.text(f'SET LOCAL ROLE "{producer}"'))
+        conn.execute(sa.text('SELECT queuectl."g_enqueue"(:p)'), {"p": b"x"})
+    with engine.begin() as conn:
+        conn.execute(sa.text(f'SET LOCAL ROLE "{consumer}"'))
+        [row] = conn.execute(sa.text('SELECT id FROM queuectl."g_dequeue"(1)')).all()
+        assert conn.execute(sa.text('SELECT queuectl."g_ack"(ARRAY[:i]::bigint[])'), {"i": row.id}).scalar_one() == 1
+
+
+# -- the one-table kinds ------------------------------------------------------------------
+
+KINDS = [("heap", None), ("fifo", None), ("fifo", FifoSettings(strict=True)), ("stack", None), ("pending", None),
+         ("watermark", None)]
+KIND_IDS = ["heap", "fifo", "fifo-strict", "stack", "pending", "watermark"]
+
+
+def kind_cost(conn, queue: str, times: int) -> int:
+    return [shared_hits(conn, f'SELECT * FROM queuectl."{queue}_dequeue"(10)') for _ in range(times)][-1]
+
+
+@pytest.mark.parametrize(("kind", "settings"), KINDS, ids=KIND_IDS)
+def test_a_one_table_queue_planned_empty_dequeues_through_its_index_after_growth_and_the_guard_comes_and_goes_live(
+        engine, early_session, kind, settings):
+    """At <kind>_0003 a session that planned on the empty, analysed queue reads the grown
+    table whole at every dequeue; the upgrade reaches that session at its next call; the
+    downgrade removes exactly the setting (and pending_0004's dequeue)."""
+    functions = ("dequeue", "correct_watermark") if kind == "watermark" else ("dequeue",)
+    old = f"{kind}_0003"
+    small_queue(engine, "k", revision=old, rows=0, kind=kind, settings=settings)
+    installed = dequeue_definition(engine, "k")
+    assert proconfig(engine, "k", functions) == {fn: [] for fn in functions}
+    kind_cost(early_session, "k", 8)  # plans cached on the empty table
+    grow(engine, "k")
+    with engine.connect() as fresh_conn:
+        fresh = kind_cost(fresh_conn, "k", 8)
+    stale = kind_cost(early_session, "k", 2)
+    assert stale > fresh * 4, (stale, fresh)  # the whole grown table
+
+    assert upgrade_queue(engine, "k") == (old, head_of(kind))
+    assert proconfig(engine, "k", functions) == {fn: GUARD for fn in functions}
+    fixed = kind_cost(early_session, "k", 2)
+    assert fixed <= fresh * 1.5 + 10, (fixed, fresh)
+    with open_queue(engine, "k") as q:  # and it still takes the right items
+        got = [m.id for m in q.dequeue(3)]
+    ids = sorted(got)
+    if kind in ("fifo", "pending", "watermark"):
+        assert got == ids and ids[0] == 1, got
+    elif kind == "stack":
+        assert got == sorted(got, reverse=True) and got[0] == GROWN_TO, got
+
+    assert downgrade_queue(engine, "k", old) == (head_of(kind), old)
+    assert proconfig(engine, "k", functions) == {fn: [] for fn in functions}
+    assert dequeue_definition(engine, "k") == installed  # pending: pending_0002's dequeue again
