@@ -6,14 +6,14 @@ that setting (and puts the previous dequeue back); `queuectl grant` keeps it."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 import sqlalchemy as sa
 
-from queuectl.client import Queue
 from queuectl.grants import grant_queue
-from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue
+from queuectl.install import downgrade_queue, head_of, install_queue, list_queues, upgrade_queue
 from queuectl.kinds import open_queue
 from queuectl.kindspec import FifoSettings
 
@@ -201,3 +201,29 @@ def test_a_one_table_queue_planned_empty_dequeues_through_its_index_after_growth
     assert downgrade_queue(engine, "k", old) == (head_of(kind), old)
     assert proconfig(engine, "k", functions) == {fn: [] for fn in functions}
     assert dequeue_definition(engine, "k") == installed  # pending: pending_0002's dequeue again
+
+
+# -- the probe ---------------------------------------------------------------------------
+
+
+def test_tiny_plan_guard_probe_runs_both_parts_and_removes_its_queues(db_url, engine):
+    """`python -m queuectl.bench.plan_guard` on a tiny run: the stale part shows the early
+    session of the revision before reading more than the head's; pgbench ran each side."""
+    from queuectl.bench.plan_guard import BATCHES, PREFILLS, run
+
+    result = json.loads(json.dumps(run(db_url, ["reliable", "fifo"], grow=3000, leased=50, rows=500, repeats=1,
+                                       seconds=1)))
+    cells = {(c["kind"], c["revision"], c["prefill"]): c for c in result["stale"]}
+    assert len(cells) == 2 * 2 * len(PREFILLS)
+    for kind, before in (("reliable", "reliable_0007"), ("fifo", "fifo_0003")):
+        for prefill in PREFILLS:
+            old, new = cells[(kind, before, prefill)], cells[(kind, head_of(kind), prefill)]
+            assert new["buffers_early"] <= new["buffers_new_session"] * 1.5 + 10, new
+            assert old["buffers_early"] > new["buffers_early"], (old, new)
+    assert [c["kind"] for c in result["cost"]] == ["reliable", "fifo"]
+    for cell in result["cost"]:
+        assert set(cell["batches"]) == {str(b) for b in BATCHES}
+        for b in cell["batches"].values():
+            assert b["before_median"] > 0 and b["head_median"] > 0 and b["ratio"] > 0
+    with engine.connect() as conn:
+        assert [q.name for q in list_queues(conn) if q.name.startswith("pg_")] == []

@@ -299,3 +299,24 @@ SELECT pg_reload_conf()
 -- name: ring_pops
 -- Positions handed out to pops so far: the ring has gone round once when this reaches its size.
 SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END AS pops FROM {{pop_seq}} s
+
+-- name: plan_guard_no_autovacuum
+-- The plan-guard probe (bench/plan_guard.py): keep autovacuum off this table, so that no
+-- ANALYZE replans the sessions the probe compares.
+ALTER TABLE {{table}} SET (autovacuum_enabled = false)
+
+-- name: plan_guard_analyze
+-- The plan-guard probe: statistics of the small (or filled) table, as autovacuum gives them.
+ANALYZE {{table}}
+
+-- name: plan_guard_explain_dequeue
+-- The plan-guard probe: one dequeue(10) with its buffers, the function's own statements
+-- included (the caller rolls it back).
+EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) SELECT * FROM {{fn_dequeue}}(10)
+
+-- name: plan_guard_pgbench_dequeue
+-- The plan-guard probe's pgbench script: one dequeue of {{batch}}, rolled back, so every
+-- call finds the same rows.
+BEGIN;
+SELECT count(*) FROM {{fn_dequeue}}({{batch}});
+ROLLBACK;

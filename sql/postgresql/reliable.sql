@@ -675,10 +675,13 @@ ALTER TABLE {{history}} RESET (
 -- too: these statements touch a few index pages and never gain from it. On an empty table
 -- every index path costs the same, so the dequeue also reads its payloads by an array of
 -- the claimed ids instead of a join (create_dequeue_0008).
--- Cost (pgbench, one client, dequeue(N) + ROLLBACK on 20,000 analysed rows, the head and
--- reliable_0007 in one run, alternating, medians of 5): see bench/RESULTS.md series 8;
+-- Cost (bench/plan_guard.py: pgbench, one client, dequeue(N) + ROLLBACK on 20,000
+-- analysed rows, this revision and reliable_0007 in one run, alternating, medians of 5):
+-- 0.94x / 0.95x / 0.88x the dequeue calls per second at N = 1 / 10 / 100 (runs spread by
+-- +-10%: the SET clauses are applied at every call, the payloads go through an array);
 -- forcing a custom plan per call instead (plan_cache_mode = force_custom_plan) cost
--- 0.55x / 0.50x / 0.68x at N = 1 / 10 / 100.
+-- 0.55x / 0.50x / 0.68x. What it removes: every dequeue reading the whole backlog, for up
+-- to an autovacuum round, whenever a burst follows a spell of polling an empty queue.
 -- A function's SET clauses apply to its own statements only: callers, ack_dequeue
 -- included, keep their settings. A later revision that replaces one of these functions
 -- (CREATE OR REPLACE resets its SET clauses) must run this section again after it (a test
