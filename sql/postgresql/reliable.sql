@@ -666,7 +666,7 @@ ALTER TABLE {{history}} RESET (
 -- Measured (bench/RESULTS.md series 8: the session's plans cached on 0, 1 or 20 analysed
 -- rows, then 20,000 rows enqueued and 500 leased, no ANALYZE): 1,101-1,470 shared buffers
 -- per dequeue(10) against 139-160 in a new session, growing with the table (2,667-4,174 at
--- 60,000 rows); with this revision 144-151, the same at 60,000.
+-- 60,000 rows); with this revision 149-151 (150-152 at 60,000).
 -- With sequential scans disabled the planner goes through an index (the primary key, the
 -- ready or the leased index) whatever the size of the table it plans for; a statement with
 -- no index path still gets its sequential scan, at a cost estimate raised by 10^10, which
