@@ -61,8 +61,8 @@ def test_two_schedulers_never_overlap_and_one_survives_the_other(db_url, engine,
     add_finished_rows(engine, 30_000)
     config = tmp_path / "queuectl.toml"
     config.write_text(FAST.format(lock="2s"))
-    first = start_scheduler(config, db_url, 60)
-    second = start_scheduler(config, db_url, 20)
+    first = start_scheduler(config, db_url, 90)
+    second = start_scheduler(config, db_url, 90)
     try:
         # both are working before one of them is killed
         wait_until(lambda: scalar(engine, "SELECT count(DISTINCT runner_pid) FROM queuectl.job_runs") == 2, timeout=30)
@@ -70,6 +70,13 @@ def test_two_schedulers_never_overlap_and_one_survives_the_other(db_url, engine,
         first.kill()
         _, first_err = first.communicate(timeout=10)
         killed_at = scalar(engine, "SELECT clock_timestamp()")
+        # the survivor runs until it has run every job three times since the kill (a fixed
+        # run time left it too little of it when the start was slow), then stops as on SIGTERM
+        wait_until(lambda: scalar(
+            engine, "SELECT count(*) FROM (SELECT job FROM queuectl.job_runs WHERE started_at > :at "
+                    "AND runner_pid = :pid GROUP BY job HAVING count(*) >= 3) AS done",
+            at=killed_at, pid=second.pid) == 4, timeout=60)
+        second.terminate()
         _, second_err = second.communicate(timeout=60)
     finally:
         for process in (first, second):
