@@ -54,7 +54,6 @@ BASELINES = {"reliable": "reliable_0006", "ring": "ring_0003", **{k: f"{k}_0002"
 SETTINGS = ("server_version", "autovacuum_naptime", "autovacuum_vacuum_cost_delay", "autovacuum_vacuum_cost_limit",
             "autovacuum_max_workers", "autovacuum_vacuum_threshold", "autovacuum_vacuum_scale_factor",
             "autovacuum_vacuum_insert_threshold", "autovacuum_vacuum_insert_scale_factor")
-FILL_BATCH = 1000
 FILL_STATS_WAIT_SECONDS = 15.0
 EMPTY_POLL_SECONDS = 0.002
 BACKLOG_PAUSE_SECONDS = 0.001
@@ -188,7 +187,7 @@ def _install(engine: sa.Engine, url: str, side: Side, o: Options) -> None:
     and analysed, once the fill's row counts have reached the statistics: a session sends
     them when it ends (or up to 10 s after its last transaction), and inserts counted after
     the VACUUM would bring insert-driven autovacuum forward on one side and not the other."""
-    from queuectl.bench.drivers import analyze_filled
+    from queuectl.bench.drivers import analyze_filled, enqueue_in_chunks
     from queuectl.install import install_queue
     from queuectl.kindspec import RingSettings
     from queuectl.names import QueueNames
@@ -196,10 +195,8 @@ def _install(engine: sa.Engine, url: str, side: Side, o: Options) -> None:
     names = QueueNames(side.queue)
     settings = RingSettings(size=o.ring_size) if o.kind == "ring" else None
     install_queue(engine, side.queue, o.kind, settings, revision=side.revision)
-    payload = bytes(o.payload_bytes)
     with _client(url, side.queue, o.kind) as queue:  # its own engine: its session ends with it
-        for start in range(0, o.backlog, FILL_BATCH):
-            queue.enqueue_many([payload] * min(FILL_BATCH, o.backlog - start))
+        enqueue_in_chunks(queue, bytes(o.payload_bytes), o.backlog)
     if o.kind != "ring":
         role = tables(o.kind)[0]
         first = {role: names.qualified(role)}

@@ -21,7 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from queuectl.bench.drivers import analyze_filled
+from queuectl.bench.drivers import analyze_filled, enqueue_in_chunks
 from queuectl.client import Queue
 from queuectl.engine import make_engine
 from queuectl.install import head_of, install_queue, list_queues, uninstall_queue
@@ -34,8 +34,7 @@ PAYLOAD = bytes(300)
 def _fill(engine: sa.Engine, name: str, rows: int, revision: str | None) -> None:
     install_queue(engine, name, **({"revision": revision} if revision else {}))
     with Queue(engine, name) as queue:
-        for start in range(0, rows, 1000):
-            queue.enqueue_many([PAYLOAD] * min(1000, rows - start))
+        enqueue_in_chunks(queue, PAYLOAD, rows)
     analyze_filled(engine, "reliable", QueueNames(name))
 
 

@@ -11,6 +11,7 @@ they must be importable module-level objects without state.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -90,6 +91,24 @@ def analyze_filled(engine: Engine, design: str, names: QueueNames, kind: str = "
     values = {**names.template_values(), **kind_template_values(names, kind)}
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql(bench_sql(f"{design}_analyze", values))
+
+
+FILL_CHUNK = 1000  # items per enqueue_many when a bench fills a queue
+_SHARED_HIT = re.compile(r"shared hit=(\d+)")
+
+
+def enqueue_in_chunks(queue: Any, payload: bytes, rows: int) -> None:
+    """Enqueue `rows` copies of `payload` through any kind's client, FILL_CHUNK at a time."""
+    for start in range(0, rows, FILL_CHUNK):
+        queue.enqueue_many([payload] * min(FILL_CHUNK, rows - start))
+
+
+def plan_shared_hits(plan: Sequence[str]) -> int | None:
+    """The shared buffers an EXPLAIN (ANALYZE, BUFFERS) text counts for its whole statement
+    (the first `shared hit=` among the top node's lines; a function scan's includes the
+    function's own statements); None when the statement hit no shared buffer."""
+    hits = [int(m.group(1)) for line in plan[:3] if (m := _SHARED_HIT.search(line))]
+    return hits[0] if hits else None
 
 
 def bytea_array_literal(payloads: Sequence[bytes]) -> str:

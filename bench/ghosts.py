@@ -34,6 +34,7 @@ from rich.table import Table
 from sqlalchemy.engine import Engine
 
 from queuectl.bench.core import BenchRun, ratio, scenario, stat
+from queuectl.bench.drivers import enqueue_in_chunks
 from queuectl.bench.pgbench import PgbenchUnavailable
 from queuectl.engine import check_connection, mask_url, parse_url, resolve_url
 from queuectl.install import get_queue, install_queue, uninstall_queue
@@ -44,7 +45,6 @@ from queuectl.sqlfiles import render
 
 SCHEMA = "ghostbench"
 KINDS = ("fifo", "watermark")
-FILL_BATCH = 1000
 PAYLOAD = b"x" * 64
 
 
@@ -72,8 +72,7 @@ def fresh_queue(engine: Engine, kind: str, rows: int, schema: str = SCHEMA) -> Q
         uninstall_queue(engine, names.queue, schema)
     install_queue(engine, names.queue, kind, settings_for(kind), schema)
     with open_queue(engine, names.queue, schema=schema) as queue:
-        for start in range(0, rows, FILL_BATCH):
-            queue.enqueue_many([PAYLOAD] * min(FILL_BATCH, rows - start))
+        enqueue_in_chunks(queue, PAYLOAD, rows)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(_sql(names, kind, "vacuum_items"))
     return names

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 from typing import Any
 
 import sqlalchemy as sa
 
-from queuectl.bench.drivers import bench_sql
+from queuectl.bench.drivers import bench_sql, enqueue_in_chunks, plan_shared_hits
 from queuectl.bench.pgbench import Pgbench, find_pgbench
 from queuectl.engine import make_engine
 from queuectl.install import head_of, install_queue, list_queues, uninstall_queue
@@ -43,7 +42,6 @@ BEFORE = {"reliable": "reliable_0007", "fifo": "fifo_0003", "fifo_strict": "fifo
 PREFILLS = (0, 1, 20)
 BATCHES = (1, 10, 100)
 PAYLOAD = bytes(300)
-_HIT = re.compile(r"shared hit=(\d+)")
 
 
 def _kind(variant: str) -> str:
@@ -73,8 +71,7 @@ def _install(engine: sa.Engine, name: str, variant: str, revision: str, rows: in
             for table in _tables(variant, name):
                 conn.exec_driver_sql(bench_sql("plan_guard_no_autovacuum", {"table": table}))
     with open_queue(engine, name) as queue:
-        for start in range(0, rows, 1000):
-            queue.enqueue_many([PAYLOAD] * min(1000, rows - start))
+        enqueue_in_chunks(queue, PAYLOAD, rows)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         for table in _tables(variant, name):
             conn.exec_driver_sql(bench_sql("plan_guard_analyze", {"table": table}))
@@ -84,8 +81,7 @@ def _hits(conn: sa.Connection, name: str, variant: str) -> int:
     """Shared buffers of one dequeue(10), rolled back (0: it touched none, an empty table)."""
     plan = [row[0] for row in conn.exec_driver_sql(bench_sql("plan_guard_explain_dequeue", _values(name, variant)))]
     conn.rollback()
-    hits = [int(m.group(1)) for line in plan[:3] if (m := _HIT.search(line))]
-    return hits[0] if hits else 0
+    return plan_shared_hits(plan) or 0
 
 
 def stale(engine: sa.Engine, variant: str, revision: str, prefill: int, grow: int, leased: int) -> dict[str, Any]:
@@ -95,8 +91,7 @@ def stale(engine: sa.Engine, variant: str, revision: str, prefill: int, grow: in
         with engine.connect() as early:
             cached = [_hits(early, name, variant) for _ in range(8)][-1]
             with open_queue(engine, name) as queue:
-                for start in range(0, grow, 1000):
-                    queue.enqueue_many([PAYLOAD] * min(1000, grow - start))
+                enqueue_in_chunks(queue, PAYLOAD, grow)
                 if variant == "reliable" and leased:
                     queue.dequeue(leased)
             first = _hits(early, name, variant)

@@ -4,10 +4,9 @@ and a queue upgrades to it and back alone."""
 
 from __future__ import annotations
 
-import re
-
 import sqlalchemy as sa
 
+from queuectl.bench.drivers import plan_shared_hits
 from queuectl.client import Queue
 from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue
 
@@ -33,7 +32,8 @@ def buffers_per_dequeue(engine, name: str, calls: int = 8) -> int:
             plan = [row[0] for row in conn.execute(sa.text(
                 f'EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) SELECT * FROM queuectl."{name}_dequeue"(10)'))]
             conn.commit()
-    [hit] = [int(m.group(1)) for line in plan[:3] if (m := re.search(r"shared hit=(\d+)", line))][:1]
+    hit = plan_shared_hits(plan)
+    assert hit is not None, plan
     return hit
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import sqlalchemy as sa
 
+from queuectl.bench.drivers import plan_shared_hits
 from queuectl.client import Queue
 from queuectl.errors import UsageError
 from queuectl.install import install_queue
@@ -93,7 +92,8 @@ def buffers_per_batch(engine, statement: str, calls: int = 3) -> int:
             plan = conn.execute(sa.text("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) " + statement), params)
             plan = [row[0] for row in plan]
             conn.rollback()
-    [hit] = [int(m.group(1)) for line in plan[:3] if (m := re.search(r"shared hit=(\d+)", line))][:1]
+    hit = plan_shared_hits(plan)
+    assert hit is not None, plan
     return hit
 
 

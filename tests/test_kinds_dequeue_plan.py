@@ -5,12 +5,12 @@ its order intact after each step."""
 
 from __future__ import annotations
 
-import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
 import sqlalchemy as sa
 
+from queuectl.bench.drivers import plan_shared_hits
 from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue
 from queuectl.kinds import open_queue
 from queuectl.kindspec import FifoSettings
@@ -44,7 +44,8 @@ def buffers_per_dequeue(engine, name: str, calls: int = 8) -> int:
             plan = [row[0] for row in conn.execute(sa.text(
                 f'EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) SELECT * FROM queuectl."{name}_dequeue"(10)'))]
             conn.commit()
-    [hit] = [int(m.group(1)) for line in plan[:3] if (m := re.search(r"shared hit=(\d+)", line))][:1]
+    hit = plan_shared_hits(plan)
+    assert hit is not None, plan
     return hit
 
 

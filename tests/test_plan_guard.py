@@ -7,11 +7,11 @@ that setting (and puts the previous dequeue back); `queuectl grant` keeps it."""
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 import sqlalchemy as sa
 
+from queuectl.bench.drivers import plan_shared_hits
 from queuectl.grants import grant_queue
 from queuectl.install import downgrade_queue, head_of, install_queue, list_queues, upgrade_queue
 from queuectl.kinds import open_queue
@@ -39,8 +39,7 @@ def shared_hits(conn, call: str) -> int:
     every call sees the same rows."""
     plan = [row[0] for row in conn.execute(sa.text(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {call}"))]
     conn.rollback()
-    hits = [int(m.group(1)) for line in plan[:3] if (m := re.search(r"shared hit=(\d+)", line))]
-    return hits[0] if hits else 0  # an empty table: no buffer at all
+    return plan_shared_hits(plan) or 0  # an empty table: no buffer at all
 
 
 def calls(queue: str) -> dict[str, str]:
