@@ -5,14 +5,14 @@ Revises: watermark_0003
 
 plpgsql caches a generic plan per statement and session. A consumer that started while the
 items table was empty or held a page keeps a plan that reads the table whole, and keeps it
-while the table grows, until autovacuum next analyses it (measured: 900-1,850 buffers per
-dequeue(10) at 20,000 rows against 52-58 in a new session). This revision sets
-enable_seqscan = off and jit = off on the dequeue and correct_watermark functions (ALTER
-FUNCTION ... SET: the settings hold inside them only), as reliable_0008 does for the
-reliable queue, where the reasons are given in full (sql/postgresql/watermark.sql, section
-set_plan_guard). The downgrade RESETs exactly those two settings. Running consumers need no
-restart: a session recompiles a function whose catalog row changed at its next call. SQL
-Server's sections are empty.
+while the table grows, until autovacuum next analyses it (measured for this kind on an
+empty table: 1,771 buffers per dequeue(10) at 20,000 rows against 55 in a new session;
+bench/RESULTS.md, series 8). This revision sets enable_seqscan = off and jit = off on the
+dequeue and correct_watermark functions (ALTER FUNCTION ... SET: the settings hold inside
+them only), as reliable_0008 does for the reliable queue, where the reasons are given in
+full (sql/postgresql/watermark.sql, section set_plan_guard). The downgrade RESETs exactly
+those two settings. Running consumers need no restart: a session recompiles a function
+whose catalog row changed at its next call. SQL Server's sections are empty.
 """
 
 from queuectl.migrations.queue_ops import run_section, set_version
