@@ -19,7 +19,8 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from queuectl.engine import BinaryArray  # the same binary array parameters as the client (Adapter.payload_array)
+from queuectl.client import messages_from
+from queuectl.engine import BinaryArray, adapter_for  # BinaryArray: the client's binary array parameters
 from queuectl.errors import UsageError
 from queuectl.kindspec import kind_template_values
 from queuectl.names import QueueNames
@@ -266,15 +267,18 @@ class _OneTableSession:
         self.conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         values = names.template_values()
         self.sql = {k: sa.text(bench_sql(f"onetable_{k}", values)) for k in ("enqueue_many", "dequeue", "ack")}
+        self.json_value = adapter_for(self.engine).json_value
         self.worker = f"bench:{os.getpid()}"
 
     def enqueue(self, payloads: list[bytes]) -> None:
         self.conn.execute(self.sql["enqueue_many"], {"payloads": BinaryArray(payloads)}).all()
 
     def take(self, n: int) -> tuple[list[bytes], Any]:
+        # The same columns as the reliable dequeue, decoded into the same Messages by the
+        # client's own decoder: the two designs differ in their tables, not their clients.
         params = {"batch": n, "lease_seconds": LEASE_SECONDS, "worker": self.worker}
-        rows = self.conn.execute(self.sql["dequeue"], params).all()
-        return [bytes(r.payload) for r in rows], [r.id for r in rows]
+        messages = messages_from(self.conn.execute(self.sql["dequeue"], params), self.json_value)
+        return [m.payload for m in messages], [m.id for m in messages]
 
     def finish(self, token: Any) -> None:
         if token:
@@ -324,7 +328,8 @@ class OneTableDriver:
         return int(n)
 
     def pgbench(self, names: QueueNames, batch: int, payloads: Sequence[bytes]) -> PgbenchScripts | None:
-        return None
+        variables = {"batch": str(batch), "worker": "pgbench", "payloads": bytea_array_literal(payloads[:batch])}
+        return PgbenchScripts("pgbench_onetable_enqueue_many", "pgbench_onetable_consume", variables)
 
     def tables(self, names: QueueNames) -> list[str]:
         return [names.table("meta")]

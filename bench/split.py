@@ -5,21 +5,28 @@ random (incompressible) payloads; then --consumers processes drain it with deque
 at the given batch. Reported per design and size: messages/s, and from
 pg_stat_statements (deltas, nothing is reset) the shared buffers each dequeue call
 touched (hit + read, including the statements inside the SQL function) and the WAL it
-wrote. The one-table design is bench-only SQL (sql/postgresql/bench.sql, onetable_*)
-with the same columns, index, fillfactor and dequeue shape as the reliable queue.
+wrote. Then each design's tables are emptied, filled again the same way, and drained by
+the same dequeue and ack statements from pgbench (--consumers clients, no Python): that
+drain rate is the row's SQL ceiling, so the two designs are also compared without any
+client in the way. The one-table design is bench-only SQL (sql/postgresql/bench.sql,
+onetable_*) with the same columns, index, fillfactor, plan settings and dequeue shape as
+the reliable queue, and its rows are decoded into the same Messages by the same client
+code (queuectl.client.messages_from).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from queuectl.bench.core import BenchRun, ratio, scenario, stat
-from queuectl.bench.drivers import analyze_filled, driver_for
+from queuectl.bench.core import BenchRun, ratio, scenario, stat, unavailable_once
+from queuectl.bench.drivers import analyze_filled, bench_sql, driver_for
+from queuectl.bench.pgbench import PgbenchUnavailable
 from queuectl.bench.workers import payload_pool
 
 PAYLOAD_SIZES = (300, 1024, 4096, 16384)
 DESIGNS = (("onetable", "bsplit_one", "one table"), ("reliable", "bsplit_split", "meta/data split"))
-FILL_PER_SECOND = 2000  # pre-filled rows per --seconds: enough that most drains run the full phase
+FILL_PER_SECOND = 10_000  # pre-filled rows per --seconds: a drain of ~20K msg/s lasts a few seconds
+FILL_BYTES = 256 * 1024 * 1024  # at most this much payload per fill (16 KB payloads: 16,384 rows)
 FILL_CHUNK = 200
 PAYS_FROM = 1.05  # the split "pays" where it is at least this much faster than one table
 MATCHES = 0.95  # "at least matches" within this machine's noise
@@ -44,14 +51,14 @@ def _fill(run: BenchRun, driver_name: str, names: Any, count: int, payload_bytes
 def split(run: BenchRun) -> dict[str, Any]:
     o = run.options
     B, C = o.batch, o.consumers
-    fill = max(1000, int(FILL_PER_SECOND * o.seconds))
+    fills = {size: max(1000, min(int(FILL_PER_SECOND * o.seconds), FILL_BYTES // size)) for size in PAYLOAD_SIZES}
     unavailable: list[dict[str, str]] = []
     have_pgss = run.pgss_available()
     if not have_pgss:
         unavailable.append({"subject": "buffers per dequeue",
                             "reason": "pg_stat_statements is not available (needs shared_preload_libraries and CREATE EXTENSION)"})
     m: dict[tuple[str, int], dict[str, list[Any]]] = {
-        (d, size): {"rate": [], "buffers_call": [], "buffers_msg": [], "wal_msg": []}
+        (d, size): {"rate": [], "sql_rate": [], "buffers_call": [], "buffers_msg": [], "wal_msg": []}
         for d, _, _ in DESIGNS for size in PAYLOAD_SIZES
     }
     with run.reporter.scenario("split", o.repeat * len(m)) as rep:
@@ -62,6 +69,7 @@ def split(run: BenchRun) -> dict[str, Any]:
                     names = run.names(queue)
                     driver = driver_for(design)
                     driver.install(run.engine, names)
+                    fill = fills[size]
                     _fill(run, design, names, fill, size)
                     analyze_filled(run.engine, design, names)  # the same step for every design
                     fn = names.template_values()["fn_dequeue"]
@@ -80,6 +88,10 @@ def split(run: BenchRun) -> dict[str, Any]:
                         cell["buffers_msg"].append(blocks / msgs if msgs else None)
                         wal = after["wal_bytes"] - before["wal_bytes"]
                         cell["wal_msg"].append(wal / msgs if msgs else None)
+                    try:
+                        cell["sql_rate"].append(_sql_drain(run, design, names, fill, size))
+                    except PgbenchUnavailable as exc:
+                        unavailable_once(unavailable, "SQL drain (pgbench)", str(exc))
                     driver.uninstall(run.engine, names)
                     rep.done()
     rows = []
@@ -92,11 +104,17 @@ def split(run: BenchRun) -> dict[str, Any]:
                 "wal_bytes_per_message": stat(cell["wal_msg"]),
             }
             if design == "reliable":
-                metrics["split_vs_one_table"] = stat([ratio(a, b) for a, b in zip(cell["rate"], m[("onetable", size)]["rate"])])
+                one = m[("onetable", size)]
+                metrics["split_vs_one_table"] = stat([ratio(a, b) for a, b in zip(cell["rate"], one["rate"])])
+                metrics["sql_split_vs_one_table"] = stat([ratio(a, b) for a, b in zip(cell["sql_rate"], one["sql_rate"])])
+            ceiling = ({"name": f"the design's dequeue+ack via pgbench ({C} clients)", "rate": stat(cell["sql_rate"])}
+                       if cell["sql_rate"] else None)
             rows.append({
                 "subject": label, "phase": "dequeue+ack (drain)",
-                "params": {"batch": B, "producers": 0, "consumers": C, "payload_bytes": size, "prefilled": fill},
-                "rate": stat(cell["rate"]), "ceiling": None, "fraction_of_ceiling": None, "latency_ms": None,
+                "params": {"batch": B, "producers": 0, "consumers": C, "payload_bytes": size, "prefilled": fills[size]},
+                "rate": stat(cell["rate"]), "ceiling": ceiling,
+                "fraction_of_ceiling": stat([ratio(a, b) for a, b in zip(cell["rate"], cell["sql_rate"])]) if ceiling else None,
+                "latency_ms": None,
                 "metrics": metrics,
             })
     speedup = {size: stat([ratio(a, b) for a, b in zip(m[("reliable", size)]["rate"], m[("onetable", size)]["rate"])])["median"]
@@ -115,8 +133,10 @@ def split(run: BenchRun) -> dict[str, Any]:
         "name": "split",
         "description": "one wide table vs the meta/data split: drain of a pre-filled queue per payload size",
         "notes": [
-            f"each design and size: fresh queue, {fill:,} random payloads pre-filled, {C} consumers dequeue+ack "
-            f"at batch {B} until empty or --seconds",
+            f"each design and size: fresh queue, {', '.join(f'{fills[z]:,}' for z in PAYLOAD_SIZES)} random payloads "
+            f"pre-filled (by size), {C} consumers dequeue+ack at batch {B} until empty or --seconds",
+            f"SQL ceiling: the same fill drained by the design's own dequeue and ack statements from pgbench "
+            f"({C} clients, -M prepared); 'sql split x' is split / one table on those drains",
             "after the pre-fill each design's tables are vacuumed and analyzed, so every dequeue is planned "
             "from statistics (not from whatever autovacuum had reached by then)",
             "buffers per dequeue: pg_stat_statements shared_blks_hit + shared_blks_read of the dequeue call "
@@ -124,10 +144,33 @@ def split(run: BenchRun) -> dict[str, Any]:
             "payloads above ~2 KB are stored out of line (TOAST) in both designs",
         ],
         "display_metrics": [["buf/deq", "buffers_per_dequeue"], ["WAL B/msg", "wal_bytes_per_message"],
-                            ["split x", "split_vs_one_table"]],
+                            ["split x", "split_vs_one_table"], ["sql split x", "sql_split_vs_one_table"]],
         "ceilings": [],
         "rows": rows,
         "targets": targets,
         "unavailable": unavailable,
         "pays_from_bytes": pays_from,
     }
+
+
+def _sql_drain(run: BenchRun, design: str, names: Any, fill: int, size: int) -> float | None:
+    """The design's own dequeue+ack statements draining the same fill from pgbench
+    (--consumers clients): messages per second from the first claim to the last ack."""
+    o = run.options
+    driver = driver_for(design)
+    # the consume script needs no payload (a 16 KB x batch payload variable is too long for pgbench)
+    scripts = driver.pgbench(names, o.batch, payload_pool(1, o.batch, seed=7))
+    if scripts is None:
+        raise PgbenchUnavailable(f"{design} has no pgbench scripts")
+    pg = run.pgbench
+    with run.engine.connect() as conn:
+        driver.reset(conn, names)
+    _fill(run, design, names, fill, size)
+    analyze_filled(run.engine, design, names)
+    consume = pg.script(f"{names.queue}_drain", bench_sql(scripts.consume_section, names.template_values()))
+    variables = {k: v for k, v in scripts.variables.items() if k in ("batch", "worker")}
+    result = pg.run([consume], clients=o.consumers, seconds=o.pgbench_seconds, variables=variables)
+    run.commands.setdefault("sql split drain", result.command)
+    with run.engine.connect() as conn:
+        n, span = driver.consumed(conn, names)
+    return n / span if n and span else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -110,7 +111,25 @@ def test_one_table_baseline_hands_out_each_message_once(db_url: str, engine: sa.
     assert sorted(got) == sorted(sent)
     with engine.connect() as conn:
         assert driver.consumed(conn, names)[0] == 30 and driver.ready(conn, names) == 0
+        # the split comparison is fair: the same plan settings as the reliable functions
+        # (reliable_0008's guard) and the same columns back as the reliable dequeue
+        for fn in ("dequeue", "ack"):
+            config = conn.exec_driver_sql(
+                "SELECT proconfig FROM pg_proc WHERE oid = CAST(%(f)s AS regproc)",
+                {"f": names.template_values()[f"fn_{fn}"]}).scalar_one()
+            assert {"enable_seqscan=off", "jit=off"} <= set(config), (fn, config)
+    reliable = QueueNames("bcols_reliable")
+    driver_for("reliable").install(engine, reliable)
+    assert _dequeue_columns(engine, names) == _dequeue_columns(engine, reliable)
+    driver_for("reliable").uninstall(engine, reliable)
     driver.uninstall(engine, names)
+
+
+def _dequeue_columns(engine: sa.Engine, names: Any) -> list[str]:
+    """The column names a design's dequeue returns (from a call on an empty queue)."""
+    with engine.connect() as conn:
+        result = conn.exec_driver_sql(f"SELECT * FROM {names.template_values()['fn_dequeue']}(1, 30, 'w')")
+        return list(result.keys())
 
 
 def test_recorded_command_line_masks_a_url_password() -> None:
@@ -251,7 +270,7 @@ def test_tiny_split_run_measures_both_designs_at_every_size(db_url: str, tmp_pat
     before any reliable queue: it once failed there for want of the schema), every size
     measured for both designs with buffers and WAL per message, JSON per the schema."""
     out = tmp_path / "split.json"
-    proc = run_cli("bench", "--scenario", "split", "--batch", "10", "--consumers", "1", "--seconds", "1",
+    proc = run_cli("bench", "--scenario", "split", "--batch", "10", "--consumers", "1", "--seconds", "0.5",
                    "--repeat", "1", "--json", str(out), url=db_url, timeout=300)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     result = json.loads(out.read_text())
@@ -265,4 +284,10 @@ def test_tiny_split_run_measures_both_designs_at_every_size(db_url: str, tmp_pat
         assert row["rate"]["median"] > 0
         assert row["metrics"]["buffers_per_dequeue"]["median"] > 0
         assert row["metrics"]["wal_bytes_per_message"]["median"] > 0
+        # the SQL ceiling: the same fill drained by the design's own statements from pgbench
+        assert row["ceiling"]["rate"]["median"] > 0 and row["fraction_of_ceiling"]["median"] > 0
+        assert row["params"]["prefilled"] == 5000
+    for size in (300, 1024, 4096, 16384):
+        assert cells[("meta/data split", size)]["metrics"]["sql_split_vs_one_table"]["median"] > 0
+    assert "sql split drain" in result["commands"]
     assert len(sc["targets"]) == 2

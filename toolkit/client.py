@@ -11,7 +11,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -83,6 +83,35 @@ _MESSAGE_COLUMNS = (
     "id", "payload", "headers", "priority", "attempts", "max_attempts", "title",
     "enqueued_at", "dequeued_at", "due_at", "leased_until",
 )
+
+
+def messages_from(result: sa.CursorResult, json_value: Callable[[Any], Any]) -> list[Message]:
+    """The Messages of a dequeue result with the _MESSAGE_COLUMNS (bench/split.py's one-table
+    baseline decodes its rows here too, so both designs pay the same client work)."""
+    # Plain rows indexed by positions looked up once: dict-like rows were ~7% of a
+    # consumer's time (py-spy), and attribute access by name costs more than building
+    # the Message (cProfile).
+    keys = list(result.keys())
+    (i_id, i_payload, i_headers, i_priority, i_attempts, i_max, i_title, i_enq, i_deq, i_due, i_lease) = (
+        keys.index(column) for column in _MESSAGE_COLUMNS
+    )
+    messages = []
+    for r in result.all():
+        payload = r[i_payload]
+        messages.append(Message(
+            id=r[i_id],
+            payload=payload if type(payload) is bytes else bytes(payload),
+            headers=json_value(r[i_headers]),
+            priority=r[i_priority],
+            attempts=r[i_attempts],
+            max_attempts=r[i_max],
+            title=r[i_title],
+            enqueued_at=r[i_enq],
+            dequeued_at=r[i_deq],
+            due_at=r[i_due],
+            leased_until=r[i_lease],
+        ))
+    return messages
 
 
 def _as_bytes(payload: bytes | bytearray | memoryview | str) -> bytes:
@@ -239,31 +268,7 @@ class Queue:
         return self._call("dequeue", params, self._messages)
 
     def _messages(self, result: sa.CursorResult) -> list[Message]:
-        # Plain rows indexed by positions looked up once: dict-like rows were ~7% of a
-        # consumer's time (py-spy), and attribute access by name costs more than building
-        # the Message (cProfile).
-        keys = list(result.keys())
-        (i_id, i_payload, i_headers, i_priority, i_attempts, i_max, i_title, i_enq, i_deq, i_due, i_lease) = (
-            keys.index(column) for column in _MESSAGE_COLUMNS
-        )
-        json_value = self._adapter.json_value
-        messages = []
-        for r in result.all():
-            payload = r[i_payload]
-            messages.append(Message(
-                id=r[i_id],
-                payload=payload if type(payload) is bytes else bytes(payload),
-                headers=json_value(r[i_headers]),
-                priority=r[i_priority],
-                attempts=r[i_attempts],
-                max_attempts=r[i_max],
-                title=r[i_title],
-                enqueued_at=r[i_enq],
-                dequeued_at=r[i_deq],
-                due_at=r[i_due],
-                leased_until=r[i_lease],
-            ))
-        return messages
+        return messages_from(result, self._adapter.json_value)
 
     def ack(self, items: Iterable[int | Message]) -> int:
         """Mark items done; returns how many this client still held (others lost their lease)."""

@@ -165,13 +165,20 @@ LANGUAGE sql AS $fn$
     INSERT INTO {{meta}} (payload) SELECT u.p FROM unnest(p_payloads) AS u(p) RETURNING id
 $fn$;
 
--- Same shape as the reliable dequeue (reliable_0005): expired leases, then READY rows, both
--- picked in MATERIALIZED CTEs with SKIP LOCKED, one UPDATE ... RETURNING of the picked ids
--- found through the primary key; the payload comes from the updated row itself instead of
--- a join.
+-- The reliable dequeue (reliable.sql create_dequeue_0008) on one table: expired leases,
+-- then READY rows, both picked in MATERIALIZED CTEs with SKIP LOCKED, one UPDATE ...
+-- RETURNING of the picked ids found through the primary key, with the same SET list
+-- (dead letter on an expired last attempt) and the same eleven columns back; the payload
+-- comes from the updated row itself instead of a read of the data table. ack is the
+-- reliable ack. Both carry reliable_0008's plan guard (reliable.sql set_plan_guard), so
+-- neither design is charged for it alone.
 CREATE FUNCTION {{fn_dequeue}}(p_batch integer, p_lease_seconds double precision, p_worker text)
-RETURNS TABLE (id bigint, enqueued_at timestamptz, payload bytea)
-LANGUAGE plpgsql AS $fn$
+RETURNS TABLE (
+    id bigint, priority smallint, due_at timestamptz, title text, attempts integer,
+    max_attempts integer, enqueued_at timestamptz, dequeued_at timestamptz,
+    leased_until timestamptz, payload bytea, headers jsonb
+)
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $fn$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
@@ -189,22 +196,41 @@ BEGIN
         FOR UPDATE SKIP LOCKED
     ), claimed AS (
         UPDATE {{meta}} m SET
-            status = 1, attempts = m.attempts + 1, lease_owner = p_worker,
-            leased_until = now() + make_interval(secs => p_lease_seconds), dequeued_at = now()
+            status       = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN 3 ELSE 1 END,
+            attempts     = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN m.attempts
+                                ELSE m.attempts + 1 END,
+            lease_owner  = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN m.lease_owner
+                                ELSE p_worker END,
+            leased_until = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN NULL
+                                ELSE now() + make_interval(secs => coalesce(p_lease_seconds, 30)) END,
+            dequeued_at  = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN m.dequeued_at
+                                ELSE now() END,
+            finished_at  = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts THEN now() END,
+            last_error   = CASE WHEN m.status = 1 AND m.attempts >= m.max_attempts
+                                THEN 'lease expired on its last attempt (' || m.attempts || ' of '
+                                     || m.max_attempts || ')'
+                                ELSE m.last_error END
         WHERE m.id = ANY (ARRAY(SELECT e.id FROM expired e UNION ALL SELECT r.id FROM ready r))
-        RETURNING m.id, m.priority, m.due_at, m.enqueued_at, m.payload
+        RETURNING m.id, m.priority, m.due_at, m.title, m.attempts, m.max_attempts,
+                  m.enqueued_at, m.dequeued_at, m.leased_until, m.payload, m.headers, m.status
     )
-    SELECT c.id, c.enqueued_at, c.payload FROM claimed c ORDER BY c.priority, c.due_at, c.id;
+    SELECT c.id, c.priority, c.due_at, c.title, c.attempts, c.max_attempts, c.enqueued_at,
+           c.dequeued_at, c.leased_until, c.payload, c.headers
+    FROM claimed c
+    WHERE c.status = 1
+    ORDER BY c.priority, c.due_at, c.id;
 END
 $fn$;
 
 CREATE FUNCTION {{fn_ack}}(p_ids bigint[], p_worker text) RETURNS integer
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $fn$
 DECLARE
     v_count integer;
 BEGIN
-    UPDATE {{meta}} m SET status = 2, finished_at = now(), leased_until = NULL
-    WHERE m.id = ANY (p_ids) AND m.status = 1 AND m.lease_owner = p_worker;
+    UPDATE {{meta}} m
+    SET status = 2, finished_at = now(), leased_until = NULL
+    WHERE m.id = ANY (p_ids) AND m.status = 1
+      AND (p_worker IS NULL OR m.lease_owner = p_worker);
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;
 END
@@ -224,6 +250,15 @@ SELECT * FROM {{fn_dequeue}}(:batch, :lease_seconds, :worker)
 
 -- name: onetable_ack
 SELECT {{fn_ack}}(CAST(:ids AS bigint[]), :worker) AS acked
+
+-- name: pgbench_onetable_enqueue_many
+SELECT id FROM {{fn_enqueue_many}}(CAST(:payloads AS bytea[])) AS id;
+
+-- name: pgbench_onetable_consume
+-- The one-table session's `dequeue` then `ack` calls (pgbench_reliable_consume's twin).
+SELECT coalesce(array_agg(q.id), '{}') AS ids FROM {{fn_dequeue}}(:batch, NULL, :worker) AS q
+\gset
+SELECT {{fn_ack}}(CAST(:ids AS bigint[]), :worker) AS acked;
 
 -- name: onetable_reset
 TRUNCATE {{meta}}
