@@ -291,3 +291,19 @@ def test_tiny_split_run_measures_both_designs_at_every_size(db_url: str, tmp_pat
         assert cells[("meta/data split", size)]["metrics"]["sql_split_vs_one_table"]["median"] > 0
     assert "sql split drain" in result["commands"]
     assert len(sc["targets"]) == 2
+
+
+def test_one_table_dequeue_claims_with_the_reliable_dequeue_statement() -> None:
+    """bench.sql's one-table dequeue is a deliberate copy of the reliable dequeue's claim
+    (the split scenario compares the tables, not two statements): its picks and its UPDATE
+    must stay the text of reliable.sql's newest dequeue, up to the lease default."""
+    from queuectl.sqlfiles import sections
+
+    def claim(text: str) -> str:
+        start = text.index("WITH expired AS MATERIALIZED (")
+        end = text.index("RETURNING", start)
+        return " ".join(text[start:end].replace("{{lease_seconds}}", "30").split())
+
+    reliable = sections("postgresql", "reliable")
+    newest = max(name for name in reliable if name.startswith("create_dequeue_"))
+    assert claim(sections("postgresql", "bench")["onetable_create"]) == claim(reliable[newest])
