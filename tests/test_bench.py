@@ -18,6 +18,7 @@ from sqlalchemy.engine import make_url
 
 from queuectl.bench.pgbench import Connection, find_pgbench
 from conftest import run_cli
+from test_plan_guard import GUARD, proconfig
 
 
 def _schema() -> dict:
@@ -111,13 +112,9 @@ def test_one_table_baseline_hands_out_each_message_once(db_url: str, engine: sa.
     assert sorted(got) == sorted(sent)
     with engine.connect() as conn:
         assert driver.consumed(conn, names)[0] == 30 and driver.ready(conn, names) == 0
-        # the split comparison is fair: the same plan settings as the reliable functions
-        # (reliable_0008's guard) and the same columns back as the reliable dequeue
-        for fn in ("dequeue", "ack"):
-            config = conn.exec_driver_sql(
-                "SELECT proconfig FROM pg_proc WHERE oid = CAST(%(f)s AS regproc)",
-                {"f": names.template_values()[f"fn_{fn}"]}).scalar_one()
-            assert {"enable_seqscan=off", "jit=off"} <= set(config), (fn, config)
+    # the split comparison is fair: the same plan settings as the reliable functions
+    # (reliable_0008's guard) and the same columns back as the reliable dequeue
+    assert proconfig(engine, "bsplit_one", ("dequeue", "ack")) == {"dequeue": GUARD, "ack": GUARD}
     reliable = QueueNames("bcols_reliable")
     driver_for("reliable").install(engine, reliable)
     assert _dequeue_columns(engine, names) == _dequeue_columns(engine, reliable)

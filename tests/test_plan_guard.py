@@ -11,7 +11,7 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from queuectl.bench.drivers import plan_shared_hits
+from queuectl.bench.drivers import enqueue_in_chunks, plan_shared_hits
 from queuectl.grants import grant_queue
 from queuectl.install import downgrade_queue, head_of, install_queue, list_queues, upgrade_queue
 from queuectl.kinds import open_queue
@@ -72,8 +72,7 @@ def small_queue(engine, name: str, revision: str | None = None, rows: int = 20, 
 
 def grow(engine, name: str, leased: int = 0) -> None:
     with open_queue(engine, name) as q:
-        for _ in range(GROWN_TO // 1000):
-            q.enqueue_many([bytes(300)] * 1000)
+        enqueue_in_chunks(q, bytes(300), GROWN_TO)
         if leased:
             q.dequeue(leased)  # in flight, ahead of the ready rows in id order
 
