@@ -1,6 +1,7 @@
 """The ring buffer: full and empty rings, pops that never read an uncommitted push, the
 recovery path for poppers and pushers that die holding a claimed position, consumers that
-close leaving no orphan (ring_0002's release, and the upgrade to it and back), HOT updates."""
+close leaving no orphan (ring_0002's release, and the upgrade to it and back), HOT updates,
+ring_0003's set-based batches and ring_0005's one-statement push and pop."""
 
 from __future__ import annotations
 
@@ -415,3 +416,61 @@ def test_session_claim_kept_at_ring_0002_is_served_after_the_upgrade_to_0003(eng
     with RingQueue(engine, "r") as producer, RingQueue(engine, "r") as consumer:
         assert producer.enqueue("z") == 2
         assert [(m.id, m.text) for m in consumer.dequeue(5)] == [(2, "z")]
+
+
+# -- ring_0005: push and pop in one statement each; the pop takes by UPDATE alone ----------
+
+
+def test_pop_of_a_claim_being_rescued_waits_for_the_rescue_then_takes_the_message_once(engine, db_url):
+    """ring_0005's pop takes its slots by UPDATE with no lock pass first, so a FULL slot that
+    ring_repair is rescuing right now is waited for (ring_0003 skipped it as locked). Consumer
+    A keeps claim 0; the message pushed there is rescued to position 1 by a repair whose
+    transaction is still open. A's pop waits for it, finds 0 RESCUED once it commits, and
+    the message comes to A at 1 with its next pop: once, and no claim is left behind."""
+    other = sa.create_engine(db_url)
+    consumer = ring(engine, 8)
+    try:
+        with RingQueue(engine, "r") as producer, other.connect() as repairer, ThreadPoolExecutor(1) as pool:
+            assert consumer.dequeue(1) == []  # claims 0 and keeps it
+            assert producer.enqueue("m") == 0
+            repairer.begin()
+            assert repairer.execute(sa.text(
+                "SELECT action, item_id, new_item_id FROM queuectl.\"r_ring_repair\"(interval '0 seconds', 1.0)")).all() \
+                == [("rescue", 0, 1)]
+            popped = pool.submit(consumer.dequeue, 5)
+            wait_until(lambda: scalar(engine, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :pid",
+                                      pid=consumer.backend_pid), timeout=30, interval=0.01)
+            repairer.commit()
+            assert popped.result(timeout=30) == []  # 0 was rescued; 1 was not committed when the pop began
+            assert [(m.id, m.text) for m in consumer.dequeue(5)] == [(1, "m")]
+            assert consumer.release() == []  # claim 0 dropped (RESCUED), claim 1 taken
+            assert slots(engine)[:2] == [(0, 0, 3), (1, 1, 0)]
+            assert producer.counts()["ready"] == 0
+    finally:
+        consumer.close()
+        other.dispose()
+
+
+def test_ring_0005_serves_claims_kept_across_its_upgrade_and_downgrades_to_ring_0003s_functions(engine):
+    """Only the push and the pop change at ring_0005, and the session's kept claims have the
+    same form on both sides: a consumer connected across the upgrade and the downgrade keeps
+    its claims, and the downgrade restores exactly the functions ring_0004 had."""
+    install_queue(engine, "alpha", "ring", RingSettings(size=4), revision="ring_0004")
+    install_queue(engine, "beta", "ring", RingSettings(size=4), revision="ring_0004")
+    old = ring_functions(engine, "beta")
+    with RingQueue(engine, "alpha") as consumer, RingQueue(engine, "alpha") as producer:
+        assert consumer.dequeue(1) == []  # keeps claim 0 (ring_0004)
+        assert upgrade_queue(engine, "alpha") == ("ring_0004", head_of("ring"))
+        new = ring_functions(engine, "alpha")
+        assert {fn for fn in old if new[fn] != old[fn]} == {"enqueue_many", "dequeue"}
+        assert "FOR UPDATE OF s SKIP LOCKED" not in new["dequeue"].split("RETURN QUERY")[1]  # no lock pass
+        assert producer.enqueue_many(["x", "y"]) == [0, 1]
+        assert [(m.id, m.text) for m in consumer.dequeue(1)] == [(0, "x")]  # the claim kept at ring_0004
+        assert [(m.id, m.text) for m in consumer.dequeue(1)] == [(1, "y")]
+        assert consumer.dequeue(1) == []  # the ring is empty: claims 2 and keeps it (ring_0005)
+        assert downgrade_queue(engine, "alpha", "ring_0004") == (head_of("ring"), "ring_0004")
+        assert ring_functions(engine, "alpha") == old  # exactly ring_0004's (ring_0003's) functions
+        assert producer.enqueue("z") == 2
+        assert [(m.id, m.text) for m in consumer.dequeue(5)] == [(2, "z")]  # the claim kept at ring_0005
+        assert consumer.release() == []
+        assert producer.counts()["ready"] == 0

@@ -360,7 +360,8 @@ class RingQueue(KindQueue):
     keeps the positions it claimed but could not write for the next push, so a full ring
     leaves no hole. A pop waits up to `timeout` seconds (default 0) for the first message
     and keeps the positions it claimed that have no message yet for the next pop. A batch
-    claims and writes (or takes) its positions in one statement each (ring_0003).
+    claims and writes (or takes) its positions in one statement each (ring_0003), and the
+    whole call is one statement when nothing has to wait (ring_0005).
 
     A popper that dies holding a claimed position (its session ends) or rolls back a
     `processing()` block after taking the message leaves that message FULL at a position

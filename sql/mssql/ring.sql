@@ -753,6 +753,16 @@ BEGIN
     SELECT side, item_id, tombstoned, new_item_id, outcome FROM @out ORDER BY seq;
 END
 
+-- name: replace_functions_0005
+-- ring_0005 on PostgreSQL folds its plpgsql push and pop into one statement each in the
+-- common case (sql/postgresql/ring.sql, replace_functions_0005, has the measurements): each
+-- plpgsql statement there pays its own executor start, and its pop locked the slots in a
+-- pass of its own before the UPDATE. The T-SQL procedures already take the slots in one
+-- UPDATE through a CTE with UPDLOCK, READPAST and OUTPUT deleted.*, and push in one UPDATE
+-- from a locked run; what is left per call (the session-context claims in table variables)
+-- has not been measured against an alternative on SQL Server, and none could run here.
+-- So nothing changes on SQL Server. Empty on purpose (no batch runs).
+
 -- name: drop_functions
 -- Remove the SQL API.
 DROP PROCEDURE IF EXISTS {{fn_ring_repair}};
