@@ -335,6 +335,22 @@ class OneTableDriver:
         return [names.table("meta")]
 
 
+class OneTableDeleteDriver(OneTableDriver):
+    """Bench-only: the one-table design whose ack deletes (bench.sql onetable_delete_ack), the
+    one-table queue of the issue's ring measurements (pick, claim by UPDATE, DELETE)."""
+
+    name = "onetable_delete"
+    description = "one wide table, claim by UPDATE and DELETE at ack (bench-only baseline for the ring)"
+
+    def install(self, engine: Engine, names: QueueNames) -> None:
+        super().install(engine, names)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(bench_sql("onetable_delete_ack", names.template_values()))
+
+    def consumed(self, conn: Connection, names: QueueNames) -> tuple[int, float | None]:
+        raise NotImplementedError(f"{self.name}: acked rows are deleted, leaving no record of consumed items")
+
+
 # -- destructive kinds (fifo, ring), through queuectl.kinds ----------------------------------
 
 RING_BENCH_SIZE = 8192  # slots of a bench ring unless a scenario installs it with its own size
@@ -438,5 +454,6 @@ register(ReliableDriver())
 register(ReliableAckDequeueDriver())
 register(ReliableNotifyAllDriver())
 register(OneTableDriver(), user_kind=False)
+register(OneTableDeleteDriver(), user_kind=False)
 register(KindQueueDriver("fifo", "lax FIFO (one table, INSERT / DELETE ... RETURNING) via queuectl.kinds"))
 register(KindQueueDriver("ring", "ring buffer (preallocated slots, UPDATE only) via queuectl.kinds"))
