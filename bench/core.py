@@ -444,8 +444,12 @@ class BenchRun:
 
     def pgss_calls(self, fn_name: str) -> dict[str, float]:
         """Totals so far of the top-level statements that call fn_name (a quoted, qualified name)."""
+        return self.pgss_like(f"%{fn_name}(%")
+
+    def pgss_like(self, pattern: str) -> dict[str, float]:
+        """Totals so far of the top-level statements whose text is LIKE pattern."""
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.text(bench_sql("pgss_calls", {})), {"pattern": f"%{fn_name}(%"}).mappings().all()
+            rows = conn.execute(sa.text(bench_sql("pgss_calls", {})), {"pattern": pattern}).mappings().all()
         keys = ("calls", "rows", "shared_blks_hit", "shared_blks_read", "wal_bytes", "total_exec_time")
         return {k: float(sum(r[k] or 0 for r in rows)) for k in keys}
 

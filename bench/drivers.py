@@ -335,20 +335,77 @@ class OneTableDriver:
         return [names.table("meta")]
 
 
-class OneTableDeleteDriver(OneTableDriver):
-    """Bench-only: the one-table design whose ack deletes (bench.sql onetable_delete_ack), the
-    one-table queue of the issue's ring measurements (pick, claim by UPDATE, DELETE)."""
+# -- the issue's lean one-table queue (bench-only baseline of the `ring` scenario) ----------
 
-    name = "onetable_delete"
-    description = "one wide table, claim by UPDATE and DELETE at ack (bench-only baseline for the ring)"
+
+class _LeanSession:
+    def __init__(self, url: str, names: QueueNames) -> None:
+        import os
+
+        from queuectl.engine import make_engine
+
+        self.engine = make_engine(url, pool_size=1)
+        self.conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        values = names.template_values()
+        self.sql = {k: sa.text(bench_sql(f"lean_{k}", values)) for k in ("enqueue_many", "dequeue", "ack")}
+        self.worker = f"bench:{os.getpid()}"
+
+    def enqueue(self, payloads: list[bytes]) -> None:
+        self.conn.execute(self.sql["enqueue_many"], {"payloads": BinaryArray(payloads)}).all()
+
+    def take(self, n: int) -> tuple[list[bytes], Any]:
+        params = {"batch": n, "lease_seconds": LEASE_SECONDS, "worker": self.worker}
+        rows = self.conn.execute(self.sql["dequeue"], params).all()
+        return [bytes(r.payload) for r in rows], [r.id for r in rows]
+
+    def finish(self, token: Any) -> None:
+        if token:
+            self.conn.execute(self.sql["ack"], {"ids": BinaryArray(token), "worker": self.worker})
+
+    def close(self) -> None:
+        self.conn.close()
+        self.engine.dispose()
+
+
+class LeanDriver:
+    """Bench-only: the issue's one-table queue (pick and claim in one UPDATE, DELETE at ack),
+    plain statements from sql/postgresql/bench.sql (lean_*)."""
+
+    name = "lean"
+    description = "one table, pick + claim by UPDATE, DELETE at ack (bench-only baseline for the ring)"
 
     def install(self, engine: Engine, names: QueueNames) -> None:
-        super().install(engine, names)
+        from queuectl.sqlfiles import split_statements
+
         with engine.begin() as conn:
-            conn.exec_driver_sql(bench_sql("onetable_delete_ack", names.template_values()))
+            for section in ("lean_drop", "lean_create"):
+                for statement in split_statements(bench_sql(section, names.template_values())):
+                    conn.exec_driver_sql(statement)
+
+    def uninstall(self, engine: Engine, names: QueueNames) -> None:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(bench_sql("lean_drop", names.template_values()))
+
+    def reset(self, conn: Connection, names: QueueNames) -> None:
+        conn.commit()
+        self.install(conn.engine, names)
+
+    def open(self, url: str, names: QueueNames) -> Session:
+        return _LeanSession(url, names)
 
     def consumed(self, conn: Connection, names: QueueNames) -> tuple[int, float | None]:
         raise NotImplementedError(f"{self.name}: acked rows are deleted, leaving no record of consumed items")
+
+    def ready(self, conn: Connection, names: QueueNames) -> int:
+        n = conn.execute(sa.text(bench_sql("lean_ready", names.template_values()))).scalar_one()
+        conn.commit()
+        return int(n)
+
+    def pgbench(self, names: QueueNames, batch: int, payloads: Sequence[bytes]) -> PgbenchScripts | None:
+        return None
+
+    def tables(self, names: QueueNames) -> list[str]:
+        return [names.table("meta")]
 
 
 # -- destructive kinds (fifo, ring), through queuectl.kinds ----------------------------------
@@ -454,6 +511,6 @@ register(ReliableDriver())
 register(ReliableAckDequeueDriver())
 register(ReliableNotifyAllDriver())
 register(OneTableDriver(), user_kind=False)
-register(OneTableDeleteDriver(), user_kind=False)
+register(LeanDriver(), user_kind=False)
 register(KindQueueDriver("fifo", "lax FIFO (one table, INSERT / DELETE ... RETURNING) via queuectl.kinds"))
 register(KindQueueDriver("ring", "ring buffer (preallocated slots, UPDATE only) via queuectl.kinds"))

@@ -1,10 +1,10 @@
 """Scenario `ring`: the ring buffer against one-table insert/delete queues.
 
 Two one-table queues, each a design of the issue's measurements:
-- `onetable_delete` (bench-only, sql/postgresql/bench.sql): the issue's "one table", the
-  design its ring figures (1.9x at batch 10) compare with: the pick FOR UPDATE SKIP LOCKED
-  and the claim UPDATE in one statement (the reliable dequeue's, on one table), and a
-  DELETE at ack. A message costs three transactions per batch: enqueue, dequeue, ack.
+- `lean` (bench-only, sql/postgresql/bench.sql lean_*): the issue's "one table", the design
+  its ring figures (1.9x at batch 10) compare with: a row per message with status and
+  lease, the pick FOR UPDATE SKIP LOCKED and the claim UPDATE in one statement, a DELETE at
+  ack; three transactions per batch (enqueue, dequeue, ack), plain statements.
 - `fifo`: queuectl's lax fifo kind: INSERT at enqueue and one `DELETE ... RETURNING`
   (FOR UPDATE SKIP LOCKED pick) at dequeue, the issue's "destructive" design, faster than
   its one table (two transactions per batch, as the ring's), so beating it is the harder
@@ -41,7 +41,7 @@ from queuectl.bench.pgbench import PgbenchUnavailable
 from queuectl.kindspec import kind_template_values
 from queuectl.names import QueueNames
 
-DESIGNS = (("onetable_delete", "bring_one", "one table (claim, DELETE at ack)"),
+DESIGNS = (("lean", "bring_lean", "one table (claim, DELETE at ack)"),
            ("fifo", "bring_fifo", "one table (fifo kind)"), ("ring", "bring_ring", "ring buffer"))
 SOAK_DESIGNS = ("fifo", "ring")
 DRAIN_BATCH = 1000
@@ -187,7 +187,7 @@ def ring(run: BenchRun) -> dict[str, Any]:
                     [ratio(a, b) for a, b in zip(cell["rate"], cells[("fifo", batch)]["rate"])]
                 )
                 metrics["ring_vs_claim_delete"] = stat(
-                    [ratio(a, b) for a, b in zip(cell["rate"], cells[("onetable_delete", batch)]["rate"])]
+                    [ratio(a, b) for a, b in zip(cell["rate"], cells[("lean", batch)]["rate"])]
                 )
             rows.append({
                 "subject": label, "phase": "full-cycle",
@@ -203,10 +203,9 @@ def ring(run: BenchRun) -> dict[str, Any]:
         "name": "ring",
         "description": "ring buffer vs one-table insert/delete queues: full cycle per batch size",
         "notes": [
-            "one table (claim, DELETE at ack) = the issue's one-table queue: INSERT at enqueue; a dequeue call "
-            "picks FOR UPDATE SKIP LOCKED and claims by UPDATE in one statement (the reliable dequeue on one "
-            "table, bench.sql onetable_create); an ack call DELETEs the batch (bench.sql onetable_delete_ack): "
-            "three transactions per batch",
+            "one table (claim, DELETE at ack) = the issue's one-table queue (bench.sql lean_*): INSERT at "
+            "enqueue; a dequeue call picks FOR UPDATE SKIP LOCKED and claims by UPDATE (status, lease) in one "
+            "statement; an ack call DELETEs the batch: three transactions per batch, plain statements",
             "one table (fifo kind) = the lax fifo kind: INSERT at enqueue, one DELETE ... RETURNING (SKIP LOCKED "
             "pick) per dequeue call: two transactions per batch, as the ring's; ring x fifo is the stricter "
             "comparison (series 5-9 reported it alone); ring = the ring kind, UPDATE only, "
@@ -241,18 +240,20 @@ PROFILE_KEYS = ("server_us_per_push", "server_us_per_pop", "buffers_per_message"
 
 
 def _profiled_functions(names: QueueNames, design: str) -> dict[str, list[str]]:
-    """The SQL functions the design's client calls for a push (one or many) and for a pop
-    (with its ack, for the one table that has one)."""
-    if design == "onetable_delete":
-        values = names.template_values()
-        return {"push": [values["fn_enqueue_many"]], "pop": [values["fn_dequeue"], values["fn_ack"]]}
+    """LIKE patterns of the top-level statements the design's client runs for a push (one or
+    many) and for a pop (with its ack, for the one table that has one)."""
+    if design == "lean":  # plain statements, found by their text
+        meta = names.template_values()["meta"]
+        return {"push": [f"INSERT INTO {meta} %"],
+                "pop": [f"WITH picked AS (%FROM {meta} m WHERE%", f"DELETE FROM {meta} m %"]}
     values = kind_template_values(names, design)
-    return {"push": [values["fn_enqueue"], values["fn_enqueue_many"]], "pop": [values["fn_dequeue"]]}
+    return {"push": [f"%{values['fn_enqueue']}(%", f"%{values['fn_enqueue_many']}(%"],
+            "pop": [f"%{values['fn_dequeue']}(%"]}
 
 
 def _server_totals(run: BenchRun, fns: dict[str, list[str]]) -> dict[str, list[dict[str, float]]]:
-    """pg_stat_statements totals so far of each side's functions (push, pop)."""
-    return {side: [run.pgss_calls(f) for f in fs] for side, fs in fns.items()}
+    """pg_stat_statements totals so far of each side's statements (push, pop)."""
+    return {side: [run.pgss_like(pattern) for pattern in patterns] for side, patterns in fns.items()}
 
 
 def _profile(before: dict[str, list[dict[str, float]]] | None, after: dict[str, list[dict[str, float]]] | None,
@@ -279,7 +280,7 @@ def _profile(before: dict[str, list[dict[str, float]]] | None, after: dict[str, 
 def _targets(cells: dict[tuple[str, int], dict[str, list[Any]]], batches: list[int], soak: dict[str, Any]) -> list[dict[str, Any]]:
     targets: list[dict[str, Any]] = []
     if 10 in batches:
-        for base, label in (("onetable_delete", "the issue's one-table queue (claim, DELETE at ack)"),
+        for base, label in (("lean", "the issue's one-table queue (claim, DELETE at ack)"),
                             ("fifo", "the fifo kind (one DELETE ... RETURNING per dequeue: the stricter comparison)")):
             value = stat([ratio(a, b) for a, b in zip(cells[("ring", 10)]["rate"], cells[(base, 10)]["rate"])])["median"]
             targets.append({"name": f"ring vs {label}, both at batch 10", "value": value,

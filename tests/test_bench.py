@@ -122,31 +122,35 @@ def test_one_table_baseline_hands_out_each_message_once(db_url: str, engine: sa.
     driver.uninstall(engine, names)
 
 
-def test_one_table_that_deletes_at_ack_leaves_only_what_was_not_acked(db_url: str, engine: sa.Engine) -> None:
-    """The ring scenario's one-table queue (the issue's: claim by UPDATE, DELETE at ack):
-    acked rows are gone, a claimed but unacked one stays leased, nothing is handed out twice."""
+def test_lean_one_table_deletes_what_is_acked_and_hands_out_each_message_once(db_url: str, engine: sa.Engine) -> None:
+    """The ring scenario's one-table queue (the issue's: pick and claim in one UPDATE, DELETE
+    at ack): two sessions never get the same row, acked rows are gone, and a claimed but
+    unacked one stays leased to its taker."""
     from queuectl.bench.drivers import driver_for
     from queuectl.names import QueueNames
 
-    driver, names = driver_for("onetable_delete"), QueueNames("bring_onedel")
+    driver, names = driver_for("lean"), QueueNames("bring_lean")
     with engine.begin() as conn:
         conn.exec_driver_sql('CREATE SCHEMA IF NOT EXISTS "queuectl"')
     driver.install(engine, names)
-    session = driver.open(db_url, names)
+    a, b = driver.open(db_url, names), driver.open(db_url, names)
     try:
-        session.enqueue([b"a", b"b", b"c"])
-        held, token = session.take(2)
-        session.finish(token)
-        last, _ = session.take(5)  # claimed, never acked
-        assert sorted(held + last) == [b"a", b"b", b"c"] and session.take(5) == ([], [])
+        a.enqueue([b"a", b"b", b"c", b"d"])
+        held_a, token_a = a.take(2)
+        held_b, token_b = b.take(5)  # skips the rows a holds
+        assert sorted(held_a + held_b) == [b"a", b"b", b"c", b"d"] and len(held_a) == 2
+        a.finish(token_a)
+        b.finish(token_b[:1])  # the other one stays claimed
+        assert a.take(5) == ([], []) and b.take(5) == ([], [])
     finally:
-        session.close()
+        a.close()
+        b.close()
     with engine.connect() as conn:
-        rows = conn.exec_driver_sql(f"SELECT payload, status FROM {names.qualified('meta')}").all()
-        assert [(bytes(p), st) for p, st in rows] == [(last[0], 1)] and driver.ready(conn, names) == 0
+        rows = conn.exec_driver_sql(f"SELECT payload, status, lease_owner FROM {names.qualified('meta')}").all()
+        assert [(bytes(p), st) for p, st, _ in rows] == [(held_b[1], 1)] and rows[0][2].startswith("bench:")
+        assert driver.ready(conn, names) == 0
         with pytest.raises(NotImplementedError):
             driver.consumed(conn, names)
-    assert proconfig(engine, "bring_onedel", ("ack",)) == {"ack": GUARD}  # the reliable ack's plan settings
     driver.uninstall(engine, names)
 
 
@@ -203,7 +207,7 @@ def test_tiny_ring_run_balances_every_message_and_reports_its_soak_sizes(db_url:
     sc = result["scenario"]
     assert sc["unavailable"] == []
     rows = {(r["params"]["kind"], r["params"]["batch"]): r for r in sc["rows"]}
-    assert set(rows) == {(k, b) for k in ("onetable_delete", "fifo", "ring") for b in (1, 10)}
+    assert set(rows) == {(k, b) for k in ("lean", "fifo", "ring") for b in (1, 10)}
     for row in rows.values():
         assert row["rate"]["median"] > 0 and row["metrics"]["messages_sent"]["median"] > 0
         # nothing lost, nothing orphaned: a message whose push commits at a closing consumer's
@@ -218,7 +222,7 @@ def test_tiny_ring_run_balances_every_message_and_reports_its_soak_sizes(db_url:
     assert rows[("ring", 10)]["metrics"]["ring_vs_one_table"]["median"] == pytest.approx(
         rows[("ring", 10)]["rate"]["median"] / rows[("fifo", 10)]["rate"]["median"])
     assert rows[("ring", 10)]["metrics"]["ring_vs_claim_delete"]["median"] == pytest.approx(
-        rows[("ring", 10)]["rate"]["median"] / rows[("onetable_delete", 10)]["rate"]["median"])
+        rows[("ring", 10)]["rate"]["median"] / rows[("lean", 10)]["rate"]["median"])
     ratios = {t["name"]: t["value"] for t in sc["targets"] if t["name"].endswith("both at batch 10")}
     assert list(ratios.values()) == [rows[("ring", 10)]["metrics"][k]["median"]
                                      for k in ("ring_vs_claim_delete", "ring_vs_one_table")]
