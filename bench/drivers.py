@@ -85,6 +85,16 @@ def bench_sql(section: str, values: dict[str, str | int]) -> str:
     return render(ENGINE_DIR, BENCH_SQL, section, values)
 
 
+def run_bench_sections(engine: Engine, names: QueueNames, *sections: str) -> None:
+    """Run bench.sql sections for a bench-only design's queue names, in one transaction."""
+    from queuectl.sqlfiles import split_statements
+
+    with engine.begin() as conn:
+        for section in sections:
+            for statement in split_statements(bench_sql(section, names.template_values())):
+                conn.exec_driver_sql(statement)
+
+
 def analyze_filled(engine: Engine, design: str, names: QueueNames, kind: str = "reliable") -> None:
     """Statistics and visibility map for a design's freshly filled tables, as autovacuum
     gives a live queue's (bench.sql <design>_analyze says why); VACUUM needs autocommit.
@@ -296,19 +306,10 @@ class OneTableDriver:
     description = "one wide table (bench-only baseline for the meta/data split)"
 
     def install(self, engine: Engine, names: QueueNames) -> None:
-        from queuectl.sqlfiles import split_statements
-
-        with engine.begin() as conn:
-            for section in ("onetable_drop", "onetable_create"):
-                for statement in split_statements(bench_sql(section, names.template_values())):
-                    conn.exec_driver_sql(statement)
+        run_bench_sections(engine, names, "onetable_drop", "onetable_create")
 
     def uninstall(self, engine: Engine, names: QueueNames) -> None:
-        from queuectl.sqlfiles import split_statements
-
-        with engine.begin() as conn:
-            for statement in split_statements(bench_sql("onetable_drop", names.template_values())):
-                conn.exec_driver_sql(statement)
+        run_bench_sections(engine, names, "onetable_drop")
 
     def reset(self, conn: Connection, names: QueueNames) -> None:
         conn.execute(sa.text(bench_sql("onetable_reset", names.template_values())))
@@ -375,16 +376,10 @@ class LeanDriver:
     description = "one table, pick + claim by UPDATE, DELETE at ack (bench-only baseline for the ring)"
 
     def install(self, engine: Engine, names: QueueNames) -> None:
-        from queuectl.sqlfiles import split_statements
-
-        with engine.begin() as conn:
-            for section in ("lean_drop", "lean_create"):
-                for statement in split_statements(bench_sql(section, names.template_values())):
-                    conn.exec_driver_sql(statement)
+        run_bench_sections(engine, names, "lean_drop", "lean_create")
 
     def uninstall(self, engine: Engine, names: QueueNames) -> None:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(bench_sql("lean_drop", names.template_values()))
+        run_bench_sections(engine, names, "lean_drop")
 
     def reset(self, conn: Connection, names: QueueNames) -> None:
         conn.commit()
