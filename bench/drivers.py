@@ -267,7 +267,12 @@ class ReliableNotifyAllDriver(ReliableDriver):
 # -- the one-table design (bench-only baseline of the `split` scenario) ------------------
 
 
-class _OneTableSession:
+class _BenchTableSession:
+    """A worker's session on a bench-only design: its bench.sql `<prefix>_enqueue_many`,
+    `_dequeue` and `_ack` statements on one autocommit connection."""
+
+    prefix = ""
+
     def __init__(self, url: str, names: QueueNames) -> None:
         import os
 
@@ -276,12 +281,23 @@ class _OneTableSession:
         self.engine = make_engine(url, pool_size=1)
         self.conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         values = names.template_values()
-        self.sql = {k: sa.text(bench_sql(f"onetable_{k}", values)) for k in ("enqueue_many", "dequeue", "ack")}
-        self.json_value = adapter_for(self.engine).json_value
+        self.sql = {k: sa.text(bench_sql(f"{self.prefix}_{k}", values)) for k in ("enqueue_many", "dequeue", "ack")}
         self.worker = f"bench:{os.getpid()}"
 
     def enqueue(self, payloads: list[bytes]) -> None:
         self.conn.execute(self.sql["enqueue_many"], {"payloads": BinaryArray(payloads)}).all()
+
+    def close(self) -> None:
+        self.conn.close()
+        self.engine.dispose()
+
+
+class _OneTableSession(_BenchTableSession):
+    prefix = "onetable"
+
+    def __init__(self, url: str, names: QueueNames) -> None:
+        super().__init__(url, names)
+        self.json_value = adapter_for(self.engine).json_value
 
     def take(self, n: int) -> tuple[list[bytes], Any]:
         # The same columns as the reliable dequeue, decoded into the same Messages by the
@@ -293,10 +309,6 @@ class _OneTableSession:
     def finish(self, token: Any) -> None:
         if token:
             self.conn.execute(self.sql["ack"], {"ids": BinaryArray(token), "worker": self.worker}).scalar_one()
-
-    def close(self) -> None:
-        self.conn.close()
-        self.engine.dispose()
 
 
 class OneTableDriver:
@@ -339,20 +351,8 @@ class OneTableDriver:
 # -- the issue's lean one-table queue (bench-only baseline of the `ring` scenario) ----------
 
 
-class _LeanSession:
-    def __init__(self, url: str, names: QueueNames) -> None:
-        import os
-
-        from queuectl.engine import make_engine
-
-        self.engine = make_engine(url, pool_size=1)
-        self.conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        values = names.template_values()
-        self.sql = {k: sa.text(bench_sql(f"lean_{k}", values)) for k in ("enqueue_many", "dequeue", "ack")}
-        self.worker = f"bench:{os.getpid()}"
-
-    def enqueue(self, payloads: list[bytes]) -> None:
-        self.conn.execute(self.sql["enqueue_many"], {"payloads": BinaryArray(payloads)}).all()
+class _LeanSession(_BenchTableSession):
+    prefix = "lean"
 
     def take(self, n: int) -> tuple[list[bytes], Any]:
         params = {"batch": n, "lease_seconds": LEASE_SECONDS, "worker": self.worker}
@@ -362,10 +362,6 @@ class _LeanSession:
     def finish(self, token: Any) -> None:
         if token:
             self.conn.execute(self.sql["ack"], {"ids": BinaryArray(token), "worker": self.worker})
-
-    def close(self) -> None:
-        self.conn.close()
-        self.engine.dispose()
 
 
 class LeanDriver:
