@@ -29,6 +29,7 @@ first sample.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Any
@@ -242,13 +243,21 @@ PROFILE_KEYS = ("server_us_per_push", "server_us_per_pop", "buffers_per_message"
 def _profiled_functions(names: QueueNames, design: str) -> dict[str, list[str]]:
     """LIKE patterns of the top-level statements the design's client runs for a push (one or
     many) and for a pop (with its ack, for the one table that has one)."""
-    if design == "lean":  # plain statements, found by their text
-        meta = names.template_values()["meta"]
-        return {"push": [f"INSERT INTO {meta} %"],
-                "pop": [f"WITH picked AS (%FROM {meta} m WHERE%", f"DELETE FROM {meta} m %"]}
+    if design == "lean":  # plain statements, found by their own text
+        return {"push": [_statement_pattern("lean_enqueue_many", names)],
+                "pop": [_statement_pattern("lean_dequeue", names), _statement_pattern("lean_ack", names)]}
     values = kind_template_values(names, design)
     return {"push": [f"%{values['fn_enqueue']}(%", f"%{values['fn_enqueue_many']}(%"],
             "pop": [f"%{values['fn_dequeue']}(%"]}
+
+
+def _statement_pattern(section: str, names: QueueNames) -> str:
+    """A LIKE pattern for a bench.sql statement as pg_stat_statements keeps it: the text the
+    session sends, up to its first parameter or constant (pg_stat_statements writes those
+    as $n), with LIKE's wildcards escaped."""
+    text = bench_sql(section, names.template_values())
+    prefix = re.split(r":\w|\b\d+\b", text, maxsplit=1)[0]
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 def _server_totals(run: BenchRun, fns: dict[str, list[str]]) -> dict[str, list[dict[str, float]]]:
