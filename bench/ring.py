@@ -44,7 +44,7 @@ from queuectl.names import QueueNames
 
 DESIGNS = (("lean", "bring_lean", "one table (claim, DELETE at ack)"),
            ("fifo", "bring_fifo", "one table (fifo kind)"), ("ring", "bring_ring", "ring buffer"))
-SOAK_DESIGNS = ("fifo", "ring")
+SOAK_DESIGNS = tuple(d for d in DESIGNS if d[0] in ("fifo", "ring"))  # the soak: ring vs the fifo kind
 DRAIN_BATCH = 1000
 SOAK_SAMPLES = 10  # samples per soak (at least one every second, at most one every 60 s)
 RING_SPEEDUP_SAME_BATCH = 2.0  # ring vs one table, both at batch 10
@@ -145,11 +145,11 @@ def ring(run: BenchRun) -> dict[str, Any]:
                     rep.step(f"repeat {r + 1}: {design}, batch {batch}")
                     names = run.names(queue)
                     _install(run, design, names, size)
-                    fns = _profiled_functions(names, design)
-                    before = _server_totals(run, fns) if have_pgss else None
+                    patterns = _profiled_statements(names, design)
+                    before = _server_totals(run, patterns) if have_pgss else None
                     res = run.python_phase(design, names, "cycle", batch=batch, payload_bytes=o.payload_bytes,
                                            producers=P, consumers=C, seconds=o.seconds)
-                    after = _server_totals(run, fns) if have_pgss else None
+                    after = _server_totals(run, patterns) if have_pgss else None
                     ledger = _drain_and_balance(run, design, names, res)
                     cell = cells[(design, batch)]
                     for key, value in _profile(before, after, res, P + C).items():
@@ -164,9 +164,7 @@ def ring(run: BenchRun) -> dict[str, Any]:
                     driver_for(design).uninstall(run.engine, names)
                     rep.done()
         if o.soak:
-            for design, queue, _ in DESIGNS:
-                if design not in SOAK_DESIGNS:
-                    continue
+            for design, queue, _ in SOAK_DESIGNS:
                 rep.step(f"soak: {design}, batch {o.batch}, {o.soak:g} s")
                 soak[design] = _soak(run, design, run.names(queue), size)
                 rep.done()
@@ -240,7 +238,7 @@ def ring(run: BenchRun) -> dict[str, Any]:
 PROFILE_KEYS = ("server_us_per_push", "server_us_per_pop", "buffers_per_message", "fraction_worker_time_in_server")
 
 
-def _profiled_functions(names: QueueNames, design: str) -> dict[str, list[str]]:
+def _profiled_statements(names: QueueNames, design: str) -> dict[str, list[str]]:
     """LIKE patterns of the top-level statements the design's client runs for a push (one or
     many) and for a pop (with its ack, for the one table that has one)."""
     if design == "lean":  # plain statements, found by their own text
@@ -260,9 +258,9 @@ def _statement_pattern(section: str, names: QueueNames) -> str:
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
-def _server_totals(run: BenchRun, fns: dict[str, list[str]]) -> dict[str, list[dict[str, float]]]:
+def _server_totals(run: BenchRun, patterns: dict[str, list[str]]) -> dict[str, list[dict[str, float]]]:
     """pg_stat_statements totals so far of each side's statements (push, pop)."""
-    return {side: [run.pgss_like(pattern) for pattern in patterns] for side, patterns in fns.items()}
+    return {side: [run.pgss_like(p) for p in side_patterns] for side, side_patterns in patterns.items()}
 
 
 def _profile(before: dict[str, list[dict[str, float]]] | None, after: dict[str, list[dict[str, float]]] | None,
