@@ -395,3 +395,78 @@ EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) SELECT * FROM {{fn_dequeue}}(1
 BEGIN;
 SELECT count(*) FROM {{fn_dequeue}}({{batch}});
 ROLLBACK;
+
+-- name: hot_bound_drop_finished
+-- The HOT bound probe (bench/hot_bound.py), its `nofin` queue: a reliable queue without
+-- the finished index, so the ack writes a heap row version and a primary-key entry only.
+-- The archive job needs that index: this is a bound, not a design.
+DROP INDEX {{schema}}.{{finished_idx}}
+
+-- name: hot_bound_hot_layout
+-- The HOT bound probe, its `hot` queue: a reliable queue reduced until its claim is a HOT
+-- update. No index mentions status or the lease columns any more (the ready index has no
+-- predicate; the leased and finished indexes are gone), the meta table keeps half of each
+-- page free, and the dequeue no longer looks for expired leases first (without the leased
+-- index that pick would scan the table; it keeps the installed dequeue's plan guard,
+-- which CREATE OR REPLACE resets, so it is set again). The ack is a DELETE (hot_bound_consume_delete):
+-- no history. It drops lookups and guarantees the queue needs: a bound on what a HOT-able
+-- layout could buy, not a design.
+DROP INDEX {{schema}}.{{finished_idx}};
+DROP INDEX {{schema}}.{{leased_idx}};
+DROP INDEX {{schema}}.{{ready_idx}};
+CREATE INDEX {{ready_idx}} ON {{meta}} (priority, due_at, id);
+ALTER TABLE {{meta}} SET (fillfactor = 50);
+CREATE OR REPLACE FUNCTION {{fn_dequeue}}(
+    p_batch         integer          DEFAULT 1,
+    p_lease_seconds double precision DEFAULT 30,
+    p_worker        text             DEFAULT NULL
+) RETURNS TABLE (
+    id bigint, priority smallint, due_at timestamptz, title text, attempts integer,
+    max_attempts integer, enqueued_at timestamptz, dequeued_at timestamptz,
+    leased_until timestamptz, payload bytea, headers jsonb
+)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH ready AS MATERIALIZED (
+        SELECT m.id FROM {{meta}} m
+        WHERE m.status = 0 AND m.due_at <= now()
+        ORDER BY m.priority, m.due_at, m.id
+        LIMIT greatest(p_batch, 0)
+        FOR UPDATE SKIP LOCKED
+    ), claimed AS (
+        UPDATE {{meta}} m SET
+            status = 1, attempts = m.attempts + 1, lease_owner = p_worker,
+            leased_until = now() + make_interval(secs => coalesce(p_lease_seconds, 30)),
+            dequeued_at = now()
+        WHERE m.id = ANY (ARRAY(SELECT r.id FROM ready r))
+        RETURNING m.id, m.priority, m.due_at, m.title, m.attempts, m.max_attempts,
+                  m.enqueued_at, m.dequeued_at, m.leased_until
+    ), payloads AS MATERIALIZED (
+        SELECT d.id, d.payload, d.headers FROM {{data}} d
+        WHERE d.id = ANY (ARRAY(SELECT c.id FROM claimed c))
+    )
+    SELECT c.id, c.priority, c.due_at, c.title, c.attempts, c.max_attempts, c.enqueued_at,
+           c.dequeued_at, c.leased_until, p.payload, p.headers
+    FROM claimed c JOIN payloads p ON p.id = c.id
+    ORDER BY c.priority, c.due_at, c.id;
+END
+$fn$;
+ALTER FUNCTION {{fn_dequeue}} SET enable_seqscan = off SET jit = off;
+
+-- name: hot_bound_consume_delete
+-- The `hot` queue's consumer (pgbench_reliable_consume's twin): dequeue, then delete what
+-- it claimed (the data rows go by the foreign key's cascade) instead of the ack.
+SELECT coalesce(array_agg(q.id), '{}') AS ids FROM {{fn_dequeue}}(:batch, NULL, :worker) AS q
+\gset
+DELETE FROM {{meta}} WHERE id = ANY (CAST(:ids AS bigint[])) AND status = 1 AND lease_owner = :worker;
+
+-- name: hot_bound_left
+-- What a HOT bound run left in its queue, by status.
+SELECT status, count(*) AS n FROM {{meta}} GROUP BY status ORDER BY status
+
+-- name: checkpoints
+-- Checkpoints the server has run so far (timed and requested): a run that spans one writes
+-- a full page image at the first change of every page after it, and is slower for it.
+SELECT checkpoints_timed + checkpoints_req AS n FROM pg_stat_bgwriter

@@ -1,0 +1,161 @@
+"""Probe: how much could a HOT-able layout of the reliable queue buy? A bound, in SQL.
+
+    python -m queuectl.bench.hot_bound [--batches 1,10,100] [--rounds 4] [--seconds 8] [--clients 8] [--url URL] [--json out.json]
+
+No update of the reliable queue's meta table is HOT: every claim and every ack changes
+`status`, and `status` is in the predicate of its partial indexes (PostgreSQL counts a
+predicate column as indexed), so each one writes a new row version and an entry in every
+index whose predicate the new version satisfies. A layout whose updates are HOT was the
+lever named for the peers and batch-1 targets (bench/RESULTS.md, "Reading the misses").
+This probe measures how far that lever can reach before anyone builds it, on three
+queues side by side:
+
+  * rel:   the reliable queue as installed (the head revision);
+  * nofin: the same without the finished index (what the ack's index entry costs);
+  * hot:   the same reduced until its claim is HOT, bench.sql hot_bound_hot_layout: no
+           index on status or the lease columns, half of each meta page free, no pick of
+           expired leases, and a DELETE instead of the ack, so no history either.
+
+`nofin` and `hot` drop lookups and guarantees the queue needs, so they are bounds, not
+designs: any real HOT-able layout keeps more work than `hot` does. Each round runs
+pgbench on each queue in turn (the order reversed every other round) for `--seconds`
+with `--clients` clients, each of which enqueues a batch, then dequeues and acks (or
+deletes) one: the full-cycle SQL twin of `queuectl bench` at that batch. Reported: the
+medians of messages/s over the rounds, the median of each queue's per-round ratio to
+`rel`, the meta table's updates and HOT updates in each run, and the checkpoints that
+ran during each run (a run that spans one writes full page images and is slower).
+Without --url the embedded server is used (as `queuectl` itself does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from typing import Any
+
+import sqlalchemy as sa
+
+from queuectl.bench.drivers import ReliableDriver, bench_sql, run_bench_sections
+from queuectl.bench.pgbench import Pgbench, find_pgbench
+from queuectl.engine import make_engine
+from queuectl.install import install_queue, list_queues, uninstall_queue
+from queuectl.names import QueueNames
+
+DESIGNS = ("rel", "nofin", "hot")
+SETUP = {"rel": (), "nofin": ("hot_bound_drop_finished",), "hot": ("hot_bound_hot_layout",)}
+PAYLOAD_BYTES = 300
+
+
+def _queue(design: str) -> QueueNames:
+    return QueueNames(f"hot_bound_{design}")
+
+
+def _install(engine: sa.Engine, design: str) -> None:
+    names = _queue(design)
+    with engine.connect() as conn:
+        if any(q.name == names.queue for q in list_queues(conn)):
+            uninstall_queue(engine, names.queue)
+    install_queue(engine, names.queue, "reliable")
+    if SETUP[design]:
+        run_bench_sections(engine, names, *SETUP[design])
+
+
+def _meta_stats(engine: sa.Engine, names: QueueNames) -> tuple[int, int]:
+    with engine.connect() as conn:  # a new transaction: statistics are cached per transaction
+        row = conn.execute(sa.text(bench_sql("soak_table", {})), {"table": names.qualified("meta")}).one()
+    return int(row.n_tup_upd), int(row.n_tup_hot_upd)
+
+
+def _left(engine: sa.Engine, names: QueueNames) -> dict[str, int]:
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(bench_sql("hot_bound_left", names.template_values()))).all()
+    return {str(r.status): int(r.n) for r in rows}
+
+
+def _checkpoints(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text(bench_sql("checkpoints", {}))).scalar_one())
+
+
+def one_run(engine: sa.Engine, pgbench: Pgbench, design: str, batch: int, clients: int, seconds: int) -> dict[str, Any]:
+    names = _queue(design)
+    values = names.template_values()
+    scripts = ReliableDriver().pgbench(names, batch, [os.urandom(PAYLOAD_BYTES) for _ in range(batch)])
+    assert scripts is not None
+    consume = "hot_bound_consume_delete" if design == "hot" else scripts.consume_section
+    script = pgbench.script(f"{names.queue}_{batch}",
+                            bench_sql(scripts.enqueue_section, values) + bench_sql(consume, values))
+    run_bench_sections(engine, names, "reliable_reset")
+    upd0, hot0 = _meta_stats(engine, names)
+    checkpoints = _checkpoints(engine)
+    result = pgbench.run([script], clients=clients, seconds=seconds, variables=scripts.variables)
+    upd1, hot1 = _meta_stats(engine, names)
+    return {"msgs_per_s": result.tps * batch, "transactions": result.transactions, "failed": result.failed,
+            "updates": upd1 - upd0, "hot_updates": hot1 - hot0, "checkpoints": _checkpoints(engine) - checkpoints,
+            "left": _left(engine, names)}
+
+
+def run(url: str | None, batches: list[int], *, rounds: int, seconds: int, clients: int) -> dict[str, Any]:
+    engine = make_engine(url)
+    path = find_pgbench()
+    if path is None:
+        raise RuntimeError("the HOT bound probe needs pgbench ($QUEUECTL_PGBENCH or PostgreSQL's bin folder)")
+    pgbench = Pgbench(path, engine.url.render_as_string(hide_password=False))
+    result: dict[str, Any] = {"batches": batches, "rounds": rounds, "seconds": seconds, "clients": clients,
+                              "payload_bytes": PAYLOAD_BYTES, "cells": []}
+    try:
+        for design in DESIGNS:
+            _install(engine, design)
+        for batch in batches:
+            runs: dict[str, list[dict[str, Any]]] = {d: [] for d in DESIGNS}
+            for round_no in range(rounds):
+                for design in (DESIGNS if round_no % 2 == 0 else DESIGNS[::-1]):
+                    cell = one_run(engine, pgbench, design, batch, clients, seconds)
+                    runs[design].append(cell)
+                    print(f"batch {batch:3} round {round_no} {design:5} {cell['msgs_per_s']:9,.0f} msg/s, "
+                          f"meta updates {cell['updates']:,} of which HOT {cell['hot_updates']:,}, "
+                          f"checkpoints {cell['checkpoints']}", flush=True)
+            for design in DESIGNS:
+                rates = [c["msgs_per_s"] for c in runs[design]]
+                ratios = [c["msgs_per_s"] / r["msgs_per_s"] for c, r in zip(runs[design], runs["rel"])]
+                updates = sum(c["updates"] for c in runs[design])
+                hot = sum(c["hot_updates"] for c in runs[design])
+                cell = {"batch": batch, "design": design, "msgs_per_s": rates, "median": statistics.median(rates),
+                        "ratios_to_rel": ratios, "ratio_to_rel": statistics.median(ratios), "updates": updates,
+                        "hot_updates": hot, "hot_ratio": hot / updates if updates else None,
+                        "failed": sum(c["failed"] for c in runs[design]), "left": [c["left"] for c in runs[design]],
+                        "checkpoints": [c["checkpoints"] for c in runs[design]]}
+                result["cells"].append(cell)
+                print(f"batch {batch:3} {design:5} median {cell['median']:9,.0f} msg/s, x rel {cell['ratio_to_rel']:.2f} "
+                      f"(per round {' / '.join(f'{r:.2f}' for r in ratios)}), HOT {hot:,} of {updates:,} updates",
+                      flush=True)
+    finally:
+        pgbench.close()
+        for design in DESIGNS:
+            uninstall_queue(engine, _queue(design).queue)
+        engine.dispose()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default=None, help="database URL (default: the embedded server)")
+    parser.add_argument("--batches", default="1,10,100", help="comma-separated batch sizes")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds; each runs every queue once")
+    parser.add_argument("--seconds", type=int, default=8, help="pgbench seconds per run")
+    parser.add_argument("--clients", type=int, default=8, help="pgbench clients (producer+consumer each)")
+    parser.add_argument("--json", dest="json_path", default=None)
+    args = parser.parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",") if b.strip()]
+    result = run(args.url, batches, rounds=args.rounds, seconds=args.seconds, clients=args.clients)
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as out:
+            json.dump(result, out, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
