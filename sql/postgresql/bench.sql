@@ -407,10 +407,10 @@ DROP INDEX {{schema}}.{{finished_idx}}
 -- update. No index mentions status or the lease columns any more (the ready index has no
 -- predicate; the leased and finished indexes are gone), the meta table keeps half of each
 -- page free, and the dequeue no longer looks for expired leases first (without the leased
--- index that pick would scan the table; it keeps the installed dequeue's plan guard,
--- which CREATE OR REPLACE resets, so it is set again). The ack is a DELETE (hot_bound_consume_delete):
--- no history. It drops lookups and guarantees the queue needs: a bound on what a HOT-able
--- layout could buy, not a design.
+-- index that pick would scan the table). The dequeue keeps the installed one's plan guard,
+-- which CREATE OR REPLACE resets, so it is set again below. The ack is a DELETE
+-- (hot_bound_consume_delete): no history. It drops lookups and guarantees the queue needs:
+-- a bound on what a HOT-able layout could buy, not a design.
 DROP INDEX {{schema}}.{{finished_idx}};
 DROP INDEX {{schema}}.{{leased_idx}};
 DROP INDEX {{schema}}.{{ready_idx}};
