@@ -433,8 +433,14 @@ def test_a_queue_kind_without_a_probe_is_a_warning_not_a_silent_pass(orders, eng
 def _cli_process(url: str, *args: str, stdout=subprocess.PIPE) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "QUEUECTL_URL"}
     env.update(QUEUECTL_URL=url, COLUMNS="160", TERM="xterm")
+    # SIGINT as a terminal delivers it: a suite started in the background by a shell without
+    # job control inherits SIGINT ignored, and Python then never raises KeyboardInterrupt
     return subprocess.Popen([sys.executable, "-m", "queuectl.cli", *args], stdout=stdout,
-                            stderr=subprocess.PIPE, env=env)
+                            stderr=subprocess.PIPE, env=env, preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_watch_piped_with_json_prints_one_report_per_refresh_until_ctrl_c(orders, db_url):
