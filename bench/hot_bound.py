@@ -23,7 +23,9 @@ with `--clients` clients, each of which enqueues a batch, then dequeues and acks
 deletes) one: the full-cycle SQL twin of `queuectl bench` at that batch. Reported: the
 medians of messages/s over the rounds, the median of each queue's per-round ratio to
 `rel`, the meta table's updates and HOT updates in each run, and the checkpoints that
-ran during each run (a run that spans one writes full page images and is slower).
+ran during each run (a run that spans one writes full page images and is slower), and the
+autovacuum and autoanalyze runs that finished on the queue's tables during each run
+(`--autovacuum off` disables autovacuum on those tables; they are truncated before every run).
 Without --url the embedded server is used (as `queuectl` itself does).
 """
 
@@ -53,7 +55,7 @@ def _queue(design: str) -> QueueNames:
     return QueueNames(f"hot_bound_{design}")
 
 
-def _install(engine: sa.Engine, design: str) -> None:
+def _install(engine: sa.Engine, design: str, *, autovacuum: bool) -> None:
     names = _queue(design)
     with engine.connect() as conn:
         if any(q.name == names.queue for q in list_queues(conn)):
@@ -61,12 +63,21 @@ def _install(engine: sa.Engine, design: str) -> None:
     install_queue(engine, names.queue, "reliable")
     if SETUP[design]:
         run_bench_sections(engine, names, *SETUP[design])
+    if not autovacuum:
+        with engine.begin() as conn:
+            for table in (names.qualified("meta"), names.qualified("data")):
+                conn.execute(sa.text(bench_sql("plan_guard_no_autovacuum", {"table": table})))
 
 
-def _meta_stats(engine: sa.Engine, names: QueueNames) -> tuple[int, int]:
+def _meta_stats(engine: sa.Engine, names: QueueNames) -> tuple[int, int, int]:
+    """The meta table's updates and HOT updates, and the autovacuum and autoanalyze runs
+    finished so far on the queue's meta and data tables."""
     with engine.connect() as conn:  # a new transaction: statistics are cached per transaction
         row = conn.execute(sa.text(bench_sql("soak_table", {})), {"table": names.qualified("meta")}).one()
-    return int(row.n_tup_upd), int(row.n_tup_hot_upd)
+        tables = [names.qualified("meta"), names.qualified("data")]
+        autos = conn.execute(sa.text(bench_sql("autovacuum_sample", {})), {"tables": tables}).all()
+    return int(row.n_tup_upd), int(row.n_tup_hot_upd), sum(int(a.autovacuum_count) + int(a.autoanalyze_count)
+                                                           for a in autos)
 
 
 def _left(engine: sa.Engine, names: QueueNames) -> dict[str, int]:
@@ -89,26 +100,27 @@ def one_run(engine: sa.Engine, pgbench: Pgbench, design: str, batch: int, client
     script = pgbench.script(f"{names.queue}_{batch}",
                             bench_sql(scripts.enqueue_section, values) + bench_sql(consume, values))
     run_bench_sections(engine, names, "reliable_reset")
-    upd0, hot0 = _meta_stats(engine, names)
+    upd0, hot0, auto0 = _meta_stats(engine, names)
     checkpoints = _checkpoints(engine)
     result = pgbench.run([script], clients=clients, seconds=seconds, variables=scripts.variables)
-    upd1, hot1 = _meta_stats(engine, names)
+    upd1, hot1, auto1 = _meta_stats(engine, names)
     return {"msgs_per_s": result.tps * batch, "transactions": result.transactions, "failed": result.failed,
             "updates": upd1 - upd0, "hot_updates": hot1 - hot0, "checkpoints": _checkpoints(engine) - checkpoints,
-            "left": _left(engine, names)}
+            "autovacuums": auto1 - auto0, "left": _left(engine, names)}
 
 
-def run(url: str | None, batches: list[int], *, rounds: int, seconds: int, clients: int) -> dict[str, Any]:
+def run(url: str | None, batches: list[int], *, rounds: int, seconds: int, clients: int,
+        autovacuum: bool = True) -> dict[str, Any]:
     engine = make_engine(url)
     path = find_pgbench()
     if path is None:
         raise RuntimeError("the HOT bound probe needs pgbench ($QUEUECTL_PGBENCH or PostgreSQL's bin folder)")
     pgbench = Pgbench(path, engine.url.render_as_string(hide_password=False))
     result: dict[str, Any] = {"batches": batches, "rounds": rounds, "seconds": seconds, "clients": clients,
-                              "payload_bytes": PAYLOAD_BYTES, "cells": []}
+                              "payload_bytes": PAYLOAD_BYTES, "autovacuum": autovacuum, "cells": []}
     try:
         for design in DESIGNS:
-            _install(engine, design)
+            _install(engine, design, autovacuum=autovacuum)
         for batch in batches:
             runs: dict[str, list[dict[str, Any]]] = {d: [] for d in DESIGNS}
             for round_no in range(rounds):
@@ -117,7 +129,8 @@ def run(url: str | None, batches: list[int], *, rounds: int, seconds: int, clien
                     runs[design].append(cell)
                     print(f"batch {batch:3} round {round_no} {design:5} {cell['msgs_per_s']:9,.0f} msg/s, "
                           f"meta updates {cell['updates']:,} of which HOT {cell['hot_updates']:,}, "
-                          f"checkpoints {cell['checkpoints']}", flush=True)
+                          f"checkpoints {cell['checkpoints']}, autovacuum/autoanalyze runs {cell['autovacuums']}",
+                          flush=True)
             for design in DESIGNS:
                 rates = [c["msgs_per_s"] for c in runs[design]]
                 ratios = [c["msgs_per_s"] / r["msgs_per_s"] for c, r in zip(runs[design], runs["rel"])]
@@ -127,7 +140,8 @@ def run(url: str | None, batches: list[int], *, rounds: int, seconds: int, clien
                         "ratios_to_rel": ratios, "ratio_to_rel": statistics.median(ratios), "updates": updates,
                         "hot_updates": hot, "hot_ratio": hot / updates if updates else None,
                         "failed": sum(c["failed"] for c in runs[design]), "left": [c["left"] for c in runs[design]],
-                        "checkpoints": [c["checkpoints"] for c in runs[design]]}
+                        "checkpoints": [c["checkpoints"] for c in runs[design]],
+                        "autovacuums": [c["autovacuums"] for c in runs[design]]}
                 result["cells"].append(cell)
                 print(f"batch {batch:3} {design:5} median {cell['median']:9,.0f} msg/s, x rel {cell['ratio_to_rel']:.2f} "
                       f"(per round {' / '.join(f'{r:.2f}' for r in ratios)}), HOT {hot:,} of {updates:,} updates",
@@ -147,10 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="rounds; each runs every queue once")
     parser.add_argument("--seconds", type=int, default=8, help="pgbench seconds per run")
     parser.add_argument("--clients", type=int, default=8, help="pgbench clients (producer+consumer each)")
+    parser.add_argument("--autovacuum", choices=("on", "off"), default="on",
+                        help="off: autovacuum disabled on the probe queues' tables (they are truncated before each run)")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
-    result = run(args.url, batches, rounds=args.rounds, seconds=args.seconds, clients=args.clients)
+    result = run(args.url, batches, rounds=args.rounds, seconds=args.seconds, clients=args.clients,
+                 autovacuum=args.autovacuum == "on")
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as out:
             json.dump(result, out, indent=2)

@@ -230,15 +230,18 @@ def test_tiny_plan_guard_probe_runs_both_parts_and_removes_its_queues(db_url, en
 def test_tiny_hot_bound_probe_makes_only_the_reduced_claim_hot(db_url, engine):
     """`python -m queuectl.bench.hot_bound` on a tiny run: every queue cycled messages under
     pgbench; the installed reliable queue's meta updates are never HOT (status is in its
-    indexes' predicates), the reduced `hot` queue's claims are, and the probe removes its queues."""
+    indexes' predicates), the reduced `hot` queue's claims are, autovacuum stays off the tables
+    when asked, and the probe removes its queues."""
     from queuectl.bench.hot_bound import DESIGNS, run
 
-    result = json.loads(json.dumps(run(db_url, [10], rounds=2, seconds=1, clients=2)))
+    result = json.loads(json.dumps(run(db_url, [10], rounds=2, seconds=1, clients=2, autovacuum=False)))
+    assert result["autovacuum"] is False
     cells = {c["design"]: c for c in result["cells"]}
     assert set(cells) == set(DESIGNS)
     for design, cell in cells.items():
         assert len(cell["msgs_per_s"]) == 2 and min(cell["msgs_per_s"]) > 0, cell
         assert cell["failed"] == 0 and cell["updates"] > 0, cell
+        assert cell["autovacuums"] == [0, 0], cell  # autovacuum is off on the probe's tables
         for left in cell["left"]:  # nothing but READY rows and, for the acking queues, DONE rows
             assert set(left) <= ({"0"} if design == "hot" else {"0", "2"}), (design, left)
     assert cells["rel"]["hot_updates"] == 0 and cells["nofin"]["hot_updates"] == 0

@@ -377,7 +377,8 @@ SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END AS pops
 
 -- name: plan_guard_no_autovacuum
 -- The plan-guard probe (bench/plan_guard.py): keep autovacuum off this table, so that no
--- ANALYZE replans the sessions the probe compares.
+-- ANALYZE replans the sessions the probe compares. The HOT bound probe (bench/hot_bound.py
+-- --autovacuum off) uses it to keep autovacuum out of its runs.
 ALTER TABLE {{table}} SET (autovacuum_enabled = false)
 
 -- name: plan_guard_analyze
