@@ -95,6 +95,13 @@ def run_bench_sections(engine: Engine, names: QueueNames, *sections: str) -> Non
                 conn.exec_driver_sql(statement)
 
 
+def autovacuum_off(engine: Engine, tables: Sequence[str]) -> None:
+    """Keep autovacuum off these tables (quoted, qualified names) for a probe's runs."""
+    with engine.begin() as conn:
+        for table in tables:
+            conn.exec_driver_sql(bench_sql("plan_guard_no_autovacuum", {"table": table}))
+
+
 def analyze_filled(engine: Engine, design: str, names: QueueNames, kind: str = "reliable") -> None:
     """Statistics and visibility map for a design's freshly filled tables, as autovacuum
     gives a live queue's (bench.sql <design>_analyze says why); VACUUM needs autocommit.

@@ -40,10 +40,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from queuectl.bench.drivers import ReliableDriver, bench_sql, run_bench_sections
+from queuectl.bench.drivers import ReliableDriver, autovacuum_off, bench_sql, run_bench_sections
 from queuectl.bench.pgbench import Pgbench, find_pgbench
 from queuectl.engine import make_engine
-from queuectl.install import install_queue, list_queues, uninstall_queue
+from queuectl.install import uninstall_queue
 from queuectl.names import QueueNames
 
 DESIGNS = ("rel", "nofin", "hot")
@@ -55,29 +55,26 @@ def _queue(design: str) -> QueueNames:
     return QueueNames(f"hot_bound_{design}")
 
 
+def _tables(names: QueueNames) -> list[str]:
+    return [names.qualified("meta"), names.qualified("data")]
+
+
 def _install(engine: sa.Engine, design: str, *, autovacuum: bool) -> None:
     names = _queue(design)
-    with engine.connect() as conn:
-        if any(q.name == names.queue for q in list_queues(conn)):
-            uninstall_queue(engine, names.queue)
-    install_queue(engine, names.queue, "reliable")
+    ReliableDriver().install(engine, names)  # the head revision, a leftover of an aborted run replaced
     if SETUP[design]:
         run_bench_sections(engine, names, *SETUP[design])
     if not autovacuum:
-        with engine.begin() as conn:
-            for table in (names.qualified("meta"), names.qualified("data")):
-                conn.execute(sa.text(bench_sql("plan_guard_no_autovacuum", {"table": table})))
+        autovacuum_off(engine, _tables(names))
 
 
 def _meta_stats(engine: sa.Engine, names: QueueNames) -> tuple[int, int, int]:
     """The meta table's updates and HOT updates, and the autovacuum and autoanalyze runs
     finished so far on the queue's meta and data tables."""
     with engine.connect() as conn:  # a new transaction: statistics are cached per transaction
-        row = conn.execute(sa.text(bench_sql("soak_table", {})), {"table": names.qualified("meta")}).one()
-        tables = [names.qualified("meta"), names.qualified("data")]
-        autos = conn.execute(sa.text(bench_sql("autovacuum_sample", {})), {"tables": tables}).all()
-    return int(row.n_tup_upd), int(row.n_tup_hot_upd), sum(int(a.autovacuum_count) + int(a.autoanalyze_count)
-                                                           for a in autos)
+        meta, *rest = conn.execute(sa.text(bench_sql("autovacuum_sample", {})), {"tables": _tables(names)}).all()
+    autos = sum(int(t.autovacuum_count) + int(t.autoanalyze_count) for t in (meta, *rest))
+    return int(meta.n_tup_upd), int(meta.n_tup_hot_upd), autos
 
 
 def _left(engine: sa.Engine, names: QueueNames) -> dict[str, int]:

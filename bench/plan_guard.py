@@ -28,7 +28,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from queuectl.bench.drivers import bench_sql, enqueue_in_chunks, plan_shared_hits
+from queuectl.bench.drivers import autovacuum_off, bench_sql, enqueue_in_chunks, plan_shared_hits
 from queuectl.bench.pgbench import Pgbench, find_pgbench
 from queuectl.engine import make_engine
 from queuectl.install import head_of, install_queue, list_queues, uninstall_queue
@@ -67,9 +67,7 @@ def _install(engine: sa.Engine, name: str, variant: str, revision: str, rows: in
     settings = FifoSettings(strict=True) if variant == "fifo_strict" else None
     install_queue(engine, name, _kind(variant), settings, revision=revision)
     if not autovacuum:
-        with engine.begin() as conn:
-            for table in _tables(variant, name):
-                conn.exec_driver_sql(bench_sql("plan_guard_no_autovacuum", {"table": table}))
+        autovacuum_off(engine, _tables(variant, name))
     with open_queue(engine, name) as queue:
         enqueue_in_chunks(queue, PAYLOAD, rows)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
