@@ -1,0 +1,121 @@
+"""reliable_0009: ack, nack, extend_lease and release find their rows through the primary
+key only, so the plan a session caches for them never reads the leased index, however many
+items are in flight; reliable_0008's did (its lease check implied the index's predicate).
+
+Each check runs the function in one transaction and reads that transaction's own block
+counters of the leased index (pg_stat_get_xact_blocks_fetched, a difference within the
+transaction: nothing to wait for, no other session counted), with the session's generic plans forced: plpgsql switches to the
+generic plan after five calls whenever it looks no dearer, which it did in the benchmark
+(bench/RESULTS.md series 11 and 12)."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from queuectl.client import Queue
+from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue
+
+from test_plan_guard import GUARD, proconfig
+
+IN_FLIGHT = 3_000  # leased items
+CALLS = 8  # more than five: plpgsql's switch to a generic plan, if it were not forced
+
+
+def leased_queue(engine, name: str, revision: str | None = None, *, analysed: bool) -> list[int]:
+    """A queue with IN_FLIGHT items leased by worker 'w' (and as many waiting); returns
+    their ids. Analysed (or not) while 20 were leased, as a queue that runs small batches
+    is, and not again when more are leased (a burst, slow handlers): autovacuum is off so
+    that nothing analyses it behind the test's back."""
+    install_queue(engine, name, "reliable", **({"revision": revision} if revision else {}))
+    with engine.begin() as conn:
+        for table in ("meta", "data"):
+            conn.execute(sa.text(f'ALTER TABLE queuectl."{name}_{table}" SET (autovacuum_enabled = false)'))
+    q = Queue(engine, name, worker="w")
+    try:
+        q.enqueue_many([bytes(30)] * (2 * IN_FLIGHT))
+        ids = [m.id for m in q.dequeue(20)]
+        if analysed:
+            with engine.connect() as conn:
+                conn.execute(sa.text(f'ANALYZE queuectl."{name}_meta"'))
+                conn.commit()
+        while len(ids) < IN_FLIGHT:
+            ids += [m.id for m in q.dequeue(20)]
+    finally:
+        q.close()
+    assert len(ids) == IN_FLIGHT
+    return ids
+
+
+def call(name: str, fn: str) -> str:
+    return {"ack": f'SELECT queuectl."{name}_ack"(ARRAY[:id]::bigint[], \'w\')',
+            "nack": f'SELECT * FROM queuectl."{name}_nack"(ARRAY[:id]::bigint[], \'boom\', \'w\')',
+            "extend_lease": f'SELECT * FROM queuectl."{name}_extend_lease"(ARRAY[:id]::bigint[], 60, \'w\')',
+            "release": f'SELECT queuectl."{name}_release"(ARRAY[:id]::bigint[], \'w\')'}[fn]
+
+
+def leased_index_blocks(engine, name: str, fn: str, ids: list[int]) -> tuple[int, int]:
+    """Blocks of the leased index that CALLS calls of `fn` (each on one leased item) fetched,
+    and how many items they changed; rolled back."""
+    fetched = sa.text("SELECT pg_stat_get_xact_blocks_fetched(CAST(:ix AS regclass))").bindparams(
+        ix=f'queuectl."{name}_meta_leased"')
+    with engine.connect() as conn:
+        conn.execute(sa.text("SET plan_cache_mode = force_generic_plan"))
+        # the counter also holds what the session did before and has not reported yet (a
+        # backend reports when idle outside a transaction, at most once a second): a
+        # difference taken inside one transaction is this transaction's own
+        start = conn.execute(fetched).scalar_one()
+        changed = 0
+        for item in ids[:CALLS]:
+            rows = conn.execute(sa.text(call(name, fn)), {"id": item}).all()
+            changed += rows[0][0] if fn in ("ack", "release") else len(rows)
+        blocks = conn.execute(fetched).scalar_one() - start
+        conn.rollback()
+        conn.execute(sa.text("RESET plan_cache_mode"))
+        conn.commit()
+    return int(blocks), changed
+
+
+FUNCTIONS = ["ack", "nack", "extend_lease", "release"]
+
+
+@pytest.mark.parametrize("analysed", [False, True], ids=["unanalysed", "analysed"])
+@pytest.mark.parametrize("fn", FUNCTIONS)
+def test_the_lease_functions_do_not_read_the_leased_index(engine, fn, analysed):
+    """The planner looks at the leased index's metapage once (its height); besides that,
+    only extend_lease touches the index: its new row version is still leased, so each call
+    inserts one entry (one descent, root to leaf: 2-3 blocks)."""
+    ids = leased_queue(engine, "q", analysed=analysed)
+    blocks, changed = leased_index_blocks(engine, "q", fn, ids)
+    assert changed == CALLS
+    if fn == "extend_lease":
+        assert blocks <= 3 * CALLS + 1, blocks
+    else:
+        assert blocks <= 1, blocks  # the planner's look at the index's metapage (its height)
+
+
+@pytest.mark.parametrize("analysed", [False, True], ids=["unanalysed", "analysed"])
+def test_before_reliable_0009_every_ack_read_the_whole_leased_index_and_the_upgrade_fixes_it(engine, analysed):
+    """reliable_0008 shows the flaw, so the test above can tell the two apart; the upgrade
+    keeps the plan guard (CREATE OR REPLACE resets SET clauses) and the downgrade puts the
+    previous functions back, guard included."""
+    ids = leased_queue(engine, "q", "reliable_0008", analysed=analysed)
+    before = definitions(engine, "q")
+    blocks, changed = leased_index_blocks(engine, "q", "ack", ids)
+    assert changed == CALLS
+    assert blocks >= 2 * CALLS, blocks  # root and leaves, every call
+
+    assert upgrade_queue(engine, "q") == ("reliable_0008", head_of("reliable"))
+    assert proconfig(engine, "q") == {fn: GUARD for fn in ("dequeue", *FUNCTIONS)}
+    blocks, changed = leased_index_blocks(engine, "q", "ack", ids)
+    assert changed == CALLS and blocks <= 1, blocks
+
+    assert downgrade_queue(engine, "q", "reliable_0008") == (head_of("reliable"), "reliable_0008")
+    assert proconfig(engine, "q") == {fn: GUARD for fn in ("dequeue", *FUNCTIONS)}
+    assert definitions(engine, "q") == before
+
+
+def definitions(engine, name: str) -> dict[str, str]:
+    with engine.connect() as conn:
+        return {fn: conn.execute(sa.text("SELECT pg_get_functiondef(CAST(:fn AS regproc))"),
+                                 {"fn": f'queuectl."{name}_{fn}"'}).scalar_one() for fn in FUNCTIONS}
