@@ -271,6 +271,16 @@ class ReliableNotifyAllDriver(ReliableDriver):
     revision = "reliable_0005"
 
 
+class ReliableLeaseScanDriver(ReliableDriver):
+    """The reliable queue as it was before reliable_0009: ack, nack, extend_lease and release
+    check `status = 1`, so their cached generic plans may read the whole leased index (same
+    client, same consumer loop)."""
+
+    name = "reliable_0008"
+    description = "reliable queue at reliable_0008 (lease functions may scan the leased index)"
+    revision = "reliable_0008"
+
+
 # -- the one-table design (bench-only baseline of the `split` scenario) ------------------
 
 
@@ -508,6 +518,7 @@ def driver_for(name: str) -> KindDriver:
 register(ReliableDriver())
 register(ReliableAckDequeueDriver())
 register(ReliableNotifyAllDriver())
+register(ReliableLeaseScanDriver())
 register(OneTableDriver(), user_kind=False)
 register(LeanDriver(), user_kind=False)
 register(KindQueueDriver("fifo", "lax FIFO (one table, INSERT / DELETE ... RETURNING) via queuectl.kinds"))

@@ -88,14 +88,15 @@ def _checkpoints(engine: sa.Engine) -> int:
         return int(conn.execute(sa.text(bench_sql("checkpoints", {}))).scalar_one())
 
 
-def one_run(engine: sa.Engine, pgbench: Pgbench, design: str, batch: int, clients: int, seconds: int) -> dict[str, Any]:
-    names = _queue(design)
+def one_run(engine: sa.Engine, pgbench: Pgbench, names: QueueNames, batch: int, clients: int, seconds: int,
+            consume: str | None = None) -> dict[str, Any]:
+    """One pgbench run of the reliable full cycle on the queue `names` (`consume`: a bench.sql
+    section instead of the dequeue-and-ack one), from an empty queue."""
     values = names.template_values()
     scripts = ReliableDriver().pgbench(names, batch, [os.urandom(PAYLOAD_BYTES) for _ in range(batch)])
     assert scripts is not None
-    consume = "hot_bound_consume_delete" if design == "hot" else scripts.consume_section
     script = pgbench.script(f"{names.queue}_{batch}",
-                            bench_sql(scripts.enqueue_section, values) + bench_sql(consume, values))
+                            bench_sql(scripts.enqueue_section, values) + bench_sql(consume or scripts.consume_section, values))
     run_bench_sections(engine, names, "reliable_reset")
     upd0, hot0, auto0 = _meta_stats(engine, names)
     checkpoints = _checkpoints(engine)
@@ -104,6 +105,44 @@ def one_run(engine: sa.Engine, pgbench: Pgbench, design: str, batch: int, client
     return {"msgs_per_s": result.tps * batch, "transactions": result.transactions, "failed": result.failed,
             "updates": upd1 - upd0, "hot_updates": hot1 - hot0, "checkpoints": _checkpoints(engine) - checkpoints,
             "autovacuums": auto1 - auto0, "left": _left(engine, names)}
+
+
+def side_by_side(engine: sa.Engine, pgbench: Pgbench, queues: dict[str, tuple[QueueNames, str | None]],
+                 batches: list[int], *, rounds: int, seconds: int, clients: int) -> list[dict[str, Any]]:
+    """Each round runs every queue once (`queues`: design -> its queue and consume section;
+    the first is the base of the ratios), in reversed order every other round; one cell per
+    batch and design: rates, per-round ratios to the base and their median, HOT updates,
+    checkpoints and autovacuum runs."""
+    designs = list(queues)
+    base = designs[0]
+    cells: list[dict[str, Any]] = []
+    for batch in batches:
+        runs: dict[str, list[dict[str, Any]]] = {d: [] for d in designs}
+        for round_no in range(rounds):
+            for design in (designs if round_no % 2 == 0 else designs[::-1]):
+                names, consume = queues[design]
+                cell = one_run(engine, pgbench, names, batch, clients, seconds, consume)
+                runs[design].append(cell)
+                print(f"batch {batch:3} round {round_no} {design:5} {cell['msgs_per_s']:9,.0f} msg/s, "
+                      f"meta updates {cell['updates']:,} of which HOT {cell['hot_updates']:,}, "
+                      f"checkpoints {cell['checkpoints']}, autovacuum/autoanalyze runs {cell['autovacuums']}",
+                      flush=True)
+        for design in designs:
+            rates = [c["msgs_per_s"] for c in runs[design]]
+            ratios = [c["msgs_per_s"] / r["msgs_per_s"] for c, r in zip(runs[design], runs[base])]
+            updates = sum(c["updates"] for c in runs[design])
+            hot = sum(c["hot_updates"] for c in runs[design])
+            cell = {"batch": batch, "design": design, "msgs_per_s": rates, "median": statistics.median(rates),
+                    f"ratios_to_{base}": ratios, f"ratio_to_{base}": statistics.median(ratios), "updates": updates,
+                    "hot_updates": hot, "hot_ratio": hot / updates if updates else None,
+                    "failed": sum(c["failed"] for c in runs[design]), "left": [c["left"] for c in runs[design]],
+                    "checkpoints": [c["checkpoints"] for c in runs[design]],
+                    "autovacuums": [c["autovacuums"] for c in runs[design]]}
+            cells.append(cell)
+            print(f"batch {batch:3} {design:5} median {cell['median']:9,.0f} msg/s, x {base} "
+                  f"{cell[f'ratio_to_{base}']:.2f} (per round {' / '.join(f'{r:.2f}' for r in ratios)}), "
+                  f"HOT {hot:,} of {updates:,} updates", flush=True)
+    return cells
 
 
 def run(url: str | None, batches: list[int], *, rounds: int, seconds: int, clients: int,
@@ -118,31 +157,9 @@ def run(url: str | None, batches: list[int], *, rounds: int, seconds: int, clien
     try:
         for design in DESIGNS:
             _install(engine, design, autovacuum=autovacuum)
-        for batch in batches:
-            runs: dict[str, list[dict[str, Any]]] = {d: [] for d in DESIGNS}
-            for round_no in range(rounds):
-                for design in (DESIGNS if round_no % 2 == 0 else DESIGNS[::-1]):
-                    cell = one_run(engine, pgbench, design, batch, clients, seconds)
-                    runs[design].append(cell)
-                    print(f"batch {batch:3} round {round_no} {design:5} {cell['msgs_per_s']:9,.0f} msg/s, "
-                          f"meta updates {cell['updates']:,} of which HOT {cell['hot_updates']:,}, "
-                          f"checkpoints {cell['checkpoints']}, autovacuum/autoanalyze runs {cell['autovacuums']}",
-                          flush=True)
-            for design in DESIGNS:
-                rates = [c["msgs_per_s"] for c in runs[design]]
-                ratios = [c["msgs_per_s"] / r["msgs_per_s"] for c, r in zip(runs[design], runs["rel"])]
-                updates = sum(c["updates"] for c in runs[design])
-                hot = sum(c["hot_updates"] for c in runs[design])
-                cell = {"batch": batch, "design": design, "msgs_per_s": rates, "median": statistics.median(rates),
-                        "ratios_to_rel": ratios, "ratio_to_rel": statistics.median(ratios), "updates": updates,
-                        "hot_updates": hot, "hot_ratio": hot / updates if updates else None,
-                        "failed": sum(c["failed"] for c in runs[design]), "left": [c["left"] for c in runs[design]],
-                        "checkpoints": [c["checkpoints"] for c in runs[design]],
-                        "autovacuums": [c["autovacuums"] for c in runs[design]]}
-                result["cells"].append(cell)
-                print(f"batch {batch:3} {design:5} median {cell['median']:9,.0f} msg/s, x rel {cell['ratio_to_rel']:.2f} "
-                      f"(per round {' / '.join(f'{r:.2f}' for r in ratios)}), HOT {hot:,} of {updates:,} updates",
-                      flush=True)
+        queues = {d: (_queue(d), "hot_bound_consume_delete" if d == "hot" else None) for d in DESIGNS}
+        result["cells"] = side_by_side(engine, pgbench, queues, batches, rounds=rounds, seconds=seconds,
+                                       clients=clients)
     finally:
         pgbench.close()
         for design in DESIGNS:

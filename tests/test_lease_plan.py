@@ -10,11 +10,13 @@ generic plan after five calls whenever it looks no dearer, which it did in the b
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import sqlalchemy as sa
 
 from queuectl.client import Queue
-from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue
+from queuectl.install import downgrade_queue, head_of, install_queue, list_queues, upgrade_queue
 
 from test_plan_guard import GUARD, proconfig
 
@@ -119,3 +121,30 @@ def definitions(engine, name: str) -> dict[str, str]:
     with engine.connect() as conn:
         return {fn: conn.execute(sa.text("SELECT pg_get_functiondef(CAST(:fn AS regproc))"),
                                  {"fn": f'queuectl."{name}_{fn}"'}).scalar_one() for fn in FUNCTIONS}
+
+
+def test_tiny_ack_plan_probe(db_url, engine):
+    """`python -m queuectl.bench.ack_plan` on a tiny run: both parts measure both revisions;
+    the head's ack never reads the leased index; the cycle acks what it claims; the probe
+    removes its queues."""
+    from queuectl.bench.ack_plan import REVISIONS, run
+
+    result = json.loads(json.dumps(run(db_url, ["in-flight", "cycle"], in_flight=[40], acks=5, batches=[10],
+                                       rounds=2, seconds=1, clients=2, autovacuum=False)))
+    cells = result["in_flight"]["cells"]
+    assert sorted((c["design"], c["analysed_at_20_leased"]) for c in cells) == sorted(
+        (d, a) for d in REVISIONS for a in (True, False))
+    for cell in cells:
+        assert cell["in_flight"] == 40 and cell["acks"] == 5 and cell["ack_us_median"] > 0, cell
+        assert cell["blocks_per_ack"]["meta"] > 0 and cell["blocks_per_ack"]["meta_pkey"] > 0, cell
+        if cell["design"] == "head":
+            assert cell["blocks_per_ack"].get("meta_leased", 0) == 0, cell
+    cycle = {c["design"]: c for c in result["cycle"]["cells"]}
+    assert set(cycle) == set(REVISIONS) and cycle["0008"]["ratio_to_0008"] == 1.0
+    for cell in cycle.values():
+        assert len(cell["msgs_per_s"]) == 2 and min(cell["msgs_per_s"]) > 0 and cell["failed"] == 0, cell
+        assert cell["autovacuums"] == [0, 0], cell
+        for left in cell["left"]:
+            assert set(left) <= {"0", "2"}, left  # READY and DONE: every claim was acked
+    with engine.connect() as conn:
+        assert [q.name for q in list_queues(conn) if q.name.startswith("ack_plan_")] == []

@@ -471,3 +471,14 @@ SELECT status, count(*) AS n FROM {{meta}} GROUP BY status ORDER BY status
 -- Checkpoints the server has run so far (timed and requested): a run that spans one writes
 -- a full page image at the first change of every page after it, and is slower for it.
 SELECT checkpoints_timed + checkpoints_req AS n FROM pg_stat_bgwriter
+
+-- name: ack_plan_blocks
+-- Blocks of the meta table and of each of its indexes that this session fetched and has not
+-- reported yet (pg_stat_get_xact_blocks_fetched): a difference taken inside one transaction
+-- is that transaction's own (a backend reports only when idle outside a transaction). For
+-- the ack cost probe (bench/ack_plan.py).
+SELECT c.relname AS relation, pg_stat_get_xact_blocks_fetched(c.oid) AS blocks
+FROM pg_class c
+WHERE c.oid = CAST(:meta AS regclass)
+   OR c.oid IN (SELECT i.indexrelid FROM pg_index i WHERE i.indrelid = CAST(:meta AS regclass))
+ORDER BY c.relname

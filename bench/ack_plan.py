@@ -1,0 +1,195 @@
+"""Probe: what the reliable queue's ack costs with many items in flight, and in the full cycle
+(reliable_0009 against reliable_0008, in one run).
+
+    python -m queuectl.bench.ack_plan [--parts in-flight,cycle] [--in-flight 100,1000,10000] [--acks 100]
+        [--batches 1,10,100] [--rounds 4] [--seconds 8] [--clients 8] [--autovacuum on|off]
+        [--url URL] [--json out.json]
+
+reliable_0008's ack, nack, extend_lease and release checked `status = 1`, which implies the
+leased index's predicate: the generic plan plpgsql keeps after five calls could read that
+whole index on every call (sql/postgresql/reliable.sql, create_lease_functions_0009).
+Two parts, each with a queue at reliable_0008 ("0008") and one at the head ("head"):
+
+  * in-flight: a queue with N items leased, its tables vacuumed and analysed while 20 were (as a
+    queue running small batches is; then the rest leased in claims of 20, so the leases
+    have many expiry times) or never analysed; then --acks acks of one item each, in one
+    session with the server's default plan caching, every ack in its own transaction that
+    is rolled back (so each finds the same queue), after 8 warm-up acks (past plpgsql's
+    switch to a generic plan). Reported: the median time of an ack as the client sees it,
+    and the blocks each ack fetched from the meta table and from each index (the
+    transaction's own counters: pg_stat_get_xact_blocks_fetched). Autovacuum is off on
+    these queues, so nothing analyses them during the part.
+  * cycle: pgbench full cycles on both queues, side by side (bench/hot_bound.py's
+    side_by_side: every round runs both, in reversed order every other round), at each
+    batch: messages/s, per-round ratios to 0008 and their median. With --autovacuum off,
+    autovacuum is kept off both queues (truncated before each run, so never analysed).
+
+Without --url the embedded server is used (as `queuectl` itself does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import sqlalchemy as sa
+
+from queuectl.bench.drivers import ReliableDriver, analyze_filled, autovacuum_off, bench_sql, enqueue_in_chunks
+from queuectl.bench.hot_bound import side_by_side
+from queuectl.bench.pgbench import Pgbench, find_pgbench
+from queuectl.client import Queue
+from queuectl.engine import make_engine
+from queuectl.install import uninstall_queue
+from queuectl.names import QueueNames
+from queuectl.sqlfiles import render
+
+REVISIONS: dict[str, str | None] = {"0008": "reliable_0008", "head": None}  # None: the head
+WORKER = "ack_plan"
+CLAIM = 20  # items per claim while the queue is filled with leased items
+WARM_UP = 8  # acks before the measured ones: plpgsql decides on a generic plan after five
+PAYLOAD_BYTES = 300
+
+
+def _names(design: str) -> QueueNames:
+    return QueueNames(f"ack_plan_{design}")
+
+
+def _install(engine: sa.Engine, design: str, *, autovacuum: bool) -> QueueNames:
+    names = _names(design)
+    driver = ReliableDriver()
+    driver.revision = REVISIONS[design]
+    driver.install(engine, names)  # a leftover of an aborted run replaced
+    if not autovacuum:
+        autovacuum_off(engine, [names.qualified("meta"), names.qualified("data")])
+    return names
+
+
+def _leased(engine: sa.Engine, names: QueueNames, in_flight: int, *, analysed: bool) -> list[int]:
+    """Fill the queue: `in_flight` items leased by WORKER (and as many waiting)."""
+    queue = Queue(engine, names.queue, schema=names.schema, worker=WORKER)
+    try:
+        enqueue_in_chunks(queue, bytes(PAYLOAD_BYTES), 2 * in_flight)
+        ids = [m.id for m in queue.dequeue(CLAIM, lease=3_600)]
+        if analysed:
+            analyze_filled(engine, "reliable", names)  # VACUUM (ANALYZE), as autovacuum would
+        while len(ids) < in_flight:
+            ids += [m.id for m in queue.dequeue(min(CLAIM, in_flight - len(ids)), lease=3_600)]
+    finally:
+        queue.close()
+    return ids
+
+
+def _blocks(conn: sa.Connection, names: QueueNames) -> dict[str, int]:
+    rows = conn.execute(sa.text(bench_sql("ack_plan_blocks", {})), {"meta": names.qualified("meta")}).all()
+    return {str(r.relation).removeprefix(names.queue + "_"): int(r.blocks) for r in rows}
+
+
+def ack_costs(engine: sa.Engine, names: QueueNames, ids: list[int], acks: int) -> dict[str, Any]:
+    """The median client-side time of one ack(1), and blocks per ack by relation."""
+    ack = sa.text(render("postgresql", "reliable", "ack", names.template_values()))
+    times: list[float] = []
+    blocks: dict[str, list[int]] = {}
+    with engine.connect() as conn:
+        for n, item in enumerate(ids[:WARM_UP + acks]):
+            before = _blocks(conn, names)
+            started = time.perf_counter()
+            acked = conn.execute(ack, {"ids": [item], "worker": WORKER}).scalar_one()
+            elapsed = time.perf_counter() - started
+            after = _blocks(conn, names)
+            conn.rollback()
+            if acked != 1:
+                raise RuntimeError(f"ack of leased item {item} changed {acked} rows")
+            if n >= WARM_UP:
+                times.append(elapsed)
+                for relation, count in after.items():
+                    blocks.setdefault(relation, []).append(count - before.get(relation, 0))
+    return {"acks": len(times), "ack_us_median": statistics.median(times) * 1e6,
+            "blocks_per_ack": {r: statistics.mean(b) for r, b in blocks.items()},
+            "total_blocks_per_ack": statistics.mean(sum(b) for b in zip(*blocks.values()))}
+
+
+def in_flight_part(engine: sa.Engine, counts: list[int], acks: int) -> list[dict[str, Any]]:
+    cells = []
+    for analysed in (True, False):
+        for count in counts:
+            for design in REVISIONS:
+                names = _install(engine, design, autovacuum=False)
+                try:
+                    ids = _leased(engine, names, max(count, WARM_UP + acks), analysed=analysed)
+                    cell = {"design": design, "in_flight": len(ids), "analysed_at_20_leased": analysed,
+                            **ack_costs(engine, names, ids, acks)}
+                finally:
+                    uninstall_queue(engine, names.queue, names.schema)
+                cells.append(cell)
+                parts = ", ".join(f"{r} {b:.1f}" for r, b in cell["blocks_per_ack"].items() if b)
+                print(f"in flight {cell['in_flight']:6,} {'analysed' if analysed else 'never analysed':14} "
+                      f"{design:5} ack {cell['ack_us_median']:8.1f} us, {cell['total_blocks_per_ack']:7.1f} blocks "
+                      f"per ack ({parts})", flush=True)
+    return cells
+
+
+def run(url: str | None, parts: list[str], *, in_flight: list[int], acks: int, batches: list[int], rounds: int,
+        seconds: int, clients: int, autovacuum: bool = True) -> dict[str, Any]:
+    engine = make_engine(url)
+    result: dict[str, Any] = {"parts": parts, "revisions": {d: r or "head" for d, r in REVISIONS.items()},
+                              "payload_bytes": PAYLOAD_BYTES}
+    try:
+        if "in-flight" in parts:
+            result["in_flight"] = {"acks": acks, "cells": in_flight_part(engine, in_flight, acks)}
+        if "cycle" in parts:
+            path = find_pgbench()
+            if path is None:
+                raise RuntimeError("the cycle part needs pgbench ($QUEUECTL_PGBENCH or PostgreSQL's bin folder)")
+            pgbench = Pgbench(path, engine.url.render_as_string(hide_password=False))
+            try:
+                queues = {d: (_install(engine, d, autovacuum=autovacuum), None) for d in REVISIONS}
+                result["cycle"] = {"batches": batches, "rounds": rounds, "seconds": seconds, "clients": clients,
+                                   "autovacuum": autovacuum,
+                                   "cells": side_by_side(engine, pgbench, queues, batches, rounds=rounds,
+                                                         seconds=seconds, clients=clients)}
+            finally:
+                pgbench.close()
+                for design in REVISIONS:
+                    uninstall_queue(engine, _names(design).queue)
+    finally:
+        engine.dispose()
+    return result
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default=None, help="database URL (default: the embedded server)")
+    parser.add_argument("--parts", default="in-flight,cycle", help="comma-separated: in-flight, cycle")
+    parser.add_argument("--in-flight", default="100,1000,10000", help="leased items per in-flight cell")
+    parser.add_argument("--acks", type=int, default=100, help="measured acks per in-flight cell")
+    parser.add_argument("--batches", default="1,10,100", help="cycle: comma-separated batch sizes")
+    parser.add_argument("--rounds", type=int, default=4, help="cycle: rounds; each runs both queues once")
+    parser.add_argument("--seconds", type=int, default=8, help="cycle: pgbench seconds per run")
+    parser.add_argument("--clients", type=int, default=8, help="cycle: pgbench clients (producer+consumer each)")
+    parser.add_argument("--autovacuum", choices=("on", "off"), default="on",
+                        help="cycle: off keeps autovacuum off both queues' tables (truncated before each run)")
+    parser.add_argument("--json", dest="json_path", default=None)
+    args = parser.parse_args(argv)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = set(parts) - {"in-flight", "cycle"}
+    if unknown:
+        parser.error(f"unknown part(s): {', '.join(sorted(unknown))} (choose from in-flight, cycle)")
+    result = run(args.url, parts, in_flight=_ints(args.in_flight), acks=args.acks, batches=_ints(args.batches),
+                 rounds=args.rounds, seconds=args.seconds, clients=args.clients,
+                 autovacuum=args.autovacuum == "on")
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as out:
+            json.dump(result, out, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
