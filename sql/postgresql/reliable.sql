@@ -719,9 +719,15 @@ ALTER FUNCTION {{fn_release}} RESET enable_seqscan RESET jit;
 -- no longer matches the index predicate, so the primary key is the only index path left
 -- (sequential scans are off in these functions, set_plan_guard) and the status is checked
 -- on the rows it returns.
--- Checked (tests/test_lease_plan.py): with 3,000 items leased and the meta table analysed
--- while 20 were (or never), reliable_0008's ack read 4 blocks of the leased index per call
--- (a small index: the test's leases share a few expiry times), this revision's none.
+-- Measured (bench/ack_plan.py, bench/RESULTS.md series 12):
+--  * one ack(1), the table analysed while 20 items were leased, then 10,000 leased:
+--    reliable_0008 1,032 blocks and 1,770 us per ack (it fetched every leased row to test
+--    its id), this revision 10.1 blocks and 395 us; at 1,000 leased 109 against 10.1;
+--  * the SQL full cycle under pgbench, 8 clients, both revisions alternating, medians of 5
+--    rounds, at batch 1 / 10 / 100: autovacuum off (truncated, never analysed) 1.51x /
+--    2.49x / 1.35x reliable_0008; autovacuum on 1.28x / 0.98x / 1.01x (level or a few
+--    percent behind in the rounds where reliable_0008's plan happened to be good).
+-- tests/test_lease_plan.py checks that none of the four scans the leased index.
 -- Nothing else changes; the downgrade runs create_functions again. Both re-run
 -- set_plan_guard after (CREATE OR REPLACE resets a function's SET clauses).
 CREATE OR REPLACE FUNCTION {{fn_ack}}(p_ids bigint[], p_worker text DEFAULT NULL)
