@@ -78,14 +78,11 @@ def _archiver(url: str, stop: Any, active: Any, moved: Any, min_age: float, dela
 
 
 def repeat(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    from queuectl.bench.drivers import reinstall_queue
     from queuectl.engine import make_engine
-    from queuectl.install import get_queue, install_queue, uninstall_queue
 
     engine = make_engine(url)
-    with engine.connect() as conn:
-        if get_queue(conn, QUEUE):
-            uninstall_queue(engine, QUEUE)
-    install_queue(engine, QUEUE)
+    reinstall_queue(engine, QUEUE)
     engine.dispose()
     ctx = mp.get_context("spawn")
     stop, active = ctx.Event(), ctx.Event()

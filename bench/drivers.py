@@ -23,7 +23,7 @@ from queuectl.client import messages_from
 from queuectl.engine import BinaryArray, adapter_for  # BinaryArray: the client's binary array parameters
 from queuectl.errors import UsageError
 from queuectl.kindspec import kind_template_values
-from queuectl.names import QueueNames
+from queuectl.names import DEFAULT_SCHEMA, QueueNames
 from queuectl.sqlfiles import render
 
 ENGINE_DIR = "postgresql"
@@ -102,6 +102,19 @@ def autovacuum_off(engine: Engine, tables: Sequence[str]) -> None:
             conn.exec_driver_sql(bench_sql("plan_guard_no_autovacuum", {"table": table}))
 
 
+def reinstall_queue(engine: Engine, name: str, kind: str = "reliable", settings: Any = None, *,
+                    revision: str | None = None, schema: str = DEFAULT_SCHEMA) -> None:
+    """Install a probe's queue at `revision` (None: the head), first removing one of that name
+    left by an aborted run."""
+    from queuectl.install import get_queue, install_queue, uninstall_queue
+
+    with engine.connect() as conn:
+        existing = get_queue(conn, name, schema)
+    if existing is not None:
+        uninstall_queue(engine, name, schema)
+    install_queue(engine, name, kind, settings, schema=schema, revision=revision)
+
+
 def analyze_filled(engine: Engine, design: str, names: QueueNames, kind: str = "reliable") -> None:
     """Statistics and visibility map for a design's freshly filled tables, as autovacuum
     gives a live queue's (bench.sql <design>_analyze says why); VACUUM needs autocommit.
@@ -169,14 +182,7 @@ class ReliableDriver:
     revision: str | None = None  # None: the head
 
     def install(self, engine: Engine, names: QueueNames) -> None:
-        from queuectl.install import get_queue, install_queue, uninstall_queue
-
-        with engine.connect() as conn:
-            existing = get_queue(conn, names.queue, names.schema)
-        if existing is not None:
-            uninstall_queue(engine, names.queue, names.schema)
-        install_queue(engine, names.queue, "reliable", schema=names.schema,
-                      **({"revision": self.revision} if self.revision else {}))
+        reinstall_queue(engine, names.queue, revision=self.revision, schema=names.schema)
 
     def uninstall(self, engine: Engine, names: QueueNames) -> None:
         from queuectl.install import uninstall_queue

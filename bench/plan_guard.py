@@ -28,10 +28,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from queuectl.bench.drivers import autovacuum_off, bench_sql, enqueue_in_chunks, plan_shared_hits
+from queuectl.bench.drivers import autovacuum_off, bench_sql, enqueue_in_chunks, plan_shared_hits, reinstall_queue
 from queuectl.bench.pgbench import Pgbench, find_pgbench
 from queuectl.engine import make_engine
-from queuectl.install import head_of, install_queue, list_queues, uninstall_queue
+from queuectl.install import head_of, uninstall_queue
 from queuectl.kinds import open_queue
 from queuectl.kindspec import FifoSettings, kind_template_values
 from queuectl.names import QueueNames
@@ -61,11 +61,8 @@ def _tables(variant: str, name: str) -> list[str]:
 
 def _install(engine: sa.Engine, name: str, variant: str, revision: str, rows: int, *, autovacuum: bool) -> None:
     """The queue at `revision` with `rows` items, its tables analysed (and vacuumed)."""
-    with engine.connect() as conn:
-        if any(q.name == name for q in list_queues(conn)):
-            uninstall_queue(engine, name)
     settings = FifoSettings(strict=True) if variant == "fifo_strict" else None
-    install_queue(engine, name, _kind(variant), settings, revision=revision)
+    reinstall_queue(engine, name, _kind(variant), settings, revision=revision)
     if not autovacuum:
         autovacuum_off(engine, _tables(variant, name))
     with open_queue(engine, name) as queue:
