@@ -38,7 +38,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from queuectl.bench.drivers import ReliableDriver, analyze_filled, autovacuum_off, bench_sql, enqueue_in_chunks
+from queuectl.bench.drivers import (ENGINE_DIR, analyze_filled, autovacuum_off, bench_sql, enqueue_in_chunks,
+                                    reinstall_queue)
 from queuectl.bench.hot_bound import side_by_side
 from queuectl.bench.pgbench import Pgbench, find_pgbench
 from queuectl.client import Queue
@@ -60,16 +61,15 @@ def _names(design: str) -> QueueNames:
 
 def _install(engine: sa.Engine, design: str, *, autovacuum: bool) -> QueueNames:
     names = _names(design)
-    driver = ReliableDriver()
-    driver.revision = REVISIONS[design]
-    driver.install(engine, names)  # a leftover of an aborted run replaced
+    reinstall_queue(engine, names.queue, revision=REVISIONS[design])  # a leftover of an aborted run replaced
     if not autovacuum:
         autovacuum_off(engine, [names.qualified("meta"), names.qualified("data")])
     return names
 
 
-def _leased(engine: sa.Engine, names: QueueNames, in_flight: int, *, analysed: bool) -> list[int]:
-    """Fill the queue: `in_flight` items leased by WORKER (and as many waiting)."""
+def lease_items(engine: sa.Engine, names: QueueNames, in_flight: int, *, analysed: bool) -> list[int]:
+    """Fill the queue: `in_flight` items leased by WORKER (and as many waiting), the tables
+    vacuumed and analysed while CLAIM were leased (or never); returns the leased ids."""
     queue = Queue(engine, names.queue, schema=names.schema, worker=WORKER)
     try:
         enqueue_in_chunks(queue, bytes(PAYLOAD_BYTES), 2 * in_flight)
@@ -90,7 +90,7 @@ def _blocks(conn: sa.Connection, names: QueueNames) -> dict[str, int]:
 
 def ack_costs(engine: sa.Engine, names: QueueNames, ids: list[int], acks: int) -> dict[str, Any]:
     """The median client-side time of one ack(1), and blocks per ack by relation."""
-    ack = sa.text(render("postgresql", "reliable", "ack", names.template_values()))
+    ack = sa.text(render(ENGINE_DIR, "reliable", "ack", names.template_values()))
     times: list[float] = []
     blocks: dict[str, list[int]] = {}
     with engine.connect() as conn:
@@ -119,7 +119,7 @@ def in_flight_part(engine: sa.Engine, counts: list[int], acks: int) -> list[dict
             for design in REVISIONS:
                 names = _install(engine, design, autovacuum=False)
                 try:
-                    ids = _leased(engine, names, max(count, WARM_UP + acks), analysed=analysed)
+                    ids = lease_items(engine, names, max(count, WARM_UP + acks), analysed=analysed)
                     cell = {"design": design, "in_flight": len(ids), "analysed_at_20_leased": analysed,
                             **ack_costs(engine, names, ids, acks)}
                 finally:

@@ -4,9 +4,9 @@ items are in flight; reliable_0008's did (its lease check implied the index's pr
 
 Each check runs the function in one transaction and reads that transaction's own block
 counters of the leased index (pg_stat_get_xact_blocks_fetched, a difference within the
-transaction: nothing to wait for, no other session counted), with the session's generic plans forced: plpgsql switches to the
-generic plan after five calls whenever it looks no dearer, which it did in the benchmark
-(bench/RESULTS.md series 11 and 12)."""
+transaction: nothing to wait for, no other session counted), with the session's generic
+plans forced: plpgsql switches to the generic plan after five calls whenever it looks no
+dearer, which it did in the benchmark (bench/RESULTS.md series 11 and 12)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from queuectl.client import Queue
+from queuectl.bench.ack_plan import WORKER, lease_items
+from queuectl.bench.drivers import autovacuum_off
 from queuectl.install import downgrade_queue, head_of, install_queue, list_queues, upgrade_queue
+from queuectl.names import QueueNames
 
 from test_plan_guard import GUARD, proconfig
 
@@ -25,35 +27,23 @@ CALLS = 8  # more than five: plpgsql's switch to a generic plan, if it were not 
 
 
 def leased_queue(engine, name: str, revision: str | None = None, *, analysed: bool) -> list[int]:
-    """A queue with IN_FLIGHT items leased by worker 'w' (and as many waiting); returns
-    their ids. Analysed (or not) while 20 were leased, as a queue that runs small batches
-    is, and not again when more are leased (a burst, slow handlers): autovacuum is off so
-    that nothing analyses it behind the test's back."""
-    install_queue(engine, name, "reliable", **({"revision": revision} if revision else {}))
-    with engine.begin() as conn:
-        for table in ("meta", "data"):
-            conn.execute(sa.text(f'ALTER TABLE queuectl."{name}_{table}" SET (autovacuum_enabled = false)'))
-    q = Queue(engine, name, worker="w")
-    try:
-        q.enqueue_many([bytes(30)] * (2 * IN_FLIGHT))
-        ids = [m.id for m in q.dequeue(20)]
-        if analysed:
-            with engine.connect() as conn:
-                conn.execute(sa.text(f'ANALYZE queuectl."{name}_meta"'))
-                conn.commit()
-        while len(ids) < IN_FLIGHT:
-            ids += [m.id for m in q.dequeue(20)]
-    finally:
-        q.close()
+    """A queue with IN_FLIGHT items leased (and as many waiting), the probe's fill
+    (bench/ack_plan.py): vacuumed and analysed (or not) while 20 were leased, as a queue that
+    runs small batches is, and not again when more are leased (a burst, slow handlers);
+    autovacuum is off so that nothing analyses it behind the test's back. Returns the ids."""
+    names = QueueNames(name)
+    install_queue(engine, name, "reliable", revision=revision)
+    autovacuum_off(engine, [names.qualified("meta"), names.qualified("data")])
+    ids = lease_items(engine, names, IN_FLIGHT, analysed=analysed)
     assert len(ids) == IN_FLIGHT
     return ids
 
 
 def call(name: str, fn: str) -> str:
-    return {"ack": f'SELECT queuectl."{name}_ack"(ARRAY[:id]::bigint[], \'w\')',
-            "nack": f'SELECT * FROM queuectl."{name}_nack"(ARRAY[:id]::bigint[], \'boom\', \'w\')',
-            "extend_lease": f'SELECT * FROM queuectl."{name}_extend_lease"(ARRAY[:id]::bigint[], 60, \'w\')',
-            "release": f'SELECT queuectl."{name}_release"(ARRAY[:id]::bigint[], \'w\')'}[fn]
+    return {"ack": f'SELECT queuectl."{name}_ack"(ARRAY[:id]::bigint[], :worker)',
+            "nack": f'SELECT * FROM queuectl."{name}_nack"(ARRAY[:id]::bigint[], \'boom\', :worker)',
+            "extend_lease": f'SELECT * FROM queuectl."{name}_extend_lease"(ARRAY[:id]::bigint[], 60, :worker)',
+            "release": f'SELECT queuectl."{name}_release"(ARRAY[:id]::bigint[], :worker)'}[fn]
 
 
 def leased_index_blocks(engine, name: str, fn: str, ids: list[int]) -> tuple[int, int]:
@@ -69,7 +59,7 @@ def leased_index_blocks(engine, name: str, fn: str, ids: list[int]) -> tuple[int
         start = conn.execute(fetched).scalar_one()
         changed = 0
         for item in ids[:CALLS]:
-            rows = conn.execute(sa.text(call(name, fn)), {"id": item}).all()
+            rows = conn.execute(sa.text(call(name, fn)), {"id": item, "worker": WORKER}).all()
             changed += rows[0][0] if fn in ("ack", "release") else len(rows)
         blocks = conn.execute(fetched).scalar_one() - start
         conn.rollback()

@@ -11,11 +11,12 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from queuectl.bench.drivers import enqueue_in_chunks, plan_shared_hits
+from queuectl.bench.drivers import autovacuum_off, enqueue_in_chunks, plan_shared_hits
 from queuectl.grants import grant_queue
 from queuectl.install import downgrade_queue, head_of, install_queue, list_queues, upgrade_queue
 from queuectl.kinds import open_queue
 from queuectl.kindspec import FifoSettings
+from queuectl.names import QueueNames
 
 from test_grant import roles  # noqa: F401  (the fixture: three fresh roles)
 
@@ -58,15 +59,13 @@ def small_queue(engine, name: str, revision: str | None = None, rows: int = 20, 
     """A few rows (or none), analysed as autovacuum would, and no autovacuum afterwards (it
     would replan the sessions below when it analyses the grown tables)."""
     install_queue(engine, name, kind, settings, **({"revision": revision} if revision else {}))
-    tables = ("meta", "data") if kind == "reliable" else ("items",)
-    with engine.begin() as conn:
-        for table in tables:
-            conn.execute(sa.text(f'ALTER TABLE queuectl."{name}_{table}" SET (autovacuum_enabled = false)'))
+    tables = [QueueNames(name).qualified(role) for role in (("meta", "data") if kind == "reliable" else ("items",))]
+    autovacuum_off(engine, tables)
     if rows:
         with open_queue(engine, name) as q:
             q.enqueue_many([bytes(300)] * rows)
     with engine.connect() as conn:
-        conn.execute(sa.text("ANALYZE " + ", ".join(f'queuectl."{name}_{table}"' for table in tables)))
+        conn.execute(sa.text("ANALYZE " + ", ".join(tables)))
         conn.commit()
 
 
