@@ -287,6 +287,33 @@ class ReliableLeaseScanDriver(ReliableDriver):
     revision = "reliable_0008"
 
 
+class _ReliableSqlalchemySession(_ReliableSession):
+    def __init__(self, url: str, names: QueueNames) -> None:
+        from queuectl.client import Queue
+        from queuectl.sqlfiles import render
+
+        class SqlalchemyQueue(Queue):
+            """Every call through SQLAlchemy's Connection.execute, as the client ran before
+            series 13 (same SQL, same fetches and Message building)."""
+
+            def _statement(self, engine_dir: str, key: str) -> Any:
+                clause = sa.text(render(engine_dir, self.info.kind, key, self.names.template_values()))
+                return lambda conn, params: conn.execute(clause, params)
+
+        self.queue = SqlalchemyQueue(url, names.queue, schema=names.schema)
+
+
+class ReliableSqlalchemyDriver(ReliableDriver):
+    """The reliable queue at the head, its client's calls through SQLAlchemy's execution
+    layer instead of on the driver connection (the client before series 13)."""
+
+    name = "reliable_sqla"
+    description = "reliable queue, client calls through SQLAlchemy Connection.execute (before series 13)"
+
+    def open(self, url: str, names: QueueNames) -> Session:
+        return _ReliableSqlalchemySession(url, names)
+
+
 # -- the one-table design (bench-only baseline of the `split` scenario) ------------------
 
 
@@ -525,6 +552,7 @@ register(ReliableDriver())
 register(ReliableAckDequeueDriver())
 register(ReliableNotifyAllDriver())
 register(ReliableLeaseScanDriver())
+register(ReliableSqlalchemyDriver())
 register(OneTableDriver(), user_kind=False)
 register(LeanDriver(), user_kind=False)
 register(KindQueueDriver("fifo", "lax FIFO (one table, INSERT / DELETE ... RETURNING) via queuectl.kinds"))

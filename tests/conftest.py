@@ -8,12 +8,14 @@ URL must allow CREATE DATABASE.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,39 @@ def run_cli(
         env=env,
         timeout=timeout,
     )
+
+
+@contextmanager
+def statements_sent(conn: sa.Connection) -> Iterator[list[str]]:
+    """The statements this connection sends to the server inside the block, read from
+    libpq's own protocol trace: one entry per Execute (the extended protocol) or Query
+    (the simple one) message. An entry holds the statement's text when it was parsed in
+    the block, else "" (a statement psycopg had already prepared)."""
+    from psycopg import pq
+
+    pgconn = conn.connection.driver_connection.pgconn
+    sent: list[str] = []
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            yield sent
+        finally:
+            pgconn.untrace()
+            trace.seek(0)
+            parsed = ""
+            for origin, kind, body in _TRACE_MESSAGE.findall(trace.read()):
+                if origin != "F":
+                    continue
+                if kind == "Parse":
+                    parsed = body
+                elif kind == "Execute":
+                    sent.append(parsed)
+                    parsed = ""
+                elif kind == "Query":
+                    sent.append(body)
+
+
+# One protocol message of a libpq trace: direction, length, type, then its fields, which
+# may run over several lines (a statement's text) up to the next message.
+_TRACE_MESSAGE = re.compile(r"^([FB])\t\d+\t(\w+)(.*?)(?=^[FB]\t\d+\t|\Z)", re.MULTILINE | re.DOTALL)

@@ -154,6 +154,32 @@ def test_lean_one_table_deletes_what_is_acked_and_hands_out_each_message_once(db
     driver.uninstall(engine, names)
 
 
+def test_reliable_sqla_kind_runs_the_same_calls_through_sqlalchemy(db_url: str, engine: sa.Engine) -> None:
+    """The bench kind for the client before series 13: same queue, same SQL, but every call
+    through Connection.execute (the A/B of the driver-connection path)."""
+    from queuectl.bench.drivers import driver_for
+    from queuectl.names import QueueNames
+
+    driver, names = driver_for("reliable_sqla"), QueueNames("bsqla")
+    driver.install(engine, names)
+    session = driver.open(db_url, names)
+    executed: list[str] = []
+    sa.event.listen(session.queue.engine, "before_cursor_execute", lambda *a: executed.append(a[2]))
+    try:
+        session.enqueue([b"a"])
+        session.enqueue([b"b", b"c"])
+        payloads, token = session.take(5)
+        session.finish(token)
+    finally:
+        session.close()
+    assert sorted(payloads) == [b"a", b"b", b"c"]
+    calls = ['"bsqla_enqueue"(', '"bsqla_enqueue_many"(', '"bsqla_dequeue"(', '"bsqla_ack"(']
+    assert len(executed) == 4 and all(call in statement for call, statement in zip(calls, executed)), executed
+    with engine.connect() as conn:
+        assert driver.ready(conn, names) == 0
+    driver.uninstall(engine, names)
+
+
 def _dequeue_columns(engine: sa.Engine, names: Any) -> list[str]:
     """The column names a design's dequeue returns (from a call on an empty queue)."""
     with engine.connect() as conn:

@@ -1,15 +1,19 @@
 """The client's batch enqueue sends arrays of defaults as NULL: the items must come out
 exactly as if every default had been spelled out, and per-item values must still apply.
-Payload and id arrays travel in psycopg's binary format, and every byte value survives."""
+Payload and id arrays travel in psycopg's binary format, and every byte value survives.
+The client's calls run on the driver connection, one statement each, with SQLAlchemy's
+errors and reconnect signals kept."""
 
 from __future__ import annotations
 
 import time
 
 import psycopg
+import pytest
 import sqlalchemy as sa
 from psycopg.adapt import PyFormat, Transformer
 
+from conftest import statements_sent
 from queuectl.client import Queue
 from queuectl.engine import adapter_for
 from queuectl.install import install_queue
@@ -96,3 +100,40 @@ def test_binary_payload_arrays_round_trip_on_every_kind(engine) -> None:
             while len(got) < len(AWKWARD) and time.monotonic() < deadline:
                 got += queue.dequeue(len(AWKWARD))
             assert sorted(m.payload for m in got) == sorted(AWKWARD), kind
+
+
+def test_client_calls_run_on_the_driver_connection_one_statement_each(orders: Queue) -> None:
+    """SQLAlchemy's execution layer cost more client CPU than psycopg itself (series 13):
+    the hot calls skip it, and each still sends exactly one statement."""
+    through_sqlalchemy: list[str] = []
+    sa.event.listen(orders.engine, "before_cursor_execute", lambda *a: through_sqlalchemy.append(a[2]))
+    with statements_sent(orders._conn) as sent:
+        one = orders.enqueue(b"one")
+        ids = orders.enqueue_many([b"a", b"b", b"c"])
+        first = orders.dequeue(2)
+        assert sorted(orders.extend_lease(first, 60)) == sorted(m.id for m in first)
+        assert orders.ack(first[:1]) == 1
+        assert orders.nack(first[1:], "boom") == {first[1].id: "ready"}
+        taken = orders.ack_and_dequeue([], 1)
+        assert orders.release(taken) == 1
+    assert len(sent) == 8, sent
+    assert through_sqlalchemy == []
+    # the acked and the nacked (waiting for its retry) item are gone; the released one is back
+    assert sorted(m.id for m in orders.dequeue(10)) == sorted({one, *ids} - {m.id for m in first})
+
+
+def test_a_server_error_comes_back_as_sqlalchemys_and_the_session_goes_on(orders: Queue, engine) -> None:
+    """An error the server raises on a live connection is SQLAlchemy's DBAPIError (with the
+    driver's error as .orig), does not count as a lost connection, and the next call runs."""
+    orders.enqueue(b"x")
+    with engine.begin() as conn:
+        conn.exec_driver_sql('ALTER FUNCTION queuectl."orders_dequeue"(integer, double precision, text) RENAME TO "orders_dq"')
+    with pytest.raises(sa.exc.ProgrammingError) as raised:
+        orders.dequeue(1)
+    assert isinstance(raised.value.orig, psycopg.errors.UndefinedFunction)
+    assert not raised.value.connection_invalidated and orders.reconnects == 0
+    with engine.begin() as conn:
+        conn.exec_driver_sql('ALTER FUNCTION queuectl."orders_dq"(integer, double precision, text) RENAME TO "orders_dequeue"')
+    assert [m.payload for m in orders.dequeue(1)] == [b"x"]
+    assert orders.reconnects == 0
+

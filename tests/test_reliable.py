@@ -7,6 +7,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
+from conftest import statements_sent
 from jobs_helpers import wait_until
 from queuectl.catalog import QueueSettings
 from queuectl.client import Queue
@@ -173,16 +174,8 @@ def test_bad_arguments_are_refused_before_reaching_the_database(orders: Queue):
 def test_dequeue_is_one_statement_per_batch(orders: Queue):
     """The client sends one statement per dequeue, and the function runs one statement."""
     orders.enqueue_many([f"m{i}" for i in range(30)])
-    statements: list[str] = []
-
-    def record(conn, cursor, statement, *rest):
-        statements.append(statement)
-
-    sa.event.listen(orders.engine, "before_cursor_execute", record)
-    try:
+    with statements_sent(orders._conn) as statements:
         batch = orders.dequeue(25)
-    finally:
-        sa.event.remove(orders.engine, "before_cursor_execute", record)
     assert len(batch) == 25
     assert len(statements) == 1 and "dequeue" in statements[0]
     # the function body (the head's, reliable_0005): RETURN QUERY followed by exactly one SQL statement

@@ -85,7 +85,7 @@ _MESSAGE_COLUMNS = (
 )
 
 
-def messages_from(result: sa.CursorResult, json_value: Callable[[Any], Any]) -> list[Message]:
+def messages_from(result: Any, json_value: Callable[[Any], Any]) -> list[Message]:
     """The Messages of a dequeue result with the _MESSAGE_COLUMNS (bench/split.py's one-table
     baseline decodes its rows here too, so both designs pay the same client work)."""
     # Plain rows indexed by positions looked up once: dict-like rows were ~7% of a
@@ -112,6 +112,21 @@ def messages_from(result: sa.CursorResult, json_value: Callable[[Any], Any]) -> 
             leased_until=r[i_lease],
         ))
     return messages
+
+
+def _column(name: str) -> Callable[[Any], list[Any]]:
+    """A fetch of one named column from every row of a result."""
+    def fetch(result: Any) -> list[Any]:
+        i = list(result.keys()).index(name)
+        return [row[i] for row in result.all()]
+    return fetch
+
+
+def _new_statuses(result: Any) -> dict[int, str]:
+    """nack's rows as {id: status name}."""
+    keys = list(result.keys())
+    i_id, i_status = keys.index("id"), keys.index("status")
+    return {row[i_id]: STATUS_NAMES[row[i_status]] for row in result.all()}
 
 
 def _as_bytes(payload: bytes | bytearray | memoryview | str) -> bytes:
@@ -178,10 +193,13 @@ class Queue:
         self._adapter = adapter_for(self.engine)
         self._sql = self._statements(self._adapter.sql_dir)
 
-    def _statements(self, engine_dir: str) -> dict[str, sa.TextClause]:
-        values = self.names.template_values()
+    def _statements(self, engine_dir: str) -> dict[str, Callable[[sa.Connection, dict], Any]]:
         wanted = ("enqueue", "enqueue_many", "dequeue", "ack", "nack", "extend_lease", "release")
-        return {key: sa.text(render(engine_dir, self.info.kind, key, values)) for key in wanted}
+        return {key: self._statement(engine_dir, key) for key in wanted}
+
+    def _statement(self, engine_dir: str, key: str) -> Callable[[sa.Connection, dict], Any]:
+        clause = sa.text(render(engine_dir, self.info.kind, key, self.names.template_values()))
+        return self._adapter.client_statement(self.engine, clause)
 
     @property
     def name(self) -> str:
@@ -267,7 +285,7 @@ class Queue:
         }
         return self._call("dequeue", params, self._messages)
 
-    def _messages(self, result: sa.CursorResult) -> list[Message]:
+    def _messages(self, result: Any) -> list[Message]:
         return messages_from(result, self._adapter.json_value)
 
     def ack(self, items: Iterable[int | Message]) -> int:
@@ -300,8 +318,7 @@ class Queue:
             "base_seconds": _check_seconds(base_delay, "base delay"),
             "max_seconds": _check_seconds(max_delay, "max delay"),
         }
-        rows = self._call("nack", params, lambda r: r.all(), held=len(ids))
-        return {row.id: STATUS_NAMES[row.status] for row in rows}
+        return self._call("nack", params, _new_statuses, held=len(ids))
 
     def extend_lease(self, items: Iterable[int | Message], lease: float | None = None) -> list[int]:
         """Push the lease of held items forward (a heartbeat); returns the ids still held."""
@@ -309,7 +326,7 @@ class Queue:
         if not ids:
             return []
         params = {"ids": self._adapter.id_array(ids), "lease_seconds": _check_seconds(lease, "lease", low=0.001), "worker": self.worker}
-        return self._call("extend_lease", params, lambda r: [row.id for row in r], held=len(ids))
+        return self._call("extend_lease", params, _column("id"), held=len(ids))
 
     def release(self, items: Iterable[int | Message]) -> int:
         """Give held items back untouched, without using up an attempt."""
@@ -336,9 +353,7 @@ class Queue:
                 f"reliable_{ACK_DEQUEUE_REVISION:04d}: run `queuectl upgrade {self.name}`"
             )
         if "ack_dequeue" not in self._sql:
-            self._sql["ack_dequeue"] = sa.text(
-                render(self._adapter.sql_dir, self.info.kind, "ack_dequeue", self.names.template_values())
-            )
+            self._sql["ack_dequeue"] = self._statement(self._adapter.sql_dir, "ack_dequeue")
         ids = _ids(done)
         params = {
             "ack_ids": self._adapter.id_array(ids),
@@ -408,7 +423,7 @@ class Queue:
                 if self._conn is None or self._conn.invalidated or self._conn.closed:
                     self._reconnect()
                 sent = True
-                return fetch(self._conn.execute(self._sql[key], params))
+                return fetch(self._sql[key](self._conn, params))
             except sa.exc.DBAPIError as exc:
                 if not self._lost_connection(exc, sent):
                     refused = self._refused(key, exc)
