@@ -112,6 +112,9 @@ def _check_seconds(value: float, what: str) -> float:
     return float(value)
 
 
+_HOT_CALLS = ("enqueue", "enqueue_many", "dequeue")
+
+
 class KindQueue:
     """Common part of the clients for heap, fifo, stack, pending, watermark and ring queues."""
 
@@ -131,6 +134,10 @@ class KindQueue:
             values = {**self.names.template_values(), **kind_template_values(self.names, self.kind)}
             self._adapter = adapter_for(self.engine)
             self._sql = {key: sa.text(render(self._adapter.sql_dir, self.kind, key, values)) for key in self._calls}
+            # The per-message calls run as the reliable client's do (Adapter.client_statement:
+            # on psycopg, straight on the driver connection); the upkeep calls keep
+            # SQLAlchemy's rows, which their callers read by name.
+            self._hot = {key: self._adapter.client_statement(self.engine, self._sql[key]) for key in _HOT_CALLS}
         except BaseException:
             self.close()
             raise
@@ -144,8 +151,11 @@ class KindQueue:
         """The server process serving this client's session (for diagnostics and benches)."""
         return self._conn.connection.dbapi_connection.info.backend_pid
 
-    def _execute(self, key: str, params: dict[str, Any]) -> sa.CursorResult:
-        return self._conn.execute(self._sql[key], params)
+    def _execute(self, key: str, params: dict[str, Any]) -> Any:
+        """The call's result: keys(), all(), scalar_one() and scalars() on every call;
+        SQLAlchemy's full CursorResult on the upkeep calls."""
+        hot = self._hot.get(key)
+        return hot(self._conn, params) if hot is not None else self._conn.execute(self._sql[key], params)
 
     # -- producing -------------------------------------------------------------------
 
@@ -197,7 +207,7 @@ class KindQueue:
         """Take up to n items out of the queue (they are deleted: there is no ack)."""
         return self._items(self._execute("dequeue", {"batch": _check_batch(n)}))
 
-    def _items(self, result: sa.CursorResult) -> list[Item]:
+    def _items(self, result: Any) -> list[Item]:
         # Positions looked up once, plain rows indexed by them: a mapping's get("due_at")
         # raised and caught a KeyError per row on every kind without due times, and
         # attribute access by name costs more than the rest of building an Item (cProfile).
