@@ -137,3 +137,27 @@ def test_a_server_error_comes_back_as_sqlalchemys_and_the_session_goes_on(orders
     assert [m.payload for m in orders.dequeue(1)] == [b"x"]
     assert orders.reconnects == 0
 
+
+
+def test_kind_clients_per_message_calls_run_on_the_driver_connection(engine) -> None:
+    """The other kinds' enqueue, enqueue_many and dequeue go the same way, one statement each,
+    inside a processing() transaction too (it commits what the driver-level call did)."""
+    for kind in ("heap", "fifo", "stack", "watermark", "ring", "pending"):
+        install_queue(engine, f"d_{kind}", kind, settings_for(kind, size=16) if kind == "ring" else None)
+        with open_queue(engine, f"d_{kind}") as queue:
+            through_sqlalchemy: list[str] = []
+            listener = lambda *a: through_sqlalchemy.append(a[2])  # noqa: E731
+            sa.event.listen(queue.engine, "before_cursor_execute", listener)
+            try:
+                with statements_sent(queue._conn) as sent:
+                    queue.enqueue(b"one")
+                    queue.enqueue_many([b"two", b"three"])
+                    got = queue.dequeue(3)
+            finally:
+                sa.event.remove(queue.engine, "before_cursor_execute", listener)
+            assert sorted(m.payload for m in got) == [b"one", b"three", b"two"], kind
+            assert len(sent) == 3 and through_sqlalchemy == [], (kind, sent, through_sqlalchemy)
+            queue.enqueue(b"four")
+            with queue.processing(1) as taken:
+                assert [m.payload for m in taken] == [b"four"], kind
+            assert queue.dequeue(1) == [] and queue.counts()["ready"] == 0, kind
