@@ -50,6 +50,7 @@ def _register_binary_array() -> None:
 
 _register_binary_array()
 
+
 class DriverResult:
     """A driver cursor's rows behind the CursorResult calls the clients make (keys, all,
     scalar_one, scalars), for statements run by Adapter.client_statement."""
@@ -83,9 +84,10 @@ class DriverStatement:
     own connection under the SQLAlchemy Connection that holds it.
 
     SQLAlchemy's execution layer (execution context, result metadata, row processing)
-    costs more client CPU than the driver call itself: a dequeue(1) + ack took 181 us of
-    client CPU through Connection.execute against 72 us on psycopg, and four consumers
-    at batch 1 on 2 cores drained 1.4x faster this way (bench/RESULTS.md, series 13).
+    costs more client CPU than the driver call itself: a dequeue(1) + ack took 184 us of
+    client CPU through Connection.execute, 102 us this way, 77 us on psycopg alone, and
+    the full cycle at batch 1 (4 producers, 4 consumers, 2 cores) ran 1.28x the same
+    client through Connection.execute in one run (bench/RESULTS.md, series 13).
     Errors come back as SQLAlchemy's DBAPIError, and a lost connection invalidates the
     SQLAlchemy Connection, as Connection.execute would do, so callers handle both paths
     alike."""
