@@ -6,6 +6,7 @@ errors and reconnect signals kept."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import psycopg
@@ -15,7 +16,7 @@ from psycopg.adapt import PyFormat, Transformer
 
 from conftest import statements_sent
 from queuectl.client import Queue
-from queuectl.engine import adapter_for
+from queuectl.engine import adapter_for, statements_watched
 from queuectl.install import install_queue
 from queuectl.kinds import open_queue
 from queuectl.kindspec import settings_for
@@ -161,3 +162,28 @@ def test_kind_clients_per_message_calls_run_on_the_driver_connection(engine) -> 
             with queue.processing(1) as taken:
                 assert [m.payload for m in taken] == [b"four"], kind
             assert queue.dequeue(1) == [] and queue.counts()["ready"] == 0, kind
+
+
+@pytest.mark.parametrize("watch", ["listener", "echo", "logger"])
+def test_a_watched_engine_keeps_sqlalchemys_path(orders: Queue, db_url: str, watch: str, caplog) -> None:
+    """Someone who logs or instruments the engine's statements (echo, the sqlalchemy.engine
+    logger at INFO, an execution listener) still sees every call of a client created then."""
+    seen: list[str] = []
+    watched = sa.create_engine(sa.engine.make_url(db_url).set(drivername="postgresql+psycopg"), echo=watch == "echo")
+    if watch == "listener":
+        sa.event.listen(watched, "before_cursor_execute", lambda *a: seen.append(a[2]))
+    else:
+        caplog.set_level(logging.INFO, logger="sqlalchemy.engine.Engine")
+    try:
+        assert statements_watched(watched)
+        with Queue(watched, "orders") as queue:
+            queue.enqueue(b"x")
+            assert [m.payload for m in queue.dequeue(1)] == [b"x"]
+    finally:
+        watched.dispose()
+    seen += [record.getMessage() for record in caplog.records]
+    assert any('"orders_enqueue"(' in s for s in seen) and any('"orders_dequeue"(' in s for s in seen), seen[-5:]
+
+
+def test_an_unwatched_engine_is_not_taken_for_a_watched_one(engine) -> None:
+    assert not statements_watched(engine)

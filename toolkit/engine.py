@@ -8,6 +8,7 @@ single-runner lock (pg_advisory_lock / sp_getapplock) and how to read storage he
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -115,6 +116,29 @@ class DriverStatement:
             raise error from orig
 
 
+def _through_sqlalchemy(clause: sa.TextClause) -> Callable[[sa.Connection, dict], sa.CursorResult]:
+    return lambda conn, params: conn.execute(clause, params)
+
+
+# What watches an engine's statements: SQLAlchemy's log (echo=True, or the
+# sqlalchemy.engine logger set to INFO) and listeners of these events, such as an
+# OpenTelemetry instrumentation or a custom disconnect check.
+_WATCHING_EVENTS = ("before_execute", "after_execute", "before_cursor_execute", "after_cursor_execute")
+_ENGINE_LOGGER = "sqlalchemy.engine.Engine"
+
+
+def statements_watched(engine: Engine) -> bool:
+    """Whether the engine logs its statements or has execution or error listeners (also
+    ones set on the Engine class), when a client is created. Such a client keeps
+    SQLAlchemy's execution path, which costs it client CPU (DriverStatement) but skips no
+    one's log or instrumentation."""
+    if engine.echo or logging.getLogger(_ENGINE_LOGGER).isEnabledFor(logging.INFO):
+        return True
+    if len(engine.dialect.dispatch.handle_error):
+        return True
+    return any(len(getattr(engine.dispatch, name)) for name in _WATCHING_EVENTS)
+
+
 MSSQL_DRIVER = "ODBC Driver 18 for SQL Server"
 MSODBC_HOWTO = (
     "install Microsoft's msodbcsql18 (Debian/Ubuntu: add packages.microsoft.com's apt repository, "
@@ -175,8 +199,12 @@ class Adapter:
 
     def client_statement(self, engine: Engine, clause: sa.TextClause) -> Callable[[sa.Connection, dict], object]:
         """How a client runs one of its hot calls (enqueue, dequeue, ack, ...): on psycopg,
-        straight on the driver connection (DriverStatement). The result answers keys(),
-        all(), scalar_one() and scalars()."""
+        straight on the driver connection (DriverStatement), unless someone watches the
+        engine's statements (statements_watched): then through Connection.execute, so its
+        log and its event listeners see every call. The result answers keys(), all(),
+        scalar_one() and scalars()."""
+        if statements_watched(engine):
+            return _through_sqlalchemy(clause)
         return DriverStatement(engine, clause)
 
     # -- what a failed statement means -------------------------------------------------
@@ -297,7 +325,7 @@ class MssqlAdapter(Adapter):
     def client_statement(self, engine: Engine, clause: sa.TextClause) -> Callable[[sa.Connection, dict], object]:
         """Through SQLAlchemy's Connection.execute: its text() turns the named binds into
         pyodbc's `?` markers, and nobody has measured pyodbc's own cost here."""
-        return lambda conn, params: conn.execute(clause, params)
+        return _through_sqlalchemy(clause)
 
     def split_batches(self, sql: str) -> list[str]:
         """Batches separated by `GO` lines, as sqlcmd and SSMS split them (a CREATE
