@@ -194,7 +194,9 @@ class Queue:
         self._sql = self._statements(self._adapter.sql_dir)
 
     def _statements(self, engine_dir: str) -> dict[str, Callable[[sa.Connection, dict], Any]]:
-        wanted = ("enqueue", "enqueue_many", "dequeue", "ack", "nack", "extend_lease", "release")
+        # All at once: whether they run on the driver connection is decided when the
+        # client is created (Adapter.client_statement), not at a call's first use.
+        wanted = ("enqueue", "enqueue_many", "dequeue", "ack", "nack", "extend_lease", "release", "ack_dequeue")
         return {key: self._statement(engine_dir, key) for key in wanted}
 
     def _statement(self, engine_dir: str, key: str) -> Callable[[sa.Connection, dict], Any]:
@@ -352,8 +354,6 @@ class Queue:
                 f"queue {self.name!r} is at {self.info.schema_version}; ack_and_dequeue needs "
                 f"reliable_{ACK_DEQUEUE_REVISION:04d}: run `queuectl upgrade {self.name}`"
             )
-        if "ack_dequeue" not in self._sql:
-            self._sql["ack_dequeue"] = self._statement(self._adapter.sql_dir, "ack_dequeue")
         ids = _ids(done)
         params = {
             "ack_ids": self._adapter.id_array(ids),
