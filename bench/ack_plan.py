@@ -30,7 +30,6 @@ Without --url the embedded server is used (as `queuectl` itself does).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -40,13 +39,14 @@ import sqlalchemy as sa
 
 from queuectl.bench.drivers import (ENGINE_DIR, analyze_filled, autovacuum_off, bench_sql, enqueue_in_chunks,
                                     reinstall_queue)
-from queuectl.bench.hot_bound import side_by_side
+from queuectl.bench.hot_bound import add_cycle_arguments, side_by_side
 from queuectl.bench.pgbench import Pgbench, find_pgbench
 from queuectl.client import Queue
 from queuectl.engine import make_engine
 from queuectl.install import uninstall_queue
 from queuectl.names import QueueNames
 from queuectl.sqlfiles import render
+from queuectl.bench.report import write_json
 
 REVISIONS: dict[str, str | None] = {"0008": "reliable_0008", "head": None}  # None: the head
 WORKER = "ack_plan"
@@ -170,12 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default="in-flight,cycle", help="comma-separated: in-flight, cycle")
     parser.add_argument("--in-flight", default="100,1000,10000", help="leased items per in-flight cell")
     parser.add_argument("--acks", type=int, default=100, help="measured acks per in-flight cell")
-    parser.add_argument("--batches", default="1,10,100", help="cycle: comma-separated batch sizes")
-    parser.add_argument("--rounds", type=int, default=4, help="cycle: rounds; each runs both queues once")
-    parser.add_argument("--seconds", type=int, default=8, help="cycle: pgbench seconds per run")
-    parser.add_argument("--clients", type=int, default=8, help="cycle: pgbench clients (producer+consumer each)")
-    parser.add_argument("--autovacuum", choices=("on", "off"), default="on",
-                        help="cycle: off keeps autovacuum off both queues' tables (truncated before each run)")
+    add_cycle_arguments(parser, note="cycle: ")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -185,9 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.url, parts, in_flight=_ints(args.in_flight), acks=args.acks, batches=_ints(args.batches),
                  rounds=args.rounds, seconds=args.seconds, clients=args.clients,
                  autovacuum=args.autovacuum == "on")
-    if args.json_path:
-        with open(args.json_path, "w", encoding="utf-8") as out:
-            json.dump(result, out, indent=2)
+    write_json(args.json_path, result)
     return 0
 
 

@@ -15,7 +15,6 @@ Prints every window and writes JSON (--json).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import statistics
 import threading
@@ -136,6 +135,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
+    from queuectl.bench.report import write_json
     from queuectl.engine import mask_url, resolve_url
 
     url = resolve_url(args.url)
@@ -154,10 +154,8 @@ def main() -> None:
           f"batch {args.batch}):")
     print(f"  acked/s with archiving off {off:.0f}, on {on:.0f}; foreground loss {loss * 100:.1f} % "
           f"(per repeat: {per_repeat})")
-    if args.json_path:
-        with open(args.json_path, "w") as fh:
-            json.dump({"url": mask_url(url), "args": vars(args), "repeats": results,
-                       "median_off": off, "median_on": on, "median_loss": loss}, fh, indent=2)
+    write_json(args.json_path, {"url": mask_url(url), "args": vars(args), "repeats": results,
+                                "median_off": off, "median_on": on, "median_loss": loss})
 
 
 if __name__ == "__main__":

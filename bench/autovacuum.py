@@ -35,7 +35,6 @@ Without --url (or $QUEUECTL_URL) a throwaway server is started in a temporary fo
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -414,9 +413,9 @@ def main(argv: list[str] | None = None) -> int:
             if server is not None:
                 server.stop()
     _print_medians(result)
-    if args.json_path:
-        with open(args.json_path, "w", encoding="utf-8") as out:
-            json.dump(result, out, indent=2, default=str)
+    from queuectl.bench.report import write_json
+
+    write_json(args.json_path, result, default=str)
     return 0
 
 

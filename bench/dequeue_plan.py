@@ -14,7 +14,6 @@ the head / reliable_0004 ratio of the rates taken per repeat.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from typing import Any
@@ -26,6 +25,7 @@ from queuectl.client import Queue
 from queuectl.engine import make_engine
 from queuectl.install import head_of, install_queue, list_queues, uninstall_queue
 from queuectl.names import QueueNames
+from queuectl.bench.report import write_json
 
 BEFORE = "reliable_0004"
 PAYLOAD = bytes(300)
@@ -103,9 +103,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(part) for part in args.rows.split(",") if part.strip()]
     results = run(args.url, sizes, args.repeats, args.seconds)
-    if args.json_path:
-        with open(args.json_path, "w", encoding="utf-8") as out:
-            json.dump(results, out, indent=2)
+    write_json(args.json_path, results)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ no-snapshot time. Queues live in their own schema (`ghostbench`) and are removed
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -42,6 +41,7 @@ from queuectl.kinds import open_queue
 from queuectl.kindspec import kind_template_values, settings_for
 from queuectl.names import QueueNames
 from queuectl.sqlfiles import render
+from queuectl.bench.report import write_json
 
 SCHEMA = "ghostbench"
 KINDS = ("fifo", "watermark")
@@ -347,9 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     summary = summarize(run(engine, sizes, args.repeats, kinds, console))
     render_table(summary, console)
-    if args.json_path:
-        with open(args.json_path, "w") as fh:
-            json.dump(summary, fh, indent=2)
+    write_json(args.json_path, summary)
     engine.dispose()
     return 0
 

@@ -32,7 +32,6 @@ Without --url the embedded server is used (as `queuectl` itself does).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -45,6 +44,7 @@ from queuectl.bench.pgbench import Pgbench, find_pgbench
 from queuectl.engine import make_engine
 from queuectl.install import uninstall_queue
 from queuectl.names import QueueNames
+from queuectl.bench.report import write_json
 
 DESIGNS = ("rel", "nofin", "hot")
 SETUP = {"rel": (), "nofin": ("hot_bound_drop_finished",), "hot": ("hot_bound_hot_layout",)}
@@ -168,23 +168,27 @@ def run(url: str | None, batches: list[int], *, rounds: int, seconds: int, clien
     return result
 
 
+def add_cycle_arguments(parser: argparse.ArgumentParser, note: str = "") -> None:
+    """The options of a side_by_side() pgbench loop (this probe's, ack_plan's cycle part);
+    `note` starts each help text."""
+    parser.add_argument("--batches", default="1,10,100", help=f"{note}comma-separated batch sizes")
+    parser.add_argument("--rounds", type=int, default=4, help=f"{note}rounds; each runs every queue once")
+    parser.add_argument("--seconds", type=int, default=8, help=f"{note}pgbench seconds per run")
+    parser.add_argument("--clients", type=int, default=8, help=f"{note}pgbench clients (producer+consumer each)")
+    parser.add_argument("--autovacuum", choices=("on", "off"), default="on",
+                        help=f"{note}off: autovacuum disabled on the probe queues' tables (they are truncated before each run)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default=None, help="database URL (default: the embedded server)")
-    parser.add_argument("--batches", default="1,10,100", help="comma-separated batch sizes")
-    parser.add_argument("--rounds", type=int, default=4, help="rounds; each runs every queue once")
-    parser.add_argument("--seconds", type=int, default=8, help="pgbench seconds per run")
-    parser.add_argument("--clients", type=int, default=8, help="pgbench clients (producer+consumer each)")
-    parser.add_argument("--autovacuum", choices=("on", "off"), default="on",
-                        help="off: autovacuum disabled on the probe queues' tables (they are truncated before each run)")
+    add_cycle_arguments(parser)
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
     result = run(args.url, batches, rounds=args.rounds, seconds=args.seconds, clients=args.clients,
                  autovacuum=args.autovacuum == "on")
-    if args.json_path:
-        with open(args.json_path, "w", encoding="utf-8") as out:
-            json.dump(result, out, indent=2)
+    write_json(args.json_path, result)
     return 0
 
 

@@ -21,7 +21,6 @@ Without --url the embedded server is used (as `queuectl` itself does).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from typing import Any
@@ -35,6 +34,7 @@ from queuectl.install import head_of, uninstall_queue
 from queuectl.kinds import open_queue
 from queuectl.kindspec import FifoSettings, kind_template_values
 from queuectl.names import QueueNames
+from queuectl.bench.report import write_json
 
 # The last revision of each kind before its plan guard; "fifo_strict" is a strict FIFO queue.
 BEFORE = {"reliable": "reliable_0007", "fifo": "fifo_0003", "fifo_strict": "fifo_0003", "heap": "heap_0003",
@@ -178,9 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = ("stale", "cost") if args.part == "both" else (args.part,)
     result = run(args.url, kinds, grow=args.grow, leased=args.leased, rows=args.rows, repeats=args.repeats,
                  seconds=args.seconds, parts=parts)
-    if args.json_path:
-        with open(args.json_path, "w", encoding="utf-8") as out:
-            json.dump(result, out, indent=2)
+    write_json(args.json_path, result)
     return 0
 
 

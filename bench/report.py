@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+
+def write_json(path: str | None, result: Any, *, default: Any = None) -> None:
+    """A probe's `--json FILE`: its result as indented JSON; nothing when no file was given."""
+    if path:
+        with open(path, "w", encoding="utf-8") as out:
+            json.dump(result, out, indent=2, default=default)
 
 
 def _num(value: float | None, digits: int = 0) -> str:
