@@ -290,15 +290,14 @@ class ReliableLeaseScanDriver(ReliableDriver):
 class _ReliableSqlalchemySession(_ReliableSession):
     def __init__(self, url: str, names: QueueNames) -> None:
         from queuectl.client import Queue
-        from queuectl.sqlfiles import render
+        from queuectl.engine import through_sqlalchemy
 
         class SqlalchemyQueue(Queue):
             """Every call through SQLAlchemy's Connection.execute, as the client ran before
             series 13 (same SQL, same fetches and Message building)."""
 
             def _statement(self, engine_dir: str, key: str) -> Any:
-                clause = sa.text(render(engine_dir, self.info.kind, key, self.names.template_values()))
-                return lambda conn, params: conn.execute(clause, params)
+                return through_sqlalchemy(self._clause(engine_dir, key))
 
         self.queue = SqlalchemyQueue(url, names.queue, schema=names.schema)
 

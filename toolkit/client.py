@@ -200,8 +200,10 @@ class Queue:
         return {key: self._statement(engine_dir, key) for key in wanted}
 
     def _statement(self, engine_dir: str, key: str) -> Callable[[sa.Connection, dict], Any]:
-        clause = sa.text(render(engine_dir, self.info.kind, key, self.names.template_values()))
-        return self._adapter.client_statement(self.engine, clause)
+        return self._adapter.client_statement(self.engine, self._clause(engine_dir, key))
+
+    def _clause(self, engine_dir: str, key: str) -> sa.TextClause:
+        return sa.text(render(engine_dir, self.info.kind, key, self.names.template_values()))
 
     @property
     def name(self) -> str:

@@ -116,7 +116,9 @@ class DriverStatement:
             raise error from orig
 
 
-def _through_sqlalchemy(clause: sa.TextClause) -> Callable[[sa.Connection, dict], sa.CursorResult]:
+def through_sqlalchemy(clause: sa.TextClause) -> Callable[[sa.Connection, dict], sa.CursorResult]:
+    """A client call run by SQLAlchemy's Connection.execute (the other form of a
+    client_statement)."""
     return lambda conn, params: conn.execute(clause, params)
 
 
@@ -204,7 +206,7 @@ class Adapter:
         log and its event listeners see every call. The result answers keys(), all(),
         scalar_one() and scalars()."""
         if statements_watched(engine):
-            return _through_sqlalchemy(clause)
+            return through_sqlalchemy(clause)
         return DriverStatement(engine, clause)
 
     # -- what a failed statement means -------------------------------------------------
@@ -325,7 +327,7 @@ class MssqlAdapter(Adapter):
     def client_statement(self, engine: Engine, clause: sa.TextClause) -> Callable[[sa.Connection, dict], object]:
         """Through SQLAlchemy's Connection.execute: its text() turns the named binds into
         pyodbc's `?` markers, and nobody has measured pyodbc's own cost here."""
-        return _through_sqlalchemy(clause)
+        return through_sqlalchemy(clause)
 
     def split_batches(self, sql: str) -> list[str]:
         """Batches separated by `GO` lines, as sqlcmd and SSMS split them (a CREATE
