@@ -149,6 +149,22 @@ def statements_sent(conn: sa.Connection) -> Iterator[list[str]]:
                     sent.append(body)
 
 
+@contextmanager
+def statements_executed(engine: Engine) -> Iterator[list[str]]:
+    """The statements that go through SQLAlchemy's execution layer on `engine` inside the
+    block (its before_cursor_execute event), in order."""
+    executed: list[str] = []
+
+    def record(conn, cursor, statement, *rest) -> None:
+        executed.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield executed
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
+
+
 # One protocol message of a libpq trace: direction, length, type, then its fields, which
 # may run over several lines (a statement's text) up to the next message.
 _TRACE_MESSAGE = re.compile(r"^([FB])\t\d+\t(\w+)(.*?)(?=^[FB]\t\d+\t|\Z)", re.MULTILINE | re.DOTALL)

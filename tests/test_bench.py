@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from queuectl.bench.pgbench import Connection, find_pgbench
-from conftest import run_cli
+from conftest import run_cli, statements_executed
 from test_plan_guard import GUARD, proconfig
 
 
@@ -163,13 +163,12 @@ def test_reliable_sqla_kind_runs_the_same_calls_through_sqlalchemy(db_url: str, 
     driver, names = driver_for("reliable_sqla"), QueueNames("bsqla")
     driver.install(engine, names)
     session = driver.open(db_url, names)
-    executed: list[str] = []
-    sa.event.listen(session.queue.engine, "before_cursor_execute", lambda *a: executed.append(a[2]))
     try:
-        session.enqueue([b"a"])
-        session.enqueue([b"b", b"c"])
-        payloads, token = session.take(5)
-        session.finish(token)
+        with statements_executed(session.queue.engine) as executed:
+            session.enqueue([b"a"])
+            session.enqueue([b"b", b"c"])
+            payloads, token = session.take(5)
+            session.finish(token)
     finally:
         session.close()
     assert sorted(payloads) == [b"a", b"b", b"c"]

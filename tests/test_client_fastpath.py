@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import ExitStack
 
 import psycopg
 import pytest
 import sqlalchemy as sa
 from psycopg.adapt import PyFormat, Transformer
 
-from conftest import statements_sent
+from conftest import statements_executed, statements_sent
 from queuectl.client import Queue
 from queuectl.engine import adapter_for, statements_watched
 from queuectl.install import install_queue
@@ -106,9 +107,7 @@ def test_binary_payload_arrays_round_trip_on_every_kind(engine) -> None:
 def test_client_calls_run_on_the_driver_connection_one_statement_each(orders: Queue) -> None:
     """SQLAlchemy's execution layer cost more client CPU than psycopg itself (series 13):
     the hot calls skip it, and each still sends exactly one statement."""
-    through_sqlalchemy: list[str] = []
-    sa.event.listen(orders.engine, "before_cursor_execute", lambda *a: through_sqlalchemy.append(a[2]))
-    with statements_sent(orders._conn) as sent:
+    with statements_executed(orders.engine) as through_sqlalchemy, statements_sent(orders._conn) as sent:
         one = orders.enqueue(b"one")
         ids = orders.enqueue_many([b"a", b"b", b"c"])
         first = orders.dequeue(2)
@@ -146,16 +145,10 @@ def test_kind_clients_per_message_calls_run_on_the_driver_connection(engine) -> 
     for kind in ("heap", "fifo", "stack", "watermark", "ring", "pending"):
         install_queue(engine, f"d_{kind}", kind, settings_for(kind, size=16) if kind == "ring" else None)
         with open_queue(engine, f"d_{kind}") as queue:
-            through_sqlalchemy: list[str] = []
-            listener = lambda *a: through_sqlalchemy.append(a[2])  # noqa: E731
-            sa.event.listen(queue.engine, "before_cursor_execute", listener)
-            try:
-                with statements_sent(queue._conn) as sent:
-                    queue.enqueue(b"one")
-                    queue.enqueue_many([b"two", b"three"])
-                    got = queue.dequeue(3)
-            finally:
-                sa.event.remove(queue.engine, "before_cursor_execute", listener)
+            with statements_executed(queue.engine) as through_sqlalchemy, statements_sent(queue._conn) as sent:
+                queue.enqueue(b"one")
+                queue.enqueue_many([b"two", b"three"])
+                got = queue.dequeue(3)
             assert sorted(m.payload for m in got) == [b"one", b"three", b"two"], kind
             assert len(sent) == 3 and through_sqlalchemy == [], (kind, sent, through_sqlalchemy)
             queue.enqueue(b"four")
@@ -170,17 +163,16 @@ def test_a_watched_engine_keeps_sqlalchemys_path(orders: Queue, db_url: str, wat
     logger at INFO, an execution listener) still sees every call of a client created then."""
     seen: list[str] = []
     watched = sa.create_engine(sa.engine.make_url(db_url).set(drivername="postgresql+psycopg"), echo=watch == "echo")
-    if watch == "listener":
-        sa.event.listen(watched, "before_cursor_execute", lambda *a: seen.append(a[2]))
-    else:
-        caplog.set_level(logging.INFO, logger="sqlalchemy.engine.Engine")
-    try:
+    with ExitStack() as stack:
+        stack.callback(watched.dispose)
+        if watch == "listener":
+            seen = stack.enter_context(statements_executed(watched))
+        else:
+            caplog.set_level(logging.INFO, logger="sqlalchemy.engine.Engine")
         assert statements_watched(watched)
         with Queue(watched, "orders") as queue:
             queue.enqueue(b"x")
             assert [m.payload for m in queue.dequeue(1)] == [b"x"]
-    finally:
-        watched.dispose()
     seen += [record.getMessage() for record in caplog.records]
     assert any('"orders_enqueue"(' in s for s in seen) and any('"orders_dequeue"(' in s for s in seen), seen[-5:]
 
