@@ -367,3 +367,60 @@ def test_one_table_dequeue_claims_with_the_reliable_dequeue_statement() -> None:
     reliable = sections("postgresql", "reliable")
     newest = max(name for name in reliable if name.startswith("create_dequeue_"))
     assert claim(sections("postgresql", "bench")["onetable_create"]) == claim(reliable[newest])
+
+
+def test_one_table_ack_is_the_reliable_ack_statement() -> None:
+    """The one-table ack is the newest reliable ack's UPDATE, word for word (reliable_0009's
+    lease check through the primary key only), so neither design's ack gets another plan."""
+    from queuectl.sqlfiles import sections
+
+    def ack(text: str) -> str:
+        start = text.index("UPDATE {{meta}} m\n    SET status = 2")
+        end = text.index("GET DIAGNOSTICS", start)
+        return " ".join(text[start:end].split())
+
+    reliable = sections("postgresql", "reliable")
+    newest = max(name for name in reliable if name.startswith("create_lease_functions_"))
+    assert ack(sections("postgresql", "bench")["onetable_create"]) == ack(reliable[newest])
+
+
+def _table_definition(engine: sa.Engine, table: str) -> dict[str, Any]:
+    """What a write to `table` pays for besides its own row: its indexes (definitions from
+    USING on, without the index and table names), CHECK constraints and storage parameters."""
+    with engine.connect() as conn:
+        oid = conn.execute(sa.text("SELECT CAST(:t AS regclass)::oid"), {"t": table}).scalar_one()
+        indexes = conn.execute(sa.text(
+            "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = :oid"), {"oid": oid}).scalars().all()
+        checks = conn.execute(sa.text(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = :oid AND contype = 'c'"),
+            {"oid": oid}).scalars().all()
+        options = conn.execute(sa.text(
+            "SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = :oid"), {"oid": oid}).scalar_one()
+    return {
+        "indexes": sorted(d[d.index(" USING "):] for d in indexes),
+        "checks": sorted(checks),
+        "options": sorted(options),
+    }
+
+
+def test_one_table_baseline_pays_for_what_the_reliable_meta_table_pays_for(engine: sa.Engine) -> None:
+    """The split scenario compares where the payload lives, nothing else: the one-table
+    baseline has the reliable meta table's indexes (the finished-rows index included, which
+    every ack writes), CHECK constraints and storage parameters (fillfactor, reliable_0007's
+    autovacuum settings), as installed by the newest revision."""
+    from queuectl.bench.drivers import driver_for
+    from queuectl.names import QueueNames
+
+    one, split = QueueNames("bdef_one"), QueueNames("bdef_split")
+    with engine.begin() as conn:
+        conn.exec_driver_sql('CREATE SCHEMA IF NOT EXISTS "queuectl"')
+    driver_for("onetable").install(engine, one)
+    driver_for("reliable").install(engine, split)
+    try:
+        baseline = _table_definition(engine, one.qualified("meta"))
+        meta = _table_definition(engine, split.qualified("meta"))
+        assert len(meta["indexes"]) == 4 and any("WHERE (status >= 2)" in d for d in meta["indexes"])
+        assert baseline == meta
+    finally:
+        driver_for("reliable").uninstall(engine, split)
+        driver_for("onetable").uninstall(engine, one)
