@@ -46,6 +46,7 @@ COMMIT_TABLE = "bench_commit"
 DEFAULT_BATCH = {"split": 10, "ghosts": 1, "ring": 10}
 DEFAULT_ROWS = {"ghosts": [30_000, 60_000]}
 DEFAULT_BATCHES = {"ring": [1, 10, 100]}
+DEFAULT_SIZES = {"split": [300, 1024, 4096, 16384]}
 
 
 @dataclass
@@ -64,6 +65,7 @@ class BenchOptions:
     backlog: int | None = None  # full cycle: most messages waiting; None: auto, 0: unbounded
     rows: list[int] | None = None  # ghosts: queue sizes to drain; None: the scenario's default
     batches: list[int] | None = None  # ring: batch sizes compared; None: the scenario's default
+    sizes: list[int] | None = None  # split: payload sizes compared; None: the scenario's default
     soak: float = 0.0  # ring: seconds of soak per design (0: no soak)
 
     def validate(self) -> "BenchOptions":
@@ -75,6 +77,9 @@ class BenchOptions:
             self.rows = list(DEFAULT_ROWS.get(self.scenario, []))
         if self.batches is None:
             self.batches = list(DEFAULT_BATCHES.get(self.scenario, []))
+        if self.sizes is None:
+            self.sizes = list(DEFAULT_SIZES.get(self.scenario, []))
+        self.sizes = sorted(set(self.sizes))
         if self.backlog is None:
             self.backlog = max(2000, 10 * self.consumers * max([self.batch, *self.batches]))
         checks = [
@@ -87,6 +92,8 @@ class BenchOptions:
             (0 <= self.backlog <= 100_000_000, "--backlog must be 0 (unbounded) to 100000000"),
             (all(100 <= n <= 10_000_000 for n in self.rows), "--rows must be sizes from 100 to 10000000"),
             (all(1 <= n <= 10_000 for n in self.batches), "--batches must be sizes from 1 to 10000"),
+            (all(8 <= n <= 65_536 for n in self.sizes),
+             "--sizes must be payload sizes from 8 to 65536 bytes (each design is filled with at least 1,000)"),
             (0 <= self.soak <= 86_400, "--soak must be 0 (none) to 86400 seconds"),
         ]
         for ok, message in checks:

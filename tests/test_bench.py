@@ -353,6 +353,31 @@ def test_tiny_split_run_measures_both_designs_at_every_size(db_url: str, tmp_pat
     assert len(sc["targets"]) == 2
 
 
+def test_split_sizes_are_chosen_with_sizes(db_url: str, tmp_path: Path) -> None:
+    """--sizes picks the payload sizes (sorted, once each); the split reports every size at
+    which it pays, not only a size from which it pays upward (TOAST evens the designs out
+    above ~2 KB)."""
+    result = _run_json(db_url, tmp_path, "--scenario", "split", "--sizes", "1900,300,1900", "--batch", "10",
+                       "--consumers", "1", "--seconds", "0.5", "--repeat", "1")
+    jsonschema.validate(result, _schema())
+    sc = result["scenario"]
+    assert sorted({row["params"]["payload_bytes"] for row in sc["rows"]}) == [300, 1900] and len(sc["rows"]) == 4
+    assert "300 B: at least matches" in sc["targets"][0]["name"]
+    split_rows = [row for row in sc["rows"] if row["subject"] == "meta/data split"]
+    paid = [row["params"]["payload_bytes"] for row in split_rows
+            if row["metrics"]["split_vs_one_table"]["median"] >= 1.05]
+    assert sc["pays_at_bytes"] == paid
+    assert any(note.startswith("the split pays") for note in sc["notes"])
+
+
+def test_bad_sizes_are_a_one_line_usage_error(db_url: str) -> None:
+    for value, words in (("0", "--sizes must be payload sizes from 8 to 65536"), ("3,x", "--sizes takes whole numbers")):
+        proc = run_cli("bench", "--scenario", "split", "--sizes", value, "--seconds", "1", url=db_url)
+        assert proc.returncode == 2
+        lines = proc.stderr.decode().strip().splitlines()
+        assert len(lines) == 1 and words in lines[0], lines
+
+
 def test_one_table_dequeue_claims_with_the_reliable_dequeue_statement() -> None:
     """bench.sql's one-table dequeue is a deliberate copy of the reliable dequeue's claim
     (the split scenario compares the tables, not two statements): its picks and its UPDATE

@@ -35,6 +35,10 @@ def bench(
     batches: Annotated[
         Optional[str], typer.Option(help="ring: batch sizes to compare, comma-separated. Default: 1,10,100.")
     ] = None,
+    sizes: Annotated[
+        Optional[str],
+        typer.Option(help="split: payload sizes in bytes to compare, comma-separated. Default: 300,1024,4096,16384."),
+    ] = None,
     soak: Annotated[
         float, typer.Option(help="ring: also run a soak of this many seconds per design, sampling sizes and HOT updates.")
     ] = 0.0,
@@ -68,7 +72,7 @@ def bench(
         kinds=kind or ["reliable"], producers=producers, consumers=consumers, batch=batch,
         payload_bytes=payload_bytes, seconds=seconds, repeat=repeat, scenario=scenario, url=url,
         schema=schema, pgbench=not no_pgbench, backlog=backlog, rows=_sizes(rows, "--rows"),
-        batches=_sizes(batches, "--batches"), soak=soak,
+        batches=_sizes(batches, "--batches"), sizes=_sizes(sizes, "--sizes"), soak=soak,
     )
     result = run_bench(options, console=out, argv=["queuectl", *_masked(sys.argv[1:])])
     text = json.dumps(result, indent=2, default=str) + "\n"
