@@ -79,12 +79,18 @@ def _metric(key: str, value: float | None) -> str:
 
 
 def _target_value(value: float | None, goal: float | None) -> str:
-    """A share (goal up to 100%) as a percentage, a count (goal 0) as is, else a factor."""
+    """A share (goal up to 100%) as a percentage, a count (goal 0) as is, else a factor;
+    with one more digit when the usual ones would show a value on the other side of its
+    goal as the goal itself (0.949 as 95% beside a goal of 95%)."""
     if goal is not None and goal == 0:
         return _num(value)
-    if goal is not None and goal <= 1.0:
-        return _pct(value)
-    return _num(value, 2) + "x" if value is not None else "-"
+    if value is None:
+        return "-"
+    share = goal is not None and goal <= 1.0
+    scale, digits = (100, 0) if share else (1, 2)
+    if goal is not None and value != goal and round(value * scale, digits) == round(goal * scale, digits):
+        digits += 1
+    return f"{value * scale:,.{digits}f}" + ("%" if share else "x")
 
 
 def _target_goal(tg: dict[str, Any]) -> str:

@@ -186,6 +186,16 @@ def _dequeue_columns(engine: sa.Engine, names: Any) -> list[str]:
         return list(result.keys())
 
 
+def test_a_target_value_never_reads_as_its_goal_from_the_other_side() -> None:
+    """0.949 against a goal of 0.95 printed as "95%" read as met; it gets one more digit."""
+    from queuectl.bench.report import _target_value
+
+    assert _target_value(0.949, 0.95) == "94.9%" and _target_value(0.968, 0.95) == "97%"
+    assert _target_value(0.95, 0.95) == "95%"
+    assert _target_value(1.047, 1.05) == "1.047x" and _target_value(1.033, 1.05) == "1.03x"
+    assert _target_value(24.54, 10.0) == "24.54x" and _target_value(3, 0) == "3" and _target_value(None, 2.0) == "-"
+
+
 def test_recorded_command_line_masks_a_url_password() -> None:
     from queuectl.cli_bench import _masked
 
