@@ -23,8 +23,8 @@ def _num(value: float | None, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.0f}%"
+def _pct(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value * 100:.{digits}f}%"
 
 
 def _med(stat: dict[str, Any] | None) -> float | None:
@@ -86,11 +86,10 @@ def _target_value(value: float | None, goal: float | None) -> str:
         return _num(value)
     if value is None:
         return "-"
-    share = goal is not None and goal <= 1.0
-    scale, digits = (100, 0) if share else (1, 2)
-    if goal is not None and value != goal and round(value * scale, digits) == round(goal * scale, digits):
-        digits += 1
-    return f"{value * scale:,.{digits}f}" + ("%" if share else "x")
+    if goal is not None and goal <= 1.0:
+        return _pct(value, 1 if value != goal and _pct(value) == _pct(goal) else 0)
+    digits = 3 if goal is not None and value != goal and _num(value, 2) == _num(goal, 2) else 2
+    return _num(value, digits) + "x"
 
 
 def _target_goal(tg: dict[str, Any]) -> str:
