@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any
 
@@ -27,7 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from queuectl.bench.drivers import BENCH_KINDS, KindDriver, PgbenchScripts, bench_sql, driver_for
 from queuectl.bench.pgbench import Pgbench, PgbenchUnavailable, find_pgbench, pgbench_version
-from queuectl.bench.workers import Backlog, WorkerSpec, payload_pool, run_worker
+from queuectl.bench.workers import PAYLOAD_CONTENTS, Backlog, WorkerSpec, payload_pool, run_worker
 from queuectl.engine import make_engine, mask_url, resolve_url
 from queuectl.errors import QueuectlError, UsageError
 from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident, validate_schema_name
@@ -67,6 +67,10 @@ class BenchOptions:
     batches: list[int] | None = None  # ring: batch sizes compared; None: the scenario's default
     sizes: list[int] | None = None  # split: payload sizes compared; None: the scenario's default
     soak: float = 0.0  # ring: seconds of soak per design (0: no soak)
+    payload_content: str = "random"  # split: "random" (incompressible) or "json" (pglz compresses it ~3x)
+    # the options the user gave (the command line's names without "--"); each must be read
+    # by the chosen scenario (SCENARIO_OPTIONS), so none is silently ignored
+    given: frozenset[str] = frozenset()
 
     def validate(self) -> "BenchOptions":
         import queuectl.bench.scenarios  # noqa: F401  (registers the built-in scenarios)
@@ -95,6 +99,7 @@ class BenchOptions:
             (all(8 <= n <= 65_536 for n in self.sizes),
              "--sizes must be payload sizes from 8 to 65536 bytes (each design is filled with at least 1,000)"),
             (0 <= self.soak <= 86_400, "--soak must be 0 (none) to 86400 seconds"),
+            (self.payload_content in PAYLOAD_CONTENTS, f"--payload-content must be one of {', '.join(PAYLOAD_CONTENTS)}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -107,6 +112,14 @@ class BenchOptions:
         validate_schema_name(self.schema)
         if self.scenario not in SCENARIOS:
             raise UsageError(f"unknown scenario {self.scenario!r}: choose one of {', '.join(sorted(SCENARIOS))}")
+        unread = sorted(self.given - COMMON_OPTIONS - SCENARIO_OPTIONS[self.scenario])
+        if unread:
+            option = unread[0]
+            readers = sorted(name for name, read in SCENARIO_OPTIONS.items() if option in read)
+            flag = "--kind" if option == "kinds" else "--" + option.replace("_", "-")
+            hint = "; the split's payload sizes are --sizes" if option == "payload_bytes" and self.scenario == "split" else ""
+            raise UsageError(f"{flag} is not used by scenario {self.scenario!r}"
+                             + (f" (it is read by: {', '.join(readers)}{hint})" if readers else ""))
         return self
 
     @property
@@ -470,12 +483,21 @@ def _ms(seconds: float | None) -> float | None:
 Scenario = Callable[[BenchRun], dict[str, Any]]
 SCENARIOS: dict[str, Scenario] = {}
 SCENARIO_HELP: dict[str, str] = {}
+# BenchOptions fields every scenario reads; the others are named by each scenario
+COMMON_OPTIONS = frozenset({"scenario", "repeat", "url", "schema", "pgbench", "json_file"})
+SCENARIO_OPTIONS: dict[str, frozenset[str]] = {}
 
 
-def scenario(name: str, help_text: str) -> Callable[[Scenario], Scenario]:
+def scenario(name: str, help_text: str, options: Sequence[str]) -> Callable[[Scenario], Scenario]:
+    """Register a scenario with the BenchOptions fields it reads besides COMMON_OPTIONS."""
+    unknown = set(options) - {f.name for f in fields(BenchOptions)}
+    if unknown:
+        raise ValueError(f"scenario {name!r} names options BenchOptions does not have: {sorted(unknown)}")
+
     def register(fn: Scenario) -> Scenario:
         SCENARIOS[name] = fn
         SCENARIO_HELP[name] = help_text
+        SCENARIO_OPTIONS[name] = frozenset(options)
         return fn
 
     return register
@@ -496,7 +518,7 @@ def run_bench(options: BenchOptions, console: Console | None = None, argv: list[
             "command": argv or [],
             "started_at": started.isoformat(),
             "finished_at": datetime.now(timezone.utc).isoformat(),
-            "options": {k: v for k, v in asdict(options).items() if k not in ("url",)},
+            "options": {k: v for k, v in asdict(options).items() if k not in ("url", "given")},
             "environment": env,
             "scenario": result,
             "commands": dict(run.commands),

@@ -218,7 +218,8 @@ NAIVE_OVER_WATERMARK = 5.0  # at the largest size, naive under the snapshot vs w
 LABEL = {NAIVE: "naive fifo", WATERMARK: "watermark"}
 
 
-@scenario("ghosts", "one consumer drains --rows items: naive fifo vs watermark, with and without a held snapshot")
+@scenario("ghosts", "one consumer drains --rows items: naive fifo vs watermark, with and without a held snapshot",
+          ("rows",))
 def ghosts_scenario(run: BenchRun) -> dict[str, Any]:
     """The interleaved drains of run() as a bench result: per kind, size and mode the drain
     rate (items/s, one item per dequeue call) beside the SELECT 1 round-trip ceiling at one

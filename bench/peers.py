@@ -283,7 +283,8 @@ def _version(module: str) -> str:
         return "?"
 
 
-@scenario("peers", "full cycle: queuectl reliable and its SQL ceiling beside PgQueuer and Procrastinate, equal processes")
+@scenario("peers", "full cycle: queuectl reliable and its SQL ceiling beside PgQueuer and Procrastinate, equal processes",
+          ("producers", "consumers", "batch", "payload_bytes", "seconds", "backlog"))
 def peers(run: BenchRun) -> dict[str, Any]:
     o = run.options
     P, C, B = o.producers, o.consumers, o.batch

@@ -111,7 +111,8 @@ def _drain_and_balance(run: BenchRun, design: str, names: QueueNames, phase: dic
             "lost": sent - taken - left}
 
 
-@scenario("ring", "ring buffer vs a one-table insert/delete queue per batch size; --soak: sizes and HOT over time")
+@scenario("ring", "ring buffer vs a one-table insert/delete queue per batch size; --soak: sizes and HOT over time",
+          ("producers", "consumers", "batch", "batches", "payload_bytes", "seconds", "soak", "backlog"))
 def ring(run: BenchRun) -> dict[str, Any]:
     o = run.options
     P, C = o.producers, o.consumers

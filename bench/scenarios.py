@@ -29,7 +29,8 @@ def bench_queue_name(kind: str) -> str:
     return f"bench_{kind}"
 
 
-@scenario("kinds", "each --kind: enqueue-only, dequeue-only, full cycle, beside pgbench ceilings")
+@scenario("kinds", "each --kind: enqueue-only, dequeue-only, full cycle, beside pgbench ceilings",
+          ("kinds", "producers", "consumers", "batch", "payload_bytes", "seconds", "backlog"))
 def kinds(run: BenchRun) -> dict[str, Any]:
     o = run.options
     P, C, B = o.producers, o.consumers, o.batch

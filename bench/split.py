@@ -1,7 +1,8 @@
 """Scenario `split`: one wide table vs the meta/data split, per payload size.
 
 For each payload size (--sizes; default 300, 1024, 4096 and 16384 bytes), each design
-gets a fresh queue pre-filled with the same number of random (incompressible) payloads;
+gets a fresh queue pre-filled with the same number of payloads, random (incompressible) or,
+with --payload-content json, JSON-like records that PostgreSQL compresses as it would real ones;
 then --consumers processes drain it with dequeue+ack at the given batch. Reported per
 design and size: messages/s, and from pg_stat_statements (deltas, nothing is reset) the
 shared buffers each dequeue call touched (hit + read, including the statements inside
@@ -30,11 +31,12 @@ FILL_BYTES = 256 * 1024 * 1024  # at most this much payload per fill (16 KB payl
 FILL_CHUNK = 200
 PAYS_FROM = 1.05  # the split "pays" where it is at least this much faster than one table
 MATCHES = 0.95  # "at least matches" within this machine's noise
+_CONTENT = {"random": "random (incompressible) payloads", "json": "JSON-like payloads (pglz compresses them ~3x)"}
 
 
 def _fill(run: BenchRun, driver_name: str, names: Any, count: int, payload_bytes: int) -> None:
     driver = driver_for(driver_name)
-    pool = payload_pool(payload_bytes, FILL_CHUNK * 2, seed=payload_bytes)
+    pool = payload_pool(payload_bytes, FILL_CHUNK * 2, seed=payload_bytes, content=run.options.payload_content)
     session = driver.open(run.url, names)
     try:
         done = 0
@@ -47,7 +49,8 @@ def _fill(run: BenchRun, driver_name: str, names: Any, count: int, payload_bytes
         session.close()
 
 
-@scenario("split", "one wide table vs the meta/data split: buffers per dequeue and drain rate per payload size")
+@scenario("split", "one wide table vs the meta/data split: buffers per dequeue and drain rate per payload size",
+          ("consumers", "batch", "seconds", "sizes", "payload_content"))
 def split(run: BenchRun) -> dict[str, Any]:
     o = run.options
     B, C = o.batch, o.consumers
@@ -114,7 +117,8 @@ def split(run: BenchRun) -> dict[str, Any]:
                        if cell["sql_rate"] else None)
             rows.append({
                 "subject": label, "phase": "dequeue+ack (drain)",
-                "params": {"batch": B, "producers": 0, "consumers": C, "payload_bytes": size, "prefilled": fills[size]},
+                "params": {"batch": B, "producers": 0, "consumers": C, "payload_bytes": size,
+                           "payload_content": o.payload_content, "prefilled": fills[size]},
                 "rate": stat(cell["rate"]), "ceiling": ceiling,
                 "fraction_of_ceiling": stat([ratio(a, b) for a, b in zip(cell["rate"], cell["sql_rate"])]) if ceiling else None,
                 "latency_ms": None,
@@ -139,7 +143,7 @@ def split(run: BenchRun) -> dict[str, Any]:
         "name": "split",
         "description": "one wide table vs the meta/data split: drain of a pre-filled queue per payload size",
         "notes": [
-            f"each design and size: fresh queue, {', '.join(f'{fills[z]:,}' for z in sizes)} random payloads "
+            f"each design and size: fresh queue, {', '.join(f'{fills[z]:,}' for z in sizes)} {_CONTENT[o.payload_content]} "
             f"pre-filled (by size), {C} consumers dequeue+ack at batch {B} until empty or --seconds",
             f"SQL ceiling: the same fill drained by the design's own dequeue and ack statements from pgbench "
             f"({C} clients, -M prepared); 'sql split x' is split / one table on those drains",
@@ -148,7 +152,8 @@ def split(run: BenchRun) -> dict[str, Any]:
             "from statistics (not from whatever autovacuum had reached by then)",
             "buffers per dequeue: pg_stat_statements shared_blks_hit + shared_blks_read of the dequeue call "
             "(statements inside the function included), as a delta over the phase",
-            "payloads above ~2 KB are stored out of line (TOAST) in both designs",
+            "a row above ~2 KB has its payload compressed (pglz) and, if still above ~2 KB, stored out of "
+            "line (TOAST), in both designs; random payloads do not compress",
             f"the split pays (>= {PAYS_FROM:.2f}x one table) at "
             + (", ".join(f"{z:,} B" for z in pays_at) if pays_at else "no measured size"),
         ],

@@ -13,6 +13,7 @@ returns. All workers run on this machine, so they share one clock.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import struct
@@ -67,11 +68,35 @@ class WorkerSpec:
     warmup: bool = True
 
 
-def payload_pool(payload_bytes: int, count: int, seed: int) -> list[bytes]:
-    """Incompressible payloads (random bytes), so TOAST compression cannot flatter big ones."""
+PAYLOAD_CONTENTS = ("random", "json")
+_JSON_WORDS = ("pending", "paid", "shipped", "express", "standard", "gift", "fragile", "warehouse-3", "EU", "US",
+               "retry", "leave at the door")
+
+
+def payload_pool(payload_bytes: int, count: int, seed: int, content: str = "random") -> list[bytes]:
+    """`count` payloads of `payload_bytes` each. "random": incompressible bytes, so TOAST
+    compression cannot flatter big ones. "json": a JSON array of order-like records cut to
+    the size, which PostgreSQL's pglz compresses about 3x, as it does real JSON payloads."""
+    if content not in PAYLOAD_CONTENTS:
+        raise ValueError(f"payload content must be one of {', '.join(PAYLOAD_CONTENTS)}, got {content!r}")
     rng = random.Random(seed)
     size = max(payload_bytes, STAMP.size)
-    return [rng.randbytes(size) for _ in range(count)]
+    if content == "random":
+        return [rng.randbytes(size) for _ in range(count)]
+    return [_json_like(rng, size) for _ in range(count)]
+
+
+def _json_like(rng: random.Random, size: int) -> bytes:
+    records: list[str] = []
+    length = 1
+    while length < size:
+        record = json.dumps({"order_id": rng.randrange(10**9), "customer": f"c-{rng.randrange(10**6):06d}",
+                             "sku": f"SKU-{rng.randrange(10**5):05d}", "qty": rng.randrange(1, 10),
+                             "price": round(rng.uniform(1, 500), 2), "status": rng.choice(_JSON_WORDS),
+                             "tags": rng.sample(_JSON_WORDS, 2)}, separators=(",", ":"))
+        records.append(record)
+        length += len(record) + 1
+    return ("[" + ",".join(records) + "]").encode()[:size]
 
 
 def run_worker(spec: WorkerSpec, ready: Any, go: Any, stop: Any, results: Any, backlog: Backlog) -> None:

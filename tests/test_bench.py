@@ -388,6 +388,82 @@ def test_bad_sizes_are_a_one_line_usage_error(db_url: str) -> None:
         assert len(lines) == 1 and words in lines[0], lines
 
 
+def test_an_option_the_scenario_does_not_read_is_a_one_line_usage_error(db_url: str) -> None:
+    """Each scenario names the options it reads; one it ignores is refused before anything
+    runs, with the scenarios that do read it (a --sizes given to the ring would otherwise
+    run the ring as if it had not been said)."""
+    cases = (
+        (("--scenario", "ring", "--sizes", "300"), "--sizes is not used by scenario 'ring' (it is read by: split)"),
+        (("--scenario", "split", "--payload-bytes", "4096"),
+         "--payload-bytes is not used by scenario 'split' (it is read by: kinds, peers, ring; the split's payload sizes are --sizes)"),
+        (("--scenario", "ghosts", "--seconds", "3"), "--seconds is not used by scenario 'ghosts'"),
+        (("--scenario", "peers", "--kind", "fifo"), "--kind is not used by scenario 'peers' (it is read by: kinds)"),
+        (("--batches", "1,10"), "--batches is not used by scenario 'kinds' (it is read by: ring)"),
+        (("--payload-content", "json"), "--payload-content is not used by scenario 'kinds' (it is read by: split)"),
+    )
+    for args, words in cases:
+        proc = run_cli("bench", *args, url=db_url)
+        assert proc.returncode == 2, (args, proc.stderr.decode()[-500:])
+        lines = proc.stderr.decode().strip().splitlines()
+        assert len(lines) == 1 and words in lines[0], (args, lines)
+
+
+def test_every_bench_option_is_read_by_some_scenario() -> None:
+    """A new BenchOptions field must be named by the scenarios that read it (or be common to
+    all), or the check above would refuse it everywhere."""
+    from dataclasses import fields
+
+    from queuectl.bench.core import COMMON_OPTIONS, SCENARIO_OPTIONS, BenchOptions
+
+    BenchOptions().validate()  # registers the built-in scenarios
+    assert set(SCENARIO_OPTIONS) == {"kinds", "peers", "split", "ghosts", "ring"}
+    named = set(COMMON_OPTIONS).union(*SCENARIO_OPTIONS.values())
+    assert {f.name for f in fields(BenchOptions)} - {"given"} <= named
+    assert BenchOptions(scenario="ring", sizes=[300]).validate().sizes == [300]  # given by a caller, not the command line
+
+
+def test_json_payloads_are_compressed_inline_where_random_ones_go_out_of_line(db_url: str, engine: sa.Engine) -> None:
+    """--payload-content json: the split's fill writes payloads that PostgreSQL compresses
+    (pglz) and keeps in the one-table row at 4 KB; random 4 KB payloads do not compress and
+    are stored out of line (TOAST). That difference is what the option is there to measure."""
+    from types import SimpleNamespace
+
+    from queuectl.bench.core import BenchOptions
+    from queuectl.bench.drivers import driver_for
+    from queuectl.bench.split import _fill
+    from queuectl.bench.workers import payload_pool
+    from queuectl.names import QueueNames
+
+    (a, b), (c,) = payload_pool(4096, 2, seed=1, content="json"), payload_pool(4096, 1, seed=1, content="json")
+    assert len(a) == len(b) == 4096 and a != b and a == c  # sized, varied, reproducible
+    assert a.startswith(b'[{"order_id":')
+    with pytest.raises(ValueError):
+        payload_pool(10, 1, seed=1, content="xml")
+    driver, names = driver_for("onetable"), QueueNames("bcontent_one")
+    with engine.begin() as conn:
+        conn.exec_driver_sql('CREATE SCHEMA IF NOT EXISTS "queuectl"')
+    stored: dict[str, set] = {}
+    for content in ("json", "random"):
+        driver.install(engine, names)
+        try:
+            run = SimpleNamespace(url=db_url, options=BenchOptions(scenario="split", payload_content=content))
+            _fill(run, "onetable", names, 20, 4096)
+            with engine.connect() as conn:
+                table = names.qualified("meta")
+                stored[content] = set(conn.execute(sa.text(
+                    f"SELECT pg_column_compression(payload), pg_column_size(payload) < 2000 FROM {table}")).all())
+                toast_bytes = conn.execute(sa.text(
+                    "SELECT pg_relation_size(reltoastrelid) FROM pg_class WHERE oid = CAST(:t AS regclass)"),
+                    {"t": table}).scalar_one()
+                stored[content].add(("TOAST table used", toast_bytes > 0))
+        finally:
+            driver.uninstall(engine, names)
+    # compressed, and the row keeps it inline: nothing in the TOAST table
+    assert stored["json"] == {("pglz", True), ("TOAST table used", False)}
+    # not compressible: stored as it is, out of line, the row holds a pointer to it
+    assert stored["random"] == {(None, False), ("TOAST table used", True)}
+
+
 def test_one_table_dequeue_claims_with_the_reliable_dequeue_statement() -> None:
     """bench.sql's one-table dequeue is a deliberate copy of the reliable dequeue's claim
     (the split scenario compares the tables, not two statements): its picks and its UPDATE

@@ -15,6 +15,7 @@ from queuectl.names import DEFAULT_SCHEMA
 
 
 def bench(
+    ctx: typer.Context,
     kind: Annotated[
         Optional[list[str]], typer.Option("--kind", help="Queue kind to measure (repeatable). Default: reliable.")
     ] = None,
@@ -24,6 +25,11 @@ def bench(
         Optional[int], typer.Option(help="Messages per enqueue and per dequeue call. Default: 100 (split: 10).")
     ] = None,
     payload_bytes: Annotated[int, typer.Option(help="Payload size in bytes (random, incompressible).")] = 300,
+    payload_content: Annotated[
+        str,
+        typer.Option(help="split: what the payloads hold. random: incompressible bytes; json: JSON-like order "
+                     "records, which PostgreSQL compresses (pglz, about 3x) before it moves a payload out of line."),
+    ] = "random",
     seconds: Annotated[float, typer.Option(help="Length of each measured phase.")] = 10.0,
     repeat: Annotated[int, typer.Option(help="Repeats; medians are reported.")] = 3,
     scenario: Annotated[
@@ -64,6 +70,8 @@ def bench(
     Each phase's messages/s is shown as a share of the same SQL driven by pgbench, with
     SELECT 1 and single-row commit ceilings measured in the same run. Bench queues are
     named bench_<kind> and are emptied between phases; do not point this at a busy server.
+    An option the chosen scenario does not read (e.g. --sizes with --scenario ring) is a
+    usage error, not silently ignored.
     """
     from queuectl.bench import BenchOptions, render, run_bench
 
@@ -73,6 +81,7 @@ def bench(
         payload_bytes=payload_bytes, seconds=seconds, repeat=repeat, scenario=scenario, url=url,
         schema=schema, pgbench=not no_pgbench, backlog=backlog, rows=_sizes(rows, "--rows"),
         batches=_sizes(batches, "--batches"), sizes=_sizes(sizes, "--sizes"), soak=soak,
+        payload_content=payload_content, given=_given(ctx),
     )
     result = run_bench(options, console=out, argv=["queuectl", *_masked(sys.argv[1:])])
     text = json.dumps(result, indent=2, default=str) + "\n"
@@ -82,6 +91,14 @@ def bench(
         sys.stdout.write(text)
     else:
         render(result, out)
+
+
+def _given(ctx: typer.Context) -> frozenset[str]:
+    """The BenchOptions fields the user set on the command line (not left at their default).
+    Sources are compared by name: typer carries its own copy of click's ParameterSource."""
+    field = {"kind": "kinds", "no_pgbench": "pgbench"}
+    return frozenset(field.get(name, name) for name in ctx.params
+                     if getattr(ctx.get_parameter_source(name), "name", None) in ("COMMANDLINE", "ENVIRONMENT"))
 
 
 def _sizes(text: str | None, option: str) -> list[int] | None:
