@@ -380,6 +380,21 @@ def test_split_sizes_are_chosen_with_sizes(db_url: str, tmp_path: Path) -> None:
     assert any(note.startswith("the split pays") for note in sc["notes"])
 
 
+def test_split_pays_upward_only_to_the_largest_size_measured() -> None:
+    """"From a size upward" is judged on the measured sizes only, and says so: a run that
+    stops at 5 KB must not read as if the split paid at 16 KB too."""
+    from queuectl.bench.split import split_targets
+
+    pays_from, pays_at, (matches, beats) = split_targets({5120: 1.13, 2048: 1.0, 4096: 1.06, 3072: 1.03}, 10)
+    assert (pays_from, pays_at) == (4096, [4096, 5120])
+    assert "2048 B: at least matches" in matches["name"] and matches["met"] is True
+    assert beats["name"].endswith("from payload size 4096 B upward (to 5120 B, the largest measured)")
+    assert beats["met"] is True and beats["value"] == 1.06
+    pays_from, pays_at, (_, beats) = split_targets({300: 0.97, 1536: 1.11, 1900: 1.07, 2200: 0.96, 4096: None}, 10)
+    assert (pays_from, pays_at) == (None, [1536, 1900])
+    assert beats["name"].endswith("- (at no measured size)") and beats["met"] is False and beats["value"] == 1.11
+
+
 def test_bad_sizes_are_a_one_line_usage_error(db_url: str) -> None:
     for value, words in (("0", "--sizes must be payload sizes from 8 to 65536"), ("3,x", "--sizes takes whole numbers")):
         proc = run_cli("bench", "--scenario", "split", "--sizes", value, "--seconds", "1", url=db_url)
