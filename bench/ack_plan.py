@@ -41,12 +41,12 @@ from queuectl.bench.drivers import (ENGINE_DIR, analyze_filled, autovacuum_off, 
                                     reinstall_queue)
 from queuectl.bench.hot_bound import add_cycle_arguments, side_by_side
 from queuectl.bench.pgbench import Pgbench, find_pgbench
+from queuectl.bench.report import write_json
 from queuectl.client import Queue
 from queuectl.engine import make_engine
 from queuectl.install import uninstall_queue
 from queuectl.names import QueueNames
 from queuectl.sqlfiles import render
-from queuectl.bench.report import write_json
 
 REVISIONS: dict[str, str | None] = {"0008": "reliable_0008", "head": None}  # None: the head
 WORKER = "ack_plan"

@@ -21,11 +21,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from queuectl.bench.drivers import analyze_filled, enqueue_in_chunks
+from queuectl.bench.report import write_json
 from queuectl.client import Queue
 from queuectl.engine import make_engine
 from queuectl.install import head_of, install_queue, list_queues, uninstall_queue
 from queuectl.names import QueueNames
-from queuectl.bench.report import write_json
 
 BEFORE = "reliable_0004"
 PAYLOAD = bytes(300)

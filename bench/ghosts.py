@@ -35,13 +35,13 @@ from sqlalchemy.engine import Engine
 from queuectl.bench.core import BenchRun, ratio, scenario, stat
 from queuectl.bench.drivers import enqueue_in_chunks
 from queuectl.bench.pgbench import PgbenchUnavailable
+from queuectl.bench.report import write_json
 from queuectl.engine import check_connection, mask_url, parse_url, resolve_url
 from queuectl.install import get_queue, install_queue, uninstall_queue
 from queuectl.kinds import open_queue
 from queuectl.kindspec import kind_template_values, settings_for
 from queuectl.names import QueueNames
 from queuectl.sqlfiles import render
-from queuectl.bench.report import write_json
 
 SCHEMA = "ghostbench"
 KINDS = ("fifo", "watermark")

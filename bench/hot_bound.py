@@ -41,10 +41,10 @@ import sqlalchemy as sa
 
 from queuectl.bench.drivers import ReliableDriver, autovacuum_off, bench_sql, run_bench_sections
 from queuectl.bench.pgbench import Pgbench, find_pgbench
+from queuectl.bench.report import write_json
 from queuectl.engine import make_engine
 from queuectl.install import uninstall_queue
 from queuectl.names import QueueNames
-from queuectl.bench.report import write_json
 
 DESIGNS = ("rel", "nofin", "hot")
 SETUP = {"rel": (), "nofin": ("hot_bound_drop_finished",), "hot": ("hot_bound_hot_layout",)}

@@ -29,12 +29,12 @@ import sqlalchemy as sa
 
 from queuectl.bench.drivers import autovacuum_off, bench_sql, enqueue_in_chunks, plan_shared_hits, reinstall_queue
 from queuectl.bench.pgbench import Pgbench, find_pgbench
+from queuectl.bench.report import write_json
 from queuectl.engine import make_engine
 from queuectl.install import head_of, uninstall_queue
 from queuectl.kinds import open_queue
 from queuectl.kindspec import FifoSettings, kind_template_values
 from queuectl.names import QueueNames
-from queuectl.bench.report import write_json
 
 # The last revision of each kind before its plan guard; "fifo_strict" is a strict FIFO queue.
 BEFORE = {"reliable": "reliable_0007", "fifo": "fifo_0003", "fifo_strict": "fifo_0003", "heap": "heap_0003",
