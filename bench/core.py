@@ -483,7 +483,8 @@ def _ms(seconds: float | None) -> float | None:
 Scenario = Callable[[BenchRun], dict[str, Any]]
 SCENARIOS: dict[str, Scenario] = {}
 SCENARIO_HELP: dict[str, str] = {}
-# BenchOptions fields every scenario reads; the others are named by each scenario
+# options every scenario reads (BenchOptions fields, and the command line's --json); the
+# others are named by each scenario that reads them (@scenario(..., options))
 COMMON_OPTIONS = frozenset({"scenario", "repeat", "url", "schema", "pgbench", "json_file"})
 SCENARIO_OPTIONS: dict[str, frozenset[str]] = {}
 
