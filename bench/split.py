@@ -23,7 +23,7 @@ from typing import Any
 from queuectl.bench.core import BenchRun, ratio, scenario, stat, unavailable_once
 from queuectl.bench.drivers import analyze_filled, bench_sql, driver_for
 from queuectl.bench.pgbench import PgbenchUnavailable
-from queuectl.bench.workers import payload_pool
+from queuectl.bench.workers import PAYLOAD_CONTENTS, payload_pool
 
 DESIGNS = (("onetable", "bsplit_one", "one table"), ("reliable", "bsplit_split", "meta/data split"))
 FILL_PER_SECOND = 10_000  # pre-filled rows per --seconds: a drain of ~20K msg/s lasts a few seconds
@@ -31,7 +31,6 @@ FILL_BYTES = 256 * 1024 * 1024  # at most this much payload per fill (16 KB payl
 FILL_CHUNK = 200
 PAYS_FROM = 1.05  # the split "pays" where it is at least this much faster than one table
 MATCHES = 0.95  # "at least matches" within this machine's noise
-_CONTENT = {"random": "random (incompressible) payloads", "json": "JSON-like payloads (pglz compresses them ~3x)"}
 
 
 def _fill(run: BenchRun, driver_name: str, names: Any, count: int, payload_bytes: int) -> None:
@@ -131,7 +130,7 @@ def split(run: BenchRun) -> dict[str, Any]:
         "name": "split",
         "description": "one wide table vs the meta/data split: drain of a pre-filled queue per payload size",
         "notes": [
-            f"each design and size: fresh queue, {', '.join(f'{fills[z]:,}' for z in sizes)} {_CONTENT[o.payload_content]} "
+            f"each design and size: fresh queue, {', '.join(f'{fills[z]:,}' for z in sizes)} {PAYLOAD_CONTENTS[o.payload_content]} "
             f"pre-filled (by size), {C} consumers dequeue+ack at batch {B} until empty or --seconds",
             f"SQL ceiling: the same fill drained by the design's own dequeue and ack statements from pgbench "
             f"({C} clients, -M prepared); 'sql split x' is split / one table on those drains",

@@ -68,7 +68,9 @@ class WorkerSpec:
     warmup: bool = True
 
 
-PAYLOAD_CONTENTS = ("random", "json")
+# what --payload-content can fill the split with, and how its notes describe it
+PAYLOAD_CONTENTS = {"random": "random (incompressible) payloads",
+                    "json": "JSON-like payloads (pglz compresses them ~3x)"}
 _JSON_WORDS = ("pending", "paid", "shipped", "express", "standard", "gift", "fragile", "warehouse-3", "EU", "US",
                "retry", "leave at the door")
 
