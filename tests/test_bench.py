@@ -85,8 +85,6 @@ def test_one_table_baseline_hands_out_each_message_once(db_url: str, engine: sa.
     from queuectl.names import QueueNames
 
     driver, names = driver_for("onetable"), QueueNames("bsplit_one")
-    with engine.begin() as conn:
-        conn.exec_driver_sql('CREATE SCHEMA IF NOT EXISTS "queuectl"')
     driver.install(engine, names)
     sent = [f"m{i}".encode() for i in range(30)]
     a, b = driver.open(db_url, names), driver.open(db_url, names)
@@ -130,8 +128,6 @@ def test_lean_one_table_deletes_what_is_acked_and_hands_out_each_message_once(db
     from queuectl.names import QueueNames
 
     driver, names = driver_for("lean"), QueueNames("bring_lean")
-    with engine.begin() as conn:
-        conn.exec_driver_sql('CREATE SCHEMA IF NOT EXISTS "queuectl"')
     driver.install(engine, names)
     a, b = driver.open(db_url, names), driver.open(db_url, names)
     try:
@@ -455,8 +451,6 @@ def test_json_payloads_are_compressed_inline_where_random_ones_go_out_of_line(db
     with pytest.raises(ValueError):
         payload_pool(10, 1, seed=1, content="xml")
     driver, names = driver_for("onetable"), QueueNames("bcontent_one")
-    with engine.begin() as conn:
-        conn.exec_driver_sql('CREATE SCHEMA IF NOT EXISTS "queuectl"')
     stored: dict[str, set] = {}
     for content in ("json", "random"):
         driver.install(engine, names)
@@ -538,8 +532,6 @@ def test_one_table_baseline_pays_for_what_the_reliable_meta_table_pays_for(engin
     from queuectl.names import QueueNames
 
     one, split = QueueNames("bdef_one"), QueueNames("bdef_split")
-    with engine.begin() as conn:
-        conn.exec_driver_sql('CREATE SCHEMA IF NOT EXISTS "queuectl"')
     driver_for("onetable").install(engine, one)
     driver_for("reliable").install(engine, split)
     try:
