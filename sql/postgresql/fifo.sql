@@ -173,11 +173,11 @@ $fn$;
 -- the next ANALYZE: measured at 20,000 rows 900-1,850 shared buffers per dequeue(10)
 -- against 52-58 in a new session (bench/RESULTS.md series 8). A later revision that replaces the function (CREATE OR
 -- REPLACE resets its SET clauses) must run this section again.
-ALTER FUNCTION {{fn_dequeue}} SET enable_seqscan = off SET jit = off;
+ALTER FUNCTION {{fn_dequeue}}(integer) SET enable_seqscan = off SET jit = off;
 
 -- name: reset_plan_guard
 -- fifo_0004 downgrade: the dequeue plans with the session's settings again.
-ALTER FUNCTION {{fn_dequeue}} RESET enable_seqscan RESET jit;
+ALTER FUNCTION {{fn_dequeue}}(integer) RESET enable_seqscan RESET jit;
 
 -- name: drop_functions
 -- Remove the SQL API.

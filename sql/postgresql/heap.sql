@@ -108,11 +108,11 @@ $fn$;
 -- scan from the first page, only its cost estimate is raised, which without jit = off made
 -- every call JIT-compile the statement (42 ms per call instead of 0.22 ms, measured); its
 -- DELETE goes through the primary key.
-ALTER FUNCTION {{fn_dequeue}} SET enable_seqscan = off SET jit = off;
+ALTER FUNCTION {{fn_dequeue}}(integer) SET enable_seqscan = off SET jit = off;
 
 -- name: reset_plan_guard
 -- heap_0004 downgrade: the dequeue plans with the session's settings again.
-ALTER FUNCTION {{fn_dequeue}} RESET enable_seqscan RESET jit;
+ALTER FUNCTION {{fn_dequeue}}(integer) RESET enable_seqscan RESET jit;
 
 -- name: drop_functions
 -- Remove the SQL API.

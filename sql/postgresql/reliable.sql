@@ -687,20 +687,20 @@ ALTER TABLE {{history}} RESET (
 -- included, keep their settings. A later revision that replaces one of these functions
 -- (CREATE OR REPLACE resets its SET clauses) must run this section again after it (a test
 -- checks the installed head: tests/test_plan_guard.py).
-ALTER FUNCTION {{fn_dequeue}} SET enable_seqscan = off SET jit = off;
-ALTER FUNCTION {{fn_ack}} SET enable_seqscan = off SET jit = off;
-ALTER FUNCTION {{fn_nack}} SET enable_seqscan = off SET jit = off;
-ALTER FUNCTION {{fn_extend_lease}} SET enable_seqscan = off SET jit = off;
-ALTER FUNCTION {{fn_release}} SET enable_seqscan = off SET jit = off;
+ALTER FUNCTION {{fn_dequeue}}(integer, double precision, text) SET enable_seqscan = off SET jit = off;
+ALTER FUNCTION {{fn_ack}}(bigint[], text) SET enable_seqscan = off SET jit = off;
+ALTER FUNCTION {{fn_nack}}(bigint[], text, text, double precision, double precision) SET enable_seqscan = off SET jit = off;
+ALTER FUNCTION {{fn_extend_lease}}(bigint[], double precision, text) SET enable_seqscan = off SET jit = off;
+ALTER FUNCTION {{fn_release}}(bigint[], text) SET enable_seqscan = off SET jit = off;
 
 -- name: reset_plan_guard
 -- reliable_0008 downgrade: the functions plan with the session's settings again (exactly
 -- the two settings set_plan_guard set; the search_path `queuectl grant` set stays).
-ALTER FUNCTION {{fn_dequeue}} RESET enable_seqscan RESET jit;
-ALTER FUNCTION {{fn_ack}} RESET enable_seqscan RESET jit;
-ALTER FUNCTION {{fn_nack}} RESET enable_seqscan RESET jit;
-ALTER FUNCTION {{fn_extend_lease}} RESET enable_seqscan RESET jit;
-ALTER FUNCTION {{fn_release}} RESET enable_seqscan RESET jit;
+ALTER FUNCTION {{fn_dequeue}}(integer, double precision, text) RESET enable_seqscan RESET jit;
+ALTER FUNCTION {{fn_ack}}(bigint[], text) RESET enable_seqscan RESET jit;
+ALTER FUNCTION {{fn_nack}}(bigint[], text, text, double precision, double precision) RESET enable_seqscan RESET jit;
+ALTER FUNCTION {{fn_extend_lease}}(bigint[], double precision, text) RESET enable_seqscan RESET jit;
+ALTER FUNCTION {{fn_release}}(bigint[], text) RESET enable_seqscan RESET jit;
 
 -- name: create_lease_functions_0009
 -- reliable_0009: ack, nack, extend_lease and release reach their rows through the primary

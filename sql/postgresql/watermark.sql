@@ -325,13 +325,13 @@ $fn$;
 -- against 52-58 in a new session (bench/RESULTS.md series 8). A later revision that replaces the function (CREATE OR
 -- REPLACE resets its SET clauses) must run this section again.
 -- correct_watermark (the scheduler's job, a long-lived session) looks rows up the same way.
-ALTER FUNCTION {{fn_dequeue}} SET enable_seqscan = off SET jit = off;
-ALTER FUNCTION {{fn_correct_watermark}} SET enable_seqscan = off SET jit = off;
+ALTER FUNCTION {{fn_dequeue}}(integer) SET enable_seqscan = off SET jit = off;
+ALTER FUNCTION {{fn_correct_watermark}}() SET enable_seqscan = off SET jit = off;
 
 -- name: reset_plan_guard
 -- watermark_0004 downgrade: the functions plan with the session's settings again.
-ALTER FUNCTION {{fn_dequeue}} RESET enable_seqscan RESET jit;
-ALTER FUNCTION {{fn_correct_watermark}} RESET enable_seqscan RESET jit;
+ALTER FUNCTION {{fn_dequeue}}(integer) RESET enable_seqscan RESET jit;
+ALTER FUNCTION {{fn_correct_watermark}}() RESET enable_seqscan RESET jit;
 
 -- name: drop_functions
 -- Remove the SQL API.
