@@ -42,7 +42,7 @@ def replace_functions(file: str, *sections: str) -> None:
         run_section(file, section)
     names, kind, _settings = _target()
     adapter = ADAPTERS[op.get_context().dialect.name]
-    values = function_values(names, secured_calls(kind))
+    values = function_values(names, kind, secured_calls(kind))
     for statement in adapter.split_batches(render(adapter.sql_dir, "grant", "resecure_functions", values)):
         op.execute(sa.text(statement))
 

@@ -40,6 +40,43 @@ MAINTENANCE_CALLS = {
     "watermark": ("correct_watermark",),
     "ring": ("ring_repair",),
 }
+# The argument types (PostgreSQL's oidvectortypes form) of each call of each kind, over all
+# of the kind's revisions. A grant matches a function by its name AND these types: a name
+# alone could also match a function of another queue that an older install let share it
+# (queue "b"'s b_ack_dequeue and queue "b_ack"'s), whose types differ.
+# tests/test_object_names.py checks this against every revision of every kind.
+_ONE_TABLE_ARGUMENTS = {"enqueue": ("bytea, jsonb",), "enqueue_many": ("bytea[], jsonb[]",), "dequeue": ("integer",)}
+FUNCTION_ARGUMENTS: dict[str, dict[str, tuple[str, ...]]] = {
+    "reliable": {
+        "enqueue": ("bytea, jsonb, smallint, interval, text, integer",),
+        "enqueue_many": ("bytea[], jsonb[], smallint[], interval[], text[], integer",),
+        "dequeue": ("integer, double precision, text",),
+        "ack": ("bigint[], text",),
+        "nack": ("bigint[], text, text, double precision, double precision",),
+        "extend_lease": ("bigint[], double precision, text",),
+        "release": ("bigint[], text",),
+        "ack_dequeue": ("bigint[], integer, double precision, text",),
+        "notify": ("",),
+        "wait_begin": ("",),
+        "wait_end": ("",),
+    },
+    "heap": _ONE_TABLE_ARGUMENTS,
+    "fifo": _ONE_TABLE_ARGUMENTS,
+    "stack": _ONE_TABLE_ARGUMENTS,
+    "pending": {
+        "enqueue": ("bytea, jsonb, timestamp with time zone, interval",),
+        "enqueue_many": ("bytea[], jsonb[], timestamp with time zone[], interval[]",),
+        "dequeue": ("integer",),
+    },
+    "watermark": {**_ONE_TABLE_ARGUMENTS, "correct_watermark": ("",)},
+    "ring": {
+        "enqueue": ("bytea, jsonb, double precision",),
+        "enqueue_many": ("bytea[], jsonb[], double precision",),
+        "dequeue": ("integer, double precision",),
+        "ring_repair": ("interval, double precision",),
+        "ring_release": ("", "double precision"),
+    },
+}
 ROLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
@@ -69,14 +106,19 @@ def secured_calls(kind: str) -> tuple[str, ...]:
     return api_calls(kind) + MAINTENANCE_CALLS.get(kind, ())
 
 
-def _literals(names: QueueNames, calls: tuple[str, ...]) -> str:
-    """The functions' names as SQL string literals: validated identifiers hold no quote."""
-    return ", ".join(f"'{names.table(call)}'" for call in calls)
-
-
-def function_values(names: QueueNames, calls: tuple[str, ...]) -> dict[str, str]:
-    """grant.sql's {{schema_literal}} and {{function_literals}} for these calls of the queue."""
-    return {"schema_literal": f"'{names.schema}'", "function_literals": _literals(names, calls)}
+def function_values(names: QueueNames, kind: str, calls: tuple[str, ...]) -> dict[str, str]:
+    """grant.sql's {{schema_literal}}, {{function_literals}} (the functions' names, for SQL
+    Server, where one schema holds one object of a name) and {{function_signatures}}
+    ((name, argument types) pairs, for PostgreSQL, where names may be overloaded), as SQL
+    literals: validated identifiers and the fixed types above hold no quote."""
+    arguments = FUNCTION_ARGUMENTS[kind]
+    return {
+        "schema_literal": f"'{names.schema}'",
+        "function_literals": ", ".join(f"'{names.table(call)}'" for call in calls),
+        "function_signatures": ", ".join(
+            f"('{names.table(call)}', '{types}')" for call in calls for types in arguments[call]
+        ),
+    }
 
 
 def _run(conn: Connection, file_values: dict[str, str], section: str, params: dict[str, str] | None = None) -> None:
@@ -89,7 +131,8 @@ def granted_functions(conn: Connection, name: str, role: str, schema: str = DEFA
     """The queue's functions `role` may execute."""
     names = QueueNames(name, schema)
     info = require_queue(conn, name, schema)
-    sql = render(adapter_for(conn).sql_dir, "grant", "granted_functions", function_values(names, api_calls(info.kind)))
+    values = function_values(names, info.kind, api_calls(info.kind))
+    sql = render(adapter_for(conn).sql_dir, "grant", "granted_functions", values)
     return list(conn.execute(sa.text(sql), {"role": validate_role(role)}).scalars())
 
 
@@ -117,14 +160,10 @@ def grant_queue(
         for role in roles:
             if not conn.execute(sa.text(exists), {"role": role}).scalar():
                 raise UsageError(f"role {role!r} does not exist in this database: create it first")
-        _run(conn, {**base, **function_values(names, secured_calls(info.kind))}, "secure_functions")
-        if producer:
-            _run(conn, {**base, "role": quote_ident(producer),
-                        "function_literals": _literals(names, producer_calls(info.kind))},
-                 "grant_execute")
-        if consumer:
-            calls = consumer_calls(info.kind)
-            _run(conn, {**base, "role": quote_ident(consumer), "function_literals": _literals(names, calls)},
-                 "grant_execute")
+        _run(conn, {**base, **function_values(names, info.kind, secured_calls(info.kind))}, "secure_functions")
+        for role, calls in ((producer, producer_calls(info.kind)), (consumer, consumer_calls(info.kind))):
+            if role:
+                _run(conn, {**base, **function_values(names, info.kind, calls), "role": quote_ident(role)},
+                     "grant_execute")
         conn.commit()
         return {role: granted_functions(conn, name, role, schema) for role in roles}

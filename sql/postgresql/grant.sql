@@ -10,8 +10,8 @@
 -- owner's rights. Done at grant time rather than in the install migration, so the
 -- functions' definitions stay as installed; re-run `queuectl grant` after an upgrade
 -- that recreates them (a revision that replaces them in place restores this itself:
--- resecure_functions). {{function_literals}} are the queue's own function names
--- (validated identifiers as string literals).
+-- resecure_functions). {{function_signatures}} are the queue's own functions as (name,
+-- argument types) pairs: a name alone may also be another queue's overload.
 
 -- name: role_exists
 -- Whether a role of that name exists (grants name existing roles only).
@@ -26,7 +26,7 @@ BEGIN
     FOR f IN
         SELECT p.oid::regprocedure FROM pg_proc p
         WHERE p.pronamespace = {{schema_literal}}::regnamespace
-          AND p.proname IN ({{function_literals}})
+          AND (p.proname, oidvectortypes(p.proargtypes)) IN ({{function_signatures}})
     LOOP
         -- f::text is the server's own quoted signature, e.g. queuectl.orders_ack(bigint[],text)
         EXECUTE 'ALTER FUNCTION ' || f::text || ' SECURITY DEFINER SET search_path = pg_catalog, pg_temp';
@@ -49,7 +49,7 @@ BEGIN
     FOR f IN
         SELECT p.oid::regprocedure FROM pg_proc p
         WHERE p.pronamespace = {{schema_literal}}::regnamespace
-          AND p.proname IN ({{function_literals}})
+          AND (p.proname, oidvectortypes(p.proargtypes)) IN ({{function_signatures}})
           AND NOT p.prosecdef
           AND NOT has_function_privilege('public', p.oid, 'EXECUTE')
     LOOP
@@ -69,7 +69,7 @@ BEGIN
     FOR f IN
         SELECT p.oid::regprocedure FROM pg_proc p
         WHERE p.pronamespace = {{schema_literal}}::regnamespace
-          AND p.proname IN ({{function_literals}})
+          AND (p.proname, oidvectortypes(p.proargtypes)) IN ({{function_signatures}})
     LOOP
         EXECUTE 'GRANT EXECUTE ON FUNCTION ' || f::text || ' TO {{role}}';
     END LOOP;
@@ -83,6 +83,6 @@ GRANT SELECT ON {{schema}}.queues, {{schema}}.alembic_version TO {{role}}
 SELECT p.proname AS function_name
 FROM pg_proc p
 WHERE p.pronamespace = {{schema_literal}}::regnamespace
-  AND p.proname IN ({{function_literals}})
+  AND (p.proname, oidvectortypes(p.proargtypes)) IN ({{function_signatures}})
   AND has_function_privilege(:role, p.oid, 'EXECUTE')
 ORDER BY 1
