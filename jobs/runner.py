@@ -1,6 +1,6 @@
 """Running a job: one runner at a time per (job, queue), and a history row for every run.
 
-The single-runner lock is a session-level advisory lock (Adapter.lock_statement) held on
+The single-runner lock is a session-level lock (queuectl.locks) held on
 a dedicated connection for the whole run, so several schedulers (and people running jobs
 by hand) can share a database without ever running the same job on the same queue twice
 at once. The run's history row is opened after the lock is taken and closed before it is
@@ -36,10 +36,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, ProgrammingError
 
+from queuectl import locks
 from queuectl.engine import adapter_for, backoff_pause, discard_connection, mask_url
 from queuectl.errors import ConnectionFailed, QueuectlError
 from queuectl.jobs.base import JobBusy, JobResult, JobTarget, error_text
 from queuectl.jobs.registry import JobSpec, job_spec
+from queuectl.locks import Lock
 from queuectl.names import DEFAULT_SCHEMA, quote_ident
 from queuectl.sqlfiles import render
 
@@ -63,8 +65,8 @@ class RunRecord:
     result: Any = None           # the job's result object (None when it raised)
 
 
-def lock_key(schema: str, job: str, queue: str) -> str:
-    return f"queuectl.job:{schema}:{job}:{queue}"
+def lock_key(schema: str, job: str, queue: str) -> Lock:
+    return Lock(schema, f"queuectl.job:{schema}:{job}:{queue}", "its single-runner lock")
 
 
 def catalog_sql(engine_or_conn: Engine | Connection, section: str, schema: str) -> sa.TextClause:
@@ -81,26 +83,28 @@ RECONNECT_MAX_PAUSE_S = 2.0  # ... up to this, each jittered
 class RunnerLock:
     """A single-runner lock held on a dedicated autocommit connection (see the module docstring)."""
 
-    def __init__(self, engine: Engine, key: str, what: str) -> None:
+    def __init__(self, engine: Engine, lock: Lock, what: str) -> None:
         self.engine = engine
-        self.key = key
+        self.lock = lock
         self.what = what
-        self.lost: str | None = None   # why the run no longer holds its lock
+        self.key: str | None = None     # the key the server holds the lock by (queuectl.locks.key_of)
+        self.busy: str | None = None    # who held the lock when acquire() found it taken
+        self.lost: str | None = None    # why the run no longer holds its lock
         self.retaken = 0
-        self._adapter = adapter_for(engine)
         self._conn: Connection | None = None
 
     def acquire(self) -> bool:
         conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         try:
-            got = bool(conn.execute(sa.text(self._adapter.lock_statement()), {"key": self.key}).scalar())
+            key = locks.key_of(conn, self.lock)
+            if not locks.try_take(conn, key):
+                self.busy = locks.busy_message(conn, self.lock, key)
+                conn.close()
+                return False
         except BaseException:
             conn.close()
             raise
-        if not got:
-            conn.close()
-            return False
-        self._conn = conn
+        self.key, self._conn = key, conn
         return True
 
     def execute(self, statement: sa.Executable, params: dict[str, Any]) -> sa.CursorResult:
@@ -170,7 +174,7 @@ class RunnerLock:
                     run_stop.set()
                     return
 
-        thread = threading.Thread(target=watchdog, name=f"queuectl-lock:{self.key}", daemon=True)
+        thread = threading.Thread(target=watchdog, name=f"queuectl-lock:{self.lock.name}", daemon=True)
         thread.start()
         try:
             yield run_stop
@@ -183,8 +187,8 @@ class RunnerLock:
         if conn is None:
             return
         try:
-            if not self.lost:
-                conn.execute(sa.text(self._adapter.unlock_statement()), {"key": self.key})
+            if not self.lost and self.key is not None:
+                locks.release(conn, self.key)
             conn.close()
         except BaseException:
             # Never hand a connection that may still hold the lock back to the pool.
@@ -197,11 +201,12 @@ class RunnerLock:
 
 
 @contextmanager
-def single_runner(engine: Engine, key: str, what: str) -> Iterator[RunnerLock]:
-    """Hold the advisory lock `key` on a dedicated autocommit connection, or raise JobBusy."""
+def single_runner(engine: Engine, key: Lock, what: str) -> Iterator[RunnerLock]:
+    """Hold the lock `key` on a dedicated autocommit connection, or raise JobBusy (naming the
+    session that holds it)."""
     lock = RunnerLock(engine, key, what)
     if not lock.acquire():
-        raise JobBusy(f"{what} is already running elsewhere (another runner holds its lock)")
+        raise JobBusy(f"{what} is already running elsewhere: {lock.busy}")
     try:
         yield lock
     finally:

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+from queuectl import locks
 from queuectl.engine import adapter_for
 from queuectl.names import QueueNames
 
 
 def test_try_lock_is_exclusive_per_session_until_unlocked(engine):
-    adapter = adapter_for(engine)
-    key = {"key": "queuectl.test.lock"}
+    key = "queuectl.test.lock"
     with engine.connect() as a, engine.connect() as b:
-        assert a.execute(sa.text(adapter.lock_statement()), key).scalar() is True
-        assert b.execute(sa.text(adapter.lock_statement()), key).scalar() is False
-        assert a.execute(sa.text(adapter.unlock_statement()), key).scalar() is True
-        assert b.execute(sa.text(adapter.lock_statement()), key).scalar() is True
-        b.execute(sa.text(adapter.unlock_statement()), key)
+        assert locks.try_take(a, key) is True
+        assert locks.try_take(b, key) is False
+        assert locks.release(a, key) is True
+        assert locks.try_take(b, key) is True
+        locks.release(b, key)
 
 
 def test_storage_health_lists_the_queue_tables_and_indexes_with_dead_rows(engine, orders):

@@ -21,7 +21,7 @@ def has_table(engine, name: str) -> bool:
 
 def test_install_creates_the_job_tables(engine):
     install_queue(engine, "orders")
-    assert head_of("catalog") == "catalog_0003_pipeline"  # jobs tables came in catalog_0002
+    assert head_of("catalog") == "catalog_0004_lock_seed"  # jobs tables came in catalog_0002
     assert has_table(engine, "job_runs") and has_table(engine, "health_snapshots")
     assert "CREATE TABLE \"queuectl\".job_runs" in install_script(None, "orders")
 

@@ -141,15 +141,16 @@ def test_archive_moves_finished_rows_with_payloads_and_nothing_else(mssql_engine
 
 
 def test_single_runner_lock_is_exclusive_per_session(mssql_engine, schema):
-    from queuectl.engine import adapter_for
+    from queuectl import locks
 
-    adapter = adapter_for(mssql_engine)
+    key = f"test:{schema}"
     with mssql_engine.connect() as a, mssql_engine.connect() as b:
-        assert a.execute(sa.text(adapter.lock_statement()), {"key": f"test:{schema}"}).scalar() == 1
-        assert b.execute(sa.text(adapter.lock_statement()), {"key": f"test:{schema}"}).scalar() == 0
-        assert a.execute(sa.text(adapter.unlock_statement()), {"key": f"test:{schema}"}).scalar() == 1
-        assert b.execute(sa.text(adapter.lock_statement()), {"key": f"test:{schema}"}).scalar() == 1
-        b.execute(sa.text(adapter.unlock_statement()), {"key": f"test:{schema}"})
+        assert locks.try_take(a, key) is True
+        assert locks.try_take(b, key) is False
+        assert "held by" in locks.busy_message(b, locks.Lock(schema, "test", "the test lock"), key)
+        assert locks.release(a, key) is True
+        assert locks.try_take(b, key) is True
+        locks.release(b, key)
 
 
 def test_storage_health_reads_the_queue_tables(mssql_engine, schema):

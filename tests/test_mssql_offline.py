@@ -617,9 +617,9 @@ def test_mssql_adapter_is_chosen_from_the_url_without_a_driver():
     adapter = adapter_for_url(MSSQL_URL)
     assert isinstance(adapter, MssqlAdapter) and adapter.sql_dir == "mssql"
     assert not adapter.review_script_connects and ADAPTERS["postgresql"].review_script_connects
-    assert "sp_getapplock" in adapter.lock_statement() and "@LockOwner = 'Session'" in adapter.lock_statement()
-    assert "@LockTimeout = 0" in adapter.lock_statement() and "@LockTimeout = -1" in adapter.wait_lock_statement()
-    assert "sp_releaseapplock" in adapter.unlock_statement()
+    try_lock, unlock = render("mssql", "locks", "try_lock", {}), render("mssql", "locks", "unlock", {})
+    assert "sp_getapplock" in try_lock and "@LockOwner = 'Session'" in try_lock and "@LockTimeout = 0" in try_lock
+    assert "sp_releaseapplock" in unlock
     assert adapter.list_param([3, 1, 2]) == "[3, 1, 2]"
     assert adapter.json_value('{"a": 1}') == {"a": 1}
 

@@ -22,9 +22,11 @@ from sqlalchemy.engine import Engine
 
 pyspark = pytest.importorskip("pyspark", reason="the spark extra is part of `make test`")
 
+from queuectl import locks  # noqa: E402
 from queuectl.engine import adapter_for  # noqa: E402
 from queuectl.errors import QueuectlError, UsageError  # noqa: E402
 from queuectl.install import install_queue  # noqa: E402
+from queuectl.locks import Lock  # noqa: E402
 from queuectl.names import QueueNames  # noqa: E402
 from queuectl.pipeline import Lake, build_report, export_history, purge_exported  # noqa: E402
 from queuectl.pipeline import jdbc as jdbc_module  # noqa: E402
@@ -203,13 +205,12 @@ def test_row_archived_by_a_transaction_open_during_an_export_is_exported_next_ti
 
 def test_export_refuses_while_another_export_of_the_queue_runs(spark, engine, orders, lake):
     fill_history(engine, 10, first_id=0)
-    adapter = adapter_for(engine)
-    key = {"key": "queuectl.pipeline:queuectl.orders"}
+    lock = Lock("queuectl", "queuectl.pipeline:queuectl.orders", "the export lock")
     with engine.connect() as conn:
-        assert conn.execute(sa.text(adapter.lock_statement()), key).scalar()
-        with pytest.raises(QueuectlError, match="another export or purge of queue 'orders' is running"):
+        key = locks.take(conn, lock, 0)
+        with pytest.raises(QueuectlError, match="another export or purge of queue 'orders' is running: .* held by pid"):
             export_history(engine, str(lake), ["orders"], lock_wait=0.5)
-        conn.execute(sa.text(adapter.unlock_statement()), key)
+        locks.release(conn, key)
     assert not lake.commits("orders")
 
 

@@ -28,6 +28,9 @@ class PostgresWords:
     def holder(self, h: dict[str, Any], duration: Fmt) -> str:
         return f"pid {h['pid']} (open {duration(h['xact_age_s'])})"
 
+    def end_session(self, pid: Any) -> str:
+        return f"run SELECT pg_terminate_backend({pid})"
+
     def dead_rows_held(self, name: str, count: str, pct: float, holder: dict[str, Any], duration: Fmt) -> str:
         return (f"{name}: {count} dead tuples ({pct:.0f}%) that VACUUM cannot remove while "
                 f"{self.holder(holder, duration)} holds the xmin horizon: end that transaction first")
@@ -112,6 +115,9 @@ class MssqlWords(PostgresWords):
 
     def holder(self, h: dict[str, Any], duration: Fmt) -> str:
         return f"session {h['pid']} (open {duration(h['xact_age_s'])})"
+
+    def end_session(self, pid: Any) -> str:
+        return f"run KILL {pid}"
 
     def dead_rows_held(self, name: str, count: str, pct: float, holder: dict[str, Any], duration: Fmt) -> str:
         return (f"{name}: {count} ghost records ({pct:.0f}%) that ghost cleanup cannot remove while "

@@ -169,17 +169,6 @@ class Adapter:
         """Consumers can sleep until notified (LISTEN/NOTIFY); SQL Server consumers poll (queuectl.worker)."""
         return self.dialect == "postgresql"
 
-    def lock_statement(self) -> str:
-        """Session-level try-lock for single-runner work; :key is a text key; returns 1/true if taken."""
-        return self._sql("locks", "try_lock")
-
-    def unlock_statement(self) -> str:
-        return self._sql("locks", "unlock")
-
-    def wait_lock_statement(self) -> str:
-        """Session-level lock that waits until it is granted."""
-        return self._sql("locks", "wait_lock")
-
     def _sql(self, file: str, section: str, values: dict[str, str | int] | None = None) -> str:
         from queuectl.sqlfiles import render
 

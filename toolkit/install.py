@@ -19,15 +19,19 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection, Engine
 
 import queuectl.migrations
+from queuectl import locks
 from queuectl.catalog import CATALOG_BRANCH, CATALOG_VERSION_TABLE, QueueInfo, QueueSettings, queues_table
 from queuectl.engine import ADAPTERS, URL_ENV, adapter_for, adapter_for_url, check_not_empty, make_engine
 from queuectl.errors import NotInstalledError, QueuectlError, UsageError
 from queuectl.kindspec import KINDS, check_name_fits, check_settings, settings_class
 from queuectl.kindspec import validate_kind as validate_kind  # re-exported
-from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident, validate_schema_name
+from queuectl.locks import Lock
+from queuectl.names import (
+    DEFAULT_SCHEMA, QueueNames, quote_ident, shared_object_names, validate_new_queue_name, validate_schema_name,
+)
 from queuectl.sqlfiles import render
 
-_INSTALL_LOCK = "queuectl.install"
+INSTALL_LOCK_WAIT_S = 60.0  # how long install, upgrade and uninstall wait for another installer
 
 
 def _config(schema: str, version_table: str, **attributes: object) -> Config:
@@ -54,16 +58,49 @@ def validate_revision(kind: str, revision: str) -> str:
 
 
 @contextmanager
-def _install_lock(conn: Connection) -> Iterator[None]:
-    """One installer at a time per database (session advisory lock on this connection)."""
-    adapter = adapter_for(conn)
-    conn.execute(sa.text(adapter.wait_lock_statement()), {"key": _INSTALL_LOCK})
-    conn.commit()
+def _install_lock(conn: Connection, schema: str, *, upgrade: bool = False, wait: float = INSTALL_LOCK_WAIT_S
+                  ) -> Iterator[None]:
+    """One installer at a time per catalog (session locks on this connection, queuectl.locks),
+    with the catalog brought to its newest revision first when `upgrade`.
+
+    While the catalog has no lock seed the installer takes the lock's bare name (every
+    installer does, so they still serialise), upgrades the catalog, which creates the seed,
+    and then takes the seeded key as well, which installers that start later take alone.
+    On any failure the transaction is rolled back before the locks are given up, so the
+    cause is what the caller sees (not "current transaction is aborted"), and a connection
+    that cannot give them up is closed rather than returned to the pool still holding them.
+    """
+    lock = Lock(schema, "queuectl.install", f"queuectl's install lock of schema {schema!r}")
+    held: list[str] = []
     try:
+        held.append(locks.take(conn, lock, wait))  # the bare name while the catalog has no seed
+        if upgrade:
+            upgrade_catalog(conn, schema)
+        if locks.key_of(conn, lock) != held[0]:  # this upgrade, or an earlier installer, made the seed
+            held.append(locks.take(conn, lock, wait))
         yield
+    except BaseException:
+        _rollback_quietly(conn)
+        raise
     finally:
-        conn.execute(sa.text(adapter.unlock_statement()), {"key": _INSTALL_LOCK})
-        conn.commit()
+        _release_all(conn, held)
+
+
+def _rollback_quietly(conn: Connection) -> None:
+    try:
+        conn.rollback()
+    except Exception:  # a lost connection: _release_all closes it
+        pass
+
+
+def _release_all(conn: Connection, keys: list[str]) -> None:
+    try:
+        for key in reversed(keys):
+            locks.release(conn, key)
+    except Exception:
+        # The session may still hold a lock: end it (the server releases a session's locks
+        # when it ends) instead of pooling it.
+        conn.invalidate()
 
 
 def _catalog_revision(conn: Connection, schema: str) -> str | None:
@@ -105,6 +142,18 @@ def list_queues(conn: Connection, schema: str = DEFAULT_SCHEMA) -> list[QueueInf
     return [_info(row) for row in rows]
 
 
+def check_no_shared_names(name: str, kind: str, installed: list[QueueInfo]) -> None:
+    """Refuse a queue whose objects could be named like an installed queue's. New names
+    cannot clash (names.validate_new_queue_name); a queue installed by an older queuectl may."""
+    for other in installed:
+        shared = shared_object_names(name, kind, other.name, other.kind) if other.kind in KINDS else []
+        if shared:
+            raise UsageError(
+                f"queue {name!r} would share object names with installed queue {other.name!r} "
+                f"({', '.join(shared[:3])}), and a grant or drop could reach the other queue: choose another name"
+            )
+
+
 def _info(row: sa.RowMapping) -> QueueInfo:
     settings = row["settings"] if isinstance(row["settings"], dict) else {}
     return QueueInfo(
@@ -129,24 +178,26 @@ def install_queue(
     settings: QueueSettings | None = None,
     schema: str = DEFAULT_SCHEMA,
     revision: str | None = None,
+    lock_wait: float = INSTALL_LOCK_WAIT_S,
 ) -> QueueInfo:
     """Install one queue (and the catalog, if this is the first queue in the database).
 
     At the newest version of its kind, or at `revision` (an older one, to be upgraded later).
+    Waits up to `lock_wait` seconds for another install, upgrade or uninstall to finish.
     """
-    names = QueueNames(name, schema)
     validate_kind(kind)
+    names = QueueNames(validate_new_queue_name(name, kind), schema)
     target = f"{kind}@head" if revision is None else validate_revision(kind, revision)
     check_name_fits(names, kind)
     settings = check_settings(kind, settings)
-    with engine.connect() as conn, _install_lock(conn):
-        upgrade_catalog(conn, schema)
+    with engine.connect() as conn, _install_lock(conn, schema, upgrade=True, wait=lock_wait):
         existing = get_queue(conn, name, schema)
         if existing is not None:
             raise UsageError(
                 f"queue {name!r} is already installed (kind {existing.kind}, version "
                 f"{existing.schema_version}): use `queuectl upgrade {name}` or uninstall it first"
             )
+        check_no_shared_names(name, kind, list_queues(conn, schema))
         command.upgrade(_queue_config(names, kind, settings, connection=conn), target)
         conn.commit()
         return require_queue(conn, name, schema)
@@ -165,8 +216,8 @@ def install_script(
     With an engine, the catalog part starts from the database's current catalog version;
     without one (or on an empty database) the script creates the catalog too.
     """
-    names = QueueNames(name, schema)
     validate_kind(kind)
+    names = QueueNames(validate_new_queue_name(name, kind), schema)
     check_name_fits(names, kind)
     settings = check_settings(kind, settings)
     current = None
@@ -176,6 +227,8 @@ def install_script(
             current = _catalog_revision(conn, schema)
             if current and get_queue(conn, name, schema):
                 raise UsageError(f"queue {name!r} is already installed: nothing to install")
+            if current:
+                check_no_shared_names(name, kind, list_queues(conn, schema))
     out = io.StringIO()
     catalog_range = f"{current}:{CATALOG_BRANCH}@head" if current else f"{CATALOG_BRANCH}@head"
     if current != head_of(CATALOG_BRANCH):
@@ -203,20 +256,22 @@ def review_script(
     return install_script(engine, name, kind, settings, schema, dialect=adapter.dialect)
 
 
-def upgrade_queue(engine: Engine, name: str, schema: str = DEFAULT_SCHEMA) -> tuple[str, str]:
+def upgrade_queue(engine: Engine, name: str, schema: str = DEFAULT_SCHEMA,
+                  lock_wait: float = INSTALL_LOCK_WAIT_S) -> tuple[str, str]:
     """Bring one queue to the newest version of its kind; returns (before, after)."""
-    with engine.connect() as conn, _install_lock(conn):
-        upgrade_catalog(conn, schema)
+    with engine.connect() as conn, _install_lock(conn, schema, upgrade=True, wait=lock_wait):
         info = require_queue(conn, name, schema)
+        check_no_shared_names(name, info.kind, [q for q in list_queues(conn, schema) if q.name != name])
         names = QueueNames(name, schema)
         command.upgrade(_queue_config(names, info.kind, info.settings, connection=conn), f"{info.kind}@head")
         conn.commit()
         return info.schema_version, require_queue(conn, name, schema).schema_version
 
 
-def downgrade_queue(engine: Engine, name: str, revision: str, schema: str = DEFAULT_SCHEMA) -> tuple[str, str]:
+def downgrade_queue(engine: Engine, name: str, revision: str, schema: str = DEFAULT_SCHEMA,
+                    lock_wait: float = INSTALL_LOCK_WAIT_S) -> tuple[str, str]:
     """Take one queue back to an older revision of its kind (not to base: that is uninstall)."""
-    with engine.connect() as conn, _install_lock(conn):
+    with engine.connect() as conn, _install_lock(conn, schema, wait=lock_wait):
         info = require_queue(conn, name, schema)
         target = validate_revision(info.kind, revision)
         command.downgrade(_queue_config(QueueNames(name, schema), info.kind, info.settings, connection=conn), target)
@@ -224,19 +279,21 @@ def downgrade_queue(engine: Engine, name: str, revision: str, schema: str = DEFA
         return info.schema_version, require_queue(conn, name, schema).schema_version
 
 
-def upgrade_all(engine: Engine, schema: str = DEFAULT_SCHEMA) -> list[tuple[str, str, str]]:
+def upgrade_all(engine: Engine, schema: str = DEFAULT_SCHEMA,
+                lock_wait: float = INSTALL_LOCK_WAIT_S) -> list[tuple[str, str, str]]:
     """Upgrade the catalog, then every queue one at a time; returns (name, before, after)."""
     with engine.connect() as conn:
-        with _install_lock(conn):
-            upgrade_catalog(conn, schema)
+        with _install_lock(conn, schema, upgrade=True, wait=lock_wait):
+            pass
         queues = list_queues(conn, schema)
-    return [(q.name, *upgrade_queue(engine, q.name, schema)) for q in queues]
+    return [(q.name, *upgrade_queue(engine, q.name, schema, lock_wait)) for q in queues]
 
 
-def uninstall_queue(engine: Engine, name: str, schema: str = DEFAULT_SCHEMA) -> QueueInfo:
+def uninstall_queue(engine: Engine, name: str, schema: str = DEFAULT_SCHEMA,
+                    lock_wait: float = INSTALL_LOCK_WAIT_S) -> QueueInfo:
     """Downgrade the queue's branch to base (dropping its objects) and its version table."""
     names = QueueNames(name, schema)
-    with engine.connect() as conn, _install_lock(conn):
+    with engine.connect() as conn, _install_lock(conn, schema, wait=lock_wait):
         info = require_queue(conn, name, schema)
         command.downgrade(_queue_config(names, info.kind, info.settings, connection=conn), f"{info.kind}@base")
         _drop_table(conn, names.version_table, schema)
@@ -249,7 +306,7 @@ def _drop_table(conn: Connection, table: str, schema: str) -> None:
     sa.Table(table, sa.MetaData(), schema=schema).drop(conn, checkfirst=True)
 
 
-def remove_everything(engine: Engine, schema: str = DEFAULT_SCHEMA) -> list[str]:
+def remove_everything(engine: Engine, schema: str = DEFAULT_SCHEMA, lock_wait: float = INSTALL_LOCK_WAIT_S) -> list[str]:
     """Uninstall every queue, downgrade the catalog to base and drop the then empty schema.
 
     Returns the queues removed. A schema still holding objects queuectl did not create is
@@ -259,8 +316,8 @@ def remove_everything(engine: Engine, schema: str = DEFAULT_SCHEMA) -> list[str]
     with engine.connect() as conn:
         queues = [q.name for q in list_queues(conn, schema)]
     for name in queues:
-        uninstall_queue(engine, name, schema)
-    with engine.connect() as conn, _install_lock(conn):
+        uninstall_queue(engine, name, schema, lock_wait)
+    with engine.connect() as conn, _install_lock(conn, schema, wait=lock_wait):
         if _catalog_revision(conn, schema) is not None:
             command.downgrade(_config(schema, CATALOG_VERSION_TABLE, connection=conn), f"{CATALOG_BRANCH}@base")
             _drop_table(conn, CATALOG_VERSION_TABLE, schema)

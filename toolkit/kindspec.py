@@ -14,7 +14,7 @@ from typing import Any, Union
 
 from queuectl.catalog import QueueSettings
 from queuectl.errors import UsageError
-from queuectl.names import QueueNames, quote_ident
+from queuectl.names import QUEUE_OBJECT_SUFFIXES, QueueNames, quote_ident
 
 KINDS = ("reliable", "heap", "fifo", "stack", "pending", "watermark", "ring")
 DESTRUCTIVE_KINDS = ("heap", "fifo", "stack", "pending", "watermark")
@@ -27,22 +27,9 @@ RING_MAX_SIZE = 16_777_216  # 16 Mi slots: ~1 GB of preallocated rows at fillfac
 _IDENT_MAX = 63
 
 
-def _suffixes(kind: str) -> tuple[str, ...]:
-    common = ("enqueue", "enqueue_many", "dequeue", "version", "version_pkc")
-    if kind == "reliable":
-        return ()  # names.QueueNames already fits the reliable kind's names into 48 characters
-    if kind == "watermark":
-        return (*common, "items", "items_id_seq", "items_pkey", "watermark", "watermark_pkey", "correct_watermark")
-    if kind == "ring":
-        return (*common, "ring", "ring_pkey", "push_seq", "pop_seq", "ring_repair", "ring_release")
-    if kind == "pending":
-        return (*common, "items", "items_id_seq", "items_pkey", "items_due")
-    return (*common, "items", "items_id_seq", "items_pkey")
-
-
 def max_name_length(kind: str) -> int:
-    longest = max((len(s) for s in _suffixes(kind)), default=0)
-    return min(48, _IDENT_MAX - 1 - longest) if longest else 48
+    longest = max(len(s) for s in QUEUE_OBJECT_SUFFIXES[validate_kind(kind)])
+    return min(48, _IDENT_MAX - 1 - longest)
 
 
 def validate_kind(kind: str) -> str:

@@ -18,10 +18,56 @@ from queuectl.errors import UsageError
 QUEUE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 SCHEMA_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 DEFAULT_SCHEMA = "queuectl"
-# A queue's objects are "<queue>_<suffix>" in the same schema as the catalog. The catalog's
-# own tables must therefore never end in a queue suffix (_meta, _data, _history, _version,
-# ...), and a queue may not be named so that "<queue>_version" is the catalog's version table.
-RESERVED_QUEUE_NAMES = frozenset({"alembic"})
+
+# Every schema-level object a queue creates is named "<queue>_<suffix>", in the catalog's
+# schema: tables, indexes, sequences and functions (PostgreSQL), tables, indexes, sequences
+# and procedures (SQL Server, where they share one namespace), and Alembic's version table
+# with its key. These are the suffixes of each kind, over all of its revisions;
+# tests/test_object_names.py checks them against what a real install of every kind at every
+# revision creates. (Constraint and trigger names are scoped to their table on PostgreSQL and
+# left unnamed on SQL Server, so they are not listed.)
+_COMMON_SUFFIXES = ("version", "version_pkc", "enqueue", "enqueue_many", "dequeue")
+_ITEMS_SUFFIXES = ("items", "items_pkey", "items_id_seq")
+QUEUE_OBJECT_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "reliable": (
+        *_COMMON_SUFFIXES, "meta", "meta_pkey", "meta_id_seq", "meta_ready", "meta_leased", "meta_finished",
+        "data", "data_pkey", "history", "history_pkey", "history_at",
+        "ack", "nack", "extend_lease", "release", "ack_dequeue", "notify", "wait_begin", "wait_end",
+    ),
+    "heap": (*_COMMON_SUFFIXES, *_ITEMS_SUFFIXES),
+    "fifo": (*_COMMON_SUFFIXES, *_ITEMS_SUFFIXES),
+    "stack": (*_COMMON_SUFFIXES, *_ITEMS_SUFFIXES),
+    "pending": (*_COMMON_SUFFIXES, *_ITEMS_SUFFIXES, "items_due"),
+    "watermark": (*_COMMON_SUFFIXES, *_ITEMS_SUFFIXES, "watermark", "watermark_pkey", "correct_watermark"),
+    "ring": (*_COMMON_SUFFIXES, "ring", "ring_pkey", "push_seq", "pop_seq", "ring_repair", "ring_release"),
+}
+OBJECT_SUFFIXES = frozenset(s for suffixes in QUEUE_OBJECT_SUFFIXES.values() for s in suffixes)
+# The catalog's own objects, in the same schema (catalog_*.py revisions and the lock seed).
+CATALOG_OBJECTS = frozenset({
+    "alembic_version", "alembic_version_pkc", "queues", "queues_pkey", "lock_seed", "lock_seed_pkey",
+    "job_runs", "job_runs_pkey", "job_runs_id_seq", "job_runs_job_queue_started", "job_runs_started",
+    "health_snapshots", "health_snapshots_pkey", "health_snapshots_id_seq", "health_snapshots_queue_taken",
+    "pipeline_exports", "pipeline_exports_pkey",
+})
+
+
+def _joining_words(outer: frozenset[str] | tuple[str, ...], inner: frozenset[str] | tuple[str, ...]) -> frozenset[str]:
+    """The words w for which an outer suffix is "<w>_<an inner suffix>" ("ack" from ack_dequeue
+    and dequeue): a queue "<q>_<w>" with the inner suffix would own "<q>_<w>_<inner>", the
+    name of the outer object of a queue <q>. Queue "b_ack"'s dequeue is queue "b"'s ack_dequeue."""
+    return frozenset(s1[: -len(s2) - 1] for s1 in outer for s2 in inner if s1.endswith("_" + s2))
+
+
+def clashing_endings(kind: str) -> frozenset[str]:
+    """The endings a new queue of this kind may not have ("_ack" for every kind, "_ring" for a
+    reliable queue, "_correct" for a watermark one)."""
+    return _joining_words(OBJECT_SUFFIXES, QUEUE_OBJECT_SUFFIXES[kind])
+
+
+# Names whose objects would be the catalog's ("alembic": alembic_version).
+RESERVED_QUEUE_NAMES = frozenset(
+    c[: -len(s) - 1] for c in CATALOG_OBJECTS for s in OBJECT_SUFFIXES if c.endswith("_" + s)
+)
 # Words a DBA could not write unquoted as a schema or object name on one of the engines:
 # PostgreSQL's reserved keywords (pg_get_keywords() catcode 'R') and those reserved except
 # as function or type names ('T'), and SQL Server's reserved keywords (Transact-SQL's list;
@@ -73,6 +119,36 @@ def validate_queue_name(name: str) -> str:
         raise UsageError(f"queue name {name!r} is reserved for queuectl's catalog: choose another")
     if name in SQL_RESERVED_WORDS:
         raise UsageError(f"queue name {name!r} is an SQL reserved word: choose another (e.g. '{name}_queue')")
+    return name
+
+
+def object_names(queue: str, kind: str) -> frozenset[str]:
+    """Every name a queue of that name and kind may give an object, at any of its revisions."""
+    return frozenset(f"{queue}_{suffix}" for suffix in QUEUE_OBJECT_SUFFIXES[kind])
+
+
+def shared_object_names(queue: str, kind: str, other: str, other_kind: str) -> list[str]:
+    """The object names two queues would both own: none for two names a new install accepts
+    (validate_new_queue_name); an install by an older queuectl may hold such a pair."""
+    return sorted(object_names(queue, kind) & object_names(other, other_kind)) if queue != other else []
+
+
+def validate_new_queue_name(name: str, kind: str) -> str:
+    """A name for a queue of `kind` being installed: valid, and no queue's objects can ever be
+    named like its own. Of two queues whose objects could share a name, one is named after the
+    other plus a joining word (clashing_endings), and that one is refused here, so the pair
+    never exists, whichever is installed first. Names already installed stay usable
+    (validate_queue_name)."""
+    validate_queue_name(name)
+    for word in sorted(clashing_endings(kind)):
+        owner = name[: -len(word) - 1]
+        if owner and name.endswith("_" + word):
+            ours = next(s for s in sorted(QUEUE_OBJECT_SUFFIXES[kind]) if f"{word}_{s}" in OBJECT_SUFFIXES)
+            raise UsageError(
+                f"queue name {name!r} ends in '_{word}': '{name}_{ours}' would be both this queue's "
+                f"{ours} and the {word}_{ours} of a queue {owner!r}, so a grant or drop could reach the "
+                "other queue: choose another name"
+            )
     return name
 
 

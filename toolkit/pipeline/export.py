@@ -24,9 +24,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
+from queuectl import locks
 from queuectl.engine import adapter_for
 from queuectl.errors import NotInstalledError, QueuectlError, UsageError
 from queuectl.install import list_queues, require_queue
+from queuectl.locks import Lock
 from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident, validate_schema_name
 from queuectl.pipeline.jdbc import find_jdbc_jar, jdbc_target
 from queuectl.pipeline.lake import Bounds, CommitRecord, Lake, to_micros
@@ -198,27 +200,20 @@ def _targets(engine: Engine, queues: list[str] | None, schema: str) -> list[Queu
 
 @contextmanager
 def _queue_lock(engine: Engine, schema: str, queue: str, wait: float) -> Iterator[None]:
-    """One export or purge of a queue at a time (session advisory lock, own connection).
+    """One export or purge of a queue at a time (a session lock on its own connection).
 
     Tries for `wait` seconds: the lock of an export killed a moment ago is released only
     when the server notices its connection is gone."""
-    adapter = adapter_for(engine)
-    key = f"queuectl.pipeline:{schema}.{queue}"
-    deadline = time.monotonic() + wait
+    lock = Lock(schema, f"queuectl.pipeline:{schema}.{queue}", f"the export lock of queue {queue!r}")
     with engine.connect() as conn:
-        while True:
-            got = conn.execute(sa.text(adapter.lock_statement()), {"key": key}).scalar()
-            conn.commit()
-            if got or time.monotonic() >= deadline:
-                break
-            time.sleep(0.2)
-        if not got:
-            raise QueuectlError(f"another export or purge of queue {queue!r} is running: try again later")
+        try:
+            key = locks.take(conn, lock, wait)
+        except locks.LockBusy as exc:
+            raise QueuectlError(f"another export or purge of queue {queue!r} is running: {exc}") from None
         try:
             yield
         finally:
-            conn.execute(sa.text(adapter.unlock_statement()), {"key": key})
-            conn.commit()
+            locks.release(conn, key)
 
 
 def _sync_catalog(conn: Connection, schema: str, lake: Lake, record: CommitRecord | None, total: int) -> None:
