@@ -342,18 +342,28 @@ def test_stop_gives_back_unstarted_items_and_finishes_the_running_one(engine, or
 # -- real processes ------------------------------------------------------------------------
 
 
-def start_worker(db_url: str, log: Path, *args: str, sleep: float = 0.0) -> subprocess.Popen:
+def start_worker(db_url: str, log: Path, *args: str, sleep: float = 0.0, handler: str = "record",
+                 env_extra: dict[str, str] | None = None) -> subprocess.Popen:
+    """`queuectl worker orders` running activation_handlers.<handler>, its stderr in `log`."""
     env = dict(os.environ, QUEUECTL_URL=db_url, QT_HANDLED_DSN=psycopg_conninfo(db_url),
-               QT_HANDLER_SLEEP=str(sleep), PYTHONPATH=os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]))
+               QT_HANDLER_SLEEP=str(sleep), PYTHONPATH=os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
+               **(env_extra or {}))
     return subprocess.Popen(
-        [sys.executable, "-m", "queuectl.cli", "worker", "orders", "--handler", "activation_handlers:record",
+        [sys.executable, "-m", "queuectl.cli", "worker", "orders", "--handler", f"activation_handlers:{handler}",
          "--json", "--log-interval", "1", *args],
         stdout=subprocess.PIPE, stderr=log.open("wb"), env=env,
     )
 
 
 def finished(proc: subprocess.Popen, log: Path, timeout: float = 60) -> dict:
-    stdout, _ = proc.communicate(timeout=timeout)
+    """The final counts of a worker that exits by itself (0) within `timeout`; one that does
+    not is killed, so a hanging worker fails its test instead of hanging the suite."""
+    try:
+        stdout, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"worker still running after {timeout}s:\n{log.read_text()}") from None
     assert proc.returncode == 0, log.read_text()
     return json.loads(stdout)
 

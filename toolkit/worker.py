@@ -50,21 +50,41 @@ Heartbeat
     the lease keeps its items. An item whose lease was nevertheless lost (the process
     stalled longer than a lease) is not started; its outcome is not counted as processed.
 
+Settling
+    An item's outcome is recorded by one call (ack, or nack with the handler's error text).
+    When that call fails on a live connection, for any reason (a canceled statement, a
+    permission, a trigger or constraint that refuses the update, a text the database
+    cannot store), the worker logs one line naming the items and the cause and sends the
+    call again alone per item, at most SETTLE_TRIES (3) times in all, SETTLE_RETRY_PAUSE
+    (2 s, or a tenth of the lease when shorter) apart, the items still heartbeated. Then
+    it falls back, one step after another, each logged:
+      1. a nack with a short fixed reason ("the handler succeeded but its ack failed
+         (InternalError); see the worker's log"): the attempt is charged, so an item whose
+         outcome can never be recorded still ends DEAD after its max attempts;
+      2. a release: the item is given back at once with its attempt restored (once per
+         item and worker, or an item whose nack always fails would run forever);
+      3. giving up: the worker forgets the item and stops renewing its lease; it comes back
+         when the lease expires, this attempt charged (`unsettled` in the stats).
+    All of it takes a fraction of a lease, so a burst worker ends and a stop request is
+    honoured; a lost connection stays the client's business (below).
+
 Stopping
     SIGTERM or SIGINT (or Worker.stop()): stop dequeuing, give back (release) claimed
     items no thread has started, wait for running handlers and ack or nack them, then
     return. A second signal stops waiting: items still in handlers come back when their
-    leases expire. Throughput is logged every `log_interval` seconds while there is work.
+    leases expire (handler processes still running are killed). Throughput is logged
+    every `log_interval` seconds while there is work.
 
 Faults
     A lost connection is the client's business (Queue._call reconnects with jittered
     back-off and resends what is safe to resend). A statement the server cancels (a
     statement_timeout or lock_timeout: StatementCanceled) rolled back whole: a canceled
     dequeue claimed nothing and counts as an empty look (one warning line, then the poll
-    back-off); a canceled ack or nack is sent again at the next turn, its items still held
-    and heartbeated meanwhile; a canceled heartbeat is retried within a second. When the
-    client gives up reconnecting (ConnectionFailed), the worker stops at once without
-    further database calls and re-raises: held items come back when their leases expire.
+    back-off); a canceled ack or nack is sent again as under Settling, its items still
+    held and heartbeated meanwhile; a canceled or refused heartbeat is retried within a
+    second. When the client gives up reconnecting (ConnectionFailed), the worker stops at
+    once without further database calls and re-raises: held items come back when their
+    leases expire.
 """
 
 from __future__ import annotations
@@ -102,6 +122,8 @@ DEFAULT_LOG_INTERVAL = 10.0
 POLL_JITTER = 0.1
 MAX_CONCURRENCY = 256
 ERROR_TEXT_LIMIT = 2000
+SETTLE_TRIES = 3  # sends of an item's own ack or nack before the fallbacks
+SETTLE_RETRY_PAUSE = 2.0  # at most between those sends; a tenth of the lease when that is shorter
 
 Handler = Callable[[Message], Any]
 log = logging.getLogger("queuectl.worker")
@@ -144,11 +166,33 @@ class WorkerStats:
     notifications: int = 0
     heartbeats: int = 0
     canceled: int = 0  # statements the server canceled (a timeout): retried, nothing lost
+    unsettled: int = 0  # items whose outcome could not be recorded: left to their lease
     started: float = field(default_factory=time.monotonic)
 
     @property
     def seconds(self) -> float:
         return time.monotonic() - self.started
+
+
+@dataclass
+class _Settlement:
+    """An item whose outcome is not recorded yet, and how far its recording got."""
+
+    error: str | None  # the handler's error text; None when it succeeded
+    step: str = "outcome"  # "outcome": its ack or nack; "charge": a nack with a fixed reason; "release"
+    tries: int = 0  # failed sends of this step
+    due: float = 0.0  # time.monotonic() of the next send
+    failure: str = ""  # the class of the last failed call's error
+
+    def text(self) -> str | None:
+        """The error text its next call records (None: an ack, or a release)."""
+        if self.step == "outcome":
+            return self.error
+        if self.step == "charge":
+            done = ("the handler succeeded but its ack failed" if self.error is None
+                    else "the handler failed but its error could not be recorded")
+            return f"{done} ({self.failure}); see the worker's log"
+        return None
 
 
 class _Listener:
@@ -256,6 +300,8 @@ class Worker:
         self._done: queue_mod.SimpleQueue[tuple[int, str | None, bool]] = queue_mod.SimpleQueue()
         self._held: dict[int, Message] = {}  # claimed and not yet acked/nacked/released (control thread only)
         self._lost: set[int] = set()  # held items whose lease a heartbeat found gone
+        self._unsettled: dict[int, _Settlement] = {}  # held items whose outcome is still to be recorded
+        self._given_back: set[int] = set()  # items released because their outcome could not be recorded
         self._listener: _Listener | None = None
         self._listener_retry_at = 0.0
         self._registered = False  # the listener session holds the queue's "waiting" registration
@@ -377,6 +423,8 @@ class Worker:
                 deadlines.append(next_poll)
             if self._held and self.heartbeat_every is not None:
                 deadlines.append(self._next_heartbeat)
+            if self._unsettled:
+                deadlines.append(self._next_settle())
             if self.notify and self._listener is None:
                 deadlines.append(self._listener_retry_at)
             if self._wait(max(0.0, min(deadlines) - now)):
@@ -477,55 +525,100 @@ class Worker:
     # -- outcomes, heartbeats, throughput ----------------------------------------------------
 
     def _settle(self) -> None:
-        """Ack what succeeded (one call), nack what failed (one call per distinct error).
+        """Record the outcomes of finished handlers (see "Settling" in the module docstring).
 
-        Items stay in _held (and so keep their heartbeat) until the call that settles them
-        returned; a call the server canceled is tried again at the next turn of the loop.
+        First sends go together: one ack for what succeeded, one nack per distinct error,
+        one release for what is given back. An item whose call failed is sent again alone,
+        so an item the server refuses cannot hold back the others of its call. Items stay
+        in _held, and keep their heartbeat, until their outcome is recorded or given up.
         """
-        succeeded: list[int] = []
-        failed: dict[str, list[int]] = {}
         while True:
             try:
                 item_id, error, ran = self._done.get_nowait()
             except queue_mod.Empty:
                 break
-            if not ran:
+            if ran:
+                self._unsettled[item_id] = _Settlement(error)
+            else:
                 self._forget([item_id])
                 self.stats.lost += 1
-            elif error is None:
-                succeeded.append(item_id)
-            else:
-                failed.setdefault(error, []).append(item_id)
-        if succeeded:
+        now = time.monotonic()
+        calls: dict[tuple[str, str | None, int], list[int]] = {}
+        for item_id, settlement in self._unsettled.items():
+            if settlement.due <= now:
+                key = (settlement.step, settlement.text(), item_id if settlement.failure else 0)
+                calls.setdefault(key, []).append(item_id)
+        for (step, text, _alone), ids in calls.items():
             try:
-                acked = self.queue.ack(succeeded)
-            except StatementCanceled as exc:
-                self._settle_later(succeeded, None, exc)
-            else:
-                self._forget(succeeded)
-                self.stats.processed += acked
-                self.stats.lost += len(succeeded) - acked
-        for error, ids in failed.items():
-            try:
-                statuses = self.queue.nack(ids, error)
-            except StatementCanceled as exc:
-                self._settle_later(ids, error, exc)
-                continue
+                self._record(step, ids, text)
+            except ConnectionFailed:  # the client gave up reconnecting: the worker stops
+                raise
+            except Exception as exc:  # whatever refused the call, the items are still held
+                self._record_failed(step, ids, exc)
+
+    def _record(self, step: str, ids: list[int], text: str | None) -> None:
+        """One call: ack (step "outcome", no error text), nack with `text`, or release."""
+        if step == "release":
+            released = self.queue.release(ids)
+            self.stats.released += released
+            self.stats.lost += len(ids) - released
+            self._forget(ids)
+            self._announce_released()
+        elif text is None:
+            acked = self.queue.ack(ids)
+            self._forget(ids)
+            self.stats.processed += acked
+            self.stats.lost += len(ids) - acked
+        else:
+            statuses = self.queue.nack(ids, text)
             self._forget(ids)
             self.stats.failed += len(statuses)
             self.stats.dead += sum(1 for status in statuses.values() if status == "dead")
             self.stats.lost += len(ids) - len(statuses)
 
+    def _record_failed(self, step: str, ids: list[int], exc: Exception) -> None:
+        """A settling call failed: log it (one line) and choose each item's next step."""
+        if isinstance(exc, StatementCanceled):
+            self.stats.canceled += 1
+        first = self._unsettled[ids[0]]
+        call = {"outcome": "ack" if first.error is None else "nack", "charge": "fallback nack",
+                "release": "release"}[step]
+        tries = first.tries + 1
+        if step == "outcome" and tries < SETTLE_TRIES:
+            pause = min(SETTLE_RETRY_PAUSE, self.lease / 10)
+            then = f"sending {'each' if len(ids) > 1 else 'it'} again in {pause:g}s"
+            next_step, due = step, time.monotonic() + pause
+        elif step == "outcome":
+            then = "recording a failed attempt with a fixed reason instead"
+            next_step, due = "charge", 0.0
+        elif step == "charge" and ids[0] not in self._given_back:
+            then = "releasing it (its attempt is given back)"
+            next_step, due = "release", 0.0
+            self._given_back.add(ids[0])
+        else:
+            then = ("giving up: it stays leased to this worker until its lease expires, then comes back "
+                    "with this attempt charged")
+            next_step, due = "", 0.0
+        log.warning("%s of item(s) %s failed%s: %s; %s", call, ids,
+                    f" (try {tries} of {SETTLE_TRIES})" if step == "outcome" else "", first_line(exc), then)
+        for item_id in ids:
+            settlement = self._unsettled[item_id]
+            settlement.failure = type(exc).__name__
+            settlement.tries = tries if next_step == step else 0
+            settlement.step, settlement.due = next_step, due
+        if not next_step:
+            self._forget(ids)
+            self.stats.unsettled += len(ids)
+
+    def _next_settle(self) -> float:
+        """When the next settling call is due (a retry waits a short pause)."""
+        return min((settlement.due for settlement in self._unsettled.values()), default=math.inf)
+
     def _forget(self, ids: list[int]) -> None:
         for item_id in ids:
             self._held.pop(item_id, None)
             self._lost.discard(item_id)
-
-    def _settle_later(self, ids: list[int], error: str | None, exc: StatementCanceled) -> None:
-        self.stats.canceled += 1
-        log.warning("%s; trying again", exc)
-        for item_id in ids:
-            self._done.put((item_id, error, True))
+            self._unsettled.pop(item_id, None)
 
     def _heartbeat_if_due(self) -> None:
         if self.heartbeat_every is None:
@@ -539,10 +632,13 @@ class Worker:
             return
         try:
             kept = set(self.queue.extend_lease(ids, lease=self.lease))
-        except StatementCanceled as exc:  # the leases stand as they were; try again soon
-            self.stats.canceled += 1
+        except ConnectionFailed:
+            raise
+        except Exception as exc:  # canceled or refused: the leases stand as they were; try again soon
+            if isinstance(exc, StatementCanceled):
+                self.stats.canceled += 1
             self._next_heartbeat = now + min(self.heartbeat_every, 1.0)
-            log.warning("%s; trying again", exc)
+            log.warning("heartbeat of %d item(s) failed: %s; trying again", len(ids), first_line(exc))
             return
         self.stats.heartbeats += 1
         gone = [item_id for item_id in ids if item_id not in kept]
@@ -639,27 +735,27 @@ class Worker:
         if self._stop.is_set():
             log.info("stopping: releasing %d unstarted item(s), waiting for %d in handlers", len(unstarted),
                      len(self._held) - len(unstarted))
+        for item_id in unstarted:
+            self._unsettled[item_id] = _Settlement(None, step="release")
         try:
-            if unstarted:
-                self.stats.released += self.queue.release(unstarted)
-                for item_id in unstarted:
-                    self._held.pop(item_id, None)
-                self._announce_released()
+            self._settle()
             deadline = math.inf if self.shutdown_timeout is None else time.monotonic() + self.shutdown_timeout
             while self._held and not self._force.is_set() and time.monotonic() < deadline:
-                self._wait(max(0.0, min(0.5, deadline - time.monotonic())))
+                now = time.monotonic()
+                self._wait(max(0.0, min(0.5, deadline - now, self._next_settle() - now)))
                 self._settle()
                 self._heartbeat_if_due()
             self._settle()
-        except Exception:
-            log.exception("could not settle every item while stopping: their leases will expire")
+        except ConnectionFailed as exc:
+            log.warning("could not settle every item while stopping (%s)", exc)
         if self._held:
             log.warning("stopped with %d item(s) still in handlers: they come back when their leases expire",
                         len(self._held))
         self._log_if_due(final=True)
         s = self.stats
-        log.info("worker %s stopped after %.1fs: %d processed, %d failed (%d dead), %d released, %d lost",
-                 self.queue.worker, s.seconds, s.processed, s.failed, s.dead, s.released, s.lost)
+        log.info("worker %s stopped after %.1fs: %d processed, %d failed (%d dead), %d released, %d lost, "
+                 "%d unsettled", self.queue.worker, s.seconds, s.processed, s.failed, s.dead, s.released, s.lost,
+                 s.unsettled)
 
     def _announce_released(self) -> None:
         """Wake other consumers so they take the released items now, not at their next poll."""

@@ -1,0 +1,138 @@
+"""A worker whose settling calls misbehave: an ack or nack the server keeps refusing, a
+handler error text the database cannot store.
+
+Failures are injected for real: a trigger on the queue's meta table refuses chosen updates
+(a server error on a live connection, as a permission or constraint error would be).
+Outcomes are judged by the handlers' side effects (table `handled`) and the queue's rows.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import signal
+import time
+
+import sqlalchemy as sa
+
+from queuectl.catalog import QueueSettings
+from queuectl.client import Queue
+from queuectl.install import install_queue
+from queuectl.worker import Worker
+
+from activation_handlers import CREATE_TABLE
+from test_worker import Recorder, Running, finished, handled, start_worker, statuses, wait_until
+
+# Refuses, for items titled so: their ack ('unackable'), or any nack that records an error
+# ('unnackable'; a release records none, and the dequeue's own "lease expired" verdict is let through).
+REFUSE_SETTLING = """
+CREATE FUNCTION refuse_settling() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.title = 'unackable' AND NEW.status = 2 THEN
+        RAISE EXCEPTION 'acks of item % are refused here', NEW.id;
+    END IF;
+    IF NEW.title = 'unnackable' AND OLD.status = 1 AND NEW.status IN (0, 3) AND NEW.last_error IS NOT NULL
+       AND NEW.last_error NOT LIKE 'lease expired on its last attempt%' THEN
+        RAISE EXCEPTION 'nacks of item % are refused here', NEW.id;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_settling BEFORE UPDATE ON queuectl.orders_meta
+    FOR EACH ROW EXECUTE FUNCTION refuse_settling();
+"""
+
+
+def install(engine, **settings) -> None:
+    install_queue(engine, "orders", settings=QueueSettings(**settings))
+    with engine.begin() as conn:
+        conn.execute(sa.text(CREATE_TABLE))
+        conn.execute(sa.text(REFUSE_SETTLING))
+
+
+def lines_about(text: str, item_id: int, cause: str) -> list[str]:
+    return [line for line in text.splitlines() if str(item_id) in line and cause in line]
+
+
+# -- an ack or nack the server keeps refusing ------------------------------------------------
+
+
+def test_an_ack_the_server_keeps_refusing_is_logged_and_charged_until_dead_and_its_batch_is_acked(engine, caplog):
+    install(engine, max_attempts=2, backoff_base_seconds=0)
+    caplog.set_level(logging.INFO, logger="queuectl.worker")
+    handler = Recorder()
+    with Queue(engine, "orders") as queue:
+        good = [f"item {i}" for i in range(9)]
+        queue.enqueue_many(good[:4])
+        bad = queue.enqueue("unackable", title="unackable")  # acked in one call with its neighbours
+        queue.enqueue_many(good[4:])
+        running = Running(Worker(queue, handler, concurrency=2, batch=10, lease=5, poll_interval=0.2))
+        try:
+            wait_until(lambda: statuses(engine)["unackable"][0] == 3, timeout=30, what="the unackable item to go DEAD")
+            wait_until(lambda: sum(handler.texts().values()) == 11, what="every item to be handled")
+        finally:
+            stats = running.stop()
+    assert handler.texts() == collections.Counter(good + ["unackable"] * 2)  # its max attempts, no more
+    final = statuses(engine)
+    assert all(final[text] == (2, 1, None) for text in good)  # acked once, never charged for the bad ack
+    status, attempts, error = final["unackable"]
+    assert (status, attempts) == (3, 2)
+    assert error.startswith("the handler succeeded but its ack failed") and "\n" not in error
+    refused = lines_about(caplog.text, bad, f"acks of item {bad} are refused here")
+    assert len(refused) >= 6  # every refused try is logged, each on one line
+    assert (stats.processed, stats.dead) == (9, 1)
+
+
+def test_a_nack_the_server_keeps_refusing_ends_a_burst_worker_with_the_item_released_once(db_url, engine, tmp_path):
+    install(engine, max_attempts=3, backoff_base_seconds=0)
+    with Queue(engine, "orders") as queue:
+        bad = queue.enqueue("poison", title="unnackable")
+        queue.enqueue_many(good := [f"item {i}" for i in range(5)])
+    log = tmp_path / "worker.log"
+    worker = start_worker(db_url, log, "--burst", "--lease", "30", "--poll-interval", "0.2",
+                          handler="record_unless_poison", env_extra={"QT_POISON": "raise"})
+    counts = finished(worker, log, timeout=60)
+    assert handled(engine) == collections.Counter(good)
+    # released once (its attempt given back), then left to its lease by this worker: the
+    # attempt stays charged, so such an item dead-letters after its max attempts
+    assert statuses(engine)["poison"] == (1, 1, None)
+    assert (counts["processed"], counts["released"], counts["unsettled"]) == (5, 1, 1)
+    text = log.read_text()
+    assert len(lines_about(text, bad, f"nacks of item {bad} are refused here")) >= 6
+    assert any(str(bad) in line and "its lease" in line for line in text.splitlines())
+    assert "Traceback" not in text
+
+
+def test_the_first_sigterm_stops_a_worker_whose_nack_keeps_failing(db_url, engine, tmp_path):
+    install(engine, max_attempts=3, backoff_base_seconds=0)
+    with Queue(engine, "orders") as queue:
+        bad = queue.enqueue("poison", title="unnackable")
+    log = tmp_path / "worker.log"
+    worker = start_worker(db_url, log, "--lease", "30", "--poll-interval", "0.2",
+                          handler="record_unless_poison", env_extra={"QT_POISON": "raise"})
+    try:
+        wait_until(lambda: "cannot handle poison" in log.read_text(), what="the handler's failure")
+    except AssertionError:
+        worker.kill()
+        raise
+    signalled = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    counts = finished(worker, log, timeout=30)
+    assert time.monotonic() - signalled < 15
+    assert counts["released"] == 1  # given back, its attempt restored
+    assert statuses(engine)["poison"] == (0, 0, None)
+    assert lines_about(log.read_text(), bad, f"nacks of item {bad} are refused here")
+
+
+def test_a_handler_error_with_a_nul_byte_does_not_hang_a_burst_worker(db_url, engine, tmp_path):
+    install(engine, max_attempts=1)
+    with Queue(engine, "orders") as queue:
+        queue.enqueue("poison")
+        queue.enqueue_many(good := [f"item {i}" for i in range(5)])
+    log = tmp_path / "worker.log"
+    worker = start_worker(db_url, log, "--burst", "--poll-interval", "0.2",
+                          handler="record_unless_poison", env_extra={"QT_POISON": "nul"})
+    counts = finished(worker, log, timeout=60)
+    assert handled(engine) == collections.Counter(good)
+    status, attempts, error = statuses(engine)["poison"]
+    assert (status, attempts) == (3, 1) and error  # dead-lettered with a storable reason
+    assert (counts["processed"], counts["dead"]) == (5, 1)
