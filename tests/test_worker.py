@@ -306,13 +306,18 @@ def test_queue_consume_in_burst_mode_drains_and_returns_its_counts(orders):
     assert orders.counts()["scheduled"] == 1  # the failed one waits for its retry
 
 
-def test_handler_raising_system_exit_fails_its_item_and_stops_the_worker(engine, orders):
+def test_handler_raising_system_exit_fails_its_item_only_and_the_worker_goes_on(engine, orders):
+    handler = Recorder(lambda text, attempt: SystemExit("asked to quit") if text == "quit" else None)
     orders.enqueue("quit")
-    running = Running(Worker(orders, Recorder(lambda text, attempt: SystemExit("asked to quit")), poll_interval=0.2))
-    running.thread.join(20)
-    assert not running.thread.is_alive()  # it stopped by itself
-    stats = running.stop()
-    assert stats.failed == 1
+    running = Running(Worker(orders, handler, poll_interval=0.2))
+    try:
+        wait_until(lambda: handler.texts()["quit"] == 1, what="the quitting handler")
+        orders.enqueue("after")
+        wait_until(lambda: handler.texts()["after"] == 1, what="the next item")
+        assert running.thread.is_alive()
+    finally:
+        stats = running.stop()
+    assert (stats.processed, stats.failed) == (1, 1)
     assert statuses(engine)["quit"] == (0, 1, "SystemExit: asked to quit")
 
 

@@ -1,9 +1,11 @@
-"""A worker whose settling calls misbehave: an ack or nack the server keeps refusing, a
-handler error text the database cannot store.
+"""A worker whose handlers or settling calls misbehave: an ack or nack the server keeps
+refusing, a handler error text the database cannot store, a handler that kills its own
+process or raises SystemExit / KeyboardInterrupt.
 
 Failures are injected for real: a trigger on the queue's meta table refuses chosen updates
-(a server error on a live connection, as a permission or constraint error would be).
-Outcomes are judged by the handlers' side effects (table `handled`) and the queue's rows.
+(a server error on a live connection, as a permission or constraint error would be), and
+handlers kill their processes with SIGKILL or os._exit. Outcomes are judged by the
+handlers' side effects (table `handled`) and the queue's rows.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import signal
 import time
 
+import pytest
 import sqlalchemy as sa
 
 from queuectl.catalog import QueueSettings
@@ -136,3 +139,35 @@ def test_a_handler_error_with_a_nul_byte_does_not_hang_a_burst_worker(db_url, en
     status, attempts, error = statuses(engine)["poison"]
     assert (status, attempts) == (3, 1) and error  # dead-lettered with a storable reason
     assert (counts["processed"], counts["dead"]) == (5, 1)
+
+
+# -- handlers that kill their process or ask to exit -----------------------------------------
+
+
+@pytest.mark.parametrize("mode, poison, reason", [
+    ("processes", "sigkill", "HandlerProcessDied: handler process died (killed by signal 9"),
+    ("processes", "exit", "HandlerProcessDied: handler process died (exit code 3)"),
+    ("processes", "system_exit", "SystemExit: poison asks to exit"),
+    ("threads", "system_exit", "SystemExit: poison asks to exit"),
+    ("threads", "keyboard_interrupt", "KeyboardInterrupt: poison"),
+])
+def test_a_handler_that_kills_its_process_or_exits_charges_only_its_own_item(db_url, engine, tmp_path, mode, poison, reason):
+    install(engine, max_attempts=3, backoff_base_seconds=0)
+    good = [f"item {i}" for i in range(30)]
+    with Queue(engine, "orders") as queue:
+        queue.enqueue_many(good[:10])
+        # first in line whenever it is ready, so each of its attempts runs beside good items
+        queue.enqueue("poison", priority=-1)
+        queue.enqueue_many(good[10:])
+    log = tmp_path / "worker.log"
+    worker = start_worker(db_url, log, "--burst", "--concurrency", "3", "--lease", "30", "--poll-interval", "0.2",
+                          *(["--processes"] if mode == "processes" else []),
+                          sleep=0.2, handler="record_unless_poison", env_extra={"QT_POISON": poison})
+    counts = finished(worker, log, timeout=120)
+    assert handled(engine) == collections.Counter(good)  # each exactly once
+    final = statuses(engine)
+    assert all(final[text] == (2, 1, None) for text in good)  # none charged for the poison's failure
+    status, attempts, error = final["poison"]
+    assert (status, attempts) == (3, 3)
+    assert error.startswith(reason), error
+    assert (counts["processed"], counts["failed"], counts["dead"]) == (30, 3, 1)

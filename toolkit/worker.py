@@ -40,9 +40,15 @@ Concurrency
     loop (the calling thread) alone talks to the database through the Queue client:
     dequeue, ack (batched), nack (the error text, so the queue's backoff policy applies),
     heartbeat and release. Threads suit handlers that wait on I/O, the usual case, and
-    share one connection. With `processes=True` each thread hands its item to a pool of
-    `concurrency` spawned processes, for CPU-bound handlers (the handler must then be a
-    picklable, importable function).
+    share one connection. With `processes=True` each thread hands its item to a spawned
+    process of its own, for CPU-bound handlers (the handler must then be a picklable,
+    importable function). Whatever a handler raises, SystemExit and KeyboardInterrupt
+    included, is its item's failure only: the worker and the other items go on.
+    A handler process that dies (os._exit, a signal, the OOM killer) fails only the item
+    it was running, known because its thread sent it that item over the process's own
+    pipe: the item is nacked with "HandlerProcessDied: handler process died (killed by
+    signal 9, SIGKILL)" or "(exit code N)", the thread starts a new process for its next
+    item, and the items in the other processes run on untouched.
 
 Heartbeat
     Every `heartbeat_fraction` of the lease (1/3 by default) the loop extends the lease of
@@ -102,9 +108,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from multiprocessing import connection as mp_connection
 from multiprocessing import get_context
 from typing import Any
 
@@ -240,6 +245,101 @@ def _ignore_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+def _error_text(exc: BaseException) -> str:
+    """How a handler's failure is recorded as the item's last error."""
+    return f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
+
+
+class HandlerProcessDied(RuntimeError):
+    """The process running a handler ended before the handler returned (os._exit, a signal,
+    the kernel's OOM killer): the failure of the item it was running."""
+
+
+def _serve_handler(handler: Handler, conn: mp_connection.Connection) -> None:
+    """A handler process's body: run the handler on each item received, reply with its error
+    text (None on success), until the parent closes the pipe."""
+    _ignore_signals()
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        try:
+            handler(message)
+        except BaseException as exc:  # whatever the handler raises is this item's failure
+            conn.send(_error_text(exc))
+        else:
+            conn.send(None)
+
+
+class _HandlerProcess:
+    """A spawned process running the handler for one handler thread, one item at a time.
+
+    The thread sends the item over this process's own pipe and waits for the reply or for
+    the process to end, so the item a dying process takes with it is known: the one it was
+    sent. Only that item is charged; the other processes and their items go on. (A shared
+    process pool breaks whole when one of its processes dies, failing every item in
+    flight with it.) Used by its own thread only, but for kill().
+    """
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.process: Any = None
+        self.conn: mp_connection.Connection | None = None
+
+    def run(self, message: Message) -> str | None:
+        """The handler's error text for `message` (None when it succeeded); raises
+        HandlerProcessDied when the process ended first (the next call starts a new one)."""
+        if self.process is None:
+            self._start()
+        process, conn = self.process, self.conn
+        assert conn is not None
+        try:
+            conn.send(message)
+            if conn in mp_connection.wait([conn, process.sentinel]):
+                return conn.recv()
+        except (EOFError, OSError):  # the pipe broke: the process is gone
+            pass
+        process.join()
+        self.close()
+        raise HandlerProcessDied(f"handler process died ({_exit_text(process.exitcode)})")
+
+    def _start(self) -> None:
+        ctx = get_context("spawn")
+        self.conn, child_conn = ctx.Pipe()
+        self.process = ctx.Process(target=_serve_handler, args=(self.handler, child_conn), daemon=True,
+                                   name="queuectl-handler")
+        self.process.start()
+        child_conn.close()
+
+    def close(self) -> None:
+        """End the process: it exits when its pipe closes (killed if it does not within 5 s)."""
+        process, conn, self.process, self.conn = self.process, self.conn, None, None
+        if process is None:
+            return
+        assert conn is not None
+        conn.close()
+        process.join(5)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+    def kill(self) -> None:
+        """End the process now, whatever it runs (a forced stop; thread-safe)."""
+        process = self.process
+        if process is not None and process.is_alive():
+            process.kill()
+
+
+def _exit_text(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by signal {-exitcode}, {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
 class Worker:
     """Run `handler(message)` on every item of a queue as it arrives; see the module docstring.
 
@@ -307,8 +407,7 @@ class Worker:
         self._registered = False  # the listener session holds the queue's "waiting" registration
         self._armed = False  # ... and no enqueue that missed it was open when it was checked
         self._selector: selectors.BaseSelector | None = None
-        self._pool: ProcessPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
+        self._processes: list[_HandlerProcess] = []  # one per handler thread, with processes=True
         self._threads: list[threading.Thread] = []
         self._ran = False
         self._closed = False
@@ -335,10 +434,12 @@ class Worker:
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         previous_handlers = self._install_signal_handlers()
         try:
-            if self.processes:
-                self._pool = self._new_pool()
             for i in range(self.concurrency):
-                thread = threading.Thread(target=self._handler_thread, name=f"queuectl-handler-{i}", daemon=True)
+                process = _HandlerProcess(self.handler) if self.processes else None
+                if process is not None:
+                    self._processes.append(process)
+                thread = threading.Thread(target=self._handler_thread, args=(process,), name=f"queuectl-handler-{i}",
+                                          daemon=True)
                 thread.start()
                 self._threads.append(thread)
         except BaseException:
@@ -664,43 +765,32 @@ class Worker:
 
     # -- handlers --------------------------------------------------------------------------
 
-    def _handler_thread(self) -> None:
-        while True:
-            message = self._work.get()
-            if message is None:
-                return
-            if message.id in self._lost:  # its lease is gone: another consumer may be running it
-                self._done.put((message.id, None, False))
-                self._wake()
-                continue
-            error = None
-            try:
-                if self.processes:
-                    self._run_in_process(message)
-                else:
-                    self.handler(message)
-            except BaseException as exc:  # whatever the handler raises is this item's failure
-                error = f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
-                log.warning("item %d failed (attempt %d of %d): %s", message.id, message.attempts, message.max_attempts, error)
-                if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt: the handler asks to stop
-                    self.stop()
-            self._done.put((message.id, error, True))
-            self._wake()
-
-    def _new_pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(self.concurrency, mp_context=get_context("spawn"), initializer=_ignore_signals)
-
-    def _run_in_process(self, message: Message) -> None:
-        with self._pool_lock:
-            pool = self._pool
-        assert pool is not None
+    def _handler_thread(self, process: _HandlerProcess | None) -> None:
         try:
-            pool.submit(self.handler, message).result()
-        except BrokenProcessPool:
-            with self._pool_lock:  # a handler process died: the item is nacked, the pool replaced
-                if self._pool is pool:
-                    self._pool = self._new_pool()
-            raise
+            while True:
+                message = self._work.get()
+                if message is None:
+                    return
+                if message.id in self._lost:  # its lease is gone: another consumer may be running it
+                    self._done.put((message.id, None, False))
+                    self._wake()
+                    continue
+                error = None
+                try:
+                    if process is None:
+                        self.handler(message)
+                    else:
+                        error = process.run(message)
+                except BaseException as exc:  # whatever the handler raises (SystemExit too) fails this item only
+                    error = _error_text(exc)
+                if error is not None:
+                    log.warning("item %d failed (attempt %d of %d): %s", message.id, message.attempts,
+                                message.max_attempts, error)
+                self._done.put((message.id, error, True))
+                self._wake()
+        finally:
+            if process is not None:
+                process.close()
 
     # -- stopping --------------------------------------------------------------------------
 
@@ -773,14 +863,11 @@ class Worker:
             self._drop_listener()
         for thread in self._threads:
             thread.join(timeout=0 if self._held else 5)
-        if self._pool is not None:
-            if self._held:
-                # A forced stop: end the handler processes now, or interpreter exit would wait
-                # for them; their items come back when their leases expire. (The executor has
-                # no public terminate.)
-                for process in list(getattr(self._pool, "_processes", {}).values()):
-                    process.terminate()
-            self._pool.shutdown(wait=not self._held, cancel_futures=True)
+        # Each thread ends its own process on its way out; one still running (a forced stop)
+        # is killed now, or interpreter exit would wait for it (handler processes ignore
+        # SIGTERM). Its item comes back when its lease expires.
+        for process in self._processes:
+            process.kill()
         if self._selector is not None:
             self._selector.close()
         self._closed = True
