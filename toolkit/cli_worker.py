@@ -63,7 +63,9 @@ def worker(
 ) -> None:
     """Run HANDLER on every item of queue NAME as it arrives, until SIGTERM or Ctrl-C.
 
-    Success acks the item; an exception nacks it with its error (retried after the queue's backoff, DEAD after max attempts). Slow handlers keep their items through lease heartbeats.
+    Success acks the item; an exception (SystemExit too) nacks it with its error (retried after the queue's backoff, DEAD after max attempts). Slow handlers keep their items through lease heartbeats. With --processes a handler that kills its process fails only the item it was running.
+
+    An ack or nack the database keeps refusing is logged with the item ids and the cause, sent again up to 3 times, then replaced by a nack with a fixed reason, then a release; failing those, the item is left to its lease ("unsettled" in the final counts).
 
     On SIGTERM/SIGINT the worker stops claiming, gives back items it has not started and finishes the running ones; a second signal stops waiting for them. Progress goes to stderr, the final counts to stdout.
     """  # noqa: E501  (one line per paragraph: the help renders lines as written)
