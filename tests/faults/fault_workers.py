@@ -22,8 +22,9 @@ def _write(out, **record) -> None:
     out.flush()
 
 
-def produce(url: str, producer: int, stop, path: str, oversize_every: int = 0, oversize: int = 0) -> None:
-    """Enqueue unique payloads (singles and batches of 5) until stop is set.
+def produce(url: str, producer: int, stop, path: str, oversize_every: int = 0, oversize: int = 0,
+            pause: float = 0.003) -> None:
+    """Enqueue unique payloads (singles and batches of 5), pausing `pause` s between calls, until stop is set.
 
     Only enqueues whose call returned are recorded as "ok"; a call that raised
     EnqueueOutcomeUnknown is recorded as "unknown" (it may or may not exist). With
@@ -53,7 +54,7 @@ def produce(url: str, producer: int, stop, path: str, oversize_every: int = 0, o
                 _write(out, ev="rejected", payloads=payloads, error=str(exc))
                 continue
             _write(out, ev="ok", items=list(zip(ids, payloads)))
-            time.sleep(0.003)
+            time.sleep(pause)
         _write(out, ev="end", reconnects=queue.reconnects)
 
 

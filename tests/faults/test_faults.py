@@ -1,9 +1,12 @@
 """Fault suite: real producer and consumer processes on a reliable queue while faults hit.
 
-Scenarios: SIGKILL of consumers mid-batch, of the archiver mid-batch and of the scheduler
-mid-job, a PostgreSQL fast restart in the middle of the load, pg_terminate_backend of random
-client backends, producers sending oversized payloads now and then. (The statement timeout
-on the dequeue path: test_statement_timeout.py.) After each, the ledger check:
+Scenarios: SIGKILL of consumers mid-batch, of `queuectl worker` processes mid-batch (handler
+threads, and handler processes), of the archiver mid-batch and of the scheduler mid-job; a
+PostgreSQL fast restart, and an immediate one (crash recovery) under `queuectl worker`
+processes; pg_terminate_backend of random client backends; producers sending oversized
+payloads now and then; `queuectl reorganize` rebuilding every index under the load. (The
+statement timeout on the dequeue path: test_statement_timeout.py.) `queuectl worker`
+scenarios also carry poison items, whose handler always fails. After each, the ledger check:
 
 - every acknowledged enqueue (the call returned an id) is in the queue exactly once, with
   its payload (live meta+data, or history);
@@ -13,7 +16,9 @@ on the dequeue path: test_statement_timeout.py.) After each, the ledger check:
   redelivery and must be explained by the queue's own attempt count (its lease expired);
 - no orphan data rows (data without meta) and no meta row without its data;
 - every enqueue the server refused (payload over the limit) stored nothing: none of that
-  call's payloads exists.
+  call's payloads exists;
+- every item is finished: done, or dead with its error; where poison items run, the dead
+  letters are exactly the poison items.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from queuectl.catalog import QueueSettings
 from queuectl.install import install_queue
 
 import fault_workers
+from fault_handlers import is_poison
 
 SPAWN = mp.get_context("spawn")
 LEASE_S = 2.0
@@ -60,9 +66,11 @@ def _read(path: Path) -> list[dict]:
 class Load:
     """Producers and consumers as spawned processes, each with its own ledger file."""
 
-    def __init__(self, url: str, tmp: Path, oversize_every: int = 0, oversize: int = 0):
+    def __init__(self, url: str, tmp: Path, oversize_every: int = 0, oversize: int = 0, consumers: int = CONSUMERS,
+                 producer_pause: float = 0.003):
         self.url, self.tmp = url, tmp
-        self.producer_options = (oversize_every, oversize)
+        self.consumer_count = consumers
+        self.producer_options = (oversize_every, oversize, producer_pause)
         self.stop_producers = SPAWN.Event()
         self.stop_consumers = SPAWN.Event()
         self.producers: list = []
@@ -76,7 +84,7 @@ class Load:
                                                                    *self.producer_options))
             p.start()
             self.producers.append(p)
-        for _ in range(CONSUMERS):
+        for _ in range(self.consumer_count):
             self.add_consumer()
         self.wait_ready()
 
@@ -139,7 +147,10 @@ class Load:
                 assert p.exitcode == 0, f"consumer {i} exited with {p.exitcode}"
 
 
-def check_ledger(engine, queue_names, tmp: Path, scenario: str, killed: list[int]) -> dict:
+def check_ledger(engine, queue_names, tmp: Path, scenario: str, killed: list[int], poison_every: int = 0) -> dict:
+    """The ledger check (module docstring) over every *.jsonl ledger file in tmp; returns the
+    scenario's figures. With poison_every the dead letters are exactly the poison items
+    (fault_handlers.is_poison), whose handler always fails; other items never die."""
     ok: dict[int, str] = {}
     unknown: list[str] = []
     rejected: list[list[str]] = []
@@ -177,55 +188,64 @@ def check_ledger(engine, queue_names, tmp: Path, scenario: str, killed: list[int
         orphans = conn.execute(sa.text(
             f"SELECT count(*) FROM {data} d WHERE NOT EXISTS (SELECT 1 FROM {meta} m WHERE m.id = d.id)")).scalar_one()
     rows = live + archived
-    ids = Counter(r.id for r in rows)
-    assert not [i for i, c in ids.items() if c > 1], "an id is both live and in history"
-    assert orphans == 0, f"{orphans} orphan data rows"
-    missing_payload = [r.id for r in live if r.payload is None]
-    assert not missing_payload, f"meta rows without data: {missing_payload[:10]}"
-
     stored = {r.id: r for r in rows}
+    poison = {r.id for r in rows if is_poison(r.payload or "", poison_every)}
     lost = [i for i in ok if i not in stored]
-    assert not lost, f"{len(lost)} acknowledged enqueues lost, e.g. {lost[:10]}"
-    wrong = [i for i, p in ok.items() if stored[i].payload != p]
-    assert not wrong, f"payload differs for ids {wrong[:10]}"
+    twice_stored = [i for i, c in Counter(r.id for r in rows).items() if c > 1]
     payloads = Counter(r.payload for r in rows)
     dup_payloads = [p for p, c in payloads.items() if c > 1]
-    assert not dup_payloads, f"payloads stored twice: {dup_payloads[:10]}"
-    extra = [r for r in rows if r.id not in ok]
-    unknown_set = set(unknown)
-    unexplained = [r.id for r in extra if r.payload not in unknown_set]
-    assert not unexplained, f"rows no producer enqueued: {unexplained[:10]}"
-
     twice_acked = [i for i, who in acked_by.items() if len(who) > 1]
-    assert not twice_acked, f"items acked by two consumers: {twice_acked[:10]}"
+    # an item whose handler never fails is worked on again only after its lease expired
     redelivered = {i: c for i, c in got.items() if c > 1}
-    unexplained_dups = [i for i, c in redelivered.items() if i not in stored or stored[i].attempts < c]
-    assert not unexplained_dups, f"items worked on more often than dequeued: {unexplained_dups[:10]}"
+    extra = [r for r in rows if r.id not in ok]
     dead = [r for r in rows if r.status == 3]
-    assert all(r.last_error for r in dead), "dead letter without its error"
-    not_done = [r.id for r in rows if r.status not in (2, 3)]
-    assert not not_done, f"items left unfinished: {not_done[:10]}"
     stored_rejected = [p for call in rejected for p in call if p in payloads]
-    assert not stored_rejected, f"payloads of refused enqueues were stored: {stored_rejected[:5]}"
-
     summary = {
         "scenario": scenario,
         "acknowledged_enqueues": len(ok),
-        "found_exactly_once": len(ok),
+        "found_exactly_once": len(ok) - len(lost),
         "outcome_unknown_enqueues": len(unknown),
         "outcome_unknown_found": len(extra),
         "done": sum(r.status == 2 for r in rows),
-        "dead_with_error": len(dead),
-        "redelivered_after_lease_expiry": len(redelivered),
+        "dead_with_error": sum(1 for r in dead if r.last_error),
+        "lost": len(lost),
+        "duplicated": len(twice_stored) + len(dup_payloads) + len(twice_acked),
+        "redelivered_after_lease_expiry": sum(1 for i in redelivered if i not in poison),
         "partial_acks": partial,
         "consumers_killed": len(killed),
         "client_reconnects": reconnects,
         "orphan_data_rows": orphans,
         "in_history": len(archived),
     }
+    if poison_every:
+        summary["poison_items"] = len(poison)
     if rejected:
         summary["rejected_calls"] = len(rejected)
         summary["rejected_payloads_stored"] = len(stored_rejected)
+
+    assert not twice_stored, f"ids both live and in history: {twice_stored[:10]}"
+    assert orphans == 0, f"{orphans} orphan data rows"
+    missing_payload = [r.id for r in live if r.payload is None]
+    assert not missing_payload, f"meta rows without data: {missing_payload[:10]}"
+    assert not lost, f"{len(lost)} acknowledged enqueues lost, e.g. {lost[:10]}"
+    wrong = [i for i, p in ok.items() if stored[i].payload != p]
+    assert not wrong, f"payload differs for ids {wrong[:10]}"
+    assert not dup_payloads, f"payloads stored twice: {dup_payloads[:10]}"
+    unknown_set = set(unknown)
+    unexplained = [r.id for r in extra if r.payload not in unknown_set]
+    assert not unexplained, f"rows no producer enqueued: {unexplained[:10]}"
+
+    assert not twice_acked, f"items acked by two consumers: {twice_acked[:10]}"
+    unexplained_dups = [i for i, c in redelivered.items() if i not in stored or stored[i].attempts < c]
+    assert not unexplained_dups, f"items worked on more often than dequeued: {unexplained_dups[:10]}"
+    assert all(r.last_error for r in dead), "dead letter without its error"
+    if poison_every:
+        dead_ids = {r.id for r in dead}
+        assert dead_ids == poison, (f"dead letters that are not poison: {sorted(dead_ids - poison)[:10]}; "
+                                    f"poison items not dead: {sorted(poison - dead_ids)[:10]}")
+    not_done = [r.id for r in rows if r.status not in (2, 3)]
+    assert not not_done, f"items left unfinished: {not_done[:10]}"
+    assert not stored_rejected, f"payloads of refused enqueues were stored: {stored_rejected[:5]}"
     return summary
 
 
@@ -267,6 +287,19 @@ def test_sigkill_consumers_mid_batch(db_url, engine, tmp_path, capsys):
     assert summary["redelivered_after_lease_expiry"] >= 1
 
 
+def _restart_mid_load(embedded_server, mode: str, tmp: Path, consumed: tuple[str, str]) -> None:
+    """Restart the server (`pg_ctl restart -m MODE`) in the middle of the load; producers and
+    consumers (their ledger files' prefix and event) go on without any operator action."""
+    time.sleep(LOAD_S / 2)
+    before = time.time()
+    assert _last_event(tmp, "producer", "ok") > before - 1, "load not running before the restart"
+    embedded_server.restart(mode=mode)
+    back = time.time()
+    time.sleep(LOAD_S / 2)
+    assert _last_event(tmp, "producer", "ok") > back + 1, "no enqueue succeeded after the restart"
+    assert _last_event(tmp, *consumed) > back + 1, f"no {consumed[0]} {consumed[1]} anything after the restart"
+
+
 def test_postgres_fast_restart(embedded_server, db_url, engine, tmp_path, capsys):
     if embedded_server is None:
         pytest.skip("restart scenario needs the embedded test server; $QUEUECTL_TEST_URL names an external one")
@@ -274,15 +307,7 @@ def test_postgres_fast_restart(embedded_server, db_url, engine, tmp_path, capsys
     load = Load(db_url, tmp_path)
     load.start()
     try:
-        time.sleep(LOAD_S / 2)
-        before = time.time()
-        assert _last_event(tmp_path, "producer", "ok") > before - 1, "load not running before the restart"
-        embedded_server.restart(mode="fast")
-        back = time.time()
-        time.sleep(LOAD_S / 2)
-        # producers and consumers went on without any operator action
-        assert _last_event(tmp_path, "producer", "ok") > back + 1, "no enqueue succeeded after the restart"
-        assert _last_event(tmp_path, "consumer", "acked") > back + 1, "no ack succeeded after the restart"
+        _restart_mid_load(embedded_server, "fast", tmp_path, ("consumer", "acked"))
         load.finish(engine, names.qualified("meta"))
     finally:
         load.stop_producers.set()
@@ -342,9 +367,10 @@ def test_oversized_payloads_are_refused_mid_load_and_nothing_else_is_affected(db
 OVERSIZE_LIMIT = 256
 
 
-def _queuectl(db_url: str, log: Path, *args: str) -> subprocess.Popen:
-    env = dict(os.environ, QUEUECTL_URL=db_url, COLUMNS="200")
-    return subprocess.Popen([sys.executable, "-m", "queuectl.cli", *args], stdout=subprocess.DEVNULL,
+def _queuectl(db_url: str, log: Path, *args: str, env_extra: dict[str, str] | None = None,
+              stdout=subprocess.DEVNULL) -> subprocess.Popen:
+    env = dict(os.environ, QUEUECTL_URL=db_url, COLUMNS="200", **(env_extra or {}))
+    return subprocess.Popen([sys.executable, "-m", "queuectl.cli", *args], stdout=stdout,
                             stderr=log.open("ab"), env=env)
 
 
@@ -495,3 +521,201 @@ def test_sigkill_scheduler_mid_job(db_url, engine, tmp_path, capsys):
     assert {r.runner_pid for r in runs if r.outcome == "abandoned"} == set(killed)
     assert not [r for r in runs if r.outcome == "failed"]
     assert summary["in_history"] == summary["acknowledged_enqueues"] + summary["outcome_unknown_found"]
+
+
+# -- `queuectl worker` processes killed, the server crashed, reorganize under load -------------
+
+FAULTS_DIR = Path(__file__).resolve().parent
+WORK_S = 0.003      # each item's work in the handler: an item is in a handler when its worker is killed
+POISON_EVERY = 53   # about one payload in 53 makes the handler fail every time: dead letters
+
+
+def _processes_of(tmp: Path) -> list[int]:
+    """The live processes whose environment names a ledger file under tmp: the workers of
+    one test and every process they started."""
+    marker = f"QT_LEDGER_FILE={tmp}/".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+class CliWorkers:
+    """`queuectl worker` processes on the queue running fault_handlers.record, each with its
+    own ledger file (worker-N.jsonl: a "got" line per delivery) and log."""
+
+    def __init__(self, url: str, tmp: Path, *options: str):
+        self.url, self.tmp, self.options = url, tmp, options
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.killed: list[int] = []
+
+    def start(self) -> int:
+        """Start one more worker (without waiting for it: see wait_started)."""
+        i = len(self.procs)
+        env = {"QT_LEDGER_FILE": str(self.tmp / f"worker-{i}.jsonl"), "QT_WORK_S": str(WORK_S),
+               "QT_POISON_EVERY": str(POISON_EVERY),
+               "PYTHONPATH": os.pathsep.join([str(FAULTS_DIR), os.environ.get("PYTHONPATH", "")])}
+        self.procs[i] = _queuectl(self.url, self.tmp / f"worker-{i}.log", "worker", "orders", "--handler",
+                                  "fault_handlers:record", "--batch", "10", "--poll-interval", "0.5", "--json",
+                                  *self.options, env_extra=env, stdout=subprocess.PIPE)
+        return i
+
+    def wait_started(self) -> None:
+        """Until every worker runs (its start line is in its log)."""
+        deadline = time.monotonic() + 60
+        for i, proc in self.procs.items():
+            log = self.tmp / f"worker-{i}.log"
+            while proc.pid not in self.killed and "on queue orders:" not in log.read_text():
+                assert proc.poll() is None, f"worker {i} exited with {proc.returncode}: {log.read_text()[-2000:]}"
+                assert time.monotonic() < deadline, f"worker {i} did not start within 60 s"
+                time.sleep(0.05)
+
+    def kill_mid_batch(self) -> int:
+        """SIGKILL a live worker right after its handler started an item (so it holds items)."""
+        i = random.choice([k for k, p in self.procs.items() if p.poll() is None])
+        ledger = self.tmp / f"worker-{i}.jsonl"
+        size = ledger.stat().st_size if ledger.exists() else 0
+        deadline = time.monotonic() + 30  # (a worker just started may still be importing)
+        while not ledger.exists() or ledger.stat().st_size == size:
+            assert time.monotonic() < deadline, f"worker {i} started no item within 30 s"
+            time.sleep(0.001)
+        proc = self.procs[i]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        self.killed.append(proc.pid)
+        return i
+
+    def stop(self) -> None:
+        """SIGTERM every live worker: each exits 0, without a traceback, printing its counts."""
+        live = {i: p for i, p in self.procs.items() if p.pid not in self.killed}
+        for proc in live.values():
+            proc.send_signal(signal.SIGTERM)
+        for i, proc in live.items():
+            stdout, _ = proc.communicate(timeout=60)
+            log = (self.tmp / f"worker-{i}.log").read_text()
+            assert proc.returncode == 0 and "Traceback" not in log, log[-2000:]
+            assert "processed" in json.loads(stdout)
+
+    def kill_all(self) -> None:
+        """SIGKILL what is left, including handler processes a SIGKILLed worker left behind."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        for pid in _processes_of(self.tmp):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _sigkill_cli_workers(db_url, engine, tmp_path, scenario: str, *options: str, producer_pause: float) -> dict:
+    """Producers, two `queuectl worker` processes; three times a worker is SIGKILLed mid-batch
+    and a new one started; the last ones drain the queue and stop on SIGTERM."""
+    names = _setup(engine, backoff_base_seconds=0)
+    load = Load(db_url, tmp_path, consumers=0, producer_pause=producer_pause)
+    workers = CliWorkers(db_url, tmp_path, *options)
+    load.start()
+    try:
+        workers.start()
+        workers.start()
+        workers.wait_started()
+        time.sleep(1)
+        for _ in range(3):
+            workers.kill_mid_batch()
+            workers.start()
+            time.sleep(LOAD_S / 8)
+        workers.wait_started()
+        load.finish(engine, names.qualified("meta"))
+        workers.stop()
+    finally:
+        load.stop_producers.set()
+        workers.kill_all()
+    summary = check_ledger(engine, names, tmp_path, scenario, [], poison_every=POISON_EVERY)
+    summary["workers_killed"] = len(workers.killed)
+    return summary
+
+
+def test_sigkill_cli_worker_mid_batch_threads(db_url, engine, tmp_path, capsys):
+    summary = _sigkill_cli_workers(db_url, engine, tmp_path, "sigkill-cli-worker-threads", "--concurrency", "4",
+                                   producer_pause=0.003)
+    _print_summary(capsys, summary)
+    # the killed workers held items they never finished: those came back after their leases
+    assert summary["redelivered_after_lease_expiry"] >= 1
+    assert summary["poison_items"] >= 1
+
+
+def test_sigkill_cli_worker_mid_batch_processes(db_url, engine, tmp_path, capsys):
+    # each item crosses to a handler process and back: producers slow down to what two can take
+    summary = _sigkill_cli_workers(db_url, engine, tmp_path, "sigkill-cli-worker-processes", "--processes",
+                                   "--concurrency", "2", producer_pause=0.02)
+    _print_summary(capsys, summary)
+    assert summary["redelivered_after_lease_expiry"] >= 1
+    assert summary["poison_items"] >= 1
+
+
+def test_postgres_immediate_restart_under_cli_workers(embedded_server, db_url, engine, tmp_path, capsys):
+    if embedded_server is None:
+        pytest.skip("restart scenario needs the embedded test server; $QUEUECTL_TEST_URL names an external one")
+    names = _setup(engine, backoff_base_seconds=0)
+    load = Load(db_url, tmp_path, consumers=0)
+    workers = CliWorkers(db_url, tmp_path, "--concurrency", "4")
+    load.start()
+    try:
+        workers.start()
+        workers.start()
+        workers.wait_started()
+        # no checkpoint, every backend killed: the server comes back by crash recovery
+        _restart_mid_load(embedded_server, "immediate", tmp_path, ("worker", "got"))
+        load.finish(engine, names.qualified("meta"))
+        workers.stop()  # they reconnected by themselves: each stops cleanly
+    finally:
+        load.stop_producers.set()
+        workers.kill_all()
+    summary = check_ledger(engine, names, tmp_path, "immediate-restart", [], poison_every=POISON_EVERY)
+    _print_summary(capsys, summary)
+    assert summary["client_reconnects"] >= 1
+
+
+def test_reorganize_under_load(db_url, engine, tmp_path, capsys):
+    names = _setup(engine)
+    load = Load(db_url, tmp_path)
+    load.start()
+    log = tmp_path / "reorganize.log"
+    # thresholds at zero: every measured index is rebuilt (REINDEX CONCURRENTLY) while the load runs
+    args = ("reorganize", "orders", "--min-pages", "0", "--bloat", "0", "--fragmentation", "0", "--json")
+    runs: list[dict] = []
+    windows: list[tuple[float, float]] = []
+    try:
+        time.sleep(1)
+        deadline = time.monotonic() + LOAD_S / 2
+        while time.monotonic() < deadline or len(runs) < 2:
+            started = time.time()
+            proc = _queuectl(db_url, log, *args, stdout=subprocess.PIPE)
+            stdout, _ = proc.communicate(timeout=120)
+            windows.append((started, time.time()))
+            assert proc.returncode == 0, log.read_text()[-2000:]
+            runs.append(json.loads(stdout))
+        load.finish(engine, names.qualified("meta"))
+    finally:
+        load.stop_producers.set()
+        load.stop_consumers.set()
+    summary = check_ledger(engine, names, tmp_path, "reorganize-under-load", load.killed)
+    rebuilt = [i for run in runs for i in run["result"]["indexes"] if i["action"] == "rebuilt"]
+    summary.update(reorganize_runs=len(runs), indexes_rebuilt=len(rebuilt))
+    _print_summary(capsys, summary)
+    assert [(r["outcome"], r["error"]) for r in runs] == [("succeeded", None)] * len(runs)
+    assert all(run["rows"] >= 1 for run in runs), "a run rebuilt nothing"
+    events = [(r["ev"], r["t"]) for path in tmp_path.glob("*.jsonl") for r in _read(path)]
+    for started, ended in windows:  # producers and consumers went on while each run rebuilt
+        assert {"ok", "acked"} <= {ev for ev, t in events if started < t < ended}
+    with engine.connect() as conn:  # no leftover of a REINDEX CONCURRENTLY: every index valid
+        invalid = conn.execute(sa.text(
+            "SELECT indexrelid::regclass::text FROM pg_index WHERE NOT indisvalid "
+            "AND indrelid IN (CAST(:meta AS regclass), CAST(:data AS regclass))"),
+            {"meta": names.qualified("meta"), "data": names.qualified("data")}).scalars().all()
+    assert invalid == []
