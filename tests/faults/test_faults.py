@@ -19,6 +19,9 @@ scenarios also carry poison items, whose handler always fails. After each, the l
   call's payloads exists;
 - every item is finished: done, or dead with its error; where poison items run, the dead
   letters are exactly the poison items.
+
+Each scenario reports its ledger's figures through the `reliability` fixture: they make the
+README's reliability table (reliability.py, `make reliability`).
 """
 
 from __future__ import annotations
@@ -249,11 +252,6 @@ def check_ledger(engine, queue_names, tmp: Path, scenario: str, killed: list[int
     return summary
 
 
-def _print_summary(capsys, summary: dict) -> None:
-    with capsys.disabled():
-        print("\nledger " + " ".join(f"{k}={v}" for k, v in summary.items()))
-
-
 def _setup(engine, **settings):
     install_queue(engine, "orders", settings=QueueSettings(lease_seconds=int(LEASE_S), **settings))
     from queuectl.names import QueueNames
@@ -266,7 +264,7 @@ def _last_event(tmp: Path, prefix: str, ev: str) -> float:
     return max(stamps, default=0.0)
 
 
-def test_sigkill_consumers_mid_batch(db_url, engine, tmp_path, capsys):
+def test_sigkill_consumers_mid_batch(db_url, engine, tmp_path, reliability):
     names = _setup(engine)
     load = Load(db_url, tmp_path)
     load.start()
@@ -282,7 +280,7 @@ def test_sigkill_consumers_mid_batch(db_url, engine, tmp_path, capsys):
         load.stop_producers.set()
         load.stop_consumers.set()
     summary = check_ledger(engine, names, tmp_path, "sigkill-consumers", load.killed)
-    _print_summary(capsys, summary)
+    reliability(summary)
     # every killed consumer held a batch it never acked: those items came back
     assert summary["redelivered_after_lease_expiry"] >= 1
 
@@ -300,7 +298,7 @@ def _restart_mid_load(embedded_server, mode: str, tmp: Path, consumed: tuple[str
     assert _last_event(tmp, *consumed) > back + 1, f"no {consumed[0]} {consumed[1]} anything after the restart"
 
 
-def test_postgres_fast_restart(embedded_server, db_url, engine, tmp_path, capsys):
+def test_postgres_fast_restart(embedded_server, db_url, engine, tmp_path, reliability):
     if embedded_server is None:
         pytest.skip("restart scenario needs the embedded test server; $QUEUECTL_TEST_URL names an external one")
     names = _setup(engine)
@@ -313,11 +311,11 @@ def test_postgres_fast_restart(embedded_server, db_url, engine, tmp_path, capsys
         load.stop_producers.set()
         load.stop_consumers.set()
     summary = check_ledger(engine, names, tmp_path, "fast-restart", load.killed)
-    _print_summary(capsys, summary)
+    reliability(summary)
     assert summary["client_reconnects"] >= 1
 
 
-def test_terminate_random_backends(db_url, engine, tmp_path, capsys):
+def test_terminate_random_backends(db_url, engine, tmp_path, reliability):
     names = _setup(engine)
     load = Load(db_url, tmp_path)
     load.start()
@@ -341,12 +339,12 @@ def test_terminate_random_backends(db_url, engine, tmp_path, capsys):
         load.stop_consumers.set()
     summary = check_ledger(engine, names, tmp_path, "terminate-backends", load.killed)
     summary["backends_terminated"] = terminated
-    _print_summary(capsys, summary)
+    reliability(summary)
     assert terminated >= 5
     assert summary["client_reconnects"] >= 1
 
 
-def test_oversized_payloads_are_refused_mid_load_and_nothing_else_is_affected(db_url, engine, tmp_path, capsys):
+def test_oversized_payloads_are_refused_mid_load_and_nothing_else_is_affected(db_url, engine, tmp_path, reliability):
     names = _setup(engine, max_payload_bytes=OVERSIZE_LIMIT)
     load = Load(db_url, tmp_path, oversize_every=7, oversize=OVERSIZE_LIMIT + 1)
     load.start()
@@ -357,7 +355,7 @@ def test_oversized_payloads_are_refused_mid_load_and_nothing_else_is_affected(db
         load.stop_producers.set()
         load.stop_consumers.set()
     summary = check_ledger(engine, names, tmp_path, "oversized-payloads", load.killed)
-    _print_summary(capsys, summary)
+    reliability(summary)
     assert summary["rejected_calls"] >= 5 and summary["rejected_payloads_stored"] == 0
     assert summary["outcome_unknown_enqueues"] == 0  # a refusal is a known outcome
 
@@ -401,7 +399,7 @@ def _archive_everything(engine) -> None:
     assert record.outcome == "succeeded", record.error
 
 
-def test_sigkill_archiver_mid_batch(db_url, engine, tmp_path, capsys):
+def test_sigkill_archiver_mid_batch(db_url, engine, tmp_path, reliability):
     names = _setup(engine)
     load = Load(db_url, tmp_path)
     load.start()
@@ -440,7 +438,7 @@ def test_sigkill_archiver_mid_batch(db_url, engine, tmp_path, capsys):
     summary.update(archivers_killed=len(killed),
                    runs_abandoned=sum(r.outcome == "abandoned" for r in runs),
                    runs_succeeded=sum(r.outcome == "succeeded" for r in runs))
-    _print_summary(capsys, summary)
+    reliability(summary)
     with engine.connect() as conn:
         assert conn.execute(sa.text(f"SELECT count(*) FROM {names.qualified('meta')}")).scalar_one() == 0
     assert summary["in_history"] == summary["acknowledged_enqueues"] + summary["outcome_unknown_found"]
@@ -476,7 +474,7 @@ enabled = false
 """
 
 
-def test_sigkill_scheduler_mid_job(db_url, engine, tmp_path, capsys):
+def test_sigkill_scheduler_mid_job(db_url, engine, tmp_path, reliability):
     names = _setup(engine)
     config = tmp_path / "scheduler.toml"
     config.write_text(SCHEDULER_CONFIG)
@@ -515,7 +513,7 @@ def test_sigkill_scheduler_mid_job(db_url, engine, tmp_path, capsys):
                    runs_abandoned=sum(r.outcome == "abandoned" for r in runs),
                    runs_succeeded=sum(r.outcome == "succeeded" for r in runs),
                    runs_failed=sum(r.outcome == "failed" for r in runs))
-    _print_summary(capsys, summary)
+    reliability(summary)
     # nothing of the killed schedulers is left 'running'; each left at least its archive run abandoned
     assert not [r for r in runs if r.outcome == "running"]
     assert {r.runner_pid for r in runs if r.outcome == "abandoned"} == set(killed)
@@ -640,25 +638,25 @@ def _sigkill_cli_workers(db_url, engine, tmp_path, scenario: str, *options: str,
     return summary
 
 
-def test_sigkill_cli_worker_mid_batch_threads(db_url, engine, tmp_path, capsys):
+def test_sigkill_cli_worker_mid_batch_threads(db_url, engine, tmp_path, reliability):
     summary = _sigkill_cli_workers(db_url, engine, tmp_path, "sigkill-cli-worker-threads", "--concurrency", "4",
                                    producer_pause=0.003)
-    _print_summary(capsys, summary)
+    reliability(summary)
     # the killed workers held items they never finished: those came back after their leases
     assert summary["redelivered_after_lease_expiry"] >= 1
     assert summary["poison_items"] >= 1
 
 
-def test_sigkill_cli_worker_mid_batch_processes(db_url, engine, tmp_path, capsys):
+def test_sigkill_cli_worker_mid_batch_processes(db_url, engine, tmp_path, reliability):
     # each item crosses to a handler process and back: producers slow down to what two can take
     summary = _sigkill_cli_workers(db_url, engine, tmp_path, "sigkill-cli-worker-processes", "--processes",
                                    "--concurrency", "2", producer_pause=0.02)
-    _print_summary(capsys, summary)
+    reliability(summary)
     assert summary["redelivered_after_lease_expiry"] >= 1
     assert summary["poison_items"] >= 1
 
 
-def test_postgres_immediate_restart_under_cli_workers(embedded_server, db_url, engine, tmp_path, capsys):
+def test_postgres_immediate_restart_under_cli_workers(embedded_server, db_url, engine, tmp_path, reliability):
     if embedded_server is None:
         pytest.skip("restart scenario needs the embedded test server; $QUEUECTL_TEST_URL names an external one")
     names = _setup(engine, backoff_base_seconds=0)
@@ -677,11 +675,11 @@ def test_postgres_immediate_restart_under_cli_workers(embedded_server, db_url, e
         load.stop_producers.set()
         workers.kill_all()
     summary = check_ledger(engine, names, tmp_path, "immediate-restart", [], poison_every=POISON_EVERY)
-    _print_summary(capsys, summary)
+    reliability(summary)
     assert summary["client_reconnects"] >= 1
 
 
-def test_reorganize_under_load(db_url, engine, tmp_path, capsys):
+def test_reorganize_under_load(db_url, engine, tmp_path, reliability):
     names = _setup(engine)
     load = Load(db_url, tmp_path)
     load.start()
@@ -707,7 +705,7 @@ def test_reorganize_under_load(db_url, engine, tmp_path, capsys):
     summary = check_ledger(engine, names, tmp_path, "reorganize-under-load", load.killed)
     rebuilt = [i for run in runs for i in run["result"]["indexes"] if i["action"] == "rebuilt"]
     summary.update(reorganize_runs=len(runs), indexes_rebuilt=len(rebuilt))
-    _print_summary(capsys, summary)
+    reliability(summary)
     assert [(r["outcome"], r["error"]) for r in runs] == [("succeeded", None)] * len(runs)
     assert all(run["rows"] >= 1 for run in runs), "a run rebuilt nothing"
     events = [(r["ev"], r["t"]) for path in tmp_path.glob("*.jsonl") for r in _read(path)]
