@@ -611,8 +611,9 @@ class CliWorkers:
                 pass
 
 
-def _sigkill_cli_workers(db_url, engine, tmp_path, scenario: str, *options: str, producer_pause: float) -> dict:
-    """Producers, two `queuectl worker` processes; three times a worker is SIGKILLed mid-batch
+def _sigkill_cli_workers(db_url, engine, tmp_path, scenario: str, *options: str, kills: int,
+                         producer_pause: float) -> dict:
+    """Producers, two `queuectl worker` processes; `kills` times a worker is SIGKILLed mid-batch
     and a new one started; the last ones drain the queue and stop on SIGTERM."""
     names = _setup(engine, backoff_base_seconds=0)
     load = Load(db_url, tmp_path, consumers=0, producer_pause=producer_pause)
@@ -623,7 +624,7 @@ def _sigkill_cli_workers(db_url, engine, tmp_path, scenario: str, *options: str,
         workers.start()
         workers.wait_started()
         time.sleep(1)
-        for _ in range(3):
+        for _ in range(kills):
             workers.kill_mid_batch()
             workers.start()
             time.sleep(LOAD_S / 8)
@@ -640,7 +641,7 @@ def _sigkill_cli_workers(db_url, engine, tmp_path, scenario: str, *options: str,
 
 def test_sigkill_cli_worker_mid_batch_threads(db_url, engine, tmp_path, reliability):
     summary = _sigkill_cli_workers(db_url, engine, tmp_path, "sigkill-cli-worker-threads", "--concurrency", "4",
-                                   producer_pause=0.003)
+                                   kills=3, producer_pause=0.003)
     reliability(summary)
     # the killed workers held items they never finished: those came back after their leases
     assert summary["redelivered_after_lease_expiry"] >= 1
@@ -648,9 +649,10 @@ def test_sigkill_cli_worker_mid_batch_threads(db_url, engine, tmp_path, reliabil
 
 
 def test_sigkill_cli_worker_mid_batch_processes(db_url, engine, tmp_path, reliability):
-    # each item crosses to a handler process and back: producers slow down to what two can take
+    # each item crosses to a handler process and back: producers slow down to what two can
+    # take; two kills, as each new worker spawns its handler processes (seconds on a busy host)
     summary = _sigkill_cli_workers(db_url, engine, tmp_path, "sigkill-cli-worker-processes", "--processes",
-                                   "--concurrency", "2", producer_pause=0.02)
+                                   "--concurrency", "2", kills=2, producer_pause=0.02)
     reliability(summary)
     assert summary["redelivered_after_lease_expiry"] >= 1
     assert summary["poison_items"] >= 1
