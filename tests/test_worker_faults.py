@@ -14,6 +14,7 @@ import collections
 import logging
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -171,3 +172,38 @@ def test_a_handler_that_kills_its_process_or_exits_charges_only_its_own_item(db_
     assert (status, attempts) == (3, 3)
     assert error.startswith(reason), error
     assert (counts["processed"], counts["failed"], counts["dead"]) == (30, 3, 1)
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        found |= {int(child) for child in task.read_text().split()}
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_a_worker_killed_with_sigkill_takes_its_handler_processes_with_it(db_url, engine, orders, tmp_path):
+    """A handler process outlives nothing: with its worker gone nobody can record its item's
+    outcome (the item comes back when its lease expires), so it must not keep working."""
+    with engine.begin() as conn:
+        conn.execute(sa.text(CREATE_TABLE))
+    orders.enqueue_many(["long 1", "long 2"])
+    worker = start_worker(db_url, tmp_path / "w.log", "--processes", "--concurrency", "2", sleep=120)
+    handlers: set[int] = set()
+
+    def handlers_started() -> bool:
+        handlers.update(c for c in _children(worker.pid)
+                        if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes())
+        return len(handlers) == 2
+
+    wait_until(handlers_started, timeout=60, what="two handler processes")
+    worker.kill()
+    worker.wait()
+    wait_until(lambda: not any(_alive(pid) for pid in handlers), timeout=15, what="the handler processes to end")
+    assert not handled(engine)

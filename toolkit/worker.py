@@ -255,10 +255,23 @@ class HandlerProcessDied(RuntimeError):
     the kernel's OOM killer): the failure of the item it was running."""
 
 
-def _serve_handler(handler: Handler, conn: mp_connection.Connection) -> None:
+ORPHAN_CHECK_S = 1.0  # how often a handler process checks that its worker is alive
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    """A handler process's watch on its worker: when the worker is gone (SIGKILL, OOM), end
+    at once, whatever the handler is doing. Its item was the dead worker's: it comes back
+    when its lease expires, and nobody is left to record its outcome."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_CHECK_S)
+    os._exit(1)
+
+
+def _serve_handler(handler: Handler, conn: mp_connection.Connection, parent: int) -> None:
     """A handler process's body: run the handler on each item received, reply with its error
-    text (None on success), until the parent closes the pipe."""
+    text (None on success), until the parent closes the pipe or dies."""
     _ignore_signals()
+    threading.Thread(target=_exit_when_orphaned, args=(parent,), name="queuectl-orphan-watch", daemon=True).start()
     while True:
         try:
             message = conn.recv()
@@ -267,9 +280,13 @@ def _serve_handler(handler: Handler, conn: mp_connection.Connection) -> None:
         try:
             handler(message)
         except BaseException as exc:  # whatever the handler raises is this item's failure
-            conn.send(_error_text(exc))
+            reply = _error_text(exc)
         else:
-            conn.send(None)
+            reply = None
+        try:
+            conn.send(reply)
+        except OSError:  # the worker is gone
+            return
 
 
 class _HandlerProcess:
@@ -307,7 +324,7 @@ class _HandlerProcess:
     def _start(self) -> None:
         ctx = get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=_serve_handler, args=(self.handler, child_conn), daemon=True,
+        self.process = ctx.Process(target=_serve_handler, args=(self.handler, child_conn, os.getpid()), daemon=True,
                                    name="queuectl-handler")
         self.process.start()
         child_conn.close()
