@@ -1,5 +1,6 @@
-"""Helpers the queue-kind revisions share: render a kind's SQL section for the queue being
-migrated, and keep its row in the catalog registry in step with its schema version."""
+"""Helpers the revisions share: render a kind's SQL section for the queue being migrated,
+keep its row in the catalog registry in step with its schema version, and run a catalog
+section for the catalog's own revisions."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from queuectl.catalog import QueueSettings, queues_table
 from queuectl.engine import ADAPTERS
 from queuectl.grants import function_values, secured_calls
 from queuectl.kindspec import kind_template_values
-from queuectl.names import QueueNames
+from queuectl.names import QueueNames, quote_ident
 from queuectl.sqlfiles import render
 
 
@@ -30,6 +31,15 @@ def run_section(file: str, section: str) -> None:
     names, kind, settings = _target()
     adapter = ADAPTERS[op.get_context().dialect.name]
     values: dict[str, str | int] = {**names.template_values(), **kind_template_values(names, kind), **settings.as_dict()}
+    for statement in adapter.split_batches(render(adapter.sql_dir, file, section, values)):
+        op.execute(sa.text(statement))
+
+
+def run_catalog_section(file: str, section: str) -> None:
+    """Execute one named section of sql/<engine>/<file>.sql for the catalog being migrated
+    (its only placeholder is {{schema}})."""
+    adapter = ADAPTERS[op.get_context().dialect.name]
+    values = {"schema": quote_ident(context.config.attributes["schema"])}
     for statement in adapter.split_batches(render(adapter.sql_dir, file, section, values)):
         op.execute(sa.text(statement))
 

@@ -8,11 +8,7 @@ Any role that can connect can take any advisory lock (PostgreSQL) or application
 cannot read the table cannot compute them: only the catalog's owner can.
 """
 
-import sqlalchemy as sa
-from alembic import context, op
-
-from queuectl.names import quote_ident
-from queuectl.sqlfiles import render, split_statements
+from queuectl.migrations.queue_ops import run_catalog_section
 
 revision = "catalog_0004_lock_seed"
 down_revision = "catalog_0003_pipeline"
@@ -20,16 +16,9 @@ branch_labels = None
 depends_on = None
 
 
-def _run(section: str) -> None:
-    engine = op.get_context().dialect.name
-    values = {"schema": quote_ident(context.config.attributes["schema"])}
-    for statement in split_statements(render(engine, "locks", section, values)):
-        op.execute(sa.text(statement))
-
-
 def upgrade() -> None:
-    _run("create_seed")
+    run_catalog_section("locks", "create_seed")
 
 
 def downgrade() -> None:
-    _run("drop_seed")
+    run_catalog_section("locks", "drop_seed")
