@@ -17,8 +17,8 @@ scenarios also carry poison items, whose handler always fails. After each, the l
 - no orphan data rows (data without meta) and no meta row without its data;
 - every enqueue the server refused (payload over the limit) stored nothing: none of that
   call's payloads exists;
-- every item is finished: done, or dead with its error; where poison items run, the dead
-  letters are exactly the poison items.
+- every item is finished: done, or dead with its error; where poison items (and killer
+  items) run, the dead letters are exactly those.
 
 Each scenario reports its ledger's figures through the `reliability` fixture: they make the
 README's reliability table (reliability.py, `make reliability`).
@@ -42,9 +42,10 @@ import sqlalchemy as sa
 
 from queuectl.catalog import QueueSettings
 from queuectl.install import install_queue
+from queuectl.names import QueueNames
 
 import fault_workers
-from fault_handlers import is_poison
+from fault_handlers import is_killer, is_poison
 
 SPAWN = mp.get_context("spawn")
 LEASE_S = 2.0
@@ -150,10 +151,24 @@ class Load:
                 assert p.exitcode == 0, f"consumer {i} exited with {p.exitcode}"
 
 
-def check_ledger(engine, queue_names, tmp: Path, scenario: str, killed: list[int], poison_every: int = 0) -> dict:
+def _stored_items(engine, queue_names) -> tuple[list, list]:
+    """Every item the queue stores: (live meta rows with their payload, history rows)."""
+    meta, data, history = (queue_names.qualified(k) for k in ("meta", "data", "history"))
+    with engine.connect() as conn:
+        live = conn.execute(sa.text(
+            f"SELECT m.id, convert_from(d.payload, 'UTF8') AS payload, m.status, m.attempts, m.last_error "
+            f"FROM {meta} m LEFT JOIN {data} d ON d.id = m.id")).all()
+        archived = conn.execute(sa.text(
+            f"SELECT id, convert_from(payload, 'UTF8') AS payload, status, attempts, last_error FROM {history}")).all()
+    return live, archived
+
+
+def check_ledger(engine, queue_names, tmp: Path, scenario: str, killed: list[int], poison_every: int = 0,
+                 killer_every: int = 0) -> dict:
     """The ledger check (module docstring) over every *.jsonl ledger file in tmp; returns the
-    scenario's figures. With poison_every the dead letters are exactly the poison items
-    (fault_handlers.is_poison), whose handler always fails; other items never die."""
+    scenario's figures. With poison_every and killer_every the dead letters are exactly the
+    poison items (fault_handlers.is_poison), whose handler always fails, and the killer
+    items (is_killer), whose handler always kills its process; other items never die."""
     ok: dict[int, str] = {}
     unknown: list[str] = []
     rejected: list[list[str]] = []
@@ -181,18 +196,16 @@ def check_ledger(engine, queue_names, tmp: Path, scenario: str, killed: list[int
             elif r["ev"] == "end":
                 reconnects += r["reconnects"]
 
-    meta, data, history = (queue_names.qualified(k) for k in ("meta", "data", "history"))
+    live, archived = _stored_items(engine, queue_names)
+    meta, data = queue_names.qualified("meta"), queue_names.qualified("data")
     with engine.connect() as conn:
-        live = conn.execute(sa.text(
-            f"SELECT m.id, convert_from(d.payload, 'UTF8') AS payload, m.status, m.attempts, m.last_error "
-            f"FROM {meta} m LEFT JOIN {data} d ON d.id = m.id")).all()
-        archived = conn.execute(sa.text(
-            f"SELECT id, convert_from(payload, 'UTF8') AS payload, status, attempts, last_error FROM {history}")).all()
         orphans = conn.execute(sa.text(
             f"SELECT count(*) FROM {data} d WHERE NOT EXISTS (SELECT 1 FROM {meta} m WHERE m.id = d.id)")).scalar_one()
     rows = live + archived
     stored = {r.id: r for r in rows}
     poison = {r.id for r in rows if is_poison(r.payload or "", poison_every)}
+    killers = {r.id for r in rows if is_killer(r.payload or "", killer_every)}
+    always_fail = poison | killers
     lost = [i for i in ok if i not in stored]
     twice_stored = [i for i, c in Counter(r.id for r in rows).items() if c > 1]
     payloads = Counter(r.payload for r in rows)
@@ -213,7 +226,7 @@ def check_ledger(engine, queue_names, tmp: Path, scenario: str, killed: list[int
         "dead_with_error": sum(1 for r in dead if r.last_error),
         "lost": len(lost),
         "duplicated": len(twice_stored) + len(dup_payloads) + len(twice_acked),
-        "redelivered_after_lease_expiry": sum(1 for i in redelivered if i not in poison),
+        "redelivered_after_lease_expiry": sum(1 for i in redelivered if i not in always_fail),
         "partial_acks": partial,
         "consumers_killed": len(killed),
         "client_reconnects": reconnects,
@@ -222,6 +235,8 @@ def check_ledger(engine, queue_names, tmp: Path, scenario: str, killed: list[int
     }
     if poison_every:
         summary["poison_items"] = len(poison)
+    if killer_every:
+        summary["killer_items"] = len(killers)
     if rejected:
         summary["rejected_calls"] = len(rejected)
         summary["rejected_payloads_stored"] = len(stored_rejected)
@@ -242,10 +257,11 @@ def check_ledger(engine, queue_names, tmp: Path, scenario: str, killed: list[int
     unexplained_dups = [i for i, c in redelivered.items() if i not in stored or stored[i].attempts < c]
     assert not unexplained_dups, f"items worked on more often than dequeued: {unexplained_dups[:10]}"
     assert all(r.last_error for r in dead), "dead letter without its error"
-    if poison_every:
+    if poison_every or killer_every:
         dead_ids = {r.id for r in dead}
-        assert dead_ids == poison, (f"dead letters that are not poison: {sorted(dead_ids - poison)[:10]}; "
-                                    f"poison items not dead: {sorted(poison - dead_ids)[:10]}")
+        assert dead_ids == always_fail, (
+            f"dead letters that are not poison or killers: {sorted(dead_ids - always_fail)[:10]}; "
+            f"poison or killer items not dead: {sorted(always_fail - dead_ids)[:10]}")
     not_done = [r.id for r in rows if r.status not in (2, 3)]
     assert not not_done, f"items left unfinished: {not_done[:10]}"
     assert not stored_rejected, f"payloads of refused enqueues were stored: {stored_rejected[:5]}"
@@ -254,8 +270,6 @@ def check_ledger(engine, queue_names, tmp: Path, scenario: str, killed: list[int
 
 def _setup(engine, **settings):
     install_queue(engine, "orders", settings=QueueSettings(lease_seconds=int(LEASE_S), **settings))
-    from queuectl.names import QueueNames
-
     return QueueNames("orders")
 
 
@@ -544,10 +558,12 @@ def _processes_of(tmp: Path) -> list[int]:
 
 class CliWorkers:
     """`queuectl worker` processes on the queue running fault_handlers.record, each with its
-    own ledger file (worker-N.jsonl: a "got" line per delivery) and log."""
+    own ledger file (worker-N.jsonl: a "got" line per delivery) and log; `env` is added to
+    their environment (e.g. QT_KILLER_EVERY)."""
 
-    def __init__(self, url: str, tmp: Path, *options: str):
+    def __init__(self, url: str, tmp: Path, *options: str, env: dict[str, str] | None = None):
         self.url, self.tmp, self.options = url, tmp, options
+        self.env = env or {}
         self.procs: dict[int, subprocess.Popen] = {}
         self.killed: list[int] = []
 
@@ -556,7 +572,7 @@ class CliWorkers:
         i = len(self.procs)
         env = {"QT_LEDGER_FILE": str(self.tmp / f"worker-{i}.jsonl"), "QT_WORK_S": str(WORK_S),
                "QT_POISON_EVERY": str(POISON_EVERY),
-               "PYTHONPATH": os.pathsep.join([str(FAULTS_DIR), os.environ.get("PYTHONPATH", "")])}
+               "PYTHONPATH": os.pathsep.join([str(FAULTS_DIR), os.environ.get("PYTHONPATH", "")]), **self.env}
         self.procs[i] = _queuectl(self.url, self.tmp / f"worker-{i}.log", "worker", "orders", "--handler",
                                   "fault_handlers:record", "--batch", "10", "--poll-interval", "0.5", "--json",
                                   *self.options, env_extra=env, stdout=subprocess.PIPE)
@@ -611,19 +627,21 @@ class CliWorkers:
                 pass
 
 
-def _sigkill_cli_workers(db_url, engine, tmp_path, scenario: str, *options: str, kills: int,
-                         producer_pause: float) -> dict:
-    """Producers, two `queuectl worker` processes; `kills` times a worker is SIGKILLed mid-batch
-    and a new one started; the last ones drain the queue and stop on SIGTERM."""
-    names = _setup(engine, backoff_base_seconds=0)
+def _cli_workers_under_load(db_url, engine, tmp_path, scenario: str, *options: str, producer_pause: float,
+                            kills: int = 0, load_s: float = 1.0, killer_every: int = 0, **settings) -> dict:
+    """Producers, two `queuectl worker` processes (their handlers kill their own process on the
+    killer items of `killer_every`); after `load_s` seconds, `kills` times a worker is
+    SIGKILLed mid-batch and a new one started; the last ones drain the queue and stop on
+    SIGTERM. `settings` are the queue's (backoff_base_seconds is 0)."""
+    names = _setup(engine, backoff_base_seconds=0, **settings)
     load = Load(db_url, tmp_path, consumers=0, producer_pause=producer_pause)
-    workers = CliWorkers(db_url, tmp_path, *options)
+    workers = CliWorkers(db_url, tmp_path, *options, env={"QT_KILLER_EVERY": str(killer_every)})
     load.start()
     try:
         workers.start()
         workers.start()
         workers.wait_started()
-        time.sleep(1)
+        time.sleep(load_s)
         for _ in range(kills):
             workers.kill_mid_batch()
             workers.start()
@@ -634,14 +652,14 @@ def _sigkill_cli_workers(db_url, engine, tmp_path, scenario: str, *options: str,
     finally:
         load.stop_producers.set()
         workers.kill_all()
-    summary = check_ledger(engine, names, tmp_path, scenario, [], poison_every=POISON_EVERY)
+    summary = check_ledger(engine, names, tmp_path, scenario, [], poison_every=POISON_EVERY, killer_every=killer_every)
     summary["workers_killed"] = len(workers.killed)
     return summary
 
 
 def test_sigkill_cli_worker_mid_batch_threads(db_url, engine, tmp_path, reliability):
-    summary = _sigkill_cli_workers(db_url, engine, tmp_path, "sigkill-cli-worker-threads", "--concurrency", "4",
-                                   kills=3, producer_pause=0.003)
+    summary = _cli_workers_under_load(db_url, engine, tmp_path, "sigkill-cli-worker-threads", "--concurrency", "4",
+                                      kills=3, producer_pause=0.003)
     reliability(summary)
     # the killed workers held items they never finished: those came back after their leases
     assert summary["redelivered_after_lease_expiry"] >= 1
@@ -651,8 +669,8 @@ def test_sigkill_cli_worker_mid_batch_threads(db_url, engine, tmp_path, reliabil
 def test_sigkill_cli_worker_mid_batch_processes(db_url, engine, tmp_path, reliability):
     # each item crosses to a handler process and back: producers slow down to what two can
     # take; two kills, as each new worker spawns its handler processes (seconds on a busy host)
-    summary = _sigkill_cli_workers(db_url, engine, tmp_path, "sigkill-cli-worker-processes", "--processes",
-                                   "--concurrency", "2", kills=2, producer_pause=0.02)
+    summary = _cli_workers_under_load(db_url, engine, tmp_path, "sigkill-cli-worker-processes", "--processes",
+                                      "--concurrency", "2", kills=2, producer_pause=0.02)
     reliability(summary)
     assert summary["redelivered_after_lease_expiry"] >= 1
     assert summary["poison_items"] >= 1
