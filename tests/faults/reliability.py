@@ -41,6 +41,10 @@ SCENARIOS = {
     "sigkill-cli-worker-processes": Scenario(
         "test_sigkill_cli_worker_mid_batch_processes",
         "SIGKILL of {workers_killed} `queuectl worker --processes --concurrency 2` mid-batch; poison items"),
+    "handler-kills-its-process": Scenario(
+        "test_handlers_killing_their_process_charge_only_their_own_item",
+        "{handler_processes_killed} handler processes SIGKILLed by their own handler ({killer_items} items, on "
+        "every attempt) under `queuectl worker --processes --concurrency 2`; poison items"),
     "fast-restart": Scenario("test_postgres_fast_restart", "PostgreSQL fast restart mid-load"),
     "immediate-restart": Scenario(
         "test_postgres_immediate_restart_under_cli_workers",

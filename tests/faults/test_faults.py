@@ -1,12 +1,13 @@
 """Fault suite: real producer and consumer processes on a reliable queue while faults hit.
 
 Scenarios: SIGKILL of consumers mid-batch, of `queuectl worker` processes mid-batch (handler
-threads, and handler processes), of the archiver mid-batch and of the scheduler mid-job; a
-PostgreSQL fast restart, and an immediate one (crash recovery) under `queuectl worker`
-processes; pg_terminate_backend of random client backends; producers sending oversized
-payloads now and then; `queuectl reorganize` rebuilding every index under the load. (The
-statement timeout on the dequeue path: test_statement_timeout.py.) `queuectl worker`
-scenarios also carry poison items, whose handler always fails. After each, the ledger check:
+threads, and handler processes), of the archiver mid-batch and of the scheduler mid-job;
+handlers that SIGKILL their own process under `queuectl worker --processes`; a PostgreSQL
+fast restart, and an immediate one (crash recovery) under `queuectl worker` processes;
+pg_terminate_backend of random client backends; producers sending oversized payloads now
+and then; `queuectl reorganize` rebuilding every index under the load. (The statement
+timeout on the dequeue path: test_statement_timeout.py.) `queuectl worker` scenarios also
+carry poison items, whose handler always fails. After each, the ledger check:
 
 - every acknowledged enqueue (the call returned an id) is in the queue exactly once, with
   its payload (live meta+data, or history);
@@ -674,6 +675,35 @@ def test_sigkill_cli_worker_mid_batch_processes(db_url, engine, tmp_path, reliab
     reliability(summary)
     assert summary["redelivered_after_lease_expiry"] >= 1
     assert summary["poison_items"] >= 1
+
+
+KILLER_EVERY = 97  # about one payload in 97 makes its handler SIGKILL its own process, every attempt
+KILLER_MAX_ATTEMPTS = 3
+
+
+def test_handlers_killing_their_process_charge_only_their_own_item(db_url, engine, tmp_path, reliability):
+    # Each handler thread of `--processes` runs its own process: a killer item takes only its
+    # own process down, so only it is charged; the item in the other process runs on.
+    summary = _cli_workers_under_load(db_url, engine, tmp_path, "handler-kills-its-process", "--processes",
+                                      "--concurrency", "2", producer_pause=0.02, load_s=LOAD_S / 2,
+                                      killer_every=KILLER_EVERY, max_attempts=KILLER_MAX_ATTEMPTS)
+    died = "HandlerProcessDied: handler process died (killed by signal 9, SIGKILL)"
+    # the workers log one line per handler process that died under its item
+    summary["handler_processes_killed"] = sum(path.read_text().count(died) for path in tmp_path.glob("worker-*.log"))
+    reliability(summary)
+    assert summary["killer_items"] >= 3
+    assert summary["handler_processes_killed"] == KILLER_MAX_ATTEMPTS * summary["killer_items"]
+    live, archived = _stored_items(engine, QueueNames("orders"))
+    items = live + archived
+    killers = [r for r in items if is_killer(r.payload, KILLER_EVERY)]
+    # every other item ran in a process that lived: never charged for a neighbour's death
+    bystanders = [r for r in items if not is_killer(r.payload, KILLER_EVERY) and not is_poison(r.payload, POISON_EVERY)]
+    charged = [(r.id, r.status, r.attempts, r.last_error) for r in bystanders
+               if (r.status, r.attempts) != (2, 1) or "BrokenProcessPool" in (r.last_error or "")
+               or "process died" in (r.last_error or "")]
+    assert not charged, f"{len(charged)} items charged for another item's handler process: {charged[:5]}"
+    assert [(r.id, r.status, r.attempts, r.last_error) for r in killers] == [
+        (r.id, 3, KILLER_MAX_ATTEMPTS, died) for r in killers]
 
 
 def test_postgres_immediate_restart_under_cli_workers(embedded_server, db_url, engine, tmp_path, reliability):
