@@ -21,7 +21,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from queuectl.catalog import QueueInfo
-from queuectl.engine import adapter_for, backoff_pause, discard_connection, first_line, make_engine, mask_url
+from queuectl.engine import (
+    adapter_for, backoff_pause, discard_connection, first_line, hide_secrets, make_engine, mask_url,
+)
 from queuectl.errors import ConnectionFailed, PayloadTooLarge, StatementCanceled, UsageError
 from queuectl.install import require_queue
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
@@ -473,10 +475,7 @@ class Queue:
         return self._conn is not None and (self._conn.invalidated or self._conn.closed)
 
     def _reason(self, exc: sa.exc.DBAPIError) -> str:
-        reason = first_line(exc.orig)
-        if self.engine.url.password:
-            reason = reason.replace(str(self.engine.url.password), "***")
-        return reason
+        return hide_secrets(first_line(exc.orig), self.engine.url)
 
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None

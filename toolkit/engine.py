@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
+from urllib.parse import quote, quote_plus
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     IndexUpkeep = PostgresIndexUpkeep | MssqlIndexUpkeep
 
 URL_ENV = "QUEUECTL_URL"
+PASSWORD_FILE_ENV = "QUEUECTL_PASSWORD_FILE"
 _DRIVERS = {"postgresql": "psycopg", "mssql": "pyodbc"}
 
 
@@ -438,27 +440,86 @@ def adapter_for(engine_or_conn: Engine | sa.Connection) -> Adapter:
     return ADAPTERS[engine_or_conn.dialect.name]
 
 
-def mask_url(url: str | URL) -> str:
-    """The URL as it may be shown: password replaced by ***."""
+# Keywords whose value is a secret in URL queries and in libpq / ODBC connection strings.
+_SECRET_KEYWORDS = ("password", "sslpassword", "pwd")
+_SECRET_PARAM = re.compile(
+    r"(?i)\b(password|sslpassword|pwd)(\s*=\s*)('(?:[^'\\]|\\.)*'|\{(?:[^}]|\}\})*\}|[^\s&;'\"]+)"
+)
+# scheme://user:PASSWORD@host: the password runs to the last '@' before the query, as
+# browsers read a URL (WHATWG), so an unescaped '@' in it does not cut it short.
+_URL_PASSWORD = re.compile(r"(\b[a-zA-Z][\w+.-]*://[^:/?#@\s]*:)([^?#\s]*)(@)")
+MASK = "***"
+
+
+def hide_secrets(text: str, url: str | URL | None = None) -> str:
+    """`text` as it may be shown: the password of every URL in it, every password= /
+    sslpassword= / PWD= value (URL queries, libpq and ODBC connection strings), and the
+    secrets of `url` wherever they occur (raw or percent-encoded), replaced by ***."""
+    text = _URL_PASSWORD.sub(lambda m: m.group(1) + MASK + m.group(3), text)
+    text = _SECRET_PARAM.sub(lambda m: m.group(1) + m.group(2) + MASK, text)
+    for secret in url_secrets(url) if url is not None else ():
+        for form in dict.fromkeys((secret, quote(secret, safe=""), quote_plus(secret), quote(secret))):
+            text = text.replace(form, MASK)
+    return text
+
+
+def url_secrets(url: str | URL) -> list[str]:
+    """The secrets a URL holds: its password, secret query parameters, PWD= in odbc_connect."""
     try:
-        parsed = url if isinstance(url, URL) else make_url(url)
-    except (ArgumentError, ValueError):
+        parsed = read_url(url)
+    except UsageError:
+        return []
+    found = [str(parsed.password)] if parsed.password else []
+    for key, value in parsed.query.items():
+        for item in value if isinstance(value, tuple) else (value,):
+            if key.lower() in _SECRET_KEYWORDS:
+                found.append(item)
+            else:
+                found += [m.group(3).strip("'{}") for m in _SECRET_PARAM.finditer(item)]
+    return [secret for secret in found if secret]
+
+
+def mask_url(url: str | URL) -> str:
+    """The URL as it may be shown: its password, and every secret in its query, as ***."""
+    try:
+        parsed = read_url(url)
+    except UsageError:
         return "<unparsable URL>"
-    return parsed.render_as_string(hide_password=True)
+    return hide_secrets(parsed.render_as_string(hide_password=True), parsed)
+
+
+def read_url(url: str | URL) -> URL:
+    """A URL as SQLAlchemy reads it, with its password where SQLAlchemy hides it when shown.
+
+    Two forms would otherwise show it: an unescaped '@' in the password (`u:p@ss@host`: the
+    user part runs to the last '@', as browsers read it) and `?password=...` (which libpq
+    accepts): its value becomes the URL's password. Errors never show the URL."""
+    if isinstance(url, URL):
+        parsed = url
+    else:
+        scheme, sep, rest = url.partition("://")
+        head, query_sep, query = rest.partition("?")
+        if sep and head.count("@") > 1:
+            userinfo, _, hostpart = head.rpartition("@")
+            url = f"{scheme}://{userinfo.replace('@', '%40')}@{hostpart}{query_sep}{query}"
+        try:
+            parsed = make_url(url)
+        except ArgumentError:
+            raise UsageError("invalid database URL: expected e.g. postgresql://user@host:5432/dbname") from None
+        except ValueError:  # the port part is not a number
+            raise UsageError(
+                "invalid database URL: the port is not a number (expected e.g. postgresql://user@host:5432/dbname)"
+            ) from None
+    password = parsed.query.get("password")
+    if password is not None:
+        password = password[-1] if isinstance(password, tuple) else password
+        parsed = parsed.difference_update_query(["password"]).set(password=password)
+    return parsed
 
 
 def parse_url(url: str) -> URL:
     """Validate a database URL and pin the driver queuectl uses for its dialect."""
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        raise UsageError(
-            "invalid database URL: expected e.g. postgresql://user@host:5432/dbname"
-        ) from None
-    except ValueError:  # the port part is not a number (the URL is not shown: it may hold a password)
-        raise UsageError(
-            "invalid database URL: the port is not a number (expected e.g. postgresql://user@host:5432/dbname)"
-        ) from None
+    parsed = read_url(url)
     backend = parsed.get_backend_name()
     if backend in ("postgres",):
         backend = "postgresql"
@@ -494,9 +555,27 @@ def resolve_url(url: str | None) -> str:
         raise ConnectionFailed(f"embedded PostgreSQL: {exc}") from None
 
 
+def with_password_file(url: URL) -> URL:
+    """The URL with the password read from $QUEUECTL_PASSWORD_FILE (its first line) when the
+    URL has none: a password that never appears in a command line or a URL."""
+    path = os.environ.get(PASSWORD_FILE_ENV)
+    if not path or url.password:
+        return url
+    try:
+        with open(path, encoding="utf-8") as fh:
+            password = fh.readline().rstrip("\r\n")
+    except OSError as exc:
+        raise UsageError(f"cannot read the password file {path} (${PASSWORD_FILE_ENV}): {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"the password file {path} (${PASSWORD_FILE_ENV}) is not UTF-8 text") from None
+    if not password:
+        raise UsageError(f"the password file {path} (${PASSWORD_FILE_ENV}) is empty: its first line is the password")
+    return url.set(password=password)
+
+
 def make_engine(url: str | None = None, *, pool_size: int = 5) -> Engine:
     """An engine for the resolved URL; fails with a one-line error when unreachable."""
-    parsed = parse_url(resolve_url(url))
+    parsed = with_password_file(parse_url(resolve_url(url)))
     adapter = ADAPTERS[parsed.get_backend_name()]
     adapter.check_driver(parsed)
     engine = sa.create_engine(
@@ -511,9 +590,7 @@ def check_connection(engine: Engine) -> None:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
     except DBAPIError as exc:
-        reason = first_line(exc.orig)
-        if engine.url.password:
-            reason = reason.replace(str(engine.url.password), "***")
+        reason = hide_secrets(first_line(exc.orig), engine.url)
         raise ConnectionFailed(f"cannot connect to {mask_url(engine.url)}: {reason}") from None
 
 
