@@ -182,7 +182,7 @@ class Reporter:
             return
         progress = Progress(
             TextColumn("[bold]{task.fields[scenario]}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.description}"), TimeElapsedColumn(), console=self.console, transient=True,
+            TextColumn("{task.description}", markup=False), TimeElapsedColumn(), console=self.console, transient=True,
         )
         with progress:
             self._progress = progress

@@ -35,13 +35,12 @@ def render(result: dict[str, Any], console: Console) -> None:
     env = result["environment"]
     sc = result["scenario"]
     settings = env.get("server_settings", {})
-    console.print(
-        f"[bold]queuectl bench --scenario {sc['name']}[/]  {env['cpu_count']} cores, load average "
+    console.print(Text.assemble(
+        (f"queuectl bench --scenario {sc['name']}", "bold"), f"  {env['cpu_count']} cores, load average "
         f"{_load(env.get('load_average'))} at start, {_load(sc.get('load_average_end'))} at end; PostgreSQL "
         f"{settings.get('server_version', '?')}, synchronous_commit={settings.get('synchronous_commit', '?')}, "
         f"shared_buffers={settings.get('shared_buffers', '?')}; medians of {result['options']['repeat']} repeat(s)",
-        highlight=False,
-    )
+    ), highlight=False)
     if sc.get("ceilings"):
         t = Table(title="server ceilings (pgbench, same run)", title_justify="left")
         for col in ("ceiling", "clients", "per second"):
@@ -58,7 +57,7 @@ def render(result: dict[str, Any], console: Console) -> None:
             t.add_column(col)
         for tg in sc["targets"]:
             value, goal = tg.get("value"), tg.get("threshold")
-            met = {True: "[green]yes[/]", False: "[red]no[/]", None: "not measured"}[tg.get("met")]
+            met = {True: Text("yes", "green"), False: Text("no", "red"), None: "not measured"}[tg.get("met")]
             cells = [tg["name"], _target_value(value, goal), _target_goal(tg), met]
             t.add_row(*cells, *((tg.get("verdict") or "-",) if verdicts else ()))
         console.print(t)

@@ -11,13 +11,13 @@ import sys
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 from sqlalchemy.exc import DBAPIError
 
 from queuectl.catalog import DEFAULT_MAX_PAYLOAD_BYTES, QueueSettings
-from queuectl.engine import URL_ENV, first_line, make_engine, mask_url
+from queuectl.cli_common import UrlOption, err, hide_passwords_in_argv, out, print_error
+from queuectl.engine import PASSWORD_FILE_ENV, URL_ENV, first_line, hide_secrets, make_engine, mask_url
 from queuectl.errors import QueuectlError
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 
@@ -31,24 +31,8 @@ app = typer.Typer(
 db_app = typer.Typer(help="Manage the embedded PostgreSQL server used when no --url is given.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
-out = Console(emoji=False)
-err = Console(stderr=True, emoji=False)
-
-UrlOption = Annotated[
-    Optional[str],
-    typer.Option(
-        "--url",
-        help=f"Database URL (e.g. postgresql://user@host/db). Default: ${URL_ENV}, else the embedded server.",
-        show_default=False,
-    ),
-]
 SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")]
 QueueArg = Annotated[str, typer.Argument(help="Queue name: lowercase letters, digits, _ (max 48).")]
-
-def print_error(message: str, prefix: str = "error") -> None:
-    """One line on stderr; the message is escaped, so user text cannot inject markup."""
-    err.print(f"[bold red]{prefix}:[/] {escape(message)}", highlight=False, soft_wrap=True)
-
 
 def fail(message: str, code: int = 2) -> None:
     print_error(message)
@@ -87,7 +71,8 @@ def install(
         sys.stdout.write(review_script(url, name, kind, settings, schema))
         return
     info = install_queue(make_engine(url), name, kind, settings, schema)
-    out.print(f"installed queue [bold]{info.name}[/] (kind {info.kind}, version {info.schema_version}) in schema {schema}")
+    out.print(Text.assemble("installed queue ", (info.name, "bold"),
+                            f" (kind {info.kind}, version {info.schema_version}) in schema {schema}"))
 
 
 def _has_env_url() -> bool:
@@ -120,7 +105,7 @@ def uninstall(
         out.print(f"removed {len(removed)} queue(s) {', '.join(removed)}; catalog and schema {schema} dropped")
         return
     info = uninstall_queue(engine, name, schema)
-    out.print(f"uninstalled queue [bold]{info.name}[/] (kind {info.kind})")
+    out.print(Text.assemble("uninstalled queue ", (info.name, "bold"), f" (kind {info.kind})"))
 
 
 @app.command("list")
@@ -353,13 +338,16 @@ def _click_exceptions() -> tuple[type[BaseException], ...]:
 
 def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 2."""
+    if hide_passwords_in_argv() is False:
+        print_error(f"the password in this command line stays visible to other users (ps): give it in ${URL_ENV}, "
+                    f"${PASSWORD_FILE_ENV} or libpq's PGPASSFILE instead", prefix="warning")
     try:
         code = app(standalone_mode=False)
     except QueuectlError as exc:
         print_error(str(exc))
         sys.exit(2)
     except DBAPIError as exc:
-        print_error(first_line(exc.orig), prefix="database error")
+        print_error(hide_secrets(first_line(exc.orig)), prefix="database error")
         sys.exit(1)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
-from queuectl.engine import URL_ENV, mask_url
+from queuectl.cli_common import UrlOption, make_console
+from queuectl.engine import hide_secrets
 from queuectl.names import DEFAULT_SCHEMA
 
 
@@ -59,10 +59,7 @@ def bench(
     no_pgbench: Annotated[
         bool, typer.Option("--no-pgbench", help="Skip the pgbench ceilings (they are then reported as not measured).")
     ] = False,
-    url: Annotated[
-        Optional[str],
-        typer.Option("--url", help=f"Database URL. Default: ${URL_ENV}, else the embedded server.", show_default=False),
-    ] = None,
+    url: UrlOption = None,
     schema: Annotated[str, typer.Option("--schema", help="Schema for the bench queues.")] = DEFAULT_SCHEMA,
 ) -> None:
     """Measure queues with real producer/consumer processes, beside the server's own ceilings.
@@ -75,7 +72,7 @@ def bench(
     """
     from queuectl.bench import BenchOptions, render, run_bench
 
-    out = Console(emoji=False) if sys.stdout.isatty() else Console(emoji=False, width=200)  # tables stay readable in files
+    out = make_console() if sys.stdout.isatty() else make_console(width=200)  # tables stay readable in files
     options = BenchOptions(
         kinds=kind or ["reliable"], producers=producers, consumers=consumers, batch=batch,
         payload_bytes=payload_bytes, seconds=seconds, repeat=repeat, scenario=scenario, url=url,
@@ -117,12 +114,5 @@ def _sizes(text: str | None, option: str) -> list[int] | None:
 
 
 def _masked(argv: list[str]) -> list[str]:
-    """argv as recorded in the result: a --url value loses its password."""
-    shown: list[str] = []
-    for i, item in enumerate(argv):
-        if item.startswith("--url="):
-            item = "--url=" + mask_url(item[len("--url="):])
-        elif i > 0 and argv[i - 1] == "--url":
-            item = mask_url(item)
-        shown.append(item)
-    return shown
+    """argv as recorded in the result: no password of any URL or connection string in it."""
+    return [hide_secrets(arg) for arg in argv]

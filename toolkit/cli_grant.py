@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from queuectl.cli_common import UrlOption, out
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 
 
@@ -20,9 +21,7 @@ def grant(
         Optional[str],
         typer.Option("--consumer", help="Role that may dequeue (and ack/nack/extend/release on a reliable queue)."),
     ] = None,
-    url: Annotated[
-        Optional[str], typer.Option("--url", help="Database URL. Default: $QUEUECTL_URL, else the embedded server.")
-    ] = None,
+    url: UrlOption = None,
     schema: Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")] = DEFAULT_SCHEMA,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -32,7 +31,6 @@ def grant(
 
     On PostgreSQL the queue's functions become SECURITY DEFINER (they run as the role that installed the queue) with a fixed search_path, and EXECUTE is revoked from PUBLIC. Run it again after `queuectl upgrade`.
     """  # noqa: E501 (one line per paragraph: --help wraps them itself)
-    from queuectl.cli import out
     from queuectl.engine import make_engine
     from queuectl.grants import grant_queue
 

@@ -25,12 +25,12 @@ from typing import Annotated, Optional
 import typer
 from rich import box
 from rich.console import Console, Group, RenderableType
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from queuectl.engine import URL_ENV, backoff_pause, first_line, make_engine, mask_url
+from queuectl.cli_common import UrlOption, make_console, print_error
+from queuectl.engine import URL_ENV, backoff_pause, first_line, hide_secrets, make_engine, mask_url
 from queuectl.errors import ConnectionFailed, QueuectlError
 from queuectl.health import (
     CRITICAL, DEFAULT_THRESHOLDS, INFO, OK, WARNING, HealthOptions, HealthReport, fmt_bytes, fmt_count,
@@ -55,7 +55,7 @@ def health(
     watch: Annotated[Optional[float], typer.Option("--watch", metavar="SECONDS", help="Refresh every SECONDS until Ctrl-C (in place on a terminal; JSON lines with --json).", show_default=False)] = None,
     settings: Annotated[Optional[list[str]], typer.Option("--set", metavar="NAME.warn|crit=VALUE", help="Override a threshold, e.g. --set oldest_ready_age.warn=60s --set dead_letters.crit=off. Repeatable. Defaults (warn/crit): " + _threshold_help(), show_default=False)] = None,
     config: Annotated[Optional[str], typer.Option("--config", help="TOML file with a \\[health] table (thresholds and options); --set wins over it.", show_default=False)] = None,
-    url: Annotated[Optional[str], typer.Option("--url", help=f"Database URL. Default: ${URL_ENV}, else the embedded server.", show_default=False)] = None,
+    url: UrlOption = None,
     schema: Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")] = DEFAULT_SCHEMA,
     reconnect_for: Annotated[float, typer.Option("--reconnect-for", metavar="SECONDS", help="With --watch: after a lost connection keep retrying (jittered back-off) this long, one line on stderr, then exit 3. A single check never retries.")] = 30.0,
 ) -> None:
@@ -63,7 +63,7 @@ def health(
 
     Exit code: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (could not check).
     """
-    err = Console(stderr=True, emoji=False)
+    err = make_console(stderr=True)
     try:
         options = HealthOptions()
         if config:
@@ -80,19 +80,25 @@ def health(
             _emit(report, as_json)
             raise typer.Exit(report.exit_code)
         raise typer.Exit(_watch(_surviving(run, engine, reconnect_for, err), watch, as_json))
+    except typer.Exit:
+        raise
     except QueuectlError as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        print_error(str(exc), console=err)
         raise typer.Exit(UNKNOWN_EXIT) from None
     except DBAPIError as exc:
-        err.print(f"[bold red]database error:[/] {escape(first_line(exc.orig))}", highlight=False, soft_wrap=True)
+        print_error(hide_secrets(first_line(exc.orig), url or os.environ.get(URL_ENV)), "database error", err)
+        raise typer.Exit(UNKNOWN_EXIT) from None
+    except Exception as exc:  # a fault of queuectl's own: still UNKNOWN, never a verdict, never a traceback
+        message = f"{type(exc).__name__}: {first_line(exc)} (a queuectl bug: please report it)"
+        print_error(hide_secrets(message, url or os.environ.get(URL_ENV)), "internal error", err)
         raise typer.Exit(UNKNOWN_EXIT) from None
 
 
 def _console() -> Console:
     terminal = sys.stdout.isatty()
     if terminal:
-        return Console(emoji=False)
-    return Console(emoji=False, width=max(PLAIN_WIDTH, int(os.environ.get("COLUMNS", 0) or 0)), no_color=True, highlight=False)
+        return make_console()
+    return make_console(width=max(PLAIN_WIDTH, int(os.environ.get("COLUMNS", 0) or 0)), no_color=True, highlight=False)
 
 
 def _emit(report: HealthReport, as_json: bool, *, compact: bool = False) -> None:
@@ -121,14 +127,12 @@ def _surviving(run, engine, reconnect_for: float, err: Console):
             try:
                 report = run()
             except OperationalError as exc:
-                reason = first_line(exc.orig)
-                if engine.url.password:
-                    reason = reason.replace(str(engine.url.password), "***")
+                reason = hide_secrets(first_line(exc.orig), engine.url)
                 now = time.monotonic()
                 if deadline is None:
                     deadline = now + reconnect_for
-                    err.print(f"[yellow]lost the database ({escape(reason)}): reconnecting for up to {reconnect_for:g} s[/]",
-                              highlight=False, soft_wrap=True)
+                    err.print(f"lost the database ({reason}): reconnecting for up to {reconnect_for:g} s",
+                              style="yellow", highlight=False, soft_wrap=True)
                 if now >= deadline:
                     raise ConnectionFailed(
                         f"health --watch: gave up reconnecting to {mask_url(engine.url)} after {reconnect_for:g} s ({reason})"
@@ -137,7 +141,7 @@ def _surviving(run, engine, reconnect_for: float, err: Console):
                 tries += 1
                 continue
             if deadline is not None:
-                err.print("[green]database reachable again[/]", highlight=False)
+                err.print("database reachable again", style="green", highlight=False)
             return report
 
     return attempt

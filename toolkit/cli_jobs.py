@@ -24,22 +24,14 @@ from contextlib import contextmanager
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 from rich.live import Live
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from queuectl.engine import URL_ENV, make_engine
+from queuectl.cli_common import UrlOption, err, out, print_error
+from queuectl.engine import make_engine
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 
-out = Console(emoji=False)
-err = Console(stderr=True, emoji=False)
-
-UrlOption = Annotated[
-    Optional[str],
-    typer.Option("--url", help=f"Database URL. Default: ${URL_ENV}, else the embedded server.", show_default=False),
-]
 SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")]
 QueueArg = Annotated[str, typer.Argument(help="Queue name.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
@@ -95,7 +87,7 @@ def _run(job: str, name: str, options: dict[str, Any], url: str | None, schema: 
     elif record.result is not None:
         render(record.result)
     if record.outcome != "succeeded":
-        err.print(f"[bold red]{job} failed:[/] {escape(record.error or 'unknown error')}", highlight=False)
+        print_error(record.error or "unknown error", prefix=f"{job} failed")
         raise typer.Exit(1)
 
 
@@ -183,14 +175,14 @@ def _render_reorganize(result: Any) -> None:
             i.table, i.index, _mb(b.bytes), _mb(a.bytes) if a else "-",
             _pct(b.leaf_density) + (f" -> {_pct(a.leaf_density)}" if a and a.leaf_density is not None else ""),
             _pct(b.leaf_fragmentation), _pct(b.bloat_pct) + (f" -> {_pct(a.bloat_pct)}" if a and a.bloat_pct is not None else ""),
-            i.decision, escape(i.action or "") + (f" ({escape(i.error)})" if i.error else ""),
+            i.decision, (i.action or "") + (f" ({i.error})" if i.error else ""),
         )
     out.print(table)
     for entry in result.leftovers:
         out.print(f"leftover index {entry['index']} ({_mb(entry['bytes'])}): {entry['action']}"
-                  + (f" ({escape(entry['error'])})" if entry.get("error") else ""), highlight=False)
+                  + (f" ({entry['error']})" if entry.get("error") else ""), highlight=False)
     for note in result.notes:
-        out.print(f"note: {escape(note)}", highlight=False)
+        out.print(f"note: {note}", highlight=False)
     out.print(result.summary(), highlight=False)
 
 
@@ -227,7 +219,7 @@ def _render_inspect(result: Any) -> None:
     table = Table("measure", "value", title=f"health snapshot #{result.snapshot_id} at {result.taken_at:%Y-%m-%d %H:%M:%S}")
     for key, value in result.snapshot.items():
         if key != "details":
-            table.add_row(key, "-" if value is None else escape(str(value)))
+            table.add_row(key, "-" if value is None else str(value))
     out.print(table)
 
 
@@ -313,7 +305,7 @@ def jobs_history(
         style = {"failed": "red", "abandoned": "yellow", "running": "cyan"}.get(r["outcome"], "")
         table.add_row(str(r["id"]), r["job"], r["queue"], _when(r["started_at"]), f"{r['seconds']:.2f}",
                       Text(r["outcome"], style=style), "-" if r["rows"] is None else f"{r['rows']:,}",
-                      f"{r['runner_host']}:{r['runner_pid']}", escape(r["error"] or r["summary"] or ""))
+                      f"{r['runner_host']}:{r['runner_pid']}", r["error"] or r["summary"] or "")
     out.print(table)
 
 

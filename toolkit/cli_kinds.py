@@ -10,14 +10,11 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from queuectl.engine import URL_ENV, make_engine
+from queuectl.cli_common import UrlOption
+from queuectl.engine import make_engine
 from queuectl.errors import UsageError
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name
 
-UrlOption = Annotated[
-    Optional[str],
-    typer.Option("--url", help=f"Database URL. Default: ${URL_ENV}, else the embedded server.", show_default=False),
-]
 SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")]
 QueueArg = Annotated[str, typer.Argument(help="Queue name.")]
 

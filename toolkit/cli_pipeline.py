@@ -7,10 +7,10 @@ import sys
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
+from queuectl.cli_common import UrlOption, out
 from queuectl.engine import make_engine
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 
@@ -18,7 +18,6 @@ pipeline_app = typer.Typer(
     help="Export queue history to a Parquet lake with Spark, and report on it (needs the spark extra).",
     no_args_is_help=True,
 )
-out = Console(emoji=False)
 
 LakeOption = Annotated[str, typer.Option("--lake", help="Lake folder (local or shared path seen by all Spark executors).")]
 MasterOption = Annotated[
@@ -41,7 +40,7 @@ def export(
     purge_batch: Annotated[int, typer.Option(help="Rows per purge transaction.")] = 5000,
     master: MasterOption = None,
     jdbc_jar: Annotated[Optional[str], typer.Option("--jdbc-jar", help="JDBC driver jar. Default: $QUEUECTL_JDBC_JAR, /usr/share/java, ~/.m2.", show_default=False)] = None,
-    url: Annotated[Optional[str], typer.Option("--url", help="Database URL. Default: $QUEUECTL_URL, else the embedded server.", show_default=False)] = None,
+    url: UrlOption = None,
     schema: Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")] = DEFAULT_SCHEMA,
     as_json: JsonOption = False,
 ) -> None:
@@ -79,7 +78,7 @@ def export(
         for seq, action in q.recovered:
             out.print(f"{q.queue}: run {seq} left by a stopped export was {action}")
         for warning in q.warnings:
-            out.print(f"[yellow]warning:[/] {q.queue}: {escape(warning)}")
+            out.print(Text.assemble(("warning:", "yellow"), f" {q.queue}: {warning}"))
     rate = f", {result.rows / result.seconds:,.0f} rows/s" if result.seconds and result.rows else ""
     out.print(
         f"exported {result.rows:,} rows to {result.lake} on {result.master} in {result.seconds:.1f} s"

@@ -10,27 +10,17 @@ from typing import Annotated, Optional
 
 import typer
 
-from rich.console import Console
-
+from queuectl.cli_common import UrlOption, out
 from queuectl.client import RETRY_TOTAL_S
-from queuectl.engine import URL_ENV, make_engine
+from queuectl.engine import make_engine
 from queuectl.errors import UsageError
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 from queuectl.worker import DEFAULT_LOG_INTERVAL, DEFAULT_POLL_INTERVAL
 
 # Not imported from queuectl.cli: cli imports this module, and under `python -m
 # queuectl.cli` an import back would run cli.py a second time.
-UrlOption = Annotated[
-    Optional[str],
-    typer.Option(
-        "--url",
-        help=f"Database URL (e.g. postgresql://user@host/db). Default: ${URL_ENV}, else the embedded server.",
-        show_default=False,
-    ),
-]
 SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")]
 QueueArg = Annotated[str, typer.Argument(help="Queue name: lowercase letters, digits, _ (max 48).")]
-out = Console(emoji=False)
 
 
 def worker(

@@ -15,7 +15,9 @@ from multiprocessing.sharedctypes import Synchronized
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
+from queuectl.cli_common import make_console
 from queuectl.client import Queue
 from queuectl.engine import make_engine, resolve_url
 from queuectl.errors import QueuectlError
@@ -147,13 +149,13 @@ def run_demo(
         raise QueuectlError(
             "demo limits: 0.5-3600 seconds, 1-64 producers and consumers, batch 1-10000, rate 0 (unlimited) to 1000000"
         )
-    console = console or Console()
+    console = console or make_console()
     resolved = resolve_url(url)
     engine = make_engine(resolved)
     with engine.connect() as conn:
         if get_queue(conn, queue) is None:
             install_queue(engine, queue)
-            console.print(f"installed queue [bold]{queue}[/]")
+            console.print(Text.assemble("installed queue ", (queue, "bold")))
 
     ctx = mp.get_context("spawn")
     stop, drain, go = ctx.Event(), ctx.Event(), ctx.Event()

@@ -1,0 +1,99 @@
+"""What every command shares: its consoles, the --url option, and keeping passwords out of sight.
+
+Whatever a command prints may come from the server or from a user: application names, query
+texts, role, database and object names, error messages, job errors. The consoles made here
+show all of it as data: markup is off (a `[/x]` is printed as written, never parsed, so it
+can neither restyle the output nor crash it with a MarkupError) and control characters are
+shown as `?` (an ESC in a role name cannot move a terminal's cursor). Styles come from
+`Text` objects and `style=` arguments only.
+
+This module imports nothing of queuectl's CLI modules, so every one of them can import it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import sys
+from collections.abc import Iterable
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.segment import Segment
+from rich.text import Text
+
+from queuectl.engine import MASK, PASSWORD_FILE_ENV, URL_ENV, hide_secrets
+
+# C0 and C1 control characters but newline and tab: a terminal would act on them.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+class _DataConsole(Console):
+    """A rich Console that prints every text as data (see the module docstring)."""
+
+    def render_str(self, text: str, **options: Any) -> Text:
+        """Every str printed or put in a table passes here, before it is measured."""
+        return super().render_str(_CONTROL.sub("?", text), **{**options, "markup": False, "emoji": False})
+
+    def render(self, renderable: RenderableType, options: ConsoleOptions | None = None) -> Iterable[Segment]:
+        """Text objects do not pass render_str: their control characters are caught here."""
+        for segment in super().render(renderable, options):
+            if segment.control is None and _CONTROL.search(segment.text):
+                segment = Segment(_CONTROL.sub("?", segment.text), segment.style)
+            yield segment
+
+
+def make_console(*, stderr: bool = False, **options: object) -> Console:
+    """The console every command prints through: markup and emoji codes off, control
+    characters shown as '?'. Other rich Console options pass through."""
+    return _DataConsole(stderr=stderr, markup=False, emoji=False, **options)
+
+
+out = make_console()
+err = make_console(stderr=True)
+
+
+def print_error(message: str, prefix: str = "error", console: Console | None = None) -> None:
+    """One line on stderr: `error: <message>`, the message printed as it is."""
+    line = Text.assemble((f"{prefix}:", "bold red"), " ", message)
+    (console or err).print(line, highlight=False, soft_wrap=True)
+
+
+URL_HELP = (
+    "Database URL (e.g. postgresql://user@host:5432/db). Default: $" + URL_ENV + ", else the embedded server. "
+    "Keep the password out of it: a command line is visible to other users (ps) until queuectl hides it; "
+    "give it in $" + URL_ENV + ", in a file named by $" + PASSWORD_FILE_ENV + " (its first line), or "
+    "through libpq's PGPASSFILE (~/.pgpass) or PGPASSWORD."
+)
+UrlOption = Annotated[Optional[str], typer.Option("--url", help=URL_HELP, show_default=False)]
+
+
+# -- the process's own command line ---------------------------------------------------------------
+
+
+def hide_passwords_in_argv() -> bool | None:
+    """Overwrite the passwords in this process's command line (what `ps` and /proc/PID/cmdline
+    show to every user of the machine) with ***, in place: Linux keeps the original argv in the
+    process's memory, between the addresses /proc/self/stat names (arg_start, arg_end).
+
+    Returns None when the command line holds no password, True when it was hidden, False when
+    it could not be (no /proc: not Linux): the caller then says so. A command line is readable
+    from the moment the process starts until this runs (under a second of imports)."""
+    if not any(hide_secrets(arg) != arg for arg in sys.argv):
+        return None
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            stat = fh.read()
+        fields = stat[stat.rindex(b")") + 2:].split()
+        start, end = int(fields[45]), int(fields[46])  # fields 48 and 49 of proc(5): arg_start, arg_end
+        raw = ctypes.string_at(start, end - start)
+    except (OSError, ValueError, IndexError):
+        return False
+    args = raw.rstrip(b"\0").split(b"\0")
+    shown = [hide_secrets(arg.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape") for arg in args]
+    text = b"\0".join(shown) + b"\0"
+    if len(text) > len(raw):  # a password shorter than ***: the argument that held it goes whole
+        text = b"\0".join(MASK.encode() if new != old else old for old, new in zip(args, shown)) + b"\0"
+    ctypes.memmove(start, text.ljust(len(raw), b"\0"), len(raw))
+    return True
