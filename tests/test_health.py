@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 
-from jobs_helpers import wait_until
+from jobs_helpers import invoke, wait_until
 from queuectl.catalog import QueueSettings
 from queuectl.client import Queue
 from queuectl.engine import make_engine
@@ -383,6 +383,23 @@ def test_unknown_queue_and_bad_thresholds_are_one_line_unknown_exit_3(orders, db
         assert result.stdout == b""
     helped = run_cli("health", "--help")
     assert helped.returncode == 0 and b"3 UNKNOWN" in helped.stdout and b"oldest_ready_age (5m/1h)" in helped.stdout
+
+
+@pytest.mark.parametrize("mode", [(), ("--json",), ("--watch", "0.5"), ("--watch", "0.5", "--json")],
+                         ids=["text", "json", "watch", "watch-json"])
+def test_an_internal_error_is_one_line_unknown_exit_3(orders, db_url, capsys, monkeypatch, mode):
+    """A fault of queuectl's own (forced here in the grading step) is no verdict: never exit 1
+    (which a monitor reads as WARNING), never a traceback."""
+    import queuectl.health
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("grading [/x] broke")
+
+    monkeypatch.setattr(queuectl.health, "evaluate", broken)
+    code, out, err = invoke(capsys, monkeypatch, "health", *mode, url=db_url)
+    assert code == 3, err
+    assert err.splitlines() == ["internal error: RuntimeError: grading [/x] broke (a queuectl bug: please report it)"]
+    assert out == ""
 
 
 def test_config_file_sets_thresholds_and_set_wins(tmp_path, orders, db_url):
