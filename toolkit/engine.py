@@ -485,7 +485,10 @@ def mask_url(url: str | URL) -> str:
         parsed = read_url(url)
     except UsageError:
         return "<unparsable URL>"
-    return hide_secrets(parsed.render_as_string(hide_password=True), parsed)
+    shown = parsed
+    if parsed.password and not parsed.username:  # libpq's form: user and password in the query
+        shown = parsed.set(password=None).update_query_dict({"password": MASK})
+    return hide_secrets(shown.render_as_string(hide_password=True), parsed).replace(quote_plus(MASK), MASK)
 
 
 def read_url(url: str | URL) -> URL:
