@@ -9,8 +9,12 @@ that password: once logged in for real (a role created for the test), once refus
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
 import sys
+import time
 import traceback
 import uuid
 from collections.abc import Iterator
@@ -32,13 +36,14 @@ from queuectl.jobs.scheduler import Scheduler, load_config
 
 SECRET = "Zq9-s3cr3t@pw:/%x"
 ENCODED = quote(SECRET, safe="")
+TAIL = SECRET.split("@", 1)[1]  # what follows the '@' a password holds
 
 
 def leaks(text: str | bytes) -> list[str]:
-    """Which forms of the password occur in `text`."""
+    """Which forms of the password (or of its tail after the '@') occur in `text`."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    return [form for form in (SECRET, ENCODED, "s3cr3t") if form in text]
+    return [form for form in (SECRET, ENCODED, "s3cr3t", TAIL, quote(TAIL, safe=""), quote(TAIL)) if form in text]
 
 
 def tcp_port(server_url: str) -> int:
@@ -254,3 +259,117 @@ def test_a_traceback_of_an_unexpected_error_would_not_show_locals():
 
     assert app.pretty_exceptions_show_locals is False
     assert sys.modules["queuectl.cli"].app is app
+
+
+def url_forms(login: dict[str, str], password: str) -> dict[str, str]:
+    """The same login written the ways libpq and users write it."""
+    parsed = make_url(login["good"])
+    where = f"127.0.0.1:{parsed.port}"
+    return {
+        "query": f"postgresql://{parsed.username}@{where}/{parsed.database}?password={quote(password, safe='')}",
+        "host_query": (f"postgresql:///{parsed.database}?host=127.0.0.1&port={parsed.port}&user={parsed.username}"
+                       f"&password={quote(password, safe='')}"),
+        "unescaped": f"postgresql://{parsed.username}:{password}@{where}/{parsed.database}",
+    }
+
+
+@pytest.mark.parametrize("form", ["query", "host_query", "unescaped"])
+def test_every_url_form_keeps_its_password_hidden(login, form):
+    """?password=, ?host=...&password=... and a password with an unescaped '@' (and '/', ':'):
+    refused, the one error line names the server masked; logged in, --json shows the URL masked."""
+    engine = make_engine(login["good"])
+    try:
+        install_queue(engine, "orders")
+    finally:
+        engine.dispose()
+    commands = [["list", "--json"], ["health", "--json"], ["worker", "orders", "--handler", "json:dumps", "--burst"],
+                ["scheduler", "run", "--max-seconds", "1", "--verbose"]]
+    refused = url_forms(login, SECRET + "no")[form]
+    for args, result in run_all([[*c, "--url", "{url}"] for c in commands], refused):
+        output = result.stdout + result.stderr
+        assert not leaks(output), (args, output.decode()[-2000:])
+        if args[0] != "scheduler":  # the scheduler keeps going: its runs log the failure
+            assert result.returncode in (2, 3), (args, result.returncode, output.decode()[-800:])
+            lines = result.stderr.decode().splitlines()
+            assert len(lines) == 1 and "***" in lines[0] and "password authentication failed" in lines[0], lines
+    good = url_forms(login, SECRET)[form]
+    results = dict((args[0], result) for args, result in run_all([[*c, "--url", "{url}"] for c in commands], good))
+    for command, result in results.items():
+        output = result.stdout + result.stderr
+        assert not leaks(output), (command, output.decode()[-2000:])
+        assert b"Traceback" not in output, output.decode()[-2000:]
+    assert results["list"].returncode == 0 and results["worker"].returncode == 0, results["list"].stderr.decode()
+    shown = json.loads(results["health"].stdout)["database"]["url"]
+    assert "***" in shown and make_url(shown).host in ("127.0.0.1", None), shown
+
+
+def test_a_password_can_stay_out_of_the_url(login, tmp_path):
+    """$QUEUECTL_PASSWORD_FILE, and libpq's PGPASSFILE (psycopg reads it when the URL has no
+    password); --help of --url says so."""
+    parsed = make_url(login["good"])
+    bare = f"postgresql://{parsed.username}@127.0.0.1:{parsed.port}/{parsed.database}"
+    refused = run_cli("list", "--json", "--url", bare, env_extra={"PGPASSFILE": str(tmp_path / "none")})
+    assert refused.returncode == 2 and b"password" in refused.stderr  # the login needs one
+
+    password_file = tmp_path / "password"
+    password_file.write_text(SECRET + "\n")
+    given = run_cli("list", "--json", "--url", bare, env_extra={"QUEUECTL_PASSWORD_FILE": str(password_file),
+                                                               "PGPASSFILE": str(tmp_path / "none")})
+    assert given.returncode == 0, given.stderr.decode()
+    missing = run_cli("list", "--url", bare, env_extra={"QUEUECTL_PASSWORD_FILE": str(tmp_path / "nothing")})
+    assert missing.returncode == 2 and missing.stderr.decode().startswith("error: cannot read the password file")
+
+    pgpass = tmp_path / "pgpass"
+    escaped = SECRET.replace("\\", "\\\\").replace(":", "\\:")
+    pgpass.write_text(f"127.0.0.1:{parsed.port}:{parsed.database}:{parsed.username}:{escaped}\n")
+    pgpass.chmod(0o600)
+    libpq = run_cli("list", "--json", "--url", bare, env_extra={"PGPASSFILE": str(pgpass)})
+    assert libpq.returncode == 0, libpq.stderr.decode()
+
+    helped = run_cli("worker", "--help", env_extra={"COLUMNS": "400"})
+    assert b"QUEUECTL_PASSWORD_FILE" in helped.stdout and b"PGPASSFILE" in helped.stdout
+
+
+LONG_RUNNING = {
+    "worker": ["worker", "orders", "--handler", "json:dumps"],
+    "scheduler": ["scheduler", "run"],
+    "health --watch": ["health", "--watch", "1", "--json"],
+    "archive --continuous": ["archive", "orders", "--continuous"],
+}
+
+
+@pytest.mark.parametrize("command", list(LONG_RUNNING))
+def test_a_long_running_command_hides_the_password_in_its_command_line(login, command):
+    """What `ps` shows every user of the machine: /proc/PID/cmdline of the running process."""
+    engine = make_engine(login["good"])
+    try:
+        install_queue(engine, "orders")
+    finally:
+        engine.dispose()
+    env = {k: v for k, v in os.environ.items() if k != "QUEUECTL_URL"}
+    proc = subprocess.Popen([sys.executable, "-m", "queuectl.cli", *LONG_RUNNING[command], "--url", login["good"]],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    cmdline = f"/proc/{proc.pid}/cmdline"
+    try:
+        deadline = time.monotonic() + 30
+        with open(cmdline, "rb") as fh:
+            shown = fh.read()
+        while (leaks(shown) or b"--url" not in shown) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+            with open(cmdline, "rb") as fh:
+                shown = fh.read()
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert not leaks(shown), shown
+        time.sleep(1.0)  # and it stays hidden while the command runs
+        with open(cmdline, "rb") as fh:
+            shown = fh.read()
+        assert not leaks(shown) and b"***@127.0.0.1" in shown, shown
+        assert b"--url" in shown and LONG_RUNNING[command][0].encode() in shown
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert not leaks(proc.stderr.read())
