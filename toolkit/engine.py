@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -603,6 +604,23 @@ def backoff_pause(attempt: int, first: float = 0.05, cap: float = 2.0) -> float:
     lost the same server do not all come back in the same instant."""
     pause = min(cap, first * 2**attempt)
     return pause / 2 + random.uniform(0, pause / 2)
+
+
+def connect_within(engine: Engine, seconds: float) -> sa.Connection:
+    """A new autocommit connection, tried again with jittered back-off for up to `seconds`
+    (a server that restarts refuses connections for a while); its last error when the server
+    stays away."""
+    deadline = time.monotonic() + seconds
+    attempt = 0
+    while True:
+        try:
+            return engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        except DBAPIError:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise
+            time.sleep(min(backoff_pause(attempt), remaining))
+            attempt += 1
 
 
 def discard_connection(conn: sa.Connection | None) -> None:
