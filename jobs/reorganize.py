@@ -13,7 +13,8 @@ how (queuectl.jobs.upkeep, through the adapter's `index_upkeep`):
     `statement_timeout`; between 5 % and 30 %: "watch" (no light REORGANIZE: the VACUUM
     (ANALYZE) step is the light fix); under 5 %: "ok". An interrupted REINDEX
     CONCURRENTLY leaves an INVALID *_ccnew (the new copy) or *_ccold (the old one): both
-    are dropped first with DROP INDEX CONCURRENTLY.
+    are dropped with DROP INDEX CONCURRENTLY, right after a failed rebuild, and first
+    thing in every run.
   * SQL Server: sys.dm_db_index_physical_stats (fragmentation, page density, ghost and
     version-ghost records). `ALTER INDEX ... REORGANIZE` (+ UPDATE STATISTICS of the
     index) from 5 % fragmentation or a leaf level less than 70 % full; above 30 %
@@ -23,6 +24,11 @@ how (queuectl.jobs.upkeep, through the adapter's `index_upkeep`):
 
 `dry_run` measures and reports what it would do and changes nothing (on PostgreSQL it
 does not even create the pgstattuple extension).
+
+A lost connection (a terminated backend, a server restart) ends the pass: the run is
+failed with that first error (`connection_lost`), and a new connection, tried for up to
+RECONNECT_S, drops the leftovers the interrupted rebuild left. When the server stays away
+longer, the next run drops them first.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from typing import Any
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from queuectl.engine import ADAPTERS, adapter_for
+from queuectl.engine import ADAPTERS, adapter_for, connect_within
 from queuectl.errors import UsageError
 from queuectl.jobs.base import JobTarget, check_number, error_text
 from queuectl.jobs.upkeep import IndexMeasure, ServerAbilities
@@ -53,6 +59,7 @@ WATCH_PCT = 5.0                     # watch (PostgreSQL) / reorganize (SQL Serve
 MIN_PAGE_DENSITY_PCT = 70.0         # SQL Server: reorganize a leaf level less full than this (dba.md 1.8: 60-70 %)
 DEFAULT_LOCK_TIMEOUT = 5.0          # above deadlock_timeout (1 s), so a blocking autovacuum yields first
 DEFAULT_STATEMENT_TIMEOUT = 600.0   # time limit for one REINDEX / VACUUM; a resumable rebuild's MAX_DURATION
+RECONNECT_S = 30.0                  # after a lost connection, how long to try for one to clean up on
 TABLES = ("meta", "data")
 ACTION_DONE = {"rebuild": "rebuilt", "reorganize": "reorganized"}
 
@@ -105,6 +112,7 @@ class ReorganizeResult:
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     engine: str = "postgresql"
+    connection_lost: bool = False     # the pass ended early: its connection was lost (see errors)
 
     @property
     def rows(self) -> int:
@@ -130,9 +138,10 @@ class ReorganizeResult:
                 ) + ")"
             parts.append(part)
         text = "; ".join(parts)
-        if self.leftovers:
+        handled = [entry for entry in self.leftovers if entry["action"] != "failed"]
+        if handled:
             verb, done = upkeep.leftover_words
-            text += f"; {'would ' + verb if self.dry_run else done} {len(self.leftovers)} leftover index(es)"
+            text += f"; {'would ' + verb if self.dry_run else done} {len(handled)} leftover index(es)"
         if self.vacuumed:
             text += f"; {upkeep.table_step_done} " + ", ".join(self.vacuumed)
         if self.errors:
@@ -191,50 +200,81 @@ class _Reorganizer:
                 except DBAPIError as exc:
                     entry["action"], entry["error"] = "failed", error_text(exc, self.engine)
                     self.result.errors.append(f"{leftover.verb} {leftover.index}: {entry['error']}")
+                    if exc.connection_invalidated:
+                        raise
             log.info("reorganize %s: %s leftover index %s", self.target.names.queue, entry["action"], leftover.index)
             self.result.leftovers.append(entry)
 
     def run(self, stop: threading.Event | None) -> ReorganizeResult:
         started = time.monotonic()
-        c = self.config
-        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            self.target.set_session_timeouts(conn, c.lock_timeout, c.statement_timeout)
-            self.can = self.upkeep.prepare(conn, self.target, create=not c.dry_run)
-            if not self.can.measured:
-                self.result.notes.append(self.upkeep.sizes_only_note)
-            for table in TABLES:
-                self.drop_leftovers(conn, table)
-            for table in TABLES:
-                for row in self.upkeep.indexes(conn, self.target, table):
-                    if not row["valid"]:
-                        continue
-                    before = self.upkeep.measure(conn, self.target, self.can, table, row)
-                    report, statements = plan_index(self.upkeep, self.target, table, row["index_name"], before, c,
-                                                    self.can)
-                    self.result.indexes.append(report)
-                    if report.error:
-                        self.result.errors.append(f"{report.decision} {report.index}: {report.error}")
-                    if not statements or c.dry_run:
-                        continue
-                    if stop is not None and stop.is_set():
-                        report.action, report.error = "failed", f"stop requested before the {report.decision}"
-                    else:
-                        self.act(conn, table, report, statements)
-            if not c.dry_run and c.vacuum:
-                for table, section in self.upkeep.table_step:
-                    try:
-                        conn.execute(self.target.sql(section))
-                        self.result.vacuumed.append(self.target.names.table(table))
-                    except DBAPIError as exc:
-                        self.result.errors.append(f"{self.upkeep.table_step_error} {table}: {error_text(exc, self.engine)}")
-            if not c.dry_run:
-                for report in self.result.indexes:
-                    size_row = next((r for r in self.upkeep.indexes(conn, self.target, report.table)
-                                     if r["index_name"] == report.index), None)
-                    if size_row is not None:
-                        report.after = self.upkeep.measure(conn, self.target, self.can, report.table, size_row)
+        try:
+            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                self.run_pass(conn, stop)
+        except DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+            self.after_lost_connection(exc)
         self.result.seconds = time.monotonic() - started
         return self.result
+
+    def after_lost_connection(self, exc: DBAPIError) -> None:
+        """The pass ends failed with the first error; a new connection drops the leftovers."""
+        self.result.connection_lost = True
+        reason = error_text(exc, self.engine)
+        if not any(reason in error for error in self.result.errors):
+            self.result.errors.append(f"connection lost: {reason}")
+        if self.config.dry_run:
+            return
+        log.warning("reorganize %s: connection lost (%s): reconnecting to drop what an interrupted rebuild left",
+                    self.target.names.queue, reason)
+        try:
+            with connect_within(self.engine, RECONNECT_S) as conn:
+                self.target.set_session_timeouts(conn, self.config.lock_timeout, self.config.statement_timeout)
+                for table in TABLES:
+                    self.drop_leftovers(conn, table)
+        except DBAPIError as again:
+            self.result.notes.append(f"no connection to clean up on within {RECONNECT_S:g} s "
+                                     f"({error_text(again, self.engine)}): the next run drops the leftovers first")
+
+    def run_pass(self, conn: Connection, stop: threading.Event | None) -> None:
+        c = self.config
+        self.target.set_session_timeouts(conn, c.lock_timeout, c.statement_timeout)
+        self.can = self.upkeep.prepare(conn, self.target, create=not c.dry_run)
+        if not self.can.measured:
+            self.result.notes.append(self.upkeep.sizes_only_note)
+        for table in TABLES:
+            self.drop_leftovers(conn, table)
+        for table in TABLES:
+            for row in self.upkeep.indexes(conn, self.target, table):
+                if not row["valid"]:
+                    continue
+                before = self.upkeep.measure(conn, self.target, self.can, table, row)
+                report, statements = plan_index(self.upkeep, self.target, table, row["index_name"], before, c,
+                                                self.can)
+                self.result.indexes.append(report)
+                if report.error:
+                    self.result.errors.append(f"{report.decision} {report.index}: {report.error}")
+                if not statements or c.dry_run:
+                    continue
+                if stop is not None and stop.is_set():
+                    report.action, report.error = "failed", f"stop requested before the {report.decision}"
+                else:
+                    self.act(conn, table, report, statements)
+        if not c.dry_run and c.vacuum:
+            for table, section in self.upkeep.table_step:
+                try:
+                    conn.execute(self.target.sql(section))
+                    self.result.vacuumed.append(self.target.names.table(table))
+                except DBAPIError as exc:
+                    self.result.errors.append(f"{self.upkeep.table_step_error} {table}: {error_text(exc, self.engine)}")
+                    if exc.connection_invalidated:
+                        raise
+        if not c.dry_run:
+            for report in self.result.indexes:
+                size_row = next((r for r in self.upkeep.indexes(conn, self.target, report.table)
+                                 if r["index_name"] == report.index), None)
+                if size_row is not None:
+                    report.after = self.upkeep.measure(conn, self.target, self.can, report.table, size_row)
 
     def act(self, conn: Connection, table: str, report: IndexReport, statements: list) -> None:
         t0 = time.monotonic()
@@ -249,6 +289,8 @@ class _Reorganizer:
             self.result.errors.append(f"{self.upkeep.failure_prefix(report.decision)} {report.index}: {report.error}")
             log.warning("reorganize %s: %s of %s failed: %s", self.target.names.queue, report.decision, report.index,
                         report.error)
+            if exc.connection_invalidated:
+                raise
             if self.upkeep.clean_after_failure:
                 # The interrupted rebuild left its *_ccnew copy behind: remove it now, not next time.
                 self.drop_leftovers(conn, table)

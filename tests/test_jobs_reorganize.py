@@ -3,6 +3,10 @@ change nothing, leftovers of an interrupted REINDEX CONCURRENTLY are cleaned up.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
@@ -15,7 +19,7 @@ from queuectl.jobs import reorganize
 from queuectl.jobs.reorganize import ReorganizeConfig
 from queuectl.jobs.runner import run_job
 
-from jobs_helpers import rows, scalar
+from jobs_helpers import rows, scalar, wait_until
 
 READY = "orders_meta_ready"
 SMALL = dict(min_pages=10)  # the test's indexes are far below the 1000-page default
@@ -155,3 +159,38 @@ def test_missing_pgstattuple_without_permission_is_a_clear_error(engine, db_url)
             conn.execute(sa.text("DROP SCHEMA plain CASCADE"))
             conn.execute(sa.text(f'REVOKE ALL ON DATABASE "{database}" FROM qt_plain'))
             conn.execute(sa.text("DROP ROLE qt_plain"))
+
+
+def test_a_reorganize_whose_backend_is_terminated_mid_reindex_fails_in_one_line_and_cleans_up(engine, orders, db_url):
+    """pg_terminate_backend on the session running REINDEX INDEX CONCURRENTLY, found by its
+    query text while it waits for an open writer (so the moment is certain): one line on
+    stderr, exit 3, the run recorded with the server's own reason, and the INVALID *_ccnew
+    it left dropped on a new connection within the same run."""
+    orders.enqueue_many([b"x"] * 100)
+    writer = engine.connect()  # an open writer: the rebuild waits for it after making its *_ccnew
+    writer.execute(sa.text("UPDATE queuectl.orders_meta SET title = 'held' WHERE id = (SELECT min(id) FROM queuectl.orders_meta)"))
+    env = {k: v for k, v in os.environ.items() if k != "QUEUECTL_URL"} | {"COLUMNS": "200"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "queuectl.cli", "reorganize", "orders", "--min-pages", "0", "--bloat", "0",
+         "--lock-timeout", "60s", "--url", db_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        pid = wait_until(lambda: scalar(engine, """
+            SELECT pid FROM pg_stat_activity
+            WHERE query LIKE '%REINDEX INDEX CONCURRENTLY%' AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"""),
+            timeout=60, interval=0.1)
+        assert any(name.endswith("_ccnew") and not valid for name, (_n, _s, valid) in index_state(engine).items())
+        assert scalar(engine, "SELECT pg_terminate_backend(:pid)", pid=pid)
+    finally:
+        writer.rollback()
+        writer.close()
+    out, err = proc.communicate(timeout=120)
+    lines = err.decode().splitlines()
+    assert proc.returncode == 3, err.decode()
+    assert len(lines) == 1 and lines[0].startswith("reorganize failed: reindex orders_meta_"), lines
+    assert "terminating connection due to administrator command" in lines[0]
+    [run] = rows(engine, "SELECT outcome, error, details FROM queuectl.job_runs")
+    assert run.outcome == "failed" and run.error == lines[0].removeprefix("reorganize failed: ")
+    assert run.details["connection_lost"] is True
+    assert [e["action"] for e in run.details["leftovers"]] == ["dropped"]
+    state = index_state(engine)
+    assert not [name for name in state if "_cc" in name] and all(valid for _n, _s, valid in state.values())

@@ -7,8 +7,10 @@
 
 Thin: parse, call one library function (queuectl.jobs.runner.run_job or the scheduler),
 render. Errors a user can fix raise QueuectlError (one line, exit 2, by cli.main); a job
-that ran and failed prints its error and exits 1. This module does not import
-queuectl.cli (which imports it), so it defines its own shared options.
+that ran and failed prints its error in one line and exits 1, or 3 when it failed because
+its database connection was lost (as health's UNKNOWN: neither the user's fault nor the
+job's verdict). This module does not import queuectl.cli (which imports it), so it defines
+its own shared options.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_
 SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")]
 QueueArg = Annotated[str, typer.Argument(help="Queue name.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+LOST_CONNECTION_EXIT = 3
 LockTimeoutOption = Annotated[Optional[str], typer.Option("--lock-timeout", help="Longest wait for a lock per statement (e.g. 2s).", show_default=False)]
 
 
@@ -77,6 +80,9 @@ def _run(job: str, name: str, options: dict[str, Any], url: str | None, schema: 
     spec = job_spec(job)
     config = config_from_options(spec.config_cls, options, job)
     engine = make_engine(url)
+    # A run's log lines are for a scheduler's or --continuous log; here the result and the
+    # one error line say it all (Python would print warnings bare on stderr otherwise).
+    logging.getLogger("queuectl").addHandler(logging.NullHandler())
     with _stop_on_signals() if stop is None else _nullcontext(stop) as stop_event:
         record = run_job(engine, spec, name, config, schema=schema, trigger="manual", stop=stop_event, call=call)
     if as_json:
@@ -88,7 +94,7 @@ def _run(job: str, name: str, options: dict[str, Any], url: str | None, schema: 
         render(record.result)
     if record.outcome != "succeeded":
         print_error(record.error or "unknown error", prefix=f"{job} failed")
-        raise typer.Exit(1)
+        raise typer.Exit(LOST_CONNECTION_EXIT if getattr(record.result, "connection_lost", False) else 1)
 
 
 @contextmanager
