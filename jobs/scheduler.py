@@ -39,6 +39,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy.engine import Engine
 
+from queuectl.catalog import QueueInfo
 from queuectl.errors import UsageError
 from queuectl.install import list_queues
 from queuectl.jobs.base import JobBusy, config_from_options, error_text, format_duration, parse_duration
@@ -194,8 +195,48 @@ def plan(engine: Engine, config: SchedulerConfig) -> list[PlannedJob]:
     return planned
 
 
+@dataclass(frozen=True)
+class Unplanned:
+    """A queue the config names for a job that the job never runs on, and why."""
+
+    job: str
+    queue: str
+    trigger_text: str
+    reason: str
+
+    def line(self) -> str:
+        return f"[jobs.{self.job}] names queue {self.queue!r}, but {self.reason}: {self.job} never runs on it"
+
+
+def unplanned(config: SchedulerConfig, installed: list[QueueInfo]) -> list[Unplanned]:
+    """The (job, queue) pairs of the config's `queues` lists that plan() leaves out: the queue
+    is not installed in the config's schema, or is of a kind the job does not serve."""
+    kinds = {queue.name: queue.kind for queue in installed}
+    found = []
+    for spec in JOBS.values():
+        settings = config.settings(spec)
+        if not settings.enabled:
+            continue
+        for queue in settings.queues or ():
+            if queue not in kinds:
+                reason = f"it is not installed in schema {config.schema}"
+            elif kinds[queue] not in spec.kinds:
+                reason = f"it is a {kinds[queue]} queue and {spec.name} serves {', '.join(spec.kinds)} queues"
+            else:
+                continue
+            found.append(Unplanned(spec.name, queue, settings.trigger_text(spec), reason))
+    return found
+
+
+def unplanned_in(engine: Engine, config: SchedulerConfig) -> list[Unplanned]:
+    """unplanned() against the queues installed now."""
+    with engine.connect() as conn:
+        return unplanned(config, list_queues(conn, config.schema))
+
+
 def overview(engine: Engine, config: SchedulerConfig) -> list[dict[str, Any]]:
-    """Planned jobs with their last run and the next run time that follows from it."""
+    """Planned jobs with their last run and the next run time that follows from it, then the
+    queues the config names that a job never runs on (`problem` says why)."""
     last = last_runs(engine, schema=config.schema)
     now = datetime.now(timezone.utc)
     rows = []
@@ -212,6 +253,13 @@ def overview(engine: Engine, config: SchedulerConfig) -> list[dict[str, Any]]:
             "last_error": previous["error"] if previous else None,
             "next_run": max(next_run, now) if next_run else None,
             "options": item.settings.options,
+            "problem": None,
+        })
+    for item in unplanned_in(engine, config):
+        rows.append({
+            "job": item.job, "queue": item.queue, "trigger": item.trigger_text, "last_started": None,
+            "last_outcome": None, "last_rows": None, "last_error": None, "next_run": None,
+            "options": config.settings(JOBS[item.job]).options, "problem": item.line(),
         })
     return rows
 
@@ -286,6 +334,11 @@ class Scheduler:
         self._scheduler.add_job(self.refresh, IntervalTrigger(seconds=self.config.refresh, timezone=timezone.utc),
                                 id="refresh", name="refresh")
         self.refresh()
+        try:
+            for item in unplanned_in(self.engine, self.config):
+                log.warning("%s", item.line())
+        except Exception as exc:  # refresh() has logged why the queues could not be read
+            log.debug("could not check the configured queues: %s", error_text(exc, self.engine))
         if len(self._scheduler.get_jobs()) <= 1:  # only the refresh job
             log.warning("no queues to work on yet: checking again every %s", format_duration(self.config.refresh))
         timer = None

@@ -220,3 +220,54 @@ def test_job_commands_have_help(capsys, monkeypatch):
                  ["jobs", "history"], ["jobs", "run"], ["scheduler"], ["scheduler", "run"]):
         code, out, _ = invoke(capsys, monkeypatch, *args, "--help")
         assert code == 0 and "Usage" in out, args
+
+
+UNPLANNED = ('[jobs.archive]\nqueues = ["orders", "ordres"]\n'      # a typo: no queue of that name
+             '[jobs.correct_watermark]\nqueues = ["orders"]\n')     # a reliable queue: the job serves watermark ones
+UNPLANNED_LINES = [
+    "[jobs.archive] names queue 'ordres', but it is not installed in schema queuectl: archive never runs on it",
+    "[jobs.correct_watermark] names queue 'orders', but it is a reliable queue and correct_watermark serves "
+    "watermark queues: correct_watermark never runs on it",
+]
+
+
+def test_the_scheduler_warns_at_start_about_each_queue_its_config_names_that_a_job_never_runs_on(db_url, orders, tmp_path):
+    path = tmp_path / "q.toml"
+    path.write_text(UNPLANNED)
+    result = run_cli("scheduler", "run", "--config", str(path), "--max-seconds", "1", url=db_url)
+    assert result.returncode == 0, result.stderr.decode()
+    warnings = [line.split("queuectl.scheduler: ", 1)[1] for line in result.stderr.decode().splitlines()
+                if " WARNING queuectl.scheduler: [jobs." in line]
+    assert warnings == UNPLANNED_LINES, result.stderr.decode()
+
+
+def test_jobs_list_marks_the_queues_its_config_names_that_a_job_never_runs_on(db_url, orders, tmp_path):
+    path = tmp_path / "q.toml"
+    path.write_text(UNPLANNED)
+    listed = json.loads(run_cli("jobs", "list", "--config", str(path), "--json", url=db_url).stdout)
+    problems = {(r["job"], r["queue"]): r["problem"] for r in listed}
+    assert problems[("archive", "orders")] is None
+    assert [problems[("archive", "ordres")], problems[("correct_watermark", "orders")]] == UNPLANNED_LINES
+    assert next(r for r in listed if r["queue"] == "ordres")["next_run"] is None
+    table = run_cli("jobs", "list", "--config", str(path), url=db_url)
+    assert table.returncode == 0, table.stderr.decode()
+    text = table.stdout.decode()
+    assert "ordres" in text and "never" in text
+    assert [line.removeprefix("warning: ") for line in text.splitlines() if line.startswith("warning:")] == UNPLANNED_LINES
+
+
+def test_health_with_the_scheduler_config_warns_about_the_queues_a_job_never_runs_on(db_url, orders, tmp_path):
+    path = tmp_path / "queuectl.toml"
+    path.write_text("[health]\nrate_window = \"1m\"\n" + UNPLANNED)
+    result = run_cli("health", "--config", str(path), "--json", url=db_url)
+    report = json.loads(result.stdout)
+    assert result.returncode == 1 and report["verdict"] == "WARNING", result.stderr.decode()
+    found = [c for c in report["checks"] if c["id"] == "jobs.unplanned_queue"]
+    assert [(c["object"], c["status"]) for c in found] == [("archive on ordres", "WARNING"),
+                                                            ("correct_watermark on orders", "WARNING")]
+    assert [c["advice"].split(": correct the name")[0] for c in found] == UNPLANNED_LINES
+    text = run_cli("health", "--config", str(path), url=db_url).stdout.decode()
+    assert any(line.startswith("WARNING") and "names queue 'ordres'" in line for line in text.splitlines())
+    # without the scheduler's tables in the file there is nothing to check
+    path.write_text("[health]\nrate_window = \"1m\"\n")
+    assert run_cli("health", "--config", str(path), url=db_url).returncode == 0

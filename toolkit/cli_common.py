@@ -55,7 +55,7 @@ err = make_console(stderr=True)
 
 
 def print_error(message: str, prefix: str = "error", console: Console | None = None) -> None:
-    """One line on stderr: `error: <message>`, the message printed as it is."""
+    """One line, `<prefix>: <message>`, on stderr (or `console`); the message printed as it is."""
     line = Text.assemble((f"{prefix}:", "bold red"), " ", message)
     (console or err).print(line, highlight=False, soft_wrap=True)
 

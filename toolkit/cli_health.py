@@ -20,6 +20,9 @@ import json
 import os
 import sys
 import time
+import tomllib
+from dataclasses import replace
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -54,7 +57,7 @@ def health(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object (see health_schema.json).")] = False,
     watch: Annotated[Optional[float], typer.Option("--watch", metavar="SECONDS", help="Refresh every SECONDS until Ctrl-C (in place on a terminal; JSON lines with --json).", show_default=False)] = None,
     settings: Annotated[Optional[list[str]], typer.Option("--set", metavar="NAME.warn|crit=VALUE", help="Override a threshold, e.g. --set oldest_ready_age.warn=60s --set dead_letters.crit=off. Repeatable. Defaults (warn/crit): " + _threshold_help(), show_default=False)] = None,
-    config: Annotated[Optional[str], typer.Option("--config", help="TOML file with a \\[health] table (thresholds and options); --set wins over it.", show_default=False)] = None,
+    config: Annotated[Optional[str], typer.Option("--config", help="TOML file with a \\[health] table (thresholds and options); --set wins over it. The scheduler's \\[jobs.*] tables in it are checked too: a queue they name that is not installed (or of another kind) is a WARNING.", show_default=False)] = None,
     url: UrlOption = None,
     schema: Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")] = DEFAULT_SCHEMA,
     reconnect_for: Annotated[float, typer.Option("--reconnect-for", metavar="SECONDS", help="With --watch: after a lost connection keep retrying (jittered back-off) this long, one line on stderr, then exit 3. A single check never retries.")] = 30.0,
@@ -68,6 +71,10 @@ def health(
         options = HealthOptions()
         if config:
             options = load_config(config, options)
+            if {"scheduler", "jobs"} & set(tomllib.loads(Path(config).read_text("utf-8"))):  # read by load_config
+                from queuectl.jobs.scheduler import load_config as scheduler_config
+
+                options = replace(options, scheduler=scheduler_config(config))
         options = options.with_settings(settings or [])
         if watch is not None and not 0.5 <= watch <= 86400:
             raise QueuectlError("--watch must be from 0.5 to 86400 seconds")

@@ -277,9 +277,13 @@ def jobs_list(config: ConfigOption = None, url: UrlOption = None, as_json: JsonO
         return
     table = Table("job", "queue", "trigger", "last run", "outcome", "rows", "next run")
     for r in rows:
+        next_run = Text("never (see below)", style="yellow") if r["problem"] else _when(r["next_run"])
         table.add_row(r["job"], r["queue"], r["trigger"], _when(r["last_started"]), r["last_outcome"] or "-",
-                      "-" if r["last_rows"] is None else f"{r['last_rows']:,}", _when(r["next_run"]))
+                      "-" if r["last_rows"] is None else f"{r['last_rows']:,}", next_run)
     out.print(table)
+    for r in rows:
+        if r["problem"]:
+            out.print(Text.assemble(("warning:", "yellow"), " ", r["problem"]), soft_wrap=True)
 
 
 @jobs_app.command("history")

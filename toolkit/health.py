@@ -188,6 +188,9 @@ class HealthOptions:
     job_failure_window_s: float = 86400.0
     statement_timeout_ms: int = 10_000
     lock_timeout_ms: int = 2_000
+    # The scheduler's config (queuectl.jobs.scheduler.SchedulerConfig), when the report is to
+    # check it: a queue its [jobs.*] tables name that a job never runs on is a WARNING.
+    scheduler: Any = None
 
     _OPTION_KEYS = {
         "rate_window": "seconds", "history_scan": "count", "physical_max_mb": "count",
@@ -410,6 +413,7 @@ class Facts:
     pgstattuple: str  # installed | created | unavailable: <why>
     notes: list[str]
     engine: str = "postgresql"  # the dialect: which words the advice uses (queuectl.advice)
+    unplanned_jobs: list[Any] = field(default_factory=list)  # queuectl.jobs.scheduler.Unplanned
 
     @property
     def words(self) -> Any:
@@ -535,6 +539,11 @@ def gather_facts(
         feedback = _rows(conn, "standby_feedback")
         prepared = _rows(conn, "prepared_xacts")
         jobs = _job_history(conn, schema, options, notes)
+        unplanned_jobs = []
+        if options.scheduler is not None:
+            from queuectl.jobs.scheduler import unplanned
+
+            unplanned_jobs = unplanned(options.scheduler, list_queues(conn, options.scheduler.schema))
 
     if not server["sees_all_sessions"]:
         notes.append(words.sessions_hidden())
@@ -542,7 +551,7 @@ def gather_facts(
         generated_at=generated_at, server=server, schema=schema, queues=queue_facts, tables=tables,
         indexes=indexes, sessions=sessions, replication_slots=slots, standby_feedback=feedback,
         prepared_xacts=prepared, jobs=jobs, pgstattuple=pgstattuple, notes=notes,
-        engine=engine.dialect.name,
+        engine=engine.dialect.name, unplanned_jobs=unplanned_jobs,
     )
 
 
@@ -918,13 +927,18 @@ def _blocker_checks(facts: Facts, th: dict[str, Threshold], dead_total: int) -> 
 
 
 def _job_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions) -> list[Check]:
+    checks = [
+        Check("jobs.unplanned_queue", "jobs", f"{u.job} on {u.queue}", WARNING,
+              f"named in [jobs.{u.job}] queues, never run: {u.reason}",
+              advice=f"{u.line()}: correct the name or take it out of [jobs.{u.job}] queues in the scheduler's config")
+        for u in facts.unplanned_jobs
+    ]
     jobs = facts.jobs
     if not jobs["available"]:
-        return [Check("jobs.history", "jobs", "scheduler", INFO, jobs["note"])]
+        return [*checks, Check("jobs.history", "jobs", "scheduler", INFO, jobs["note"])]
     if not jobs["runs"]:
-        return [Check("jobs.history", "jobs", "scheduler", INFO,
-                      f"no job ran in the last {fmt_duration(options.job_lookback_s)}")]
-    checks: list[Check] = []
+        return [*checks, Check("jobs.history", "jobs", "scheduler", INFO,
+                               f"no job ran in the last {fmt_duration(options.job_lookback_s)}")]
     window = fmt_duration(options.job_failure_window_s)
     for run in jobs["runs"]:
         target = f"{run['job']}" + (f" on {run['queue']}" if run["queue"] else "")
