@@ -4,11 +4,13 @@ Renders queuectl.health.HealthReport: rich tables with colour on a terminal, the
 tables as plain aligned text when piped, or the JSON object of health_schema.json.
 Exit codes follow the Nagios plugin convention so cron and monitors can use them:
 
-    0 OK   1 WARNING   2 CRITICAL   3 UNKNOWN (no verdict: bad option, database unreachable)
+    0 OK   1 WARNING   2 CRITICAL   3 UNKNOWN (no verdict: bad option, database unreachable,
+                                               or a fault of queuectl's own)
 
 (Elsewhere queuectl exits 2 for a user error; health keeps 2 for CRITICAL and uses 3 for
-errors so a monitor never mistakes a typo or an outage for a graded verdict. A mistyped
-option name is rejected by the parser itself, with its usage message and exit code 2.)
+errors so a monitor never mistakes a typo, an outage or a bug for a graded verdict; each is
+one line on stderr, never a traceback. A mistyped option name is rejected by the parser
+itself, with its usage message and exit code 2.)
 
 This module must not import queuectl.cli (which imports it): `python -m queuectl.cli`
 runs cli.py as __main__, and a second copy would be imported.
