@@ -82,7 +82,9 @@ def _run(job: str, name: str, options: dict[str, Any], url: str | None, schema: 
     engine = make_engine(url)
     # A run's log lines are for a scheduler's or --continuous log; here the result and the
     # one error line say it all (Python would print warnings bare on stderr otherwise).
-    logging.getLogger("queuectl").addHandler(logging.NullHandler())
+    library_log = logging.getLogger("queuectl")
+    if not any(isinstance(handler, logging.NullHandler) for handler in library_log.handlers):
+        library_log.addHandler(logging.NullHandler())
     with _stop_on_signals() if stop is None else _nullcontext(stop) as stop_event:
         record = run_job(engine, spec, name, config, schema=schema, trigger="manual", stop=stop_event, call=call)
     if as_json:
