@@ -9,6 +9,7 @@ characters in its name, a job run's error text) and read through the command lin
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -120,3 +121,13 @@ def test_a_job_error_is_shown_as_written_in_the_job_history_and_the_health_repor
     health = run_cli("health", url=db_url)
     assert health.returncode == 1, (health.stdout + health.stderr).decode()[-2000:]
     assert shown.encode() in health.stdout and b"\x1b" not in health.stdout
+
+
+def test_a_handler_error_with_control_characters_is_logged_as_data_by_the_worker(orders, db_url):
+    """The worker's log lines carry its handlers' errors, whose texts the payloads chose."""
+    orders.enqueue("\x1b[2J\x1b]0;owned\x07[/x]")
+    result = run_cli("worker", "orders", "--handler", "hostile_handlers:fail_with_payload", "--burst",
+                     url=db_url, env_extra={"PYTHONPATH": os.path.dirname(__file__)})
+    assert result.returncode == 0, result.stderr.decode()
+    assert b"ValueError: ?[2J?]0;owned?[/x]" in result.stderr, result.stderr.decode()
+    assert b"\x1b" not in result.stderr and b"\x07" not in result.stderr

@@ -13,6 +13,7 @@ This module imports nothing of queuectl's CLI modules, so every one of them can 
 from __future__ import annotations
 
 import ctypes
+import logging
 import re
 import sys
 from collections.abc import Iterable
@@ -52,6 +53,14 @@ def make_console(*, stderr: bool = False, **options: object) -> Console:
 
 out = make_console()
 err = make_console(stderr=True)
+
+
+class DataFormatter(logging.Formatter):
+    """Log lines of long-running commands (worker, scheduler, archive --continuous): the texts
+    in them (handler errors, server messages) with control characters shown as '?'."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return _CONTROL.sub("?", super().format(record))
 
 
 def print_error(message: str, prefix: str = "error", console: Console | None = None) -> None:

@@ -30,7 +30,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from queuectl.cli_common import UrlOption, err, out, print_error
+from queuectl.cli_common import DataFormatter, UrlOption, err, out, print_error
 from queuectl.engine import make_engine
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 
@@ -42,8 +42,9 @@ LockTimeoutOption = Annotated[Optional[str], typer.Option("--lock-timeout", help
 
 
 def _logging(verbose: bool = False) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(DataFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
 

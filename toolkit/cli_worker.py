@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from queuectl.cli_common import UrlOption, out
+from queuectl.cli_common import DataFormatter, UrlOption, out
 from queuectl.client import RETRY_TOTAL_S
 from queuectl.engine import make_engine
 from queuectl.errors import UsageError
@@ -86,6 +86,6 @@ def _log_to_stderr() -> None:
     logger = logging.getLogger("queuectl")
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        handler.setFormatter(DataFormatter("%(asctime)s %(levelname)s %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
