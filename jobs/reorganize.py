@@ -26,9 +26,10 @@ how (queuectl.jobs.upkeep, through the adapter's `index_upkeep`):
 does not even create the pgstattuple extension).
 
 A lost connection (a terminated backend, a server restart) ends the pass: the run is
-failed with that first error (`connection_lost`), and a new connection, tried for up to
-RECONNECT_S, drops the leftovers the interrupted rebuild left. When the server stays away
-longer, the next run drops them first.
+failed with that first error (`connection_lost`). On PostgreSQL a new connection, tried for
+up to RECONNECT_S, drops the leftovers the interrupted rebuild left (when the server stays
+away longer, the next run drops them first); on SQL Server the cut resumable rebuild pauses
+and the next run resumes it.
 """
 
 from __future__ import annotations
@@ -223,7 +224,7 @@ class _Reorganizer:
         reason = error_text(exc, self.engine)
         if not any(reason in error for error in self.result.errors):
             self.result.errors.append(f"connection lost: {reason}")
-        if self.config.dry_run:
+        if self.config.dry_run or not self.upkeep.clean_after_failure:  # SQL Server: the next run resumes
             return
         log.warning("reorganize %s: connection lost (%s): reconnecting to drop what an interrupted rebuild left",
                     self.target.names.queue, reason)
