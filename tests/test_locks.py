@@ -88,10 +88,14 @@ def test_a_held_install_lock_is_waited_for_a_bounded_time_and_its_holder_named(e
     install_queue(engine, "billing", lock_wait=5)  # free again once that session ends
 
 
-def test_the_first_install_waits_a_bounded_time_for_the_bare_key_and_names_its_holder(engine, mallory):
+def test_the_first_install_waits_a_bounded_time_for_the_bare_key_and_names_its_holder(engine, db_url, mallory):
     holder = squat(mallory, "queuectl.install")
     with pytest.raises(LockBusy, match=f"held by pid \\d+ \\(role '{mallory.url.username}'"):
         install_queue(engine, "orders", lock_wait=0.5)
+    result = run_cli("install", "orders", "--lock-wait", "0.5", url=db_url)
+    waiting, error = result.stderr.decode().splitlines()  # a notice when the wait starts, then one error line
+    assert result.returncode == 2 and waiting.startswith("waiting up to 0.5 s for queuectl's install lock")
+    assert f"role '{mallory.url.username}', application 'squatter [/x]'" in error and "waited 0.5 s" in error
     holder.close()
     install_queue(engine, "orders", lock_wait=5)
 

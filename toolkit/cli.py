@@ -19,6 +19,7 @@ from queuectl.catalog import DEFAULT_MAX_PAYLOAD_BYTES, QueueSettings
 from queuectl.cli_common import UrlOption, err, hide_passwords_in_argv, out, print_error
 from queuectl.engine import PASSWORD_FILE_ENV, URL_ENV, first_line, hide_secrets, make_engine, mask_url
 from queuectl.errors import QueuectlError
+from queuectl.locks import INSTALL_LOCK_WAIT_S
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 
 app = typer.Typer(
@@ -32,6 +33,9 @@ db_app = typer.Typer(help="Manage the embedded PostgreSQL server used when no --
 app.add_typer(db_app, name="db")
 
 SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")]
+LockWaitOption = Annotated[float, typer.Option(
+    "--lock-wait", min=0, help="Seconds to wait for another install, upgrade or uninstall of the schema to "
+    "finish; then one line names the session holding the install lock.")]
 QueueArg = Annotated[str, typer.Argument(help="Queue name: lowercase letters, digits, _ (max 48).")]
 
 def fail(message: str, code: int = 2) -> None:
@@ -56,6 +60,7 @@ def install(
     max_payload_bytes: Annotated[int, typer.Option(help="Largest payload enqueue accepts, in bytes (larger ones are refused, nothing is stored).")] = DEFAULT_MAX_PAYLOAD_BYTES,
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
+    lock_wait: LockWaitOption = INSTALL_LOCK_WAIT_S,
 ) -> None:
     """Install a queue (tables, indexes and its SQL API) through Alembic migrations."""
     from queuectl.install import install_queue, review_script
@@ -70,7 +75,7 @@ def install(
     if sql:
         sys.stdout.write(review_script(url, name, kind, settings, schema))
         return
-    info = install_queue(make_engine(url), name, kind, settings, schema)
+    info = install_queue(make_engine(url), name, kind, settings, schema, lock_wait=lock_wait)
     out.print(Text.assemble("installed queue ", (info.name, "bold"),
                             f" (kind {info.kind}, version {info.schema_version}) in schema {schema}"))
 
@@ -88,6 +93,7 @@ def uninstall(
     all_: Annotated[bool, typer.Option("--all", help="Remove every queue, the catalog and the schema.")] = False,
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
+    lock_wait: LockWaitOption = INSTALL_LOCK_WAIT_S,
 ) -> None:
     """Remove a queue and all its items (downgrade its migrations to base)."""
     from queuectl.install import remove_everything, uninstall_queue
@@ -101,10 +107,10 @@ def uninstall(
         fail("uninstall deletes the queue's items and history: add --yes to confirm")
     engine = make_engine(url)
     if all_:
-        removed = remove_everything(engine, schema)
+        removed = remove_everything(engine, schema, lock_wait)
         out.print(f"removed {len(removed)} queue(s) {', '.join(removed)}; catalog and schema {schema} dropped")
         return
-    info = uninstall_queue(engine, name, schema)
+    info = uninstall_queue(engine, name, schema, lock_wait)
     out.print(Text.assemble("uninstalled queue ", (info.name, "bold"), f" (kind {info.kind})"))
 
 
@@ -139,6 +145,7 @@ def upgrade(
     name: Annotated[Optional[str], typer.Argument(help="Queue to upgrade; all queues when omitted.")] = None,
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
+    lock_wait: LockWaitOption = INSTALL_LOCK_WAIT_S,
 ) -> None:
     """Upgrade the catalog and one queue (or all, one at a time) to the newest schema version."""
     from queuectl.install import upgrade_all, upgrade_queue
@@ -146,10 +153,10 @@ def upgrade(
     validate_schema_name(schema)
     engine = make_engine(url)
     if name is None:
-        results = upgrade_all(engine, schema)
+        results = upgrade_all(engine, schema, lock_wait)
     else:
         validate_queue_name(name)
-        results = [(name, *upgrade_queue(engine, name, schema))]
+        results = [(name, *upgrade_queue(engine, name, schema, lock_wait))]
     for queue, before, after in results:
         state = "already current" if before == after else f"{before} -> {after}"
         out.print(f"{queue}: {state}")

@@ -25,14 +25,11 @@ from queuectl.engine import ADAPTERS, URL_ENV, adapter_for, adapter_for_url, che
 from queuectl.errors import NotInstalledError, QueuectlError, UsageError
 from queuectl.kindspec import KINDS, check_name_fits, check_settings, settings_class
 from queuectl.kindspec import validate_kind as validate_kind  # re-exported
-from queuectl.locks import Lock
+from queuectl.locks import INSTALL_LOCK_WAIT_S, Lock
 from queuectl.names import (
     DEFAULT_SCHEMA, QueueNames, quote_ident, shared_object_names, validate_new_queue_name, validate_schema_name,
 )
 from queuectl.sqlfiles import render
-
-INSTALL_LOCK_WAIT_S = 60.0  # how long install, upgrade and uninstall wait for another installer
-
 
 def _config(schema: str, version_table: str, **attributes: object) -> Config:
     cfg = Config()

@@ -31,6 +31,7 @@ from queuectl.sqlfiles import render
 log = logging.getLogger("queuectl.locks")
 
 POLL_S = 0.25  # how often a bounded wait tries the lock again
+INSTALL_LOCK_WAIT_S = 60.0  # how long install, upgrade and uninstall wait for one another by default
 
 
 class LockBusy(QueuectlError):
