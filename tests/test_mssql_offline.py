@@ -678,14 +678,20 @@ def test_cli_install_sql_for_mssql_prints_the_script_without_connecting():
     assert line.startswith("error:") and "msodbcsql18" in line and "Not-Shown-42" not in line
 
 
-def test_reliable_enqueue_refuses_oversized_payloads_in_tsql():
-    """reliable_0003 on SQL Server: both procedures THROW 50413 before writing anything."""
+def test_reliable_enqueue_refuses_oversized_messages_in_tsql():
+    """reliable_0003 and reliable_0010 on SQL Server: both procedures THROW 50413 before
+    writing anything; the head's count payload + title + headers."""
     script = install_script(None, "orders", "reliable", QueueSettings(max_payload_bytes=777), dialect="mssql")
     flat = " ".join(script.split())
-    assert "IF DATALENGTH(@payload) > 777 BEGIN" in flat
+    assert "IF DATALENGTH(@payload) > 777 BEGIN" in flat  # reliable_0003
     assert "WHERE DATALENGTH(s.payload) > 777 ORDER BY s.ord" in flat
-    assert flat.count("THROW 50413, @refused, 1;") == 2
-    assert flat.index("THROW 50413, @refused, 1; END; BEGIN TRANSACTION;") > 0  # refused before the transaction
+    head = flat[flat.index("SET version_num='reliable_0009'"):]  # the step to reliable_0010
+    assert "IF @payload_bytes + @title_bytes + @headers_bytes > 777 BEGIN" in head  # reliable_0010
+    assert "WHERE s.payload_bytes + s.title_bytes + s.headers_bytes > 777 ORDER BY s.ord" in head
+    assert "DECLARE @title_bytes bigint = ISNULL(DATALENGTH(@title), 0);" in head
+    assert "@title nvarchar(max) = NULL" in head and "title nvarchar(max) '$.title'" in head
+    assert flat.count("THROW 50413, @refused, 1;") == 4
+    assert flat.count("THROW 50413, @refused, 1; END; BEGIN TRANSACTION;") == 2  # refused before the transaction
     assert "CREATE OR ALTER PROCEDURE \"queuectl\".\"orders_enqueue_many\"" in flat
 
 
@@ -697,9 +703,11 @@ def test_mssql_payload_refusal_and_timeouts_are_recognised_from_pyodbc_errors():
         return sa.exc.DBAPIError("EXEC x", {}, PyodbcError(*args))
 
     adapter = ADAPTERS["mssql"]
-    refused = wrapped("42000", "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]queue 'orders': payload "
-                               "of 5 bytes is over max_payload_bytes 4: nothing was enqueued (50413) (SQLExecDirectW)")
-    assert adapter.payload_refusal(refused) == "queue 'orders': payload of 5 bytes is over max_payload_bytes 4: nothing was enqueued"
+    refused = wrapped("42000", "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]queue 'orders': message "
+                               "of 5 bytes (payload 1 + title 4 + headers 0) is over max_payload_bytes 4: nothing was "
+                               "enqueued (50413) (SQLExecDirectW)")
+    assert adapter.payload_refusal(refused) == ("queue 'orders': message of 5 bytes (payload 1 + title 4 + headers 0) "
+                                                "is over max_payload_bytes 4: nothing was enqueued")
     assert not adapter.canceled(refused)
     assert adapter.canceled(wrapped("HYT00", "[HYT00] [Microsoft][ODBC Driver 18 for SQL Server]Query timeout expired (0)"))
     assert adapter.canceled(wrapped("HY000", "[HY000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Lock request time out period exceeded. (1222)"))

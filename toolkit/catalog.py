@@ -46,9 +46,10 @@ class QueueSettings:
     lease_seconds: int = 30
     backoff_base_seconds: int = 1
     backoff_max_seconds: int = 3600
-    # The largest payload enqueue accepts (reliable_0003); a larger one is refused by the
-    # server with SQLSTATE QC413 and nothing is inserted. 1 MiB: a queue carries work items,
-    # not documents (store those elsewhere and enqueue a reference).
+    # The largest message enqueue accepts: payload + title + headers as stored (reliable_0010;
+    # reliable_0003 counted the payload only); a larger one is refused by the server with
+    # SQLSTATE QC413 and nothing is inserted. 1 MiB: a queue carries work items, not
+    # documents (store those elsewhere and enqueue a reference).
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
     # Allowed ranges; a plain class attribute (no annotation), not a dataclass field.

@@ -18,9 +18,11 @@ class ConnectionFailed(QueuectlError):
 
 
 class PayloadTooLarge(UsageError):
-    """The server refused an enqueue: a payload is over the queue's max_payload_bytes.
+    """The server refused an enqueue: a message is over the queue's max_payload_bytes.
 
-    Nothing of the call was stored (with enqueue_many, not even the other payloads).
+    The limit counts payload + title + headers as stored (reliable_0010; the payload only
+    before), and the message names the three sizes. Nothing of the call was stored (with
+    enqueue_many, not even the other messages).
     """
 
 

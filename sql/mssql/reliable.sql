@@ -476,6 +476,124 @@ BEGIN
     SELECT s.id FROM @src AS s ORDER BY s.ord;
 END
 
+-- name: create_enqueue_functions_0010
+-- reliable_0010: the limit covers everything one message stores. enqueue and enqueue_many
+-- refuse a message whose payload, title and headers together are over the queue's
+-- max_payload_bytes, counted as stored: DATALENGTH of each (title and headers are nvarchar
+-- here, two bytes per UTF-16 code unit). Error 50413 as before (the client raises
+-- PayloadTooLarge), with the three sizes in the message, before anything is written, so a
+-- refused call stores nothing. The title travels as nvarchar(max) (reliable_0003's
+-- nvarchar(400) parameter cut a longer title silently): a title longer than the column's
+-- 400 characters is now refused by the insert instead of stored shortened. CREATE OR
+-- ALTER keeps the procedures' permissions (queuectl grant); the downgrade puts back
+-- create_enqueue_functions_payload_limit.
+
+-- enqueue one item; returns its id (one row, column id). Two inserts, one transaction:
+-- XACT_ABORT rolls both back on any error (and the caller's transaction with them).
+CREATE OR ALTER PROCEDURE {{fn_enqueue}}
+    @payload       varbinary(max),
+    @headers       nvarchar(max) = NULL,
+    @priority      smallint      = 0,
+    @delay_seconds float         = 0,
+    @title         nvarchar(max) = NULL,
+    @max_attempts  int           = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @payload_bytes bigint = DATALENGTH(@payload);
+    DECLARE @title_bytes bigint = ISNULL(DATALENGTH(@title), 0);
+    DECLARE @headers_bytes bigint = ISNULL(DATALENGTH(@headers), 0);
+    IF @payload_bytes + @title_bytes + @headers_bytes > {{max_payload_bytes}}
+    BEGIN
+        DECLARE @refused nvarchar(400) = CONCAT(N'queue ''', {{queue_literal}}, N''': message of ',
+            @payload_bytes + @title_bytes + @headers_bytes, N' bytes (payload ', @payload_bytes,
+            N' + title ', @title_bytes, N' + headers ', @headers_bytes, N') is over max_payload_bytes ',
+            {{max_payload_bytes}}, N': nothing was enqueued');
+        THROW 50413, @refused, 1;
+    END;
+    DECLARE @id bigint = NEXT VALUE FOR {{meta_seq}};
+    DECLARE @delay float = COALESCE(@delay_seconds, 0);
+    -- DATEADD takes an int: whole days, then the remaining milliseconds (delays up to years).
+    DECLARE @due datetime2(6) = DATEADD(millisecond,
+        CAST(ROUND((@delay - FLOOR(@delay / 86400e0) * 86400e0) * 1000e0, 0) AS int),
+        DATEADD(day, CAST(FLOOR(@delay / 86400e0) AS int), SYSUTCDATETIME()));
+    BEGIN TRANSACTION;
+    INSERT INTO {{meta}} (id, priority, due_at, title, max_attempts)
+    VALUES (@id, COALESCE(@priority, 0), @due, @title, COALESCE(@max_attempts, {{max_attempts}}));
+    INSERT INTO {{data}} (id, payload, headers) VALUES (@id, @payload, @headers);
+    COMMIT TRANSACTION;
+    SELECT @id AS id;
+END
+GO
+-- enqueue many items in one call; ids come back in input order.
+-- Input: @items, a JSON array of objects {"payload": "<hex>", "headers": {...} | null,
+-- "priority": n, "delay": seconds, "title": "..."} (create_enqueue_functions says why JSON).
+CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
+    @items        nvarchar(max),
+    @max_attempts int = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @now datetime2(6) = SYSUTCDATETIME();
+    DECLARE @src TABLE (
+        ord      int            NOT NULL PRIMARY KEY,
+        id       bigint         NOT NULL,
+        payload  varbinary(max) NOT NULL,
+        headers  nvarchar(max)  NULL,
+        priority smallint       NULL,
+        delay    float          NULL,
+        title    nvarchar(max)  NULL
+    );
+    -- Ids drawn from the sequence in input order, before anything is written.
+    INSERT INTO @src (ord, id, payload, headers, priority, delay, title)
+    SELECT CAST(j.[key] AS int),
+           NEXT VALUE FOR {{meta_seq}} OVER (ORDER BY CAST(j.[key] AS int)),
+           CONVERT(varbinary(max), v.payload_hex, 2), v.headers, v.priority, v.delay, v.title
+    FROM OPENJSON(@items) AS j
+    CROSS APPLY OPENJSON(j.[value]) WITH (
+        payload_hex nvarchar(max) '$.payload',
+        headers     nvarchar(max) '$.headers' AS JSON,
+        priority    smallint      '$.priority',
+        delay       float         '$.delay',
+        title       nvarchar(max) '$.title'
+    ) AS v;
+    -- the first message over the limit refuses the whole call, before anything is written
+    DECLARE @big_ord int, @payload_bytes bigint, @title_bytes bigint, @headers_bytes bigint, @count int;
+    SELECT @count = COUNT(*) FROM @src;
+    SELECT TOP (1) @big_ord = s.ord + 1, @payload_bytes = s.payload_bytes, @title_bytes = s.title_bytes,
+                   @headers_bytes = s.headers_bytes
+    FROM (
+        SELECT src.ord, CAST(DATALENGTH(src.payload) AS bigint) AS payload_bytes,
+               CAST(ISNULL(DATALENGTH(src.title), 0) AS bigint) AS title_bytes,
+               CAST(ISNULL(DATALENGTH(src.headers), 0) AS bigint) AS headers_bytes
+        FROM @src AS src
+    ) AS s
+    WHERE s.payload_bytes + s.title_bytes + s.headers_bytes > {{max_payload_bytes}}
+    ORDER BY s.ord;
+    IF @big_ord IS NOT NULL
+    BEGIN
+        DECLARE @refused nvarchar(400) = CONCAT(N'queue ''', {{queue_literal}}, N''': message ', @big_ord,
+            N' of ', @count, N' is ', @payload_bytes + @title_bytes + @headers_bytes, N' bytes (payload ',
+            @payload_bytes, N' + title ', @title_bytes, N' + headers ', @headers_bytes,
+            N'), over max_payload_bytes ', {{max_payload_bytes}}, N': nothing was enqueued');
+        THROW 50413, @refused, 1;
+    END;
+    BEGIN TRANSACTION;
+    INSERT INTO {{meta}} (id, priority, due_at, title, max_attempts)
+    SELECT s.id, COALESCE(s.priority, 0),
+           DATEADD(millisecond,
+               CAST(ROUND((COALESCE(s.delay, 0) - FLOOR(COALESCE(s.delay, 0) / 86400e0) * 86400e0) * 1000e0, 0) AS int),
+               DATEADD(day, CAST(FLOOR(COALESCE(s.delay, 0) / 86400e0) AS int), @now)),
+           s.title, COALESCE(@max_attempts, {{max_attempts}})
+    FROM @src AS s;
+    INSERT INTO {{data}} (id, payload, headers)
+    SELECT s.id, s.payload, s.headers FROM @src AS s;
+    COMMIT TRANSACTION;
+    SELECT s.id FROM @src AS s ORDER BY s.ord;
+END
+
 -- name: drop_functions
 -- Remove the SQL API.
 DROP PROCEDURE IF EXISTS {{fn_release}};

@@ -504,6 +504,109 @@ BEGIN
 END
 $fn$;
 
+-- name: create_enqueue_functions_0010
+-- reliable_0010: the limit covers everything one message stores. enqueue and enqueue_many
+-- refuse a message whose payload, title and headers together are over the queue's
+-- max_payload_bytes, counted as stored: octet_length of the payload, of the title's UTF-8
+-- and of the headers as the server writes jsonb out (the text headers::text gives). A
+-- payload-only check let a queue limited to 100 bytes store a 5 MB title and 5 MB of
+-- headers. SQLSTATE QC413 as before (the client raises PayloadTooLarge), with the three
+-- sizes in the message; the check runs before any insert, so a refused call stores nothing,
+-- with enqueue_many not even the messages within the limit. The signatures are reliable_0001's,
+-- so grants and callers are untouched; the downgrade puts back
+-- create_enqueue_functions_payload_limit.
+
+-- enqueue one item; returns its id.
+CREATE OR REPLACE FUNCTION {{fn_enqueue}}(
+    p_payload      bytea,
+    p_headers      jsonb    DEFAULT NULL,
+    p_priority     smallint DEFAULT 0,
+    p_delay        interval DEFAULT interval '0',
+    p_title        text     DEFAULT NULL,
+    p_max_attempts integer  DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_id bigint;
+    v_payload bigint := octet_length(p_payload);
+    v_title   bigint := coalesce(octet_length(p_title), 0);
+    v_headers bigint := coalesce(octet_length(p_headers::text), 0);
+BEGIN
+    IF v_payload + v_title + v_headers > {{max_payload_bytes}} THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC413', MESSAGE = format(
+            'queue %L: message of %s bytes (payload %s + title %s + headers %s) is over max_payload_bytes %s: nothing was enqueued',
+            {{queue_literal}}, v_payload + v_title + v_headers, v_payload, v_title, v_headers, {{max_payload_bytes}});
+    END IF;
+    WITH m AS (
+        INSERT INTO {{meta}} (priority, due_at, title, max_attempts)
+        VALUES (coalesce(p_priority, 0), now() + coalesce(p_delay, interval '0'), p_title,
+                coalesce(p_max_attempts, {{max_attempts}}))
+        RETURNING id
+    )
+    INSERT INTO {{data}} (id, payload, headers)
+    SELECT m.id, p_payload, p_headers FROM m
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END
+$fn$;
+
+-- enqueue many items in one statement; ids come back in the order of the arrays.
+-- Shorter optional arrays are padded with NULL (defaults); ids are drawn from the
+-- identity sequence first so each payload is paired with its own id.
+CREATE OR REPLACE FUNCTION {{fn_enqueue_many}}(
+    p_payloads      bytea[],
+    p_headers       jsonb[]    DEFAULT NULL,
+    p_priorities    smallint[] DEFAULT NULL,
+    p_delays        interval[] DEFAULT NULL,
+    p_titles        text[]     DEFAULT NULL,
+    p_max_attempts  integer    DEFAULT NULL
+) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_ord bigint;
+    v_payload bigint;
+    v_title bigint;
+    v_headers bigint;
+BEGIN
+    -- the first message over the limit refuses the whole call, before anything is written
+    SELECT s.ord, s.payload, s.title, s.headers INTO v_ord, v_payload, v_title, v_headers
+    FROM (
+        SELECT u.ord, octet_length(u.payload)::bigint AS payload,
+               coalesce(octet_length(u.title), 0)::bigint AS title,
+               coalesce(octet_length(u.headers::text), 0)::bigint AS headers
+        FROM unnest(p_payloads, p_headers, p_titles) WITH ORDINALITY AS u(payload, headers, title, ord)
+        WHERE u.ord <= cardinality(p_payloads)
+    ) s
+    WHERE s.payload + s.title + s.headers > {{max_payload_bytes}}
+    ORDER BY s.ord
+    LIMIT 1;
+    IF v_ord IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC413', MESSAGE = format(
+            'queue %L: message %s of %s is %s bytes (payload %s + title %s + headers %s), over max_payload_bytes %s: nothing was enqueued',
+            {{queue_literal}}, v_ord, cardinality(p_payloads), v_payload + v_title + v_headers,
+            v_payload, v_title, v_headers, {{max_payload_bytes}});
+    END IF;
+    RETURN QUERY
+    WITH src AS MATERIALIZED (
+        SELECT nextval({{meta_seq_regclass}}::regclass) AS id, u.payload, u.headers,
+               u.priority, u.delay, u.title, u.ord
+        FROM unnest(p_payloads, p_headers, p_priorities, p_delays, p_titles)
+             WITH ORDINALITY AS u(payload, headers, priority, delay, title, ord)
+        WHERE u.ord <= cardinality(p_payloads)
+    ), m AS (
+        INSERT INTO {{meta}} (id, priority, due_at, title, max_attempts)
+        OVERRIDING SYSTEM VALUE
+        SELECT src.id, coalesce(src.priority, 0), now() + coalesce(src.delay, interval '0'),
+               src.title, coalesce(p_max_attempts, {{max_attempts}})
+        FROM src
+    ), d AS (
+        INSERT INTO {{data}} (id, payload, headers)
+        SELECT src.id, src.payload, src.headers FROM src
+    )
+    SELECT src.id FROM src ORDER BY src.ord;
+END
+$fn$;
+
 -- name: drop_functions
 -- Remove the SQL API.
 DROP FUNCTION IF EXISTS {{fn_release}}(bigint[], text);
