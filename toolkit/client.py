@@ -6,7 +6,7 @@ in one round trip). A Queue object is meant for one thread; open one per thread/
 
 from __future__ import annotations
 
-import json
+import operator
 import os
 import socket
 import time
@@ -20,7 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from queuectl.catalog import QueueInfo
+from queuectl.catalog import QueueInfo, QueueSettings
 from queuectl.engine import (
     adapter_for, backoff_pause, discard_connection, first_line, hide_secrets, make_engine, mask_url,
 )
@@ -29,8 +29,10 @@ from queuectl.install import require_queue
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
 from queuectl.sqlfiles import render
 from queuectl.stats import STATUS_NAMES, queue_counts
+from queuectl.storable import diagnostic_text, headers_json, payload_bytes, shown, stored_text
 
 MAX_BATCH = 10_000
+MAX_ID = 2**63 - 1  # ids are bigint
 
 # Reconnecting after a lost connection (server restart, pg_terminate_backend, network):
 # jittered exponential backoff from RETRY_FIRST_S, each pause at most RETRY_MAX_PAUSE_S,
@@ -131,29 +133,62 @@ def _new_statuses(result: Any) -> dict[int, str]:
     return {row[i_id]: STATUS_NAMES[row[i_status]] for row in result.all()}
 
 
-def _as_bytes(payload: bytes | bytearray | memoryview | str) -> bytes:
-    if isinstance(payload, str):
-        return payload.encode("utf-8")
-    if isinstance(payload, (bytes, bytearray, memoryview)):
-        return bytes(payload)
-    raise UsageError(f"payload must be bytes or str, not {type(payload).__name__}")
+def _payload_list(payloads: Iterable[bytes | str]) -> list[bytes]:
+    """enqueue_many's payloads as bytes: any iterable of payloads, but not one payload
+    (a str or bytes would be taken apart character by character) or a mapping."""
+    if isinstance(payloads, (str, bytes, bytearray, memoryview, dict)) or not isinstance(payloads, Iterable):
+        raise UsageError(f"payloads must be a list of bytes or str payloads, not {type(payloads).__name__}")
+    return [payload_bytes(p, f"payloads[{i}]") for i, p in enumerate(payloads)]
 
 
 def _ids(items: Iterable[int | Message]) -> list[int]:
-    return [item.id if isinstance(item, Message) else int(item) for item in items]
+    if isinstance(items, (str, bytes, Message)) or not isinstance(items, Iterable):
+        raise UsageError(f"items must be a list of Messages or item ids, not {type(items).__name__}")
+    return [_item_id(item) for item in items]
 
 
-def _headers_json(headers: dict[str, Any] | None) -> str | None:
+def _item_id(item: int | Message) -> int:
+    """A Message's id, or a whole number (anything with __index__ but bool) within bigint."""
+    if isinstance(item, Message):
+        return item.id
+    if not isinstance(item, bool):
+        try:
+            value = operator.index(item)
+        except TypeError:
+            pass
+        else:
+            if 1 <= value <= MAX_ID:
+                return value
+    raise UsageError(f"item ids must be Messages or whole numbers from 1 to {MAX_ID}, got {shown(item)}")
+
+
+def _per_item(values: Any, n: int, what: str) -> list[Any]:
+    """A list or tuple argument of enqueue_many with one entry per payload."""
+    if not isinstance(values, (list, tuple)):
+        raise UsageError(f"{what} must be a list with one entry per payload, not {type(values).__name__}")
+    if len(values) != n:
+        raise UsageError(f"{what} has {len(values)} entries for {n} payloads")
+    return list(values)
+
+
+def _spread(value: Any, n: int, what: str, check: Callable[[Any, str], Any]) -> list[Any]:
+    """One value for every payload, or a list or tuple of one per payload: each checked by
+    check(value, name), the name indexed when it is one of a list (title[2])."""
+    if isinstance(value, (list, tuple)):
+        return [check(v, f"{what}[{i}]") for i, v in enumerate(_per_item(value, n, what))]
+    return [check(value, what)] * n
+
+
+def _headers_list(headers: Any, n: int, what: str = "headers") -> list[str | None] | None:
+    """enqueue_many's headers (a list of dicts or None, or None) as JSON texts."""
     if headers is None:
         return None
-    if not isinstance(headers, dict):
-        raise UsageError("headers must be a dict of JSON values")
-    return json.dumps(headers)
+    return [headers_json(h, f"{what}[{i}]") for i, h in enumerate(_per_item(headers, n, what))]
 
 
 def _check_batch(n: int) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_BATCH:
-        raise UsageError(f"batch size must be a whole number from 1 to {MAX_BATCH}, got {n!r}")
+        raise UsageError(f"batch size must be a whole number from 1 to {MAX_BATCH}, got {shown(n)}")
     return n
 
 
@@ -161,8 +196,24 @@ def _check_seconds(value: float | None, what: str, low: float = 0.0) -> float | 
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= 366 * 86400:
-        raise UsageError(f"{what} must be a number of seconds from {low:g} to 31622400, got {value!r}")
+        raise UsageError(f"{what} must be a number of seconds from {low:g} to 31622400, got {shown(value)}")
     return float(value)
+
+
+def _check_priority(priority: int, what: str = "priority") -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -32768 <= priority <= 32767:
+        raise UsageError(f"{what} must be a whole number from -32768 to 32767, got {shown(priority)}")
+    return priority
+
+
+def _check_max_attempts(value: int | None) -> int | None:
+    """A per-item max_attempts: None (the queue's) or the range a queue's setting has."""
+    if value is None:
+        return None
+    low, high = QueueSettings.LIMITS["max_attempts"]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise UsageError(f"max_attempts must be a whole number from {low} to {high}, got {shown(value)}")
+    return value
 
 
 class Queue:
@@ -183,9 +234,9 @@ class Queue:
         worker: str | None = None,
     ) -> None:
         self.names = QueueNames(name, schema)
+        self.worker = stored_text(worker, "worker") or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._owns_engine = not isinstance(url_or_engine, Engine)
         self.engine = url_or_engine if isinstance(url_or_engine, Engine) else make_engine(url_or_engine, pool_size=1)
-        self.worker = worker or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.retry_total = RETRY_TOTAL_S
         self.reconnects = 0
         self._conn: sa.Connection | None = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
@@ -223,14 +274,18 @@ class Queue:
         title: str | None = None,
         max_attempts: int | None = None,
     ) -> int:
-        """Add one item; returns its id. Lower priority numbers are dequeued first."""
+        """Add one item; returns its id. Lower priority numbers are dequeued first.
+
+        Payload, title and headers together count against the queue's max_payload_bytes.
+        Every argument is checked before anything is sent (UsageError, one line; text rules:
+        queuectl.storable)."""
         params = {
-            "payload": _as_bytes(payload),
-            "headers": _headers_json(headers),
-            "priority": self._check_priority(priority),
+            "payload": payload_bytes(payload),
+            "headers": headers_json(headers),
+            "priority": _check_priority(priority),
             "delay": _check_seconds(delay, "delay"),
-            "title": title,
-            "max_attempts": max_attempts,
+            "title": stored_text(title, "title"),
+            "max_attempts": _check_max_attempts(max_attempts),
         }
         return self._call("enqueue", params, lambda r: r.scalar_one(), resend=False)
 
@@ -244,41 +299,27 @@ class Queue:
         title: str | None | Sequence[str | None] = None,
         max_attempts: int | None = None,
     ) -> list[int]:
-        """Add many items in one statement; returns their ids in the same order."""
-        items = [_as_bytes(p) for p in payloads]
+        """Add many items in one statement; returns their ids in the same order.
+
+        headers: None or one entry per payload; priority, delay and title: one value for all
+        or a list of one per payload. Checked like enqueue()'s, all before anything is sent."""
+        items = _payload_list(payloads)
+        max_attempts = _check_max_attempts(max_attempts)
         if not items:
             return []
         n = len(items)
         rows = [
-            {"payload": p, "headers": h, "priority": self._check_priority(pr), "delay": _check_seconds(d or 0.0, "delay"), "title": t}
+            {"payload": p, "headers": h, "priority": pr, "delay": d, "title": t}
             for p, h, pr, d, t in zip(
                 items,
-                [None] * n if headers is None else [_headers_json(h) for h in self._per_item(headers, n, "headers")],
-                self._spread(priority, n, "priority"),
-                self._spread(delay, n, "delay"),
-                self._spread(title, n, "title"),
+                _headers_list(headers, n) or [None] * n,
+                _spread(priority, n, "priority", _check_priority),
+                _spread(delay, n, "delay", lambda d, what: _check_seconds(d, what) or 0.0),
+                _spread(title, n, "title", stored_text),
             )
         ]
         params = self._adapter.enqueue_many_params(rows, max_attempts)
         return self._call("enqueue_many", params, lambda r: list(r.scalars()), resend=False)
-
-    @staticmethod
-    def _spread(value: Any, n: int, what: str) -> list[Any]:
-        if isinstance(value, (list, tuple)):
-            return Queue._per_item(value, n, what)
-        return [value] * n
-
-    @staticmethod
-    def _per_item(values: Sequence[Any], n: int, what: str) -> list[Any]:
-        if len(values) != n:
-            raise UsageError(f"{what} has {len(values)} entries for {n} payloads")
-        return list(values)
-
-    @staticmethod
-    def _check_priority(priority: int) -> int:
-        if isinstance(priority, bool) or not isinstance(priority, int) or not -32768 <= priority <= 32767:
-            raise UsageError(f"priority must be a whole number from -32768 to 32767, got {priority!r}")
-        return priority
 
     # -- consuming -------------------------------------------------------------------
 
@@ -312,14 +353,16 @@ class Queue:
     ) -> dict[int, str]:
         """Record a failed attempt: retried after exponential backoff, or DEAD after max_attempts.
 
-        Returns {id: new status} for the items this client still held.
+        `error` is diagnostic text, stored whatever it holds (queuectl.storable.diagnostic_text:
+        NUL and lone surrogates replaced, cut to 2,000 characters; an exception reads
+        "TypeName: message"). Returns {id: new status} for the items this client still held.
         """
         ids = _ids(items)
         if not ids:
             return {}
         params = {
             "ids": self._adapter.id_array(ids),
-            "error": error,
+            "error": diagnostic_text(error),
             "worker": self.worker,
             "base_seconds": _check_seconds(base_delay, "base delay"),
             "max_seconds": _check_seconds(max_delay, "max delay"),
@@ -375,7 +418,7 @@ class Queue:
             yield batch
         except BaseException as exc:
             if batch:
-                self.nack(batch, f"{type(exc).__name__}: {exc}"[:2000])
+                self.nack(batch, exc)
             raise
         else:
             self.ack(batch)

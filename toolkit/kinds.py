@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from queuectl.catalog import QueueInfo
-from queuectl.client import Queue, _as_bytes, _check_batch, _headers_json
+from queuectl.client import Queue, _check_batch, _headers_list, _payload_list, _per_item, _spread
 from queuectl.engine import adapter_for, make_engine
 from queuectl.errors import QueuectlError, UsageError
 from queuectl.install import require_queue
@@ -36,6 +36,7 @@ from queuectl.kindspec import kind_template_values
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
 from queuectl.sqlfiles import render
 from queuectl.stats import queue_counts
+from queuectl.storable import headers_json, payload_bytes, shown
 
 RING_PUSH_TIMEOUT = 1.0  # seconds a push waits for a free slot before reporting the ring full
 RING_REPAIR_GRACE = 30.0  # seconds a slot must sit unchanged before ring_repair touches it
@@ -108,8 +109,12 @@ class ReleasedClaim(NamedTuple):
 
 def _check_seconds(value: float, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 366 * 86400:
-        raise UsageError(f"{what} must be a number of seconds from 0 to 31622400, got {value!r}")
+        raise UsageError(f"{what} must be a number of seconds from 0 to 31622400, got {shown(value)}")
     return float(value)
+
+
+def _is_zero(value: object) -> bool:
+    return type(value) in (int, float) and value == 0
 
 
 _HOT_CALLS = ("enqueue", "enqueue_many", "dequeue")
@@ -160,12 +165,13 @@ class KindQueue:
     # -- producing -------------------------------------------------------------------
 
     def _refuse_options(self, priority: int, delay: float, title: str | None, due_at: datetime | None) -> None:
-        """The reliable queue's options mean nothing here: refuse them rather than drop them."""
-        if priority != 0:
+        """The reliable queue's options mean nothing here: refuse them rather than drop them
+        (anything but their defaults: a zero int or float, None)."""
+        if not _is_zero(priority):
             raise UsageError(f"{self.kind} queues have no priorities (priority is for reliable queues)")
         if title is not None:
             raise UsageError(f"{self.kind} queues keep no titles (title is for reliable queues)")
-        if delay or due_at is not None:
+        if not _is_zero(delay) or due_at is not None:
             raise UsageError(f"{self.kind} queues have no due times (use a pending queue)")
 
     def enqueue(
@@ -178,28 +184,21 @@ class KindQueue:
         title: str | None = None,
         due_at: datetime | None = None,
     ) -> int:
-        """Add one item; returns its id."""
+        """Add one item; returns its id. Payload and headers are checked like the reliable
+        Queue's (queuectl.storable) before anything is sent."""
         self._refuse_options(priority, delay, title, due_at)
-        params = {"payload": _as_bytes(payload), "headers": _headers_json(headers)}
+        params = {"payload": payload_bytes(payload), "headers": headers_json(headers)}
         return self._execute("enqueue", params).scalar_one()
 
     def enqueue_many(
         self, payloads: Iterable[bytes | str], *, headers: Sequence[dict[str, Any] | None] | None = None
     ) -> list[int]:
         """Add many items in one statement; returns their ids in the same order."""
-        items = [_as_bytes(p) for p in payloads]
+        items = _payload_list(payloads)
         if not items:
             return []
-        params = self._adapter.kind_enqueue_many_params(items, self._headers_list(headers, len(items)))
+        params = self._adapter.kind_enqueue_many_params(items, _headers_list(headers, len(items)))
         return list(self._execute("enqueue_many", params).scalars())
-
-    @staticmethod
-    def _headers_list(headers: Sequence[dict[str, Any] | None] | None, n: int) -> list[str | None] | None:
-        if headers is None:
-            return None
-        if len(headers) != n:
-            raise UsageError(f"headers has {len(headers)} entries for {n} payloads")
-        return [_headers_json(h) for h in headers]
 
     # -- consuming -------------------------------------------------------------------
 
@@ -306,8 +305,8 @@ class PendingQueue(KindQueue):
         """Add one item, due at `due_at` (aware datetime) or `delay` seconds from now."""
         self._refuse_options(priority, 0.0, title, None)
         params = {
-            "payload": _as_bytes(payload),
-            "headers": _headers_json(headers),
+            "payload": payload_bytes(payload),
+            "headers": headers_json(headers),
             "due_at": _check_due(due_at),
             "delay": _check_seconds(delay, "delay"),
         }
@@ -322,18 +321,15 @@ class PendingQueue(KindQueue):
         delay: float | Sequence[float] = 0.0,
     ) -> list[int]:
         """Add many items in one statement, each due at its due_at or after its delay."""
-        items = [_as_bytes(p) for p in payloads]
+        items = _payload_list(payloads)
         if not items:
             return []
         n = len(items)
-        delays = list(delay) if isinstance(delay, (list, tuple)) else [delay] * n
-        if len(delays) != n or (due_at is not None and len(due_at) != n):
-            raise UsageError(f"due_at/delay need one entry per payload ({n})")
         params = self._adapter.kind_enqueue_many_params(
             items,
-            self._headers_list(headers, n),
-            due_ats=None if due_at is None else [_check_due(d) for d in due_at],
-            delays=[_check_seconds(d, "delay") for d in delays],
+            _headers_list(headers, n),
+            due_ats=None if due_at is None else [_check_due(d) for d in _per_item(due_at, n, "due_at")],
+            delays=_spread(delay, n, "delay", _check_seconds),
         )
         return list(self._execute("enqueue_many", params).scalars())
 
@@ -404,7 +400,7 @@ class RingQueue(KindQueue):
     ) -> int:
         """Push one message; returns its id (its position). QueueFullError when full."""
         self._refuse_options(priority, delay, title, due_at)
-        params = {"payload": _as_bytes(payload), "headers": _headers_json(headers), "timeout": _check_seconds(timeout, "timeout")}
+        params = {"payload": payload_bytes(payload), "headers": headers_json(headers), "timeout": _check_seconds(timeout, "timeout")}
         item_id = self._execute("enqueue", params).scalar_one()
         if item_id is None:
             raise QueueFullError(f"ring {self.name!r} stayed full for {timeout:g} s: nothing was enqueued")
@@ -418,11 +414,11 @@ class RingQueue(KindQueue):
         timeout: float = RING_PUSH_TIMEOUT,
     ) -> list[int]:
         """Push many messages in one statement; QueueFullError (with .enqueued) if not all fit."""
-        items = [_as_bytes(p) for p in payloads]
+        items = _payload_list(payloads)
         if not items:
             return []
         params = {
-            **self._adapter.kind_enqueue_many_params(items, self._headers_list(headers, len(items))),
+            **self._adapter.kind_enqueue_many_params(items, _headers_list(headers, len(items))),
             "timeout": _check_seconds(timeout, "timeout"),
         }
         ids = list(self._execute("enqueue_many", params).scalars())
