@@ -201,11 +201,12 @@ def test_enqueue_many_with_one_message_over_by_title_or_headers_stores_none_of_t
 def test_the_server_counts_title_and_headers_for_any_caller(engine, small):
     """The SQL API itself refuses (SQLSTATE QC413), whoever calls it."""
     before = table_counts(engine, small)
+    enqueue, enqueue_many = small.names.qualified("enqueue"), small.names.qualified("enqueue_many")
     with engine.connect() as conn:
         for sql, params in (
-            ("SELECT queuectl.small_enqueue(CAST(:p AS bytea), p_title => :t)", {"p": b"q", "t": "t" * LIMIT}),
-            ("SELECT queuectl.small_enqueue(CAST(:p AS bytea), CAST(:h AS jsonb))", {"p": b"q", "h": '{"k": "%s"}' % ("v" * LIMIT)}),
-            ("SELECT * FROM queuectl.small_enqueue_many(CAST(:p AS bytea[]), p_titles => CAST(:t AS text[]))",
+            (f"SELECT {enqueue}(CAST(:p AS bytea), p_title => :t)", {"p": b"q", "t": "t" * LIMIT}),
+            (f"SELECT {enqueue}(CAST(:p AS bytea), CAST(:h AS jsonb))", {"p": b"q", "h": '{"k": "%s"}' % ("v" * LIMIT)}),
+            (f"SELECT * FROM {enqueue_many}(CAST(:p AS bytea[]), p_titles => CAST(:t AS text[]))",
              {"p": [b"ok", b"q"], "t": [None, "t" * LIMIT]}),
         ):
             with pytest.raises(sa.exc.DBAPIError) as err:
@@ -215,11 +216,11 @@ def test_the_server_counts_title_and_headers_for_any_caller(engine, small):
     assert table_counts(engine, small) == before
 
 
-def all_rows(engine) -> list[tuple]:
+def all_rows(engine, queue: Queue) -> list[tuple]:
+    meta, data = queue.names.qualified("meta"), queue.names.qualified("data")
     with engine.connect() as conn:
         return [tuple(r) for r in conn.execute(sa.text(
-            "SELECT m.*, d.payload, d.headers::text FROM queuectl.grown_meta m "
-            "JOIN queuectl.grown_data d USING (id) ORDER BY m.id")).all()]
+            f"SELECT m.*, d.payload, d.headers::text FROM {meta} m JOIN {data} d USING (id) ORDER BY m.id")).all()]
 
 
 def test_upgrading_to_the_whole_message_limit_and_back_keeps_every_row(engine):
@@ -236,14 +237,14 @@ def test_upgrading_to_the_whole_message_limit_and_back_keeps_every_row(engine):
         queue.nack([failed], "boom")
         [done] = queue.dequeue(1, lease=600)
         queue.ack([done])
-        rows = all_rows(engine)
+        rows = all_rows(engine, queue)
         assert upgrade_queue(engine, "grown") == ("reliable_0009", head_of("reliable"))
-        assert all_rows(engine) == rows
+        assert all_rows(engine, queue) == rows
         with pytest.raises(PayloadTooLarge, match="title 4096"):
             queue.enqueue(b"new", title=big_title)
-        assert all_rows(engine) == rows
+        assert all_rows(engine, queue) == rows
         assert downgrade_queue(engine, "grown", "reliable_0009") == (head_of("reliable"), "reliable_0009")
-        assert all_rows(engine) == rows
+        assert all_rows(engine, queue) == rows
         assert queue.enqueue(b"new", title=big_title) > 0  # 0009 again: the title is not counted
         assert queue.ack([leased]) == 1  # the lease taken before both steps still holds
 

@@ -27,9 +27,11 @@ OTHER_KINDS = ("heap", "fifo", "stack", "pending", "watermark", "ring")
 ANY_CHARACTER = st.characters(codec=None, exclude_categories=())
 
 
-def stored(engine, table: str, columns: str = "count(*)") -> list[tuple]:
+def stored(engine, queue: Queue, columns: str = "count(*)") -> list[tuple]:
+    """Columns of the queue's meta table, all rows."""
+    meta = queue.names.qualified("meta")
     with engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(sa.text(f"SELECT {columns} FROM queuectl.{table} ORDER BY 1")).all()]
+        return [tuple(r) for r in conn.execute(sa.text(f"SELECT {columns} FROM {meta} ORDER BY 1")).all()]
 
 
 # -- diagnostic text: never refused ----------------------------------------------------------------
@@ -64,32 +66,33 @@ def test_a_nack_reason_with_nul_and_lone_surrogates_is_stored_not_refused(engine
     got = orders.dequeue(2)
     reason = "HandlerError: bad byte \x00 and \udcff here " + "x" * 5000
     assert orders.nack(got, reason) == {ids[0]: "ready", ids[1]: "ready"}
-    [(error,)] = set(stored(engine, "orders_meta", "last_error"))
+    [(error,)] = set(stored(engine, orders, "last_error"))
     assert error.startswith("HandlerError: bad byte \ufffd and \ufffd here xxx") and len(error) == 2000
 
 
-def test_a_processing_block_that_fails_with_nul_in_its_error_nacks_its_items(engine, engine_queue_max1):
-    queue = engine_queue_max1
-    queue.enqueue(b"poison")
-    with pytest.raises(ValueError):
-        with queue.processing(1):
-            raise ValueError("NUL \x00 inside")
-    assert stored(engine, "poison_meta", "status, last_error") == [(3, "ValueError: NUL \ufffd inside")]
-
-
 @pytest.fixture
-def engine_queue_max1(engine):
+def poison(engine):
+    """A queue whose items go DEAD at their first failure."""
     install_queue(engine, "poison", settings=QueueSettings(max_attempts=1))
     with Queue(engine, "poison") as queue:
         yield queue
 
 
-def test_a_worker_whose_handler_fails_with_nul_dead_letters_the_item_and_finishes(engine, engine_queue_max1):
+def test_a_processing_block_that_fails_with_nul_in_its_error_nacks_its_items(engine, poison):
+    queue = poison
+    queue.enqueue(b"poison")
+    with pytest.raises(ValueError):
+        with queue.processing(1):
+            raise ValueError("NUL \x00 inside")
+    assert stored(engine, queue, "status, last_error") == [(3, "ValueError: NUL \ufffd inside")]
+
+
+def test_a_worker_whose_handler_fails_with_nul_dead_letters_the_item_and_finishes(engine, poison):
     """The worker's nack goes through the same rule: the poison message ends DEAD with the
     error stored, and a --burst worker returns instead of renewing its lease forever."""
     from queuectl.worker import Worker
 
-    queue = engine_queue_max1
+    queue = poison
     queue.enqueue(b"poison")
 
     def handler(message) -> None:
@@ -103,7 +106,7 @@ def test_a_worker_whose_handler_fails_with_nul_dead_letters_the_item_and_finishe
     if alive:
         worker.stop()
     assert not alive, "the worker did not finish its burst"
-    assert stored(engine, "poison_meta", "status, last_error") == [(3, "RuntimeError: handler text with \ufffd in it")]
+    assert stored(engine, queue, "status, last_error") == [(3, "RuntimeError: handler text with \ufffd in it")]
 
 
 # -- text the caller chose: refused in one line, naming the field ----------------------------------
@@ -123,7 +126,7 @@ def test_a_title_with_nul_or_a_lone_surrogate_is_refused_and_nothing_is_stored(e
         with pytest.raises(UsageError) as err:
             call()
         assert str(err.value) == message
-    assert stored(engine, "orders_meta") == [(0,)]
+    assert stored(engine, orders) == [(0,)]
 
 
 HEADER_CASES = [
@@ -173,4 +176,4 @@ def test_cli_headers_with_nul_are_a_one_line_usage_error_and_store_nothing(engin
     assert result.returncode == 2
     assert result.stderr.decode().splitlines() == [
         "error: headers['a'] contains a NUL character (U+0000) at position 0, which the database cannot store"]
-    assert stored(engine, "orders_meta") == [(0,)]
+    assert stored(engine, orders) == [(0,)]
