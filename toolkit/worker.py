@@ -117,6 +117,7 @@ from queuectl.client import Message, Queue, _check_batch, _check_seconds, _schem
 from queuectl.engine import adapter_for, first_line
 from queuectl.errors import ConnectionFailed, StatementCanceled, UsageError
 from queuectl.sqlfiles import render
+from queuectl.storable import diagnostic_text
 
 DEFAULT_POLL_INTERVAL = 2.0  # longest wait between looks at an idle queue
 DEFAULT_MIN_POLL_INTERVAL = 0.05  # first wait after a look found nothing
@@ -126,7 +127,6 @@ DEFAULT_HEARTBEAT_FRACTION = 1 / 3  # extend leases three times per lease
 DEFAULT_LOG_INTERVAL = 10.0
 POLL_JITTER = 0.1
 MAX_CONCURRENCY = 256
-ERROR_TEXT_LIMIT = 2000
 SETTLE_TRIES = 3  # sends of an item's own ack or nack before the fallbacks
 SETTLE_RETRY_PAUSE = 2.0  # at most between those sends; a tenth of the lease when that is shorter
 
@@ -245,11 +245,6 @@ def _ignore_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def _error_text(exc: BaseException) -> str:
-    """How a handler's failure is recorded as the item's last error."""
-    return f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
-
-
 class HandlerProcessDied(RuntimeError):
     """The process running a handler ended before the handler returned (os._exit, a signal,
     the kernel's OOM killer): the failure of the item it was running."""
@@ -280,7 +275,7 @@ def _serve_handler(handler: Handler, conn: mp_connection.Connection, parent: int
         try:
             handler(message)
         except BaseException as exc:  # whatever the handler raises is this item's failure
-            reply = _error_text(exc)
+            reply = diagnostic_text(exc)
         else:
             reply = None
         try:
@@ -799,7 +794,7 @@ class Worker:
                     else:
                         error = process.run(message)
                 except BaseException as exc:  # whatever the handler raises (SystemExit too) fails this item only
-                    error = _error_text(exc)
+                    error = diagnostic_text(exc)
                 if error is not None:
                     log.warning("item %d failed (attempt %d of %d): %s", message.id, message.attempts,
                                 message.max_attempts, error)
