@@ -758,12 +758,22 @@ def test_reorganize_under_load(db_url, engine, tmp_path, reliability):
     reliability(summary)
     assert [(r["outcome"], r["error"]) for r in runs] == [("succeeded", None)] * len(runs)
     assert all(run["rows"] >= 1 for run in runs), "a run rebuilt nothing"
-    events = [(r["ev"], r["t"]) for path in tmp_path.glob("*.jsonl") for r in _read(path)]
-    for started, ended in windows:  # producers and consumers went on while each run rebuilt
-        assert {"ok", "acked"} <= {ev for ev, t in events if started < t < ended}
-    with engine.connect() as conn:  # no leftover of a REINDEX CONCURRENTLY: every index valid
-        invalid = conn.execute(sa.text(
+    _assert_load_ran_during(tmp_path, windows)
+    assert _invalid_indexes(engine, names) == []  # no leftover of a REINDEX CONCURRENTLY
+
+
+def _assert_load_ran_during(tmp: Path, windows: list[tuple[float, float]]) -> None:
+    """Producers enqueued and consumers acked inside each (start, end) window."""
+    events = [(r["ev"], r["t"]) for path in tmp.glob("*.jsonl") for r in _read(path)]
+    for started, ended in windows:
+        assert {"ok", "acked"} <= {ev for ev, t in events if started < t < ended}, (
+            f"the load stalled between {started:.3f} and {ended:.3f}")
+
+
+def _invalid_indexes(engine, names) -> list[str]:
+    """The queue's INVALID indexes (what an interrupted REINDEX CONCURRENTLY leaves)."""
+    with engine.connect() as conn:
+        return conn.execute(sa.text(
             "SELECT indexrelid::regclass::text FROM pg_index WHERE NOT indisvalid "
             "AND indrelid IN (CAST(:meta AS regclass), CAST(:data AS regclass))"),
             {"meta": names.qualified("meta"), "data": names.qualified("data")}).scalars().all()
-    assert invalid == []
