@@ -57,6 +57,11 @@ SCENARIOS = {
     "reorganize-under-load": Scenario(
         "test_reorganize_under_load",
         "{reorganize_runs} `queuectl reorganize` runs forced to rebuild ({indexes_rebuilt} REINDEX CONCURRENTLY)"),
+    "reorganize-terminated-mid-reindex": Scenario(
+        "test_reorganize_terminated_mid_reindex_under_load",
+        "`pg_terminate_backend` of `queuectl reorganize` during `REINDEX INDEX CONCURRENTLY` of {index_cut} "
+        "(beside {ballast_rows:,} finished rows): exit 3, {leftovers_dropped} leftover dropped in the same run; "
+        "the next run rebuilt {indexes_rebuilt} indexes"),
     "sigkill-archiver": Scenario(
         "test_sigkill_archiver_mid_batch", "SIGKILL of {archivers_killed} `archive --continuous` mid-batch"),
     "sigkill-scheduler": Scenario(

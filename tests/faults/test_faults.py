@@ -5,7 +5,8 @@ threads, and handler processes), of the archiver mid-batch and of the scheduler 
 handlers that SIGKILL their own process under `queuectl worker --processes`; a PostgreSQL
 fast restart, and an immediate one (crash recovery) under `queuectl worker` processes;
 pg_terminate_backend of random client backends; producers sending oversized payloads now
-and then; `queuectl reorganize` rebuilding every index under the load. (The statement
+and then; `queuectl reorganize` rebuilding every index under the load, and a run whose
+backend is terminated during REINDEX INDEX CONCURRENTLY. (The statement
 timeout on the dequeue path: test_statement_timeout.py.) `queuectl worker` scenarios also
 carry poison items, whose handler always fails. After each, the ledger check:
 
@@ -47,6 +48,7 @@ from queuectl.names import QueueNames
 
 import fault_workers
 from fault_handlers import is_killer, is_poison
+from jobs_helpers import add_finished_rows
 
 SPAWN = mp.get_context("spawn")
 LEASE_S = 2.0
@@ -777,3 +779,98 @@ def _invalid_indexes(engine, names) -> list[str]:
             "SELECT indexrelid::regclass::text FROM pg_index WHERE NOT indisvalid "
             "AND indrelid IN (CAST(:meta AS regclass), CAST(:data AS regclass))"),
             {"meta": names.qualified("meta"), "data": names.qualified("data")}).scalars().all()
+
+
+# Finished rows beside the load, in three of the five indexes: building and validating the
+# new copy of each takes ~50 ms on an idle 2-core host (more under the load), a window the
+# 5 ms poll below does not miss; 300,000 would add ~4 s to the test for nothing.
+BALLAST = 100_000
+
+
+def _backend_building_a_new_index(engine, proc: subprocess.Popen) -> int:
+    """The pid of the session of `proc` (a `queuectl reorganize`) while its REINDEX INDEX
+    CONCURRENTLY builds or validates the new copy of an index (its INVALID *_ccnew exists,
+    the swap has not happened yet). The statement's text begins with a comment line, so it
+    is matched anywhere in the text."""
+    with engine.connect() as conn:
+        while True:
+            pid = conn.execute(sa.text(
+                "SELECT a.pid FROM pg_stat_activity a JOIN pg_stat_progress_create_index p ON p.pid = a.pid "
+                "WHERE a.datname = current_database() AND a.query LIKE '%REINDEX INDEX CONCURRENTLY%' "
+                "AND (p.phase LIKE 'building index%' OR p.phase LIKE 'index validation%')")).scalar()
+            conn.commit()  # pg_stat_activity is read once per transaction
+            if pid is not None:
+                return pid
+            assert proc.poll() is None, f"reorganize exited ({proc.returncode}) before a REINDEX could be cut"
+            time.sleep(0.005)
+
+
+def test_reorganize_terminated_mid_reindex_under_load(db_url, engine, tmp_path, reliability):
+    """pg_terminate_backend on `queuectl reorganize`'s session while its REINDEX INDEX
+    CONCURRENTLY builds a new index, under producers and consumers: one line, exit 3, the run
+    failed with the server's reason, its *_ccnew dropped in the same run; the next run
+    rebuilds every index; the load never stops and the ledger holds."""
+    names = _setup(engine)
+    add_finished_rows(engine, BALLAST)
+    meta, data = names.qualified("meta"), names.qualified("data")
+    with engine.connect() as conn:  # the ballast has ids 1..BALLAST; the load's items come after
+        assert conn.execute(sa.text(f"SELECT max(id) FROM {meta}")).scalar_one() == BALLAST
+    load = Load(db_url, tmp_path)
+    load.start()
+    log = tmp_path / "reorganize.log"
+    args = ("reorganize", "orders", "--min-pages", "0", "--bloat", "0", "--fragmentation", "0")
+    windows: list[tuple[float, float]] = []
+    runs: list[subprocess.Popen] = []
+    try:
+        time.sleep(1)
+        started = time.time()
+        proc = _queuectl(db_url, log, *args)
+        runs.append(proc)
+        pid = _backend_building_a_new_index(engine, proc)
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar_one()
+        assert proc.wait(120) == 3, log.read_text()[-2000:]
+        windows.append((started, time.time()))
+        lines = log.read_text().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("reorganize failed: reindex orders_"), lines
+        assert "terminating connection due to administrator command" in lines[0]
+        assert _invalid_indexes(engine, names) == []  # dropped by the failed run itself
+
+        started = time.time()
+        again = _queuectl(db_url, log, *args, "--json", stdout=subprocess.PIPE)
+        runs.append(again)
+        stdout, _ = again.communicate(timeout=120)
+        windows.append((started, time.time()))
+        assert again.returncode == 0, log.read_text()[-2000:]
+        load.finish(engine, meta)
+    finally:
+        load.stop_producers.set()
+        load.stop_consumers.set()
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+    with engine.connect() as conn:
+        cut, rerun = conn.execute(sa.text(
+            "SELECT outcome, error, details FROM queuectl.job_runs WHERE job = 'reorganize' ORDER BY id")).all()
+    assert (cut.outcome, cut.error) == ("failed", lines[0].removeprefix("reorganize failed: "))
+    assert cut.details["connection_lost"] is True
+    leftovers = cut.details["leftovers"]
+    assert [(e["index"].endswith("_ccnew"), e["action"]) for e in leftovers] == [(True, "dropped")], leftovers
+    second = json.loads(stdout)
+    assert (rerun.outcome, second["outcome"], second["error"]) == ("succeeded", "succeeded", None)
+    assert second["result"]["leftovers"] == []
+    rebuilt = [i["index"] for i in second["result"]["indexes"] if i["action"] == "rebuilt"]
+    assert len(rebuilt) == len(second["result"]["indexes"]) >= 5, second["result"]["indexes"]
+    _assert_load_ran_during(tmp_path, windows)
+    assert _invalid_indexes(engine, names) == []
+    with engine.begin() as conn:  # the ballast came through whole; then only the load's items are left
+        intact = conn.execute(sa.text(
+            f"SELECT count(*) FROM {meta} m JOIN {data} d ON d.id = m.id "
+            f"WHERE m.id <= :n AND m.status = 2 AND convert_from(d.payload, 'UTF8') = 'done-' || m.id"),
+            {"n": BALLAST}).scalar_one()
+        assert intact == BALLAST
+        conn.execute(sa.text(f"DELETE FROM {meta} WHERE id <= :n"), {"n": BALLAST})
+    summary = check_ledger(engine, names, tmp_path, "reorganize-terminated-mid-reindex", load.killed)
+    summary.update(ballast_rows=BALLAST, index_cut=cut.error.split(":")[0].removeprefix("reindex "),
+                   leftovers_dropped=len(leftovers), indexes_rebuilt=len(rebuilt))
+    reliability(summary)
