@@ -202,6 +202,7 @@ class _Reorganizer:
                     entry["action"], entry["error"] = "failed", error_text(exc, self.engine)
                     self.result.errors.append(f"{leftover.verb} {leftover.index}: {entry['error']}")
                     if exc.connection_invalidated:
+                        self.result.leftovers.append(entry)  # recorded before the lost connection ends the pass
                         raise
             log.info("reorganize %s: %s leftover index %s", self.target.names.queue, entry["action"], leftover.index)
             self.result.leftovers.append(entry)
