@@ -49,6 +49,7 @@ from queuectl.names import QueueNames
 import fault_workers
 from fault_handlers import is_killer, is_poison
 from jobs_helpers import add_finished_rows
+from reliability_fixtures import reliability, reliability_figures  # noqa: F401  (fixtures of every scenario)
 
 SPAWN = mp.get_context("spawn")
 LEASE_S = 2.0

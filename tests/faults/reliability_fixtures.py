@@ -1,6 +1,7 @@
 """The fault suite's `reliability` fixture: each scenario reports its ledger through it (one
 line on the terminal, and into the figures file when $QUEUECTL_RELIABILITY_OUT names one;
-see reliability.py)."""
+see reliability.py). Imported by test_faults.py: a conftest.py here would be imported as
+`conftest` and hide tests/conftest.py from the modules that import helpers from it."""
 
 from __future__ import annotations
 
