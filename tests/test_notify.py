@@ -253,3 +253,36 @@ def test_downgrade_to_0005_notifies_every_transaction_again(db_url, engine, orde
     result = run_cli("upgrade", "orders", url=db_url)
     assert result.returncode == 0, result.stderr.decode()
     assert {"orders_wait_begin", "orders_wait_end"} <= set(schema_objects(engine)["functions"])
+
+
+def test_a_role_holding_the_activation_locks_stalls_neither_producers_nor_consumers(db_url, engine, orders):
+    """Any role that can connect may take the two advisory locks of the protocol above, whose
+    keys anyone can compute. Held exclusively, they cost spare notifications and polls; no
+    enqueue and no registration waits for them (each is held to a 3 s statement timeout)."""
+    role = "squatter_activation"
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text(f'CREATE ROLE "{role}" LOGIN'))
+    squatter = psycopg.connect(psycopg_conninfo(make_url(db_url).set(username=role).render_as_string(False)),
+                               autocommit=True)
+    timed = sa.create_engine(db_url, connect_args={"options": "-c statement_timeout=3000"})
+    producer = Queue(timed, "orders")
+    listener = Listener(db_url, orders.names.channel)
+    listener.conn.execute("SET statement_timeout = 3000")
+    try:
+        key = squatter.execute("SELECT hashtext(%s) & 2147483647", (orders.names.channel,)).fetchone()[0]
+        assert squatter.execute("SELECT pg_try_advisory_lock(1902343273, %s), pg_try_advisory_lock(1902347383, %s)",
+                                (key, key)).fetchone() == (True, True)
+        started = time.monotonic()
+        assert listener.register(orders.names) == [False]  # not safe to sleep: the consumer polls instead
+        producer.enqueue("while squatted")
+        producer.enqueue_many(["and", "more"])
+        assert listener.received(2) == ["queuectl.orders"] * 2  # announced anyway: spare ones at worst
+        assert time.monotonic() - started < 3
+        assert sorted(m.text for m in orders.dequeue(10)) == ["and", "more", "while squatted"]
+    finally:
+        listener.close()
+        producer.close()
+        timed.dispose()
+        squatter.close()
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(sa.text(f'DROP ROLE "{role}"'))

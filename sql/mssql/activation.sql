@@ -15,6 +15,9 @@
 -- reliable_0006 on SQL Server: nothing (there is no notification to make conditional;
 -- consumers poll).
 
+-- name: create_reliable_notify_0011
+-- reliable_0011 on SQL Server: nothing (no notification, no lock to try).
+
 -- name: replace_reliable_notify_0002
 -- Downgrade of reliable_0006 on SQL Server: nothing was created.
 

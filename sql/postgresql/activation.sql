@@ -86,7 +86,7 @@ $fn$;
 -- however often this is called) and say whether sleeping is safe (true), or whether an
 -- enqueue that may not have seen the registration is still open (false: look again soon).
 -- Call it on the session that LISTENs, then dequeue once more before sleeping.
-CREATE FUNCTION {{fn_wait_begin}}() RETURNS boolean
+CREATE OR REPLACE FUNCTION {{fn_wait_begin}}() RETURNS boolean
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_key integer := hashtext({{channel_literal}}) & 2147483647;
@@ -106,7 +106,7 @@ $fn$;
 
 -- The consumer session found work: producers need not announce to it any more.
 -- Returns whether it was registered.
-CREATE FUNCTION {{fn_wait_end}}() RETURNS boolean
+CREATE OR REPLACE FUNCTION {{fn_wait_end}}() RETURNS boolean
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_key integer := hashtext({{channel_literal}}) & 2147483647;
@@ -115,6 +115,55 @@ BEGIN
                WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND mode = 'ShareLock'
                  AND classid = 1902347383 AND objid = v_key::oid AND objsubid = 2) THEN
         RETURN pg_advisory_unlock_shared(1902347383, v_key);
+    END IF;
+    RETURN false;
+END
+$fn$;
+
+-- name: create_reliable_notify_0011
+-- reliable_0011: the protocol of create_reliable_notify_0006, with no call that waits.
+--
+-- Why: any role that can connect may take any advisory lock, and these keys are easy to
+-- compute (and pg_locks shows them while consumers hold "waiting"). A session holding
+-- "in flight" exclusively made every enqueue wait in pg_advisory_xact_lock_shared, and one
+-- holding "waiting" exclusively made every consumer wait in {{fn_wait_begin}}, forever.
+-- Now both only try. A producer that cannot take "in flight" (shared) notifies: a spare
+-- notification, which the protocol allows; it never skips one it owes, since it skips only
+-- after holding "in flight" and finding no consumer in "waiting", as before. A consumer
+-- that cannot register in "waiting" reports that sleeping is not safe, so it looks again
+-- soon instead of sleeping. Such a session costs notifications and polls, not progress.
+-- (The lock an honest party holds exclusively is only a try-probe, released at once.)
+CREATE OR REPLACE FUNCTION {{fn_notify}}() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_key integer := hashtext({{channel_literal}}) & 2147483647;
+BEGIN
+    -- nested, not AND: SQL does not promise the order in which AND evaluates its sides
+    IF pg_try_advisory_xact_lock_shared(1902343273, v_key) THEN
+        IF pg_try_advisory_lock(1902347383, v_key) THEN
+            PERFORM pg_advisory_unlock(1902347383, v_key);
+            RETURN NULL;
+        END IF;
+    END IF;
+    PERFORM pg_notify({{channel_literal}}, '');
+    RETURN NULL;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION {{fn_wait_begin}}() RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_key integer := hashtext({{channel_literal}}) & 2147483647;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks
+                   WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND mode = 'ShareLock'
+                     AND classid = 1902347383 AND objid = v_key::oid AND objsubid = 2)
+       AND NOT pg_try_advisory_lock_shared(1902347383, v_key) THEN
+        RETURN false;
+    END IF;
+    IF pg_try_advisory_lock(1902343273, v_key) THEN
+        PERFORM pg_advisory_unlock(1902343273, v_key);
+        RETURN true;
     END IF;
     RETURN false;
 END
