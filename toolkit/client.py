@@ -186,14 +186,20 @@ def _headers_list(headers: Any, n: int, what: str = "headers") -> list[str | Non
     return [headers_json(h, f"{what}[{i}]") for i, h in enumerate(_per_item(headers, n, what))]
 
 
+def _whole_number(value: Any, what: str, low: int, high: int) -> int:
+    """An int (not a bool) from low to high, or UsageError naming `what`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise UsageError(f"{what} must be a whole number from {low} to {high}, got {shown(value)}")
+    return value
+
+
 def _check_batch(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_BATCH:
-        raise UsageError(f"batch size must be a whole number from 1 to {MAX_BATCH}, got {shown(n)}")
-    return n
+    return _whole_number(n, "batch size", 1, MAX_BATCH)
 
 
-def _check_seconds(value: float | None, what: str, low: float = 0.0) -> float | None:
-    if value is None:
+def _check_seconds(value: float | None, what: str, low: float = 0.0, *, optional: bool = True) -> float | None:
+    """A number of seconds from `low` to a year, as a float; None stays None when `optional`."""
+    if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= 366 * 86400:
         raise UsageError(f"{what} must be a number of seconds from {low:g} to 31622400, got {shown(value)}")
@@ -201,19 +207,12 @@ def _check_seconds(value: float | None, what: str, low: float = 0.0) -> float | 
 
 
 def _check_priority(priority: int, what: str = "priority") -> int:
-    if isinstance(priority, bool) or not isinstance(priority, int) or not -32768 <= priority <= 32767:
-        raise UsageError(f"{what} must be a whole number from -32768 to 32767, got {shown(priority)}")
-    return priority
+    return _whole_number(priority, what, -32768, 32767)
 
 
 def _check_max_attempts(value: int | None) -> int | None:
     """A per-item max_attempts: None (the queue's) or the range a queue's setting has."""
-    if value is None:
-        return None
-    low, high = QueueSettings.LIMITS["max_attempts"]
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise UsageError(f"max_attempts must be a whole number from {low} to {high}, got {shown(value)}")
-    return value
+    return None if value is None else _whole_number(value, "max_attempts", *QueueSettings.LIMITS["max_attempts"])
 
 
 class Queue:

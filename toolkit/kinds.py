@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from queuectl.catalog import QueueInfo
 from queuectl.client import Queue, _check_batch, _headers_list, _payload_list, _per_item, _spread
+from queuectl.client import _check_seconds as _seconds
 from queuectl.engine import adapter_for, make_engine
 from queuectl.errors import QueuectlError, UsageError
 from queuectl.install import require_queue
@@ -36,7 +37,7 @@ from queuectl.kindspec import kind_template_values
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
 from queuectl.sqlfiles import render
 from queuectl.stats import queue_counts
-from queuectl.storable import headers_json, payload_bytes, shown
+from queuectl.storable import headers_json, payload_bytes
 
 RING_PUSH_TIMEOUT = 1.0  # seconds a push waits for a free slot before reporting the ring full
 RING_REPAIR_GRACE = 30.0  # seconds a slot must sit unchanged before ring_repair touches it
@@ -108,9 +109,8 @@ class ReleasedClaim(NamedTuple):
 
 
 def _check_seconds(value: float, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 366 * 86400:
-        raise UsageError(f"{what} must be a number of seconds from 0 to 31622400, got {shown(value)}")
-    return float(value)
+    """The client's check of a number of seconds, for arguments that have no 'unset' (None)."""
+    return _seconds(value, what, optional=False)
 
 
 def _is_zero(value: object) -> bool:
