@@ -86,7 +86,7 @@ def delay_of(row: sa.Row) -> float:
     return (row.due_at - row.enqueued_at).total_seconds()
 
 
-# -- the cases the attack run found -------------------------------------------------------------------
+# -- values a careless or hostile caller passes -----------------------------------------------------
 
 
 def test_max_attempts_outside_1_to_1000_or_not_a_whole_number_is_a_usage_error(engine, orders):
