@@ -16,15 +16,15 @@ test: venv-test postgres jdbc
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
-# The README's reliability table: the fault suite writes each scenario's ledger to a scratch
-# file, which renders the table and becomes docs/reliability.json; nothing in the checkout
+# The reliability table of docs/reliability.md: the fault suite writes each scenario's ledger to
+# a scratch file, which renders the table and becomes docs/reliability.json; nothing in the checkout
 # changes unless every fault test passed. (The table's own test checks this target's output,
 # so it does not run here.) `make test` writes no figures.
 reliability: venv-test postgres
 	@out=$$(mktemp) && trap 'rm -f "$$out"' EXIT && \
 	  QUEUECTL_RELIABILITY_OUT="$$out" $(BIN)/python -m pytest -q -p no:cacheprovider tests/faults \
 	    --ignore=tests/faults/test_reliability_table.py $(PYTEST_ARGS) && \
-	  $(BIN)/python tests/faults/reliability.py "$$out" README.md && \
+	  $(BIN)/python tests/faults/reliability.py "$$out" docs/reliability.md && \
 	  mkdir -p docs && cp "$$out" docs/reliability.json
 
 venv: $(VENV)/.installed-base

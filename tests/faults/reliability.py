@@ -1,14 +1,15 @@
-"""The fault suite's reliability figures: its scenarios, and the README table made from a run.
+"""The fault suite's reliability figures: its scenarios, and the table of docs/reliability.md made from a run.
 
 Every fault test that ends in the ledger check reports its ledger through the `reliability`
-fixture (conftest.py), under one of the SCENARIOS below. With $QUEUECTL_RELIABILITY_OUT
+fixture (reliability_fixtures.py), under one of the SCENARIOS below. With $QUEUECTL_RELIABILITY_OUT
 naming a file, the test session writes every reported ledger there as JSON when it ends;
 a run without it (a plain `make test`) writes nothing. `make reliability` runs tests/faults
-with it set to docs/reliability.json and then renders the README's table from that file:
+with it set to a scratch file, renders the table of docs/reliability.md from that file:
 
-    python tests/faults/reliability.py docs/reliability.json README.md
+    python tests/faults/reliability.py FIGURES.json docs/reliability.md
 
-which replaces what stands between the README's `<!-- reliability:begin -->` and
+and keeps the file as docs/reliability.json. Rendering replaces what stands between the
+page's `<!-- reliability:begin -->` and
 `<!-- reliability:end -->` lines, and refuses a file that lacks a scenario or has one the
 suite does not know (a partial run, e.g. with -k, renders nothing).
 """
@@ -31,7 +32,7 @@ class Scenario:
     faults: str  # the faults injected, filled from the ledger's own figures
 
 
-# The table's rows, in this order; the README test holds them to the tests that report.
+# The table's rows, in this order; test_reliability_table.py holds them to the tests that report.
 SCENARIOS = {
     "sigkill-consumers": Scenario(
         "test_sigkill_consumers_mid_batch", "SIGKILL of {consumers_killed} consumers mid-batch"),
@@ -109,7 +110,7 @@ def replace_between_markers(text: str, body: str) -> str:
     return text[:begin + len(BEGIN)] + "\n" + body + "\n" + text[end:]
 
 
-def readme_scenarios(text: str) -> list[str]:
+def table_scenarios(text: str) -> list[str]:
     """The scenario keys of the table between the markers, in their order."""
     table = text[text.index(BEGIN) + len(BEGIN):text.index(END)]
     return [line.split("|")[1].strip().strip("`") for line in table.splitlines()
@@ -118,16 +119,16 @@ def readme_scenarios(text: str) -> list[str]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python tests/faults/reliability.py FIGURES.json README.md", file=sys.stderr)
+        print("usage: python tests/faults/reliability.py FIGURES.json docs/reliability.md", file=sys.stderr)
         return 2
-    figures_path, readme_path = map(Path, argv)
+    figures_path, page_path = map(Path, argv)
     try:
         body = render(json.loads(figures_path.read_text()))
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {figures_path}: {exc}", file=sys.stderr)
         return 2
-    readme_path.write_text(replace_between_markers(readme_path.read_text(), body))
-    print(f"{readme_path}: reliability table rendered from {figures_path}")
+    page_path.write_text(replace_between_markers(page_path.read_text(), body))
+    print(f"{page_path}: reliability table rendered from {figures_path}")
     return 0
 
 

@@ -23,7 +23,7 @@ carry poison items, whose handler always fails. After each, the ledger check:
   items) run, the dead letters are exactly those.
 
 Each scenario reports its ledger's figures through the `reliability` fixture: they make the
-README's reliability table (reliability.py, `make reliability`).
+reliability table of docs/reliability.md (reliability.py, `make reliability`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The README's reliability table: one row per fault scenario the suite runs, rendered from
+"""The reliability table of docs/reliability.md: one row per fault scenario the suite runs, rendered from
 the figures file a real run wrote (`make reliability`), never typed by hand."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from reliability import SCENARIOS, readme_scenarios, render, replace_between_markers
+from reliability import SCENARIOS, render, replace_between_markers, table_scenarios
 
 FAULTS_DIR = Path(__file__).resolve().parent
 ROOT = FAULTS_DIR.parents[1]
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "reliability.md"
 FIGURES = ROOT / "docs" / "reliability.json"
 
 
@@ -33,12 +33,12 @@ def test_every_ledger_test_is_one_scenario_and_every_scenario_has_its_test():
     assert set(tests) == _ledger_tests()
 
 
-def test_the_readme_table_has_one_row_per_scenario_in_order():
-    assert readme_scenarios(README.read_text()) == list(SCENARIOS)
+def test_the_table_has_one_row_per_scenario_in_order():
+    assert table_scenarios(PAGE.read_text()) == list(SCENARIOS)
 
 
-def test_the_readme_table_is_the_rendering_of_the_committed_figures():
-    text = README.read_text()
+def test_the_table_is_the_rendering_of_the_committed_figures():
+    text = PAGE.read_text()
     assert replace_between_markers(text, render(json.loads(FIGURES.read_text()))) == text
 
 
