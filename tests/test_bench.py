@@ -476,7 +476,7 @@ def test_json_payloads_are_compressed_inline_where_random_ones_go_out_of_line(db
 def test_one_table_dequeue_claims_with_the_reliable_dequeue_statement() -> None:
     """bench.sql's one-table dequeue is a deliberate copy of the reliable dequeue's claim
     (the split scenario compares the tables, not two statements): its picks and its UPDATE
-    must stay the text of reliable.sql's newest dequeue, up to the lease default."""
+    must stay the text of reliable.sql's dequeue, up to the lease default."""
     from queuectl.sqlfiles import sections
 
     def claim(text: str) -> str:
@@ -484,13 +484,11 @@ def test_one_table_dequeue_claims_with_the_reliable_dequeue_statement() -> None:
         end = text.index("RETURNING", start)
         return " ".join(text[start:end].replace("{{lease_seconds}}", "30").split())
 
-    reliable = sections("postgresql", "reliable")
-    newest = max(name for name in reliable if name.startswith("create_dequeue_"))
-    assert claim(sections("postgresql", "bench")["onetable_create"]) == claim(reliable[newest])
+    assert claim(sections("postgresql", "bench")["onetable_create"]) == claim(sections("postgresql", "reliable")["create_dequeue"])
 
 
 def test_one_table_ack_is_the_reliable_ack_statement() -> None:
-    """The one-table ack is the newest reliable ack's UPDATE, word for word (reliable_0009's
+    """The one-table ack is the reliable ack's UPDATE, word for word (reliable_0009's
     lease check through the primary key only), so neither design's ack gets another plan."""
     from queuectl.sqlfiles import sections
 
@@ -499,9 +497,7 @@ def test_one_table_ack_is_the_reliable_ack_statement() -> None:
         end = text.index("GET DIAGNOSTICS", start)
         return " ".join(text[start:end].split())
 
-    reliable = sections("postgresql", "reliable")
-    newest = max(name for name in reliable if name.startswith("create_lease_functions_"))
-    assert ack(sections("postgresql", "bench")["onetable_create"]) == ack(reliable[newest])
+    assert ack(sections("postgresql", "bench")["onetable_create"]) == ack(sections("postgresql", "reliable")["create_functions"])
 
 
 def _table_definition(engine: sa.Engine, table: str) -> dict[str, Any]:

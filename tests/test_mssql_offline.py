@@ -35,7 +35,7 @@ from queuectl.engine import ADAPTERS, MssqlAdapter, adapter_for_url, make_engine
 from queuectl.errors import ConnectionFailed
 from queuectl.install import KINDS, install_script
 from queuectl.names import QueueNames, quote_ident
-from queuectl.sqlfiles import _PLACEHOLDER, render, sections, split_go_batches
+from queuectl.sqlfiles import _PLACEHOLDER, render, section, sections, split_go_batches
 
 from conftest import run_cli
 
@@ -129,13 +129,15 @@ def sql_files(engine: str) -> list[str]:
 
 
 def mssql_sections() -> list[tuple[str, str]]:
-    return [(file, section) for file in sql_files("mssql") for section in sections("mssql", file)]
+    """Every section of every T-SQL file, today's and the history's."""
+    return [(file, name) for file in sql_files("mssql") for history in (False, True)
+            for name in sections("mssql", file, history=history)]
 
 
-def rendered(file: str, section: str) -> str:
+def rendered(file: str, name: str) -> str:
     values = kind_values(file)
-    wanted = set(_PLACEHOLDER.findall(sections("mssql", file)[section]))
-    return render("mssql", file, section, {k: values[k] for k in wanted})
+    wanted = set(_PLACEHOLDER.findall(section("mssql", file, name)))
+    return render("mssql", file, name, {k: values[k] for k in wanted})
 
 
 # -- every T-SQL text parses ----------------------------------------------------------------
@@ -250,6 +252,25 @@ def test_postgresql_and_mssql_define_the_same_sections(file):
     assert pg == ms, f"{file}: only PostgreSQL {sorted(pg - ms)}, only SQL Server {sorted(ms - pg)}"
 
 
+@pytest.mark.parametrize("file", sorted(set(sql_files("postgresql")) & set(sql_files("mssql"))))
+def test_every_history_section_of_either_engine_is_found_on_both(file):
+    """A revision's section that one engine keeps in its history file is found on the other
+    too: in its history file, or as today's section when the body has not changed there."""
+    for engine in ("postgresql", "mssql"):
+        for name in sections(engine, file, history=True):
+            assert section("postgresql", file, name) and section("mssql", file, name), (engine, file, name)
+
+
+def test_current_files_hold_no_revision_sections_and_history_files_only_those():
+    """The loader refuses a revision-named section in today's file and any other in a history
+    file, so a current file reads as what a fresh install creates."""
+    for engine in ("postgresql", "mssql"):
+        for file in sql_files(engine):
+            assert not [n for n in sections(engine, file) if re.search(r"_[0-9]{4}$", n)], (engine, file)
+            assert all(re.search(r"_[0-9]{4}$", n) for n in sections(engine, file, history=True)), (engine, file)
+    assert sections("postgresql", "reliable", history=True)  # the rule has something to find
+
+
 # Sections of health.sql whose result queuectl.health does not read by column name.
 HEALTH_UNREAD = {"session_limits": "run for its effect", "create_pgstattuple": "a no-op on SQL Server",
                  "now": "read with scalar_one()"}
@@ -316,28 +337,28 @@ def test_health_tsql_measures_ghosts_and_what_holds_them():
     assert "SET LOCK_TIMEOUT 5000" in limits and not _BIND.findall(limits)
 
 
-# A kind's dequeue sections, as (PostgreSQL section, T-SQL section): reliable_0005 and 0008 and
-# the destructive kinds' <kind>_0002 changed only PostgreSQL's (their T-SQL sections are empty),
-# so the first revision's procedure serves both.
+# A kind's dequeue sections, as (PostgreSQL section, T-SQL section): every revision's and
+# today's. reliable_0005 and 0008 and the destructive kinds' <kind>_0002 changed only
+# PostgreSQL's (their T-SQL sections are empty), so today's procedure serves both.
 _DEQUEUE_VARIANTS = {
-    "fifo": [("create_dequeue_lax",) * 2, ("create_dequeue_strict",) * 2,
-             ("create_dequeue_lax_0002", "create_dequeue_lax"), ("create_dequeue_strict_0002", "create_dequeue_strict")],
-    "ring": [("create_functions",) * 2, ("replace_functions_0003",) * 2],
-    "reliable": [("create_dequeue_0001",) * 2, ("create_dequeue_0005", "create_dequeue_0001"),
-                 ("create_dequeue_0008", "create_dequeue_0001")],
-    **{kind: [("create_dequeue_0001",) * 2, ("create_dequeue_0002", "create_dequeue_0001")]
+    "fifo": [("create_dequeue_lax_0001",) * 2, ("create_dequeue_strict_0001",) * 2,
+             ("create_dequeue_lax",) * 2, ("create_dequeue_strict",) * 2],
+    "ring": [("create_functions_0001",) * 2, ("create_functions_0003",) * 2, ("create_functions",) * 2],
+    "reliable": [("create_dequeue_0001",) * 2, ("create_dequeue_0005", "create_dequeue"),
+                 ("create_dequeue", "create_dequeue")],
+    **{kind: [("create_dequeue_0001",) * 2, ("create_dequeue",) * 2]
        for kind in ("heap", "stack", "pending", "watermark")},
 }
-_DEQUEUE_VARIANTS["pending"].append(("create_dequeue_0004", "create_dequeue_0001"))  # pending_0004
+_DEQUEUE_VARIANTS["pending"].append(("create_dequeue_0002", "create_dequeue"))  # pending_0002
 
 
-def _definition(kind: str, section: str, fn: str, ms_section: str | None = None) -> tuple[str, str]:
+def _definition(kind: str, name: str, fn: str, ms_section: str | None = None) -> tuple[str, str]:
     """(PostgreSQL function, T-SQL procedure) texts of one function of a section: CREATE or
     CREATE OR REPLACE on one side, CREATE or CREATE OR ALTER on the other."""
-    pg = sections("postgresql", kind)[section]
+    pg = section("postgresql", kind, name)
     pg_fn = pg[re.search(r"CREATE (?:OR REPLACE )?FUNCTION \{\{fn_%s\}\}\(" % fn, pg).start():]
     pg_fn = pg_fn[: pg_fn.index("$fn$;") + 5]
-    [ms_proc] = [b for b in split_go_batches(rendered(kind, ms_section or section))
+    [ms_proc] = [b for b in split_go_batches(rendered(kind, ms_section or name))
                  if re.match(r'CREATE (?:OR ALTER )?PROCEDURE "queuectl"\."orders_%s"\s' % fn, b)]
     return pg_fn, ms_proc
 
@@ -378,11 +399,12 @@ def test_kind_dequeue_returns_postgresqls_columns_in_its_order(kind):
         check_dequeue_matches(kind, pg_fn, ms_proc)
 
 
-@pytest.mark.parametrize("section", ["create_ring_release_0001", "create_ring_release_0002", "replace_functions_0003"])
-def test_ring_release_returns_postgresqls_columns(section):
+@pytest.mark.parametrize("name", ["create_ring_release_0001", "create_ring_release_0002", "create_functions_0003",
+                                  "create_ring_release"])
+def test_ring_release_returns_postgresqls_columns(name):
     """RingQueue.release() reads ring_release's rows by column name, on both engines and at
     every revision: the procedure's result set is the function's RETURNS TABLE."""
-    pg_fn, proc = _definition("ring", section, "ring_release")
+    pg_fn, proc = _definition("ring", name, "ring_release")
     returns = re.search(r"RETURNS TABLE \((.*?)\)\s*LANGUAGE", pg_fn, re.S).group(1)
     expected = [part.split()[0] for part in returns.split(",")]
     assert expected[:3] == ["side", "item_id", "tombstoned"]  # ring_0001's columns, kept since
@@ -456,7 +478,7 @@ def test_ring_0003_tsql_pushes_and_pops_sets_of_kept_claims():
     the positions come back in input order. Pop: claims topped up below the push high mark,
     every FULL claimed slot taken by one UPDATE ... OUTPUT through a READPAST pick, the rest
     kept. Release: a row per kept claim, push claims first, rescues through enqueue_many."""
-    batches = split_go_batches(rendered("ring", "replace_functions_0003"))
+    batches = split_go_batches(rendered("ring", "create_functions_0003"))
     push, push_one, pop, release = (" ".join(b.split()) for b in batches)
     ring = '"queuectl"."orders_ring"'
     kept = "OPENJSON(CONCAT(N'[', CAST(SESSION_CONTEXT(@{}) AS nvarchar(4000)), N']')) AS k"
@@ -518,7 +540,7 @@ def test_ring_0003_tsql_pushes_and_pops_sets_of_kept_claims():
     ],
 )
 def test_a_broken_ring_0003_statement_fails_the_check(what, break_it):
-    good = rendered("ring", "replace_functions_0003")
+    good = rendered("ring", "create_functions_0003")
     check_tsql(good)
     broken = break_it(good)
     assert broken != good, what
@@ -641,10 +663,10 @@ def test_enqueue_many_values_are_what_the_tsql_reads(kind):
         params = adapter.kind_enqueue_many_params([b"\x00\xff"], ['{"a": 1}'])
     [doc] = json.loads(params["items"])
     # the reliable kind's enqueue procedures have sections of their own (reliable_0001, _0003)
-    for section in (("create_enqueue_functions", "create_enqueue_functions_payload_limit") if kind == "reliable"
-                    else ("create_functions",)):
-        paths = set(re.findall(r"'\$\.(\w+)'", rendered(kind, section)))
-        assert set(doc) == paths, (kind, section)
+    for name in (("create_enqueue_functions_0001", "create_enqueue_functions_0003") if kind == "reliable"
+                 else ("create_functions",)):
+        paths = set(re.findall(r"'\$\.(\w+)'", rendered(kind, name)))
+        assert set(doc) == paths, (kind, name)
     assert doc["payload"] == "00ff" and doc["headers"] == {"a": 1}  # CONVERT(varbinary, hex, 2); AS JSON
     if kind == "pending":
         assert doc["due_at"] == "2030-01-02T01:04:05.600000"  # naive UTC: datetime2 refuses an offset

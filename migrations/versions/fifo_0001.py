@@ -16,7 +16,7 @@ depends_on = None
 
 def _dequeue_section() -> str:
     strict = context.config.attributes["settings"].as_dict().get("strict", False)
-    return "create_dequeue_strict" if strict else "create_dequeue_lax"
+    return "create_dequeue_strict_0001" if strict else "create_dequeue_lax_0001"
 
 
 def upgrade() -> None:

@@ -34,8 +34,8 @@ def _dequeue_sections() -> tuple[str, str]:
     """(this revision's dequeue section, fifo_0001's) for the queue's mode."""
     strict = context.config.attributes["settings"].as_dict().get("strict", False)
     if strict:
-        return "create_dequeue_strict_0002", "create_dequeue_strict"
-    return "create_dequeue_lax_0002", "create_dequeue_lax"
+        return "create_dequeue_strict_0002", "create_dequeue_strict_0001"
+    return "create_dequeue_lax_0002", "create_dequeue_lax_0001"
 
 
 def upgrade() -> None:

@@ -14,9 +14,9 @@ depends_on = None
 
 def upgrade() -> None:
     run_section("reliable", "create_tables")
-    run_section("reliable", "create_functions")
+    run_section("reliable", "create_functions_0001")
     run_section("reliable", "create_dequeue_0001")
-    run_section("reliable", "create_enqueue_functions")
+    run_section("reliable", "create_enqueue_functions_0001")
     register(revision)
 
 

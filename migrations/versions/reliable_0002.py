@@ -13,7 +13,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    run_section("activation", "create_reliable_notify")
+    run_section("activation", "create_reliable_notify_0002")
+    run_section("activation", "create_notify_trigger")
     set_version(revision)
 
 

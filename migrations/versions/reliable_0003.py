@@ -14,12 +14,12 @@ depends_on = None
 
 def upgrade() -> None:
     # A queue installed before this revision gets the default limit (QueueSettings).
-    run_section("reliable", "create_enqueue_functions_payload_limit")
+    run_section("reliable", "create_enqueue_functions_0003")
     record_settings()
     set_version(revision)
 
 
 def downgrade() -> None:
-    run_section("reliable", "create_enqueue_functions")
+    run_section("reliable", "create_enqueue_functions_0001")
     record_settings(without=("max_payload_bytes",))
     set_version(down_revision)

@@ -30,10 +30,10 @@ depends_on = None
 
 
 def upgrade() -> None:
-    replace_functions("activation", "create_reliable_notify_0006")
+    replace_functions("activation", "create_reliable_notify", "create_reliable_notify_0006")
     set_version(revision)
 
 
 def downgrade() -> None:
-    replace_functions("activation", "replace_reliable_notify_0002")
+    replace_functions("activation", "create_reliable_notify_0002", "drop_wait_functions")
     set_version(down_revision)

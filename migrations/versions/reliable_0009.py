@@ -28,12 +28,12 @@ depends_on = None
 
 
 def upgrade() -> None:
-    replace_functions("reliable", "create_lease_functions_0009")  # before the guard: it resets SET clauses
+    replace_functions("reliable", "create_functions_0009")  # before the guard: it resets SET clauses
     run_section("reliable", "set_plan_guard")
     set_version(revision)
 
 
 def downgrade() -> None:
-    replace_functions("reliable", "create_functions")
+    replace_functions("reliable", "create_functions_0001")
     run_section("reliable", "set_plan_guard")
     set_version(down_revision)

@@ -26,5 +26,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    replace_functions("reliable", "create_enqueue_functions_payload_limit")
+    replace_functions("reliable", "create_enqueue_functions_0003")
     set_version(down_revision)

@@ -14,7 +14,7 @@ depends_on = None
 
 def upgrade() -> None:
     run_section("ring", "create_tables")
-    run_section("ring", "create_functions")
+    run_section("ring", "create_functions_0001")
     run_section("ring", "create_ring_release_0001")
     register(revision)
 

@@ -27,6 +27,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    run_section("ring", "drop_ring_release_0002")
+    run_section("ring", "drop_ring_release")
     run_section("ring", "create_ring_release_0001")
     set_version(down_revision)

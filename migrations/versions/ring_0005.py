@@ -24,10 +24,10 @@ depends_on = None
 
 
 def upgrade() -> None:
-    replace_functions("ring", "replace_functions_0005")
+    replace_functions("ring", "create_functions_0005")
     set_version(revision)
 
 
 def downgrade() -> None:
-    replace_functions("ring", "replace_functions_0003")
+    replace_functions("ring", "create_functions_0003")
     set_version(down_revision)

@@ -6,20 +6,17 @@
 -- no statement.
 
 -- name: create_reliable_notify
--- reliable_0002 on SQL Server: no trigger (consumers poll).
+-- Nothing on SQL Server: there is no notification to send or make conditional, and no
+-- lock to try; consumers poll.
+
+-- name: create_notify_trigger
+-- No trigger on SQL Server (consumers poll).
 
 -- name: drop_reliable_notify
--- Downgrade of reliable_0002 on SQL Server: nothing was created.
+-- Nothing was created on SQL Server.
 
--- name: create_reliable_notify_0006
--- reliable_0006 on SQL Server: nothing (there is no notification to make conditional;
--- consumers poll).
-
--- name: create_reliable_notify_0011
--- reliable_0011 on SQL Server: nothing (no notification, no lock to try).
-
--- name: replace_reliable_notify_0002
--- Downgrade of reliable_0006 on SQL Server: nothing was created.
+-- name: drop_wait_functions
+-- Nothing was created on SQL Server.
 
 -- name: listen
 -- Not used on SQL Server (no LISTEN): consumers poll.

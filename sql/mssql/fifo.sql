@@ -124,12 +124,6 @@ BEGIN
     FROM @taken AS t ORDER BY t.id;
 END
 
--- name: create_dequeue_lax_0002
--- Empty on purpose (fifo_0002): this procedure deletes through its TOP pick, with no join to fix.
-
--- name: create_dequeue_strict_0002
--- Empty on purpose (fifo_0002): this procedure deletes through its TOP pick, with no join to fix.
-
 -- name: set_plan_guard
 -- fifo_0004 on PostgreSQL keeps the dequeue's cached generic plan off sequential scans;
 -- sql/mssql/reliable.sql, set_plan_guard, says why nothing is set here. Empty on purpose.

@@ -61,9 +61,10 @@ BEGIN
     SELECT s.id FROM @src AS s ORDER BY s.ord;
 END
 
--- name: create_dequeue_0001
--- The dequeue procedure (a section of its own, as on PostgreSQL, where heap_0002 replaces
--- it and its downgrade restores it; CREATE OR ALTER, so the downgrade can run it again).
+-- name: create_dequeue
+-- The dequeue procedure, unchanged since heap_0001 (CREATE OR ALTER: a revision that
+-- replaces it on PostgreSQL runs it again here). It deletes through its TOP pick, with no
+-- join to the picks, so heap_0002's PostgreSQL change has nothing to fix here.
 
 -- dequeue: ONE statement takes up to @batch items: no ORDER BY, any unlocked rows will do,
 -- so the scan stops at the first rows it can lock. Rows come back in no particular order.
@@ -81,9 +82,6 @@ BEGIN
     DELETE FROM picked
     OUTPUT deleted.id, deleted.payload, deleted.headers, deleted.enqueued_at, @now AS dequeued_at;
 END
-
--- name: create_dequeue_0002
--- Empty on purpose (heap_0002): this procedure deletes through its TOP pick, with no join to fix.
 
 -- name: set_plan_guard
 -- heap_0004 on PostgreSQL keeps the dequeue's cached generic plan off sequential scans;

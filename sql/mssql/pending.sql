@@ -79,9 +79,11 @@ BEGIN
     SELECT s.id FROM @src AS s ORDER BY s.ord;
 END
 
--- name: create_dequeue_0001
--- The dequeue procedure (a section of its own, as on PostgreSQL, where pending_0002 replaces
--- it and its downgrade restores it; CREATE OR ALTER, so the downgrade can run it again).
+-- name: create_dequeue
+-- The dequeue procedure, unchanged since pending_0001 (CREATE OR ALTER: a revision that
+-- replaces it on PostgreSQL runs it again here). It deletes through its TOP pick, with no
+-- join to the picks, so pending_0002's and pending_0004's PostgreSQL changes have nothing
+-- to fix here.
 
 -- dequeue: ONE statement takes up to @batch due items, earliest due first (then id),
 -- skipping rows others hold.
@@ -109,14 +111,6 @@ BEGIN
     SELECT t.id, t.payload, t.headers, t.enqueued_at, @now AS dequeued_at, t.due_at
     FROM @taken AS t ORDER BY t.due_at, t.id;
 END
-
--- name: create_dequeue_0002
--- Empty on purpose (pending_0002): this procedure deletes through its TOP pick, with no join to fix.
-
--- name: create_dequeue_0004
--- pending_0004 on PostgreSQL also names the picked due times in its DELETE, so that a plan
--- built for an empty table cannot walk a whole index. This procedure deletes through its
--- TOP pick itself: nothing to change. Empty on purpose.
 
 -- name: set_plan_guard
 -- pending_0004 on PostgreSQL keeps the dequeue's cached generic plan off sequential scans;

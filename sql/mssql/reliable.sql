@@ -95,9 +95,16 @@ GO
 CREATE INDEX {{history_at_idx}} ON {{history}} (archived_at);
 
 -- name: create_functions
--- The SQL API as stored procedures, callable from any language. CREATE OR ALTER: reliable_0009's
--- downgrade runs this section again (it changes nothing on SQL Server; see
--- create_lease_functions_0009).
+-- The SQL API as stored procedures, callable from any language. CREATE OR ALTER keeps the
+-- procedures' permissions when a revision runs this section again.
+--
+-- On PostgreSQL, ack, nack, extend_lease and release write their lease check so that it does
+-- not match the leased index's predicate: plpgsql's cached generic plan read that whole
+-- index on every call. These procedures take their ids from OPENJSON and check
+-- `m.status = 1`, which matches the filtered leased index here too; whether SQL Server's
+-- optimizer ever scans that index instead of seeking the clustered primary key (it compiles
+-- for the first call's parameters and recompiles when statistics change) was not measured
+-- (no SQL Server runs on these machines), so nothing is changed on a guess.
 
 -- ack: the items are done. Only the current lease holder (when @worker is given) may ack,
 -- so a consumer whose lease expired and was taken over cannot finish the item twice.
@@ -193,9 +200,17 @@ BEGIN
     SELECT @@ROWCOUNT AS released;
 END
 
--- name: create_dequeue_0001
--- The dequeue procedure (a section of its own, as on PostgreSQL, where reliable_0005 replaces
--- it and its downgrade restores it; CREATE OR ALTER, so the downgrade can run it again).
+-- name: create_dequeue
+-- The dequeue procedure (CREATE OR ALTER: the revisions that replace the dequeue on
+-- PostgreSQL run this section again here, which changes nothing).
+--
+-- PostgreSQL's dequeue finds the picked rows through the primary key (a join to the picks
+-- ran as a hash join over the whole meta table once the table had statistics) and reads the
+-- payloads by the claimed ids as an array (a plan built for an empty table walked the data
+-- table's whole primary key). Neither applies here: this procedure updates through the
+-- TOP (@n) pick itself (the CTE is the UPDATE's target, no join to the picks), and joins the
+-- data table to the ids it has just updated (OUTPUT into a table variable) by the clustered
+-- primary key.
 
 -- dequeue: claims up to @batch items and returns them with their payload.
 --  1. Expired leases (their consumer died or stalled) go back to READY, or DEAD when that
@@ -275,208 +290,7 @@ BEGIN
     ORDER BY c.priority, c.due_at, c.id;
 END
 
--- name: create_dequeue_0005
--- reliable_0005 on PostgreSQL finds the picked rows through the primary key instead of a
--- join that the planner, once the table has statistics, ran as a hash join over the whole
--- meta table. Nothing to change here: this procedure updates through the TOP (@n) pick
--- itself (the CTE is the UPDATE's target, no join to the picks), and joins the data table
--- by its clustered primary key. The section is empty on purpose (no batch runs).
-
--- name: create_dequeue_0008
--- reliable_0008 on PostgreSQL also names the claimed ids as an array in the join to the
--- data table, so that a plan built for an empty table cannot walk the whole primary key.
--- This procedure joins the data table to the ids it has just updated (OUTPUT into a table
--- variable) by the clustered primary key; nothing to change. Empty on purpose.
-
 -- name: create_enqueue_functions
--- enqueue and enqueue_many as reliable_0001 made them (no payload limit): created by
--- reliable_0001 and put back by the downgrade of reliable_0003. CREATE OR ALTER keeps
--- the procedures' permissions (queuectl grant).
-
--- enqueue one item; returns its id (one row, column id). Two inserts, one transaction:
--- XACT_ABORT rolls both back on any error (and the caller's transaction with them).
-CREATE OR ALTER PROCEDURE {{fn_enqueue}}
-    @payload       varbinary(max),
-    @headers       nvarchar(max) = NULL,
-    @priority      smallint      = 0,
-    @delay_seconds float         = 0,
-    @title         nvarchar(400) = NULL,
-    @max_attempts  int           = NULL
-AS
-BEGIN
-    SET NOCOUNT ON;
-    SET XACT_ABORT ON;
-    DECLARE @id bigint = NEXT VALUE FOR {{meta_seq}};
-    DECLARE @delay float = COALESCE(@delay_seconds, 0);
-    -- DATEADD takes an int: whole days, then the remaining milliseconds (delays up to years).
-    DECLARE @due datetime2(6) = DATEADD(millisecond,
-        CAST(ROUND((@delay - FLOOR(@delay / 86400e0) * 86400e0) * 1000e0, 0) AS int),
-        DATEADD(day, CAST(FLOOR(@delay / 86400e0) AS int), SYSUTCDATETIME()));
-    BEGIN TRANSACTION;
-    INSERT INTO {{meta}} (id, priority, due_at, title, max_attempts)
-    VALUES (@id, COALESCE(@priority, 0), @due, @title, COALESCE(@max_attempts, {{max_attempts}}));
-    INSERT INTO {{data}} (id, payload, headers) VALUES (@id, @payload, @headers);
-    COMMIT TRANSACTION;
-    SELECT @id AS id;
-END
-GO
--- enqueue many items in one call; ids come back in input order.
--- Input: @items, a JSON array of objects {"payload": "<hex>", "headers": {...} | null,
--- "priority": n, "delay": seconds, "title": "..."}. JSON rather than a table-valued
--- parameter: any language and driver can send a string (pyodbc's TVP support and most
--- ORMs' cannot bind a TVP), and a TVP would need a user-defined table type that every
--- later change of the procedure's input has to drop and recreate. Payloads travel as hex
--- (CONVERT style 2), which JSON can carry and T-SQL decodes without XML tricks.
-CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
-    @items        nvarchar(max),
-    @max_attempts int = NULL
-AS
-BEGIN
-    SET NOCOUNT ON;
-    SET XACT_ABORT ON;
-    DECLARE @now datetime2(6) = SYSUTCDATETIME();
-    DECLARE @src TABLE (
-        ord      int            NOT NULL PRIMARY KEY,
-        id       bigint         NOT NULL,
-        payload  varbinary(max) NOT NULL,
-        headers  nvarchar(max)  NULL,
-        priority smallint       NULL,
-        delay    float          NULL,
-        title    nvarchar(400)  NULL
-    );
-    -- Ids drawn from the sequence in input order, before anything is written.
-    INSERT INTO @src (ord, id, payload, headers, priority, delay, title)
-    SELECT CAST(j.[key] AS int),
-           NEXT VALUE FOR {{meta_seq}} OVER (ORDER BY CAST(j.[key] AS int)),
-           CONVERT(varbinary(max), v.payload_hex, 2), v.headers, v.priority, v.delay, v.title
-    FROM OPENJSON(@items) AS j
-    CROSS APPLY OPENJSON(j.[value]) WITH (
-        payload_hex nvarchar(max) '$.payload',
-        headers     nvarchar(max) '$.headers' AS JSON,
-        priority    smallint      '$.priority',
-        delay       float         '$.delay',
-        title       nvarchar(400) '$.title'
-    ) AS v;
-    BEGIN TRANSACTION;
-    INSERT INTO {{meta}} (id, priority, due_at, title, max_attempts)
-    SELECT s.id, COALESCE(s.priority, 0),
-           DATEADD(millisecond,
-               CAST(ROUND((COALESCE(s.delay, 0) - FLOOR(COALESCE(s.delay, 0) / 86400e0) * 86400e0) * 1000e0, 0) AS int),
-               DATEADD(day, CAST(FLOOR(COALESCE(s.delay, 0) / 86400e0) AS int), @now)),
-           s.title, COALESCE(@max_attempts, {{max_attempts}})
-    FROM @src AS s;
-    INSERT INTO {{data}} (id, payload, headers)
-    SELECT s.id, s.payload, s.headers FROM @src AS s;
-    COMMIT TRANSACTION;
-    SELECT s.id FROM @src AS s ORDER BY s.ord;
-END
-
--- name: create_enqueue_functions_payload_limit
--- reliable_0003: enqueue and enqueue_many refuse a payload larger than the queue's
--- max_payload_bytes with error 50413 (the client raises PayloadTooLarge), before anything
--- is written, so a refused call stores nothing: with enqueue_many, not even the payloads
--- within the limit.
-
--- enqueue one item; returns its id (one row, column id). Two inserts, one transaction:
--- XACT_ABORT rolls both back on any error (and the caller's transaction with them).
-CREATE OR ALTER PROCEDURE {{fn_enqueue}}
-    @payload       varbinary(max),
-    @headers       nvarchar(max) = NULL,
-    @priority      smallint      = 0,
-    @delay_seconds float         = 0,
-    @title         nvarchar(400) = NULL,
-    @max_attempts  int           = NULL
-AS
-BEGIN
-    SET NOCOUNT ON;
-    SET XACT_ABORT ON;
-    IF DATALENGTH(@payload) > {{max_payload_bytes}}
-    BEGIN
-        DECLARE @refused nvarchar(400) = CONCAT(N'queue ''', {{queue_literal}}, N''': payload of ',
-            DATALENGTH(@payload), N' bytes is over max_payload_bytes ', {{max_payload_bytes}},
-            N': nothing was enqueued');
-        THROW 50413, @refused, 1;
-    END;
-    DECLARE @id bigint = NEXT VALUE FOR {{meta_seq}};
-    DECLARE @delay float = COALESCE(@delay_seconds, 0);
-    -- DATEADD takes an int: whole days, then the remaining milliseconds (delays up to years).
-    DECLARE @due datetime2(6) = DATEADD(millisecond,
-        CAST(ROUND((@delay - FLOOR(@delay / 86400e0) * 86400e0) * 1000e0, 0) AS int),
-        DATEADD(day, CAST(FLOOR(@delay / 86400e0) AS int), SYSUTCDATETIME()));
-    BEGIN TRANSACTION;
-    INSERT INTO {{meta}} (id, priority, due_at, title, max_attempts)
-    VALUES (@id, COALESCE(@priority, 0), @due, @title, COALESCE(@max_attempts, {{max_attempts}}));
-    INSERT INTO {{data}} (id, payload, headers) VALUES (@id, @payload, @headers);
-    COMMIT TRANSACTION;
-    SELECT @id AS id;
-END
-GO
--- enqueue many items in one call; ids come back in input order.
--- Input: @items, a JSON array of objects {"payload": "<hex>", "headers": {...} | null,
--- "priority": n, "delay": seconds, "title": "..."}. JSON rather than a table-valued
--- parameter: any language and driver can send a string (pyodbc's TVP support and most
--- ORMs' cannot bind a TVP), and a TVP would need a user-defined table type that every
--- later change of the procedure's input has to drop and recreate. Payloads travel as hex
--- (CONVERT style 2), which JSON can carry and T-SQL decodes without XML tricks.
-CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
-    @items        nvarchar(max),
-    @max_attempts int = NULL
-AS
-BEGIN
-    SET NOCOUNT ON;
-    SET XACT_ABORT ON;
-    DECLARE @now datetime2(6) = SYSUTCDATETIME();
-    DECLARE @src TABLE (
-        ord      int            NOT NULL PRIMARY KEY,
-        id       bigint         NOT NULL,
-        payload  varbinary(max) NOT NULL,
-        headers  nvarchar(max)  NULL,
-        priority smallint       NULL,
-        delay    float          NULL,
-        title    nvarchar(400)  NULL
-    );
-    -- Ids drawn from the sequence in input order, before anything is written.
-    INSERT INTO @src (ord, id, payload, headers, priority, delay, title)
-    SELECT CAST(j.[key] AS int),
-           NEXT VALUE FOR {{meta_seq}} OVER (ORDER BY CAST(j.[key] AS int)),
-           CONVERT(varbinary(max), v.payload_hex, 2), v.headers, v.priority, v.delay, v.title
-    FROM OPENJSON(@items) AS j
-    CROSS APPLY OPENJSON(j.[value]) WITH (
-        payload_hex nvarchar(max) '$.payload',
-        headers     nvarchar(max) '$.headers' AS JSON,
-        priority    smallint      '$.priority',
-        delay       float         '$.delay',
-        title       nvarchar(400) '$.title'
-    ) AS v;
-    -- the first payload over the limit refuses the whole call, before anything is written
-    DECLARE @big_ord int, @big_bytes bigint, @count int;
-    SELECT @count = COUNT(*) FROM @src;
-    SELECT TOP (1) @big_ord = s.ord + 1, @big_bytes = DATALENGTH(s.payload)
-    FROM @src AS s
-    WHERE DATALENGTH(s.payload) > {{max_payload_bytes}}
-    ORDER BY s.ord;
-    IF @big_ord IS NOT NULL
-    BEGIN
-        DECLARE @refused nvarchar(400) = CONCAT(N'queue ''', {{queue_literal}}, N''': payload ', @big_ord,
-            N' of ', @count, N' is ', @big_bytes, N' bytes, over max_payload_bytes ',
-            {{max_payload_bytes}}, N': nothing was enqueued');
-        THROW 50413, @refused, 1;
-    END;
-    BEGIN TRANSACTION;
-    INSERT INTO {{meta}} (id, priority, due_at, title, max_attempts)
-    SELECT s.id, COALESCE(s.priority, 0),
-           DATEADD(millisecond,
-               CAST(ROUND((COALESCE(s.delay, 0) - FLOOR(COALESCE(s.delay, 0) / 86400e0) * 86400e0) * 1000e0, 0) AS int),
-               DATEADD(day, CAST(FLOOR(COALESCE(s.delay, 0) / 86400e0) AS int), @now)),
-           s.title, COALESCE(@max_attempts, {{max_attempts}})
-    FROM @src AS s;
-    INSERT INTO {{data}} (id, payload, headers)
-    SELECT s.id, s.payload, s.headers FROM @src AS s;
-    COMMIT TRANSACTION;
-    SELECT s.id FROM @src AS s ORDER BY s.ord;
-END
-
--- name: create_enqueue_functions_0010
 -- reliable_0010: the limit covers everything one message stores. enqueue and enqueue_many
 -- refuse a message whose payload, title and headers together are over the queue's
 -- max_payload_bytes, counted as stored: DATALENGTH of each (title and headers are nvarchar
@@ -670,16 +484,6 @@ DROP PROCEDURE IF EXISTS {{fn_ack_dequeue}};
 
 -- name: reset_plan_guard
 -- reliable_0008 downgrade: nothing was set (see set_plan_guard). Empty on purpose.
-
--- name: create_lease_functions_0009
--- reliable_0009 on PostgreSQL writes the lease check of ack, nack, extend_lease and release
--- so that it no longer matches the leased index's predicate: plpgsql's cached generic plan
--- read that whole index on every call. These procedures take their ids from OPENJSON and
--- check `m.status = 1`, which matches the filtered leased index here too; whether SQL
--- Server's optimizer ever scans that index instead of seeking the clustered primary key
--- (it compiles for the first call's parameters and recompiles when statistics change) was
--- not measured (no SQL Server runs on these machines), so nothing is changed on a guess.
--- Empty on purpose (no batch runs).
 
 -- name: enqueue
 -- Client call: one item.

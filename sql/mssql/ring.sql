@@ -57,352 +57,9 @@ GO
 CREATE SEQUENCE {{pop_seq}} AS bigint START WITH 0 MINVALUE 0 INCREMENT BY 1 CACHE 1000;
 
 -- name: create_functions
--- The SQL API as stored procedures, callable from any language: ring_0001's push and pop,
--- one position per statement. CREATE OR ALTER, so that ring_0003's downgrade restores them
--- by running this section again (ring_repair, unchanged since, is replaced by itself);
--- ALTER keeps the procedures' EXECUTE grants.
-
--- push (enqueue) one message; returns its position (id), or NULL if the ring stayed full
--- for @timeout seconds (the claimed position is kept for this session's next push).
-CREATE OR ALTER PROCEDURE {{fn_enqueue}}
-    @payload varbinary(max),
-    @headers nvarchar(max) = NULL,
-    @timeout float         = 1.0
-WITH EXECUTE AS OWNER
-AS
-BEGIN
-    SET NOCOUNT ON;
-    DECLARE @key sysname = CONCAT(N'queuectl.rpush.', OBJECT_ID({{ring_regclass}}));
-    DECLARE @pos bigint = CAST(SESSION_CONTEXT(@key) AS bigint);
-    DECLARE @deadline datetime2(6) = DATEADD(millisecond,
-        CAST(ROUND(CASE WHEN @timeout > 0 THEN @timeout ELSE 0 END * 1000e0, 0) AS int), SYSUTCDATETIME());
-    DECLARE @pause_ms int = 1, @held bigint, @pause datetime;
-    WHILE 1 = 1
-    BEGIN
-        IF @pos IS NULL
-            SET @pos = NEXT VALUE FOR {{push_seq}};
-        UPDATE r SET msg_id = @pos, state = 1, payload = @payload, headers = @headers,
-                     pushed_at = SYSUTCDATETIME(), changed_at = SYSUTCDATETIME()
-        FROM {{ring}} AS r WITH (UPDLOCK, READPAST, ROWLOCK)
-        WHERE r.slot = @pos % {{size}} AND r.msg_id = @pos - {{size}} AND r.state <> 1;
-        IF @@ROWCOUNT = 1
-        BEGIN
-            EXEC sys.sp_set_session_context @key = @key, @value = NULL;
-            SELECT @pos AS id;
-            RETURN;
-        END
-        SELECT @held = h.msg_id FROM {{ring}} AS h WHERE h.slot = @pos % {{size}};
-        IF @held >= @pos
-        BEGIN
-            SET @pos = NULL;  -- ring_repair tombstoned our claim (we looked dead): take a new one
-            CONTINUE;
-        END
-        IF SYSUTCDATETIME() >= @deadline
-        BEGIN
-            EXEC sys.sp_set_session_context @key = @key, @value = @pos;
-            SELECT CAST(NULL AS bigint) AS id;  -- full: the slot still holds an unpopped message
-            RETURN;
-        END
-        SET @pause = DATEADD(millisecond, @pause_ms, CAST(0 AS datetime));
-        WAITFOR DELAY @pause;
-        SET @pause_ms = CASE WHEN @pause_ms * 2 > 50 THEN 50 ELSE @pause_ms * 2 END;
-    END
-END
-GO
--- push many messages, one position each, in input order; returns their positions. Stops
--- early when the ring stays full for @timeout seconds (fewer positions come back).
--- @items is a JSON array of {"payload": "<hex>", "headers": {...} | null}.
-CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
-    @items   nvarchar(max),
-    @timeout float = 1.0
-AS
-BEGIN
-    SET NOCOUNT ON;
-    DECLARE @src TABLE (ord int NOT NULL PRIMARY KEY, payload varbinary(max) NOT NULL,
-                        headers nvarchar(max) NULL);
-    DECLARE @out TABLE (ord int NOT NULL PRIMARY KEY, id bigint NULL);
-    DECLARE @pushed TABLE (id bigint NULL);
-    DECLARE @i int = 0, @count int, @payload varbinary(max), @headers nvarchar(max);
-    INSERT INTO @src (ord, payload, headers)
-    SELECT CAST(j.[key] AS int), CONVERT(varbinary(max), v.payload_hex, 2), v.headers
-    FROM OPENJSON(@items) AS j
-    CROSS APPLY OPENJSON(j.[value]) WITH (
-        payload_hex nvarchar(max) '$.payload',
-        headers     nvarchar(max) '$.headers' AS JSON
-    ) AS v;
-    SELECT @count = COUNT(*) FROM @src;
-    WHILE @i < @count
-    BEGIN
-        SELECT @payload = s.payload, @headers = s.headers FROM @src AS s WHERE s.ord = @i;
-        DELETE FROM @pushed;
-        INSERT INTO @pushed (id) EXEC {{fn_enqueue}} @payload = @payload, @headers = @headers, @timeout = @timeout;
-        INSERT INTO @out (ord, id) SELECT @i, p.id FROM @pushed AS p;
-        IF (SELECT o.id FROM @out AS o WHERE o.ord = @i) IS NULL BREAK;
-        SET @i += 1;
-    END
-    SELECT o.id FROM @out AS o WHERE o.id IS NOT NULL ORDER BY o.ord;
-END
-GO
--- pop (dequeue) up to @batch messages in position order. Waits up to @timeout seconds for
--- the first one only; returns what it has as soon as the next is not there yet.
-CREATE OR ALTER PROCEDURE {{fn_dequeue}}
-    @batch   int   = 1,
-    @timeout float = 0
-WITH EXECUTE AS OWNER
-AS
-BEGIN
-    SET NOCOUNT ON;
-    DECLARE @key sysname = CONCAT(N'queuectl.rpop.', OBJECT_ID({{ring_regclass}}));
-    DECLARE @pos bigint = CAST(SESSION_CONTEXT(@key) AS bigint);
-    DECLARE @deadline datetime2(6) = DATEADD(millisecond,
-        CAST(ROUND(CASE WHEN @timeout > 0 THEN @timeout ELSE 0 END * 1000e0, 0) AS int), SYSUTCDATETIME());
-    DECLARE @pause_ms int = 1, @taken int = 0, @held bigint, @held_state smallint, @pause datetime;
-    DECLARE @out TABLE (id bigint NOT NULL PRIMARY KEY, payload varbinary(max) NULL,
-                        headers nvarchar(max) NULL, enqueued_at datetime2(6) NULL,
-                        dequeued_at datetime2(6) NOT NULL);
-    WHILE @taken < @batch
-    BEGIN
-        IF @pos IS NULL
-            SET @pos = NEXT VALUE FOR {{pop_seq}};
-        UPDATE r SET state = 0, payload = NULL, headers = NULL, changed_at = SYSUTCDATETIME()
-        OUTPUT @pos, deleted.payload, deleted.headers, deleted.pushed_at, SYSUTCDATETIME()
-        INTO @out (id, payload, headers, enqueued_at, dequeued_at)
-        FROM {{ring}} AS r WITH (UPDLOCK, READPAST, ROWLOCK)
-        WHERE r.slot = @pos % {{size}} AND r.msg_id = @pos AND r.state = 1;
-        IF @@ROWCOUNT = 1
-        BEGIN
-            SELECT @taken += 1, @pos = NULL;
-            CONTINUE;
-        END
-        SELECT @held = h.msg_id, @held_state = h.state FROM {{ring}} AS h WHERE h.slot = @pos % {{size}};
-        IF @held > @pos OR (@held = @pos AND @held_state <> 1)
-        BEGIN
-            SET @pos = NULL;  -- skipped or rescued by ring_repair: take the next position
-            CONTINUE;
-        END
-        -- not pushed yet (or its push not committed): wait only while we have nothing
-        IF @taken > 0 OR SYSUTCDATETIME() >= @deadline BREAK;
-        SET @pause = DATEADD(millisecond, @pause_ms, CAST(0 AS datetime));
-        WAITFOR DELAY @pause;
-        SET @pause_ms = CASE WHEN @pause_ms * 2 > 50 THEN 50 ELSE @pause_ms * 2 END;
-    END
-    EXEC sys.sp_set_session_context @key = @key, @value = @pos;
-    SELECT id, payload, headers, enqueued_at, dequeued_at FROM @out ORDER BY id;
-END
-GO
--- ring_repair: the recovery path for holes and dead poppers (see the header). Slots are
--- left alone while locked (READPAST: someone is pushing or popping them right now) or
--- changed within @grace_seconds. Returns one row per action: tombstone (item_id = the
--- skipped position), rescue (item_id = old position, new_item_id = new position), or
--- deferred (a rescue found no free slot; the message stays and waits for the next run).
-CREATE OR ALTER PROCEDURE {{fn_ring_repair}}
-    @grace_seconds float = 30,
-    @timeout       float = 1.0
-WITH EXECUTE AS OWNER
-AS
-BEGIN
-    SET NOCOUNT ON;
-    SET XACT_ABORT ON;
-    DECLARE @cutoff datetime2(6) = DATEADD(millisecond,
-        -CAST(ROUND(COALESCE(@grace_seconds, 30) * 1000e0, 0) AS int), SYSUTCDATETIME());
-    DECLARE @push_high bigint, @pop_high bigint, @slot int, @msg bigint, @new bigint;
-    DECLARE @payload varbinary(max), @headers nvarchar(max);
-    DECLARE @actions TABLE (action nvarchar(16) NOT NULL, item_id bigint NULL,
-                            new_item_id bigint NULL, slot int NOT NULL);
-    -- the highest position each side has handed out (-1: none yet; last_used_value is
-    -- NULL until the first draw, SQL Server 2017+)
-    SELECT @push_high = COALESCE(CAST(s.last_used_value AS bigint), -1)
-    FROM sys.sequences AS s WHERE s.object_id = OBJECT_ID({{push_seq_regclass}});
-    SELECT @pop_high = COALESCE(CAST(s.last_used_value AS bigint), -1)
-    FROM sys.sequences AS s WHERE s.object_id = OBJECT_ID({{pop_seq_regclass}});
-
-    -- holes: a free slot whose next position(s) were claimed by pushes that never wrote.
-    UPDATE r SET msg_id = r.msg_id + {{size}} * ((@push_high - r.msg_id) / {{size}}),
-                 state = 2, payload = NULL, headers = NULL, changed_at = SYSUTCDATETIME()
-    OUTPUT N'tombstone', inserted.msg_id, NULL, inserted.slot INTO @actions
-    FROM {{ring}} AS r WITH (UPDLOCK, READPAST, ROWLOCK)
-    WHERE r.state <> 1 AND r.msg_id + {{size}} <= @push_high AND r.changed_at < @cutoff;
-
-    -- orphans: FULL slots whose position a pop already claimed, waiting past the grace.
-    WHILE 1 = 1
-    BEGIN
-        SET @slot = NULL;
-        BEGIN TRANSACTION;
-        SELECT TOP (1) @slot = o.slot, @msg = o.msg_id, @payload = o.payload, @headers = o.headers
-        FROM {{ring}} AS o WITH (UPDLOCK, READPAST, ROWLOCK)
-        WHERE o.state = 1 AND o.msg_id <= @pop_high AND o.changed_at < @cutoff
-        ORDER BY o.msg_id;
-        IF @slot IS NULL
-        BEGIN
-            COMMIT TRANSACTION;
-            BREAK;
-        END
-        -- one try at a new position: claimed and filled only if its slot is free now
-        SET @new = NEXT VALUE FOR {{push_seq}};
-        UPDATE r SET msg_id = @new, state = 1, payload = @payload, headers = @headers,
-                     pushed_at = SYSUTCDATETIME(), changed_at = SYSUTCDATETIME()
-        FROM {{ring}} AS r WITH (UPDLOCK, READPAST, ROWLOCK)
-        WHERE r.slot = @new % {{size}} AND r.msg_id = @new - {{size}} AND r.state <> 1;
-        IF @@ROWCOUNT = 0
-        BEGIN
-            -- the ring is full there: keep the orphan; the unused position becomes a hole
-            -- that a later run tombstones
-            ROLLBACK TRANSACTION;
-            INSERT INTO @actions VALUES (N'deferred', @msg, NULL, @slot);
-            BREAK;
-        END
-        UPDATE {{ring}} SET state = 3, payload = NULL, headers = NULL, changed_at = SYSUTCDATETIME()
-        WHERE slot = @slot;
-        COMMIT TRANSACTION;
-        INSERT INTO @actions VALUES (N'rescue', @msg, @new, @slot);
-    END
-    SELECT action, item_id, new_item_id, slot FROM @actions;
-END
-
--- name: create_ring_release_0001
--- ring_release as ring_0001 made it: give up this session's kept claims (a client closing
--- its connection); a claim whose slot is free for it is tombstoned at once. Returns the
--- released positions. A section of its own, so that ring_0002 replaces it
--- (create_ring_release_0002) and its downgrade restores it.
-CREATE PROCEDURE {{fn_ring_release}}
-WITH EXECUTE AS OWNER
-AS
-BEGIN
-    SET NOCOUNT ON;
-    DECLARE @k_push sysname = CONCAT(N'queuectl.rpush.', OBJECT_ID({{ring_regclass}}));
-    DECLARE @k_pop sysname = CONCAT(N'queuectl.rpop.', OBJECT_ID({{ring_regclass}}));
-    DECLARE @out TABLE (side nvarchar(4) NOT NULL, item_id bigint NOT NULL, tombstoned bit NOT NULL);
-    DECLARE @pos bigint = CAST(SESSION_CONTEXT(@k_push) AS bigint);
-    IF @pos IS NOT NULL
-    BEGIN
-        UPDATE {{ring}} SET msg_id = @pos, state = 2, payload = NULL, headers = NULL,
-                            changed_at = SYSUTCDATETIME()
-        WHERE slot = @pos % {{size}} AND msg_id = @pos - {{size}} AND state <> 1;
-        INSERT INTO @out VALUES (N'push', @pos, CASE WHEN @@ROWCOUNT = 1 THEN 1 ELSE 0 END);
-        EXEC sys.sp_set_session_context @key = @k_push, @value = NULL;
-    END
-    SET @pos = CAST(SESSION_CONTEXT(@k_pop) AS bigint);
-    IF @pos IS NOT NULL
-    BEGIN
-        UPDATE {{ring}} SET msg_id = @pos, state = 2, payload = NULL, headers = NULL,
-                            changed_at = SYSUTCDATETIME()
-        WHERE slot = @pos % {{size}} AND msg_id = @pos - {{size}} AND state <> 1;
-        INSERT INTO @out VALUES (N'pop', @pos, CASE WHEN @@ROWCOUNT = 1 THEN 1 ELSE 0 END);
-        EXEC sys.sp_set_session_context @key = @k_pop, @value = NULL;
-    END
-    SELECT side, item_id, tombstoned FROM @out;
-END
-
--- name: drop_ring_release_0001
--- Remove ring_0001's ring_release.
-DROP PROCEDURE IF EXISTS {{fn_ring_release}};
-
--- name: create_ring_release_0002
--- (CREATE OR ALTER: ring_0003's downgrade runs this section again to restore it.)
--- ring_0002's ring_release: give up this session's kept claims, as ring_0001's does, and
--- close the race that version leaves to ring_repair (sql/postgresql/ring.sql explains it):
--- a pop claim whose slot holds its position FULL (the push committed after this session's
--- last pop looked) holds this session's own message, so it is re-pushed at once, without
--- the grace, as ring_repair rescues an orphan: the old slot marked RESCUED and the push
--- procedure called, waiting up to @timeout seconds for a free slot, in one transaction.
--- If the ring stays full that long, a rollback to the savepoint leaves the message FULL
--- for ring_repair. One row per claim: side, item_id, tombstoned (ring_0001's columns),
--- new_item_id (the rescued message's new id) and outcome: tombstoned, rescued, deferred
--- (the ring stayed full) or left (the slot was not free for the claim: ring_repair's).
-CREATE OR ALTER PROCEDURE {{fn_ring_release}}
-    @timeout float = 0.1
-WITH EXECUTE AS OWNER
-AS
-BEGIN
-    SET NOCOUNT ON;
-    SET XACT_ABORT ON;
-    DECLARE @k_push sysname = CONCAT(N'queuectl.rpush.', OBJECT_ID({{ring_regclass}}));
-    DECLARE @k_pop sysname = CONCAT(N'queuectl.rpop.', OBJECT_ID({{ring_regclass}}));
-    DECLARE @out TABLE (side nvarchar(4) NOT NULL, item_id bigint NOT NULL, tombstoned bit NOT NULL,
-                        new_item_id bigint NULL, outcome nvarchar(10) NOT NULL);
-    DECLARE @pushed TABLE (id bigint NULL);
-    DECLARE @pos bigint = CAST(SESSION_CONTEXT(@k_push) AS bigint);
-    DECLARE @done int, @slot int, @new bigint, @payload varbinary(max), @headers nvarchar(max);
-    IF @pos IS NOT NULL
-    BEGIN
-        -- our own claim: safe to tombstone at once when its slot is free for it
-        UPDATE {{ring}} SET msg_id = @pos, state = 2, payload = NULL, headers = NULL,
-                            changed_at = SYSUTCDATETIME()
-        WHERE slot = @pos % {{size}} AND msg_id = @pos - {{size}} AND state <> 1;
-        SET @done = @@ROWCOUNT;
-        INSERT INTO @out VALUES (N'push', @pos, @done, NULL,
-                                 CASE WHEN @done = 1 THEN N'tombstoned' ELSE N'left' END);
-        -- cleared before a rescue below pushes: that push must draw a position of its own
-        EXEC sys.sp_set_session_context @key = @k_push, @value = NULL;
-    END
-    SET @pos = CAST(SESSION_CONTEXT(@k_pop) AS bigint);
-    IF @pos IS NOT NULL
-    BEGIN
-        -- a pop claim whose push has not happened yet: tombstone it before a push fills it.
-        -- A push of @pos in flight holds the slot's key lock: this waits for its outcome.
-        UPDATE {{ring}} SET msg_id = @pos, state = 2, payload = NULL, headers = NULL,
-                            changed_at = SYSUTCDATETIME()
-        WHERE slot = @pos % {{size}} AND msg_id = @pos - {{size}} AND state <> 1;
-        IF @@ROWCOUNT = 1
-            INSERT INTO @out VALUES (N'pop', @pos, 1, NULL, N'tombstoned');
-        ELSE
-        BEGIN
-            -- the race: the push of @pos committed after our last pop looked. READPAST: a
-            -- slot locked now is ring_repair rescuing it already, never waited for here.
-            BEGIN TRANSACTION;
-            SELECT @slot = o.slot, @payload = o.payload, @headers = o.headers
-            FROM {{ring}} AS o WITH (UPDLOCK, READPAST, ROWLOCK)
-            WHERE o.slot = @pos % {{size}} AND o.msg_id = @pos AND o.state = 1;
-            IF @slot IS NULL
-            BEGIN
-                COMMIT TRANSACTION;
-                INSERT INTO @out VALUES (N'pop', @pos, 0, NULL, N'left');
-            END
-            ELSE
-            BEGIN
-                -- a rollback to the savepoint undoes the rescue and keeps the slot's lock
-                SAVE TRANSACTION ring_rescue;
-                UPDATE {{ring}} SET state = 3, payload = NULL, headers = NULL, changed_at = SYSUTCDATETIME()
-                WHERE slot = @slot;
-                INSERT INTO @pushed (id)
-                EXEC {{fn_enqueue}} @payload = @payload, @headers = @headers, @timeout = @timeout;
-                SELECT @new = p.id FROM @pushed AS p;
-                IF @new IS NULL
-                BEGIN
-                    -- the ring stayed full: the message stays FULL at @pos for ring_repair.
-                    -- The push kept the position it drew in the session, and session context
-                    -- is not transactional: drop it (a hole, which ring_repair tombstones).
-                    ROLLBACK TRANSACTION ring_rescue;
-                    COMMIT TRANSACTION;
-                    EXEC sys.sp_set_session_context @key = @k_push, @value = NULL;
-                    INSERT INTO @out VALUES (N'pop', @pos, 0, NULL, N'deferred');
-                END
-                ELSE
-                BEGIN
-                    COMMIT TRANSACTION;
-                    INSERT INTO @out VALUES (N'pop', @pos, 0, @new, N'rescued');
-                END
-            END
-        END
-        EXEC sys.sp_set_session_context @key = @k_pop, @value = NULL;
-    END
-    SELECT side, item_id, tombstoned, new_item_id, outcome FROM @out;
-END
-
--- name: drop_ring_release_0002
--- Remove ring_0002's ring_release.
-DROP PROCEDURE IF EXISTS {{fn_ring_release}};
-
--- name: set_autovacuum
--- ring_0004 on PostgreSQL takes the cost delay off the vacuum of the slots' TOAST table.
--- SQL Server has no per-table autovacuum (sql/mssql/reliable.sql: set_autovacuum says
--- more): large payloads are LOB pages that the instance's ghost cleanup reclaims, with no
--- per-table setting. Empty on purpose (no batch runs).
-
--- name: reset_autovacuum
--- ring_0004 downgrade: nothing was set (see set_autovacuum). Empty on purpose.
-
--- name: replace_functions_0003
+-- The SQL API, callable from any language: push (enqueue, enqueue_many), pop (dequeue) and
+-- the recovery path (ring_repair); ring_release is the next section.
+--
 -- ring_0003: set-based push and pop (sql/postgresql/ring.sql explains why: one statement
 -- per position cost as much server time per message at every batch size). A batch claims
 -- its positions with one sequence call and writes or takes them with one UPDATE; the
@@ -426,6 +83,28 @@ DROP PROCEDURE IF EXISTS {{fn_ring_release}};
 -- (whose count is computed) does not have. A position that replaces a tombstoned claim is
 -- one NEXT VALUE FOR.
 -- Same parameters and result columns as before; CREATE OR ALTER keeps the EXECUTE grants.
+
+-- push one message: the batch push of one (one row, column id; NULL when the ring stayed
+-- full for @timeout: the claim is kept for this session's next push). The message travels
+-- as enqueue_many's JSON array; INSERT ... EXEC reads its result, so this procedure cannot
+-- itself be called by INSERT ... EXEC (SQL Server refuses nested INSERT ... EXEC): call
+-- enqueue_many there, as ring_release does.
+CREATE OR ALTER PROCEDURE {{fn_enqueue}}
+    @payload varbinary(max),
+    @headers nvarchar(max) = NULL,
+    @timeout float         = 1.0
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @pushed TABLE (id bigint NOT NULL);
+    DECLARE @items nvarchar(max) = (
+        SELECT CONVERT(varchar(max), @payload, 2) AS payload, JSON_QUERY(@headers) AS headers
+        FOR JSON PATH
+    );
+    INSERT INTO @pushed (id) EXEC {{fn_enqueue_many}} @items = @items, @timeout = @timeout;
+    SELECT MAX(p.id) AS id FROM @pushed AS p;
+END
+GO
 
 -- push many messages in input order; returns their positions. Claims (the session's kept
 -- ones first, then new ones) are written in one UPDATE for the longest run of them whose
@@ -539,27 +218,7 @@ BEGIN
     SELECT w.id FROM @written AS w ORDER BY w.ord;
 END
 GO
--- push one message: the batch push of one (one row, column id; NULL when the ring stayed
--- full for @timeout: the claim is kept for this session's next push). The message travels
--- as enqueue_many's JSON array; INSERT ... EXEC reads its result, so this procedure cannot
--- itself be called by INSERT ... EXEC (SQL Server refuses nested INSERT ... EXEC): call
--- enqueue_many there, as ring_release does.
-CREATE OR ALTER PROCEDURE {{fn_enqueue}}
-    @payload varbinary(max),
-    @headers nvarchar(max) = NULL,
-    @timeout float         = 1.0
-AS
-BEGIN
-    SET NOCOUNT ON;
-    DECLARE @pushed TABLE (id bigint NOT NULL);
-    DECLARE @items nvarchar(max) = (
-        SELECT CONVERT(varchar(max), @payload, 2) AS payload, JSON_QUERY(@headers) AS headers
-        FOR JSON PATH
-    );
-    INSERT INTO @pushed (id) EXEC {{fn_enqueue_many}} @items = @items, @timeout = @timeout;
-    SELECT MAX(p.id) AS id FROM @pushed AS p;
-END
-GO
+
 -- pop up to @batch messages in position order. Claims (the session's kept ones first) are
 -- topped up with one sequence call, but never past the positions pushers have claimed
 -- (push_seq's high mark minus pop_seq's: a claim beyond that could only wait), and one
@@ -651,6 +310,79 @@ BEGIN
     SELECT id, payload, headers, enqueued_at, dequeued_at FROM @out ORDER BY id;
 END
 GO
+
+-- ring_repair: the recovery path for holes and dead poppers (see the header). Slots are
+-- left alone while locked (READPAST: someone is pushing or popping them right now) or
+-- changed within @grace_seconds. Returns one row per action: tombstone (item_id = the
+-- skipped position), rescue (item_id = old position, new_item_id = new position), or
+-- deferred (a rescue found no free slot; the message stays and waits for the next run).
+CREATE OR ALTER PROCEDURE {{fn_ring_repair}}
+    @grace_seconds float = 30,
+    @timeout       float = 1.0
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @cutoff datetime2(6) = DATEADD(millisecond,
+        -CAST(ROUND(COALESCE(@grace_seconds, 30) * 1000e0, 0) AS int), SYSUTCDATETIME());
+    DECLARE @push_high bigint, @pop_high bigint, @slot int, @msg bigint, @new bigint;
+    DECLARE @payload varbinary(max), @headers nvarchar(max);
+    DECLARE @actions TABLE (action nvarchar(16) NOT NULL, item_id bigint NULL,
+                            new_item_id bigint NULL, slot int NOT NULL);
+    -- the highest position each side has handed out (-1: none yet; last_used_value is
+    -- NULL until the first draw, SQL Server 2017+)
+    SELECT @push_high = COALESCE(CAST(s.last_used_value AS bigint), -1)
+    FROM sys.sequences AS s WHERE s.object_id = OBJECT_ID({{push_seq_regclass}});
+    SELECT @pop_high = COALESCE(CAST(s.last_used_value AS bigint), -1)
+    FROM sys.sequences AS s WHERE s.object_id = OBJECT_ID({{pop_seq_regclass}});
+
+    -- holes: a free slot whose next position(s) were claimed by pushes that never wrote.
+    UPDATE r SET msg_id = r.msg_id + {{size}} * ((@push_high - r.msg_id) / {{size}}),
+                 state = 2, payload = NULL, headers = NULL, changed_at = SYSUTCDATETIME()
+    OUTPUT N'tombstone', inserted.msg_id, NULL, inserted.slot INTO @actions
+    FROM {{ring}} AS r WITH (UPDLOCK, READPAST, ROWLOCK)
+    WHERE r.state <> 1 AND r.msg_id + {{size}} <= @push_high AND r.changed_at < @cutoff;
+
+    -- orphans: FULL slots whose position a pop already claimed, waiting past the grace.
+    WHILE 1 = 1
+    BEGIN
+        SET @slot = NULL;
+        BEGIN TRANSACTION;
+        SELECT TOP (1) @slot = o.slot, @msg = o.msg_id, @payload = o.payload, @headers = o.headers
+        FROM {{ring}} AS o WITH (UPDLOCK, READPAST, ROWLOCK)
+        WHERE o.state = 1 AND o.msg_id <= @pop_high AND o.changed_at < @cutoff
+        ORDER BY o.msg_id;
+        IF @slot IS NULL
+        BEGIN
+            COMMIT TRANSACTION;
+            BREAK;
+        END
+        -- one try at a new position: claimed and filled only if its slot is free now
+        SET @new = NEXT VALUE FOR {{push_seq}};
+        UPDATE r SET msg_id = @new, state = 1, payload = @payload, headers = @headers,
+                     pushed_at = SYSUTCDATETIME(), changed_at = SYSUTCDATETIME()
+        FROM {{ring}} AS r WITH (UPDLOCK, READPAST, ROWLOCK)
+        WHERE r.slot = @new % {{size}} AND r.msg_id = @new - {{size}} AND r.state <> 1;
+        IF @@ROWCOUNT = 0
+        BEGIN
+            -- the ring is full there: keep the orphan; the unused position becomes a hole
+            -- that a later run tombstones
+            ROLLBACK TRANSACTION;
+            INSERT INTO @actions VALUES (N'deferred', @msg, NULL, @slot);
+            BREAK;
+        END
+        UPDATE {{ring}} SET state = 3, payload = NULL, headers = NULL, changed_at = SYSUTCDATETIME()
+        WHERE slot = @slot;
+        COMMIT TRANSACTION;
+        INSERT INTO @actions VALUES (N'rescue', @msg, @new, @slot);
+    END
+    SELECT action, item_id, new_item_id, slot FROM @actions;
+END
+
+-- name: create_ring_release
+-- ring_release: give up this session's kept claims.
+
 -- ring_release for a session that may keep several claims per side: ring_0002's rules
 -- (create_ring_release_0002 above), one row per claim, push claims first, oldest first.
 -- A rescue pushes through enqueue_many (a JSON array of one): enqueue reads enqueue_many
@@ -753,15 +485,18 @@ BEGIN
     SELECT side, item_id, tombstoned, new_item_id, outcome FROM @out ORDER BY seq;
 END
 
--- name: replace_functions_0005
--- ring_0005 on PostgreSQL folds its plpgsql push and pop into one statement each in the
--- common case (sql/postgresql/ring.sql, replace_functions_0005, has the measurements): each
--- plpgsql statement there pays its own executor start, and its pop locked the slots in a
--- pass of its own before the UPDATE. The T-SQL procedures already take the slots in one
--- UPDATE through a CTE with UPDLOCK, READPAST and OUTPUT deleted.*, and push in one UPDATE
--- from a locked run; what is left per call (the session-context claims in table variables)
--- has not been measured against an alternative on SQL Server, and none could run here.
--- So nothing changes on SQL Server. Empty on purpose (no batch runs).
+-- name: drop_ring_release
+-- Remove ring_0002's ring_release.
+DROP PROCEDURE IF EXISTS {{fn_ring_release}};
+
+-- name: set_autovacuum
+-- ring_0004 on PostgreSQL takes the cost delay off the vacuum of the slots' TOAST table.
+-- SQL Server has no per-table autovacuum (sql/mssql/reliable.sql: set_autovacuum says
+-- more): large payloads are LOB pages that the instance's ghost cleanup reclaims, with no
+-- per-table setting. Empty on purpose (no batch runs).
+
+-- name: reset_autovacuum
+-- ring_0004 downgrade: nothing was set (see set_autovacuum). Empty on purpose.
 
 -- name: drop_functions
 -- Remove the SQL API.

@@ -61,9 +61,10 @@ BEGIN
     SELECT s.id FROM @src AS s ORDER BY s.ord;
 END
 
--- name: create_dequeue_0001
--- The dequeue procedure (a section of its own, as on PostgreSQL, where stack_0002 replaces
--- it and its downgrade restores it; CREATE OR ALTER, so the downgrade can run it again).
+-- name: create_dequeue
+-- The dequeue procedure, unchanged since stack_0001 (CREATE OR ALTER: a revision that
+-- replaces it on PostgreSQL runs it again here). It deletes through its TOP pick, with no
+-- join to the picks, so stack_0002's PostgreSQL change has nothing to fix here.
 
 -- dequeue: ONE statement takes up to @batch items, newest first, skipping rows others hold.
 CREATE OR ALTER PROCEDURE {{fn_dequeue}}
@@ -88,9 +89,6 @@ BEGIN
     SELECT t.id, t.payload, t.headers, t.enqueued_at, @now AS dequeued_at
     FROM @taken AS t ORDER BY t.id DESC;
 END
-
--- name: create_dequeue_0002
--- Empty on purpose (stack_0002): this procedure deletes through its TOP pick, with no join to fix.
 
 -- name: set_plan_guard
 -- stack_0004 on PostgreSQL keeps the dequeue's cached generic plan off sequential scans;

@@ -143,9 +143,10 @@ BEGIN
            CAST(CASE WHEN @new <> @old THEN 1 ELSE 0 END AS bit) AS changed, @reason AS reason;
 END
 
--- name: create_dequeue_0001
--- The dequeue procedure (a section of its own, as on PostgreSQL, where watermark_0002 replaces
--- it and its downgrade restores it; CREATE OR ALTER, so the downgrade can run it again).
+-- name: create_dequeue
+-- The dequeue procedure, unchanged since watermark_0001 (CREATE OR ALTER: a revision that
+-- replaces it on PostgreSQL runs it again here). It deletes through its TOP pick, with no
+-- join to the picks, so watermark_0002's PostgreSQL change has nothing to fix here.
 
 -- dequeue: ONE statement takes up to @batch items at or above the session's watermark,
 -- oldest first, skipping rows other consumers hold. Around it, every 100th call moves the
@@ -227,9 +228,6 @@ BEGIN
     SELECT t.id, t.payload, t.headers, t.enqueued_at, @now AS dequeued_at
     FROM @taken AS t ORDER BY t.id;
 END
-
--- name: create_dequeue_0002
--- Empty on purpose (watermark_0002): this procedure deletes through its TOP pick, with no join to fix.
 
 -- name: set_plan_guard
 -- watermark_0004 on PostgreSQL keeps the dequeue's cached generic plan off sequential scans;

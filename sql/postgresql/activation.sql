@@ -9,35 +9,7 @@
 -- Sections are filled by queuectl.sqlfiles.render() with quoted identifiers only.
 
 -- name: create_reliable_notify
--- reliable_0002: one notification per enqueueing transaction.
--- A statement-level AFTER INSERT trigger on meta fires once per INSERT statement, whatever
--- its row count (enqueue_many's 10,000 rows cost one call), and PostgreSQL drops a
--- notification identical (same channel, same payload) to one already pending in the
--- transaction, so ten single enqueues in one transaction still deliver one notification
--- at commit, and none on rollback. A trigger rather than a pg_notify call inside the
--- enqueue functions: it costs one after-trigger event per statement (no per-row work,
--- no transition table), it also covers rows inserted by plain INSERTs or by functions a
--- later revision adds, and this revision leaves the enqueue functions untouched, so its
--- downgrade is two DROPs instead of a second copy of those functions.
-CREATE FUNCTION {{fn_notify}}() RETURNS trigger
-LANGUAGE plpgsql AS $fn$
-BEGIN
-    PERFORM pg_notify({{channel_literal}}, '');
-    RETURN NULL;
-END
-$fn$;
-
-CREATE TRIGGER {{notify_trigger}}
-    AFTER INSERT ON {{meta}}
-    FOR EACH STATEMENT EXECUTE FUNCTION {{fn_notify}}();
-
--- name: drop_reliable_notify
--- reliable_0002 downgrade: no more notifications; consumers fall back to polling.
-DROP TRIGGER IF EXISTS {{notify_trigger}} ON {{meta}};
-DROP FUNCTION IF EXISTS {{fn_notify}}();
-
--- name: create_reliable_notify_0006
--- reliable_0006: notify only when a consumer may be waiting.
+-- Notify only when a consumer may be waiting, and never wait for a lock to decide.
 --
 -- Why: PostgreSQL serialises the commits of all transactions that issued NOTIFY (a
 -- database-wide lock taken before the commit record and held until it is flushed), so
@@ -67,67 +39,12 @@ DROP FUNCTION IF EXISTS {{fn_notify}}();
 -- serialised commit; a consumer pays one call when it goes idle and one when it gets busy.
 -- A plain LISTEN session that never calls {{fn_wait_begin}} is no longer woken, except
 -- while some registered consumer waits: it still finds items by polling.
-CREATE OR REPLACE FUNCTION {{fn_notify}}() RETURNS trigger
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_key integer := hashtext({{channel_literal}}) & 2147483647;
-BEGIN
-    PERFORM pg_advisory_xact_lock_shared(1902343273, v_key);
-    IF pg_try_advisory_lock(1902347383, v_key) THEN
-        PERFORM pg_advisory_unlock(1902347383, v_key);
-    ELSE
-        PERFORM pg_notify({{channel_literal}}, '');
-    END IF;
-    RETURN NULL;
-END
-$fn$;
-
--- A consumer session is about to sleep on the channel: register it (once per session,
--- however often this is called) and say whether sleeping is safe (true), or whether an
--- enqueue that may not have seen the registration is still open (false: look again soon).
--- Call it on the session that LISTENs, then dequeue once more before sleeping.
-CREATE OR REPLACE FUNCTION {{fn_wait_begin}}() RETURNS boolean
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_key integer := hashtext({{channel_literal}}) & 2147483647;
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks
-                   WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND mode = 'ShareLock'
-                     AND classid = 1902347383 AND objid = v_key::oid AND objsubid = 2) THEN
-        PERFORM pg_advisory_lock_shared(1902347383, v_key);
-    END IF;
-    IF pg_try_advisory_lock(1902343273, v_key) THEN
-        PERFORM pg_advisory_unlock(1902343273, v_key);
-        RETURN true;
-    END IF;
-    RETURN false;
-END
-$fn$;
-
--- The consumer session found work: producers need not announce to it any more.
--- Returns whether it was registered.
-CREATE OR REPLACE FUNCTION {{fn_wait_end}}() RETURNS boolean
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_key integer := hashtext({{channel_literal}}) & 2147483647;
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_locks
-               WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND mode = 'ShareLock'
-                 AND classid = 1902347383 AND objid = v_key::oid AND objsubid = 2) THEN
-        RETURN pg_advisory_unlock_shared(1902347383, v_key);
-    END IF;
-    RETURN false;
-END
-$fn$;
-
--- name: create_reliable_notify_0011
--- reliable_0011: the protocol of create_reliable_notify_0006, with no call that waits.
 --
 -- Why: any role that can connect may take any advisory lock, and these keys are easy to
 -- compute (and pg_locks shows them while consumers hold "waiting"). A session holding
 -- "in flight" exclusively made every enqueue wait in pg_advisory_xact_lock_shared, and one
 -- holding "waiting" exclusively made every consumer wait in {{fn_wait_begin}}, forever.
--- Now both only try. A producer that cannot take "in flight" (shared) notifies: a spare
+-- So both only try. A producer that cannot take "in flight" (shared) notifies: a spare
 -- notification, which the protocol allows; it never skips one it owes, since it skips only
 -- after holding "in flight" and finding no consumer in "waiting", as before. A consumer
 -- that cannot register in "waiting" reports that sleeping is not safe, so it looks again
@@ -169,17 +86,45 @@ BEGIN
 END
 $fn$;
 
--- name: replace_reliable_notify_0002
--- reliable_0006 downgrade: notify in every enqueueing transaction again (reliable_0002's
--- body), and drop the consumer registration calls.
-CREATE OR REPLACE FUNCTION {{fn_notify}}() RETURNS trigger
+-- The consumer session found work: producers need not announce to it any more.
+-- Returns whether it was registered.
+CREATE OR REPLACE FUNCTION {{fn_wait_end}}() RETURNS boolean
 LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_key integer := hashtext({{channel_literal}}) & 2147483647;
 BEGIN
-    PERFORM pg_notify({{channel_literal}}, '');
-    RETURN NULL;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_locks
+               WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND mode = 'ShareLock'
+                 AND classid = 1902347383 AND objid = v_key::oid AND objsubid = 2) THEN
+        RETURN pg_advisory_unlock_shared(1902347383, v_key);
+    END IF;
+    RETURN false;
 END
 $fn$;
 
+-- name: create_notify_trigger
+-- One notification per enqueueing transaction.
+-- A statement-level AFTER INSERT trigger on meta fires once per INSERT statement, whatever
+-- its row count (enqueue_many's 10,000 rows cost one call), and PostgreSQL drops a
+-- notification identical (same channel, same payload) to one already pending in the
+-- transaction, so ten single enqueues in one transaction still deliver one notification
+-- at commit, and none on rollback. A trigger rather than a pg_notify call inside the
+-- enqueue functions: it costs one after-trigger event per statement (no per-row work,
+-- no transition table), it also covers rows inserted by plain INSERTs or by functions a
+-- later revision adds, and this revision leaves the enqueue functions untouched, so its
+-- downgrade is two DROPs instead of a second copy of those functions.
+CREATE TRIGGER {{notify_trigger}}
+    AFTER INSERT ON {{meta}}
+    FOR EACH STATEMENT EXECUTE FUNCTION {{fn_notify}}();
+
+-- name: drop_reliable_notify
+-- reliable_0002 downgrade: no more notifications; consumers fall back to polling.
+DROP TRIGGER IF EXISTS {{notify_trigger}} ON {{meta}};
+DROP FUNCTION IF EXISTS {{fn_notify}}();
+
+-- name: drop_wait_functions
+-- Remove the consumer registration calls (the downgrade to notifying in every enqueueing
+-- transaction).
 DROP FUNCTION IF EXISTS {{fn_wait_begin}}();
 DROP FUNCTION IF EXISTS {{fn_wait_end}}();
 

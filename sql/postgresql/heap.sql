@@ -40,34 +40,8 @@ LANGUAGE sql AS $fn$
     SELECT src.id FROM src ORDER BY src.ord
 $fn$;
 
--- name: create_dequeue_0001
--- heap_0001's dequeue (a section of its own, so that heap_0002 replaces it and its
--- downgrade restores it).
-
--- dequeue: ONE statement takes up to p_batch items. The pick is a MATERIALIZED CTE so the
--- planner cannot flatten it into the DELETE (a flattened plan may delete more rows than the LIMIT).
--- No ORDER BY: any unlocked rows will do, so the scan stops at the first ones it can lock.
-CREATE OR REPLACE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1)
-RETURNS TABLE (id bigint, payload bytea, headers jsonb, enqueued_at timestamptz, dequeued_at timestamptz)
-LANGUAGE plpgsql AS $fn$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    WITH picked AS MATERIALIZED (
-        SELECT i.id FROM {{items}} i
-        LIMIT greatest(p_batch, 0)
-        FOR UPDATE SKIP LOCKED
-    ), taken AS (
-        DELETE FROM {{items}} i USING picked WHERE i.id = picked.id
-        RETURNING i.id, i.payload, i.headers, i.enqueued_at
-    )
-    SELECT t.id, t.payload, t.headers, t.enqueued_at, now() FROM taken t;
-END
-$fn$;
-
--- name: create_dequeue_0002
--- heap_0002's dequeue: the same rows, deleted through the primary key however
--- many the planner expects the pick to return.
+-- name: create_dequeue
+-- The dequeue (heap_0002 installed it; history/heap.sql keeps heap_0001's for its downgrade).
 
 -- dequeue: ONE statement takes up to p_batch items. The pick is a MATERIALIZED CTE so the
 -- planner cannot flatten it into the DELETE (a flattened plan may delete more rows than the LIMIT).
