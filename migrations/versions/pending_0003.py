@@ -7,8 +7,7 @@ Every dequeue deletes: one dead row per message, at the earliest due times of th
 index, where every dequeue starts. The server's default trigger (50 + 0.2 x reltuples dead
 rows) lets a deep backlog collect a fifth of its size there before VACUUM comes. This
 revision gives the items table scale factor 0, a threshold of 1,000 dead rows and no cost
-delay (sql/postgresql/storage.sql, section set_items_autovacuum, says why; bench/RESULTS.md
-series 8 what it changed); the downgrade RESETs exactly those, back to the server's
+delay (sql/postgresql/storage.sql, section set_items_autovacuum, says why and what it changed); the downgrade RESETs exactly those, back to the server's
 settings. ALTER TABLE ... SET takes SHARE UPDATE EXCLUSIVE: producers and consumers keep
 working while it runs. SQL Server has no per-table autovacuum; its section is empty
 (sql/mssql/storage.sql says why).

@@ -7,7 +7,7 @@ reliable_0002 notified the queue's channel from every enqueueing transaction. Po
 serialises the commits of transactions that issued NOTIFY (a database-wide lock held from
 before the commit record until it is flushed), so concurrent single-item producers queued
 behind one another: 277 enqueues/s with the notification against 899 without at 4 pgbench
-clients (bench/RESULTS.md, series 3), whether or not any consumer was listening. Now the
+clients, whether or not any consumer was listening. Now the
 trigger notifies only while some consumer session is registered as possibly sleeping
 (`<queue>_wait_begin()`, which queuectl's worker calls on its LISTEN session before it
 sleeps), with an "in flight" lock that lets a consumer tell whether an enqueue that did

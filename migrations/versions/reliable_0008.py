@@ -15,7 +15,7 @@ would otherwise trigger JIT at every call; sql/postgresql/reliable.sql, section
 set_plan_guard, has the figures). On an EMPTY analysed table every index path costs the
 same, and the dequeue's join to the data table still walked that table's whole primary key:
 the dequeue is replaced by reliable_0005's reading the payloads by an array of the claimed
-ids instead (section create_dequeue_0008). The downgrade RESETs exactly those two settings
+ids instead (section create_dequeue). The downgrade RESETs exactly those two settings
 and puts reliable_0005's dequeue back. Running consumers need no restart: a session
 recompiles a function whose catalog row changed at its next call, dropping the plans it had
 cached. SQL Server's sections are empty (sql/mssql/reliable.sql says why).

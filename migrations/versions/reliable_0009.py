@@ -12,8 +12,8 @@ entries of items leased before, until a vacuum) instead of a few primary-key pag
 revision writes the check `m.status::integer = 1`: the same test, which no longer matches
 the predicate, so the primary key is the only index path (sequential scans are off in these
 functions since reliable_0008). sql/postgresql/reliable.sql, section
-create_lease_functions_0009, has the figures. The downgrade puts reliable_0001's functions
-back (section create_functions). Both re-run set_plan_guard, because CREATE OR REPLACE
+create_functions, has the figures. The downgrade puts reliable_0001's functions
+back (history/reliable.sql, create_functions_0001). Both re-run set_plan_guard, because CREATE OR REPLACE
 resets a function's SET clauses. Running consumers need no restart: a session recompiles a
 function whose catalog row changed at its next call. SQL Server's section is empty
 (sql/mssql/reliable.sql says why); its downgrade re-creates the same procedures.

@@ -9,7 +9,7 @@ session holding one exclusively stalled every enqueue, or every consumer about t
 for as long as it held it. This revision replaces both (same signatures) with versions that
 only try those locks: a producer that cannot take its lock notifies (a spare notification),
 a consumer that cannot register looks again soon instead of sleeping
-(sql/postgresql/activation.sql, create_reliable_notify_0011). The downgrade puts
+(sql/postgresql/activation.sql, create_reliable_notify). The downgrade puts
 reliable_0006's functions back. SQL Server has no notifications: its sections are empty.
 """
 

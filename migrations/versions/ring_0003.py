@@ -6,7 +6,7 @@ Revises: ring_0002
 
 ring_0001's push and pop handle one position per statement, so a batch costs as much
 server time per message as single calls (83-84 us per message and side at batch 1, 10 and
-100 in bench series 5). The functions keep their signatures and result columns and are
+100). The functions keep their signatures and result columns and are
 replaced in place (CREATE OR REPLACE keeps their EXECUTE grants, and the migration gives
 the functions `queuectl grant` secured their SECURITY DEFINER back: nothing to re-run).
 The downgrade restores the per-position functions and ring_0002's release. A session's

@@ -6,8 +6,7 @@ Revises: stack_0003
 plpgsql caches a generic plan per statement and session. A consumer that started while the
 items table was empty or held a page keeps a plan that reads the table whole, and keeps it
 while the table grows, until autovacuum next analyses it (measured for this kind on an
-empty table: 1,770 buffers per dequeue(10) at 20,000 rows against 54 in a new session;
-bench/RESULTS.md, series 8). This revision sets enable_seqscan = off and jit = off on the
+empty table: 1,770 buffers per dequeue(10) at 20,000 rows against 54 in a new session). This revision sets enable_seqscan = off and jit = off on the
 dequeue function (ALTER FUNCTION ... SET: the settings hold inside it only), as
 reliable_0008 does for the reliable queue, where the reasons are given in full
 (sql/postgresql/stack.sql, section set_plan_guard). The downgrade RESETs exactly those two

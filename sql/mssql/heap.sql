@@ -62,8 +62,8 @@ BEGIN
 END
 
 -- name: create_dequeue
--- The dequeue procedure, unchanged since heap_0001 (CREATE OR ALTER: a revision that
--- replaces it on PostgreSQL runs it again here). It deletes through its TOP pick, with no
+-- The dequeue procedure, unchanged since heap_0001 (CREATE OR ALTER: the downgrade of
+-- heap_0002 runs it again). It deletes through its TOP pick, with no
 -- join to the picks, so heap_0002's PostgreSQL change has nothing to fix here.
 
 -- dequeue: ONE statement takes up to @batch items: no ORDER BY, any unlocked rows will do,

@@ -80,8 +80,8 @@ BEGIN
 END
 
 -- name: create_dequeue
--- The dequeue procedure, unchanged since pending_0001 (CREATE OR ALTER: a revision that
--- replaces it on PostgreSQL runs it again here). It deletes through its TOP pick, with no
+-- The dequeue procedure, unchanged since pending_0001 (CREATE OR ALTER: the downgrade of
+-- pending_0002 runs it again). It deletes through its TOP pick, with no
 -- join to the picks, so pending_0002's and pending_0004's PostgreSQL changes have nothing
 -- to fix here.
 

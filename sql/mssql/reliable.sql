@@ -201,8 +201,8 @@ BEGIN
 END
 
 -- name: create_dequeue
--- The dequeue procedure (CREATE OR ALTER: the revisions that replace the dequeue on
--- PostgreSQL run this section again here, which changes nothing).
+-- The dequeue procedure, unchanged since reliable_0001 (CREATE OR ALTER: the downgrade of
+-- reliable_0005 runs it again).
 --
 -- PostgreSQL's dequeue finds the picked rows through the primary key (a join to the picks
 -- ran as a hash join over the whole meta table once the table had statistics) and reads the
@@ -300,7 +300,7 @@ END
 -- nvarchar(400) parameter cut a longer title silently): a title longer than the column's
 -- 400 characters is now refused by the insert instead of stored shortened. CREATE OR
 -- ALTER keeps the procedures' permissions (queuectl grant); the downgrade puts back
--- create_enqueue_functions_payload_limit.
+-- history/reliable.sql: create_enqueue_functions_0003.
 
 -- enqueue one item; returns its id (one row, column id). Two inserts, one transaction:
 -- XACT_ABORT rolls both back on any error (and the caller's transaction with them).

@@ -62,8 +62,8 @@ BEGIN
 END
 
 -- name: create_dequeue
--- The dequeue procedure, unchanged since stack_0001 (CREATE OR ALTER: a revision that
--- replaces it on PostgreSQL runs it again here). It deletes through its TOP pick, with no
+-- The dequeue procedure, unchanged since stack_0001 (CREATE OR ALTER: the downgrade of
+-- stack_0002 runs it again). It deletes through its TOP pick, with no
 -- join to the picks, so stack_0002's PostgreSQL change has nothing to fix here.
 
 -- dequeue: ONE statement takes up to @batch items, newest first, skipping rows others hold.

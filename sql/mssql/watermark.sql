@@ -144,8 +144,8 @@ BEGIN
 END
 
 -- name: create_dequeue
--- The dequeue procedure, unchanged since watermark_0001 (CREATE OR ALTER: a revision that
--- replaces it on PostgreSQL runs it again here). It deletes through its TOP pick, with no
+-- The dequeue procedure, unchanged since watermark_0001 (CREATE OR ALTER: the downgrade of
+-- watermark_0002 runs it again). It deletes through its TOP pick, with no
 -- join to the picks, so watermark_0002's PostgreSQL change has nothing to fix here.
 
 -- dequeue: ONE statement takes up to @batch items at or above the session's watermark,

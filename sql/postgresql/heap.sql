@@ -76,8 +76,8 @@ $fn$;
 -- set_plan_guard, says why). A session that cached its generic plan while the items table
 -- was empty or held a page (analysed) read the grown table whole at every dequeue until
 -- the next ANALYZE: measured at 20,000 rows 900-1,850 shared buffers per dequeue(10)
--- against 52-58 in a new session (bench/RESULTS.md series 8). A later revision that replaces the function (CREATE OR
--- REPLACE resets its SET clauses) must run this section again.
+-- against 52-58 in a new session. A later revision that replaces the function (CREATE OR REPLACE resets
+-- its SET clauses) must run this section again.
 -- The heap's pick has no index path (no ORDER BY, no condition): it stays a sequential
 -- scan from the first page, only its cost estimate is raised, which without jit = off made
 -- every call JIT-compile the statement (42 ms per call instead of 0.22 ms, measured); its

@@ -97,8 +97,8 @@ $fn$;
 -- set_plan_guard, says why). A session that cached its generic plan while the items table
 -- was empty or held a page (analysed) read the grown table whole at every dequeue until
 -- the next ANALYZE: measured at 20,000 rows 900-1,850 shared buffers per dequeue(10)
--- against 52-58 in a new session (bench/RESULTS.md series 8). A later revision that replaces the function (CREATE OR
--- REPLACE resets its SET clauses) must run this section again.
+-- against 52-58 in a new session. A later revision that replaces the function (CREATE OR REPLACE resets
+-- its SET clauses) must run this section again.
 ALTER FUNCTION {{fn_dequeue}}(integer) SET enable_seqscan = off SET jit = off;
 
 -- name: reset_plan_guard

@@ -69,8 +69,8 @@ CREATE TABLE {{history}} (
 CREATE INDEX {{history_at_idx}} ON {{history}} (archived_at);
 
 -- name: create_functions
--- reliable_0009: ack, nack, extend_lease and release reach their rows through the primary
--- key only, whatever the table's statistics. Each finds its items by `m.id = ANY (p_ids)`
+-- The SQL API, callable from any language (reliable_0009's): ack, nack, extend_lease and
+-- release reach their rows through the primary key only, whatever the table's statistics. Each finds its items by `m.id = ANY (p_ids)`
 -- and checks that they are still leased. Written `m.status = 1`, that check implies the
 -- leased index's predicate (WHERE status = 1), so the planner may read that index too, and
 -- the generic plan plpgsql keeps after five calls can (the benchmarks caught both forms):
@@ -85,7 +85,7 @@ CREATE INDEX {{history_at_idx}} ON {{history}} (archived_at);
 -- no longer matches the index predicate, so the primary key is the only index path left
 -- (sequential scans are off in these functions, set_plan_guard) and the status is checked
 -- on the rows it returns.
--- Measured (bench/ack_plan.py, bench/RESULTS.md series 12):
+-- Measured (the lab's ack-plan probe):
 --  * one ack(1), the table analysed while 20 items were leased, then 10,000 leased:
 --    reliable_0008 1,032 blocks and 1,770 us per ack (it fetched every leased row to test
 --    its id), this revision 10.1 blocks and 395 us; at 1,000 leased 109 against 10.1;
@@ -177,8 +177,8 @@ $fn$;
 -- was drained and analysed, where every path costs the same) joined by walking the data
 -- table's primary key from its start and filtering it, once per claimed row; the array
 -- search reads the claimed ids' index entries only, whichever plan it gets. Measured in
--- a session that cached its plans on an empty, analysed queue, then grew it (sections
--- set_plan_guard and bench/RESULTS.md series 8 have the figures). Everything else is
+-- a session that cached its plans on an empty, analysed queue, then grew it (section
+-- set_plan_guard has the figures). Everything else is
 -- reliable_0005's dequeue, unchanged.
 CREATE OR REPLACE FUNCTION {{fn_dequeue}}(
     p_batch         integer          DEFAULT 1,
@@ -246,7 +246,7 @@ $fn$;
 -- sizes in the message; the check runs before any insert, so a refused call stores nothing,
 -- with enqueue_many not even the messages within the limit. The signatures are reliable_0001's,
 -- so grants and callers are untouched; the downgrade puts back
--- create_enqueue_functions_payload_limit.
+-- history/reliable.sql: create_enqueue_functions_0003.
 
 -- enqueue one item; returns its id.
 CREATE OR REPLACE FUNCTION {{fn_enqueue}}(
@@ -499,7 +499,7 @@ ALTER TABLE {{history}} RESET (
 -- read the meta and data tables whole (a sequential scan is the cheapest way to read one
 -- page), and keeps them while a burst grows the tables, until autovacuum next analyses or
 -- vacuums them (a naptime round at best; never while autovacuum is off or starved).
--- Measured (bench/RESULTS.md series 8: the session's plans cached on 0, 1 or 20 analysed
+-- Measured (the session's plans cached on 0, 1 or 20 analysed
 -- rows, then 20,000 rows enqueued and 500 leased, no ANALYZE): 1,101-1,470 shared buffers
 -- per dequeue(10) against 139-160 in a new session, growing with the table (2,667-4,174 at
 -- 60,000 rows); with this revision 149-151 (150-152 at 60,000).
@@ -510,7 +510,7 @@ ALTER TABLE {{history}} RESET (
 -- kind, whose pick has no index path, 42 ms per call instead of 0.22 ms. So JIT is off
 -- too: these statements touch a few index pages and never gain from it. On an empty table
 -- every index path costs the same, so the dequeue also reads its payloads by an array of
--- the claimed ids instead of a join (create_dequeue_0008).
+-- the claimed ids instead of a join (create_dequeue).
 -- Cost (bench/plan_guard.py: pgbench, one client, dequeue(N) + ROLLBACK on 20,000
 -- analysed rows, this revision and reliable_0007 in one run, alternating, medians of 5):
 -- 0.94x / 0.95x / 0.88x the dequeue calls per second at N = 1 / 10 / 100 (runs spread by

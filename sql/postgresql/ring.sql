@@ -21,11 +21,11 @@
 --   so no message is skipped. The pop's pick uses FOR UPDATE SKIP LOCKED and reads only
 --   committed versions: a slot whose push has not committed still shows v - size to it.
 --
--- Since ring_0003 (section replace_functions_0003) a batch does the same in bulk: a push of
+-- Since ring_0003 a batch does the same in bulk: a push of
 -- n claims n positions with one nextval() series and writes them with one UPDATE, a pop
 -- claims up to n (never past what pushers have claimed) and takes every FULL one with one
 -- UPDATE; the session may then keep several claims per side (a comma-separated list).
--- Since ring_0005 (replace_functions_0005) each of them is one statement in the common case,
+-- Since ring_0005 each of them is one statement in the common case,
 -- and the pop takes its slots by UPDATE alone (no lock pass before it).
 --
 -- Updates never touch an indexed column (only the slot primary key is indexed) and the
@@ -104,8 +104,7 @@ CREATE SEQUENCE {{pop_seq}} AS bigint MINVALUE 0 START 0;
 -- functions ran five to six statements per call (the claims' nextval() series, a lock pass
 -- of FOR UPDATE SKIP LOCKED and then the UPDATE, the claims looked up again, set_config),
 -- and each plpgsql statement pays its own executor start. Measured at batch 10 (pgbench,
--- 8 clients, each a push of 10 then a pop of 10, alternating rounds; bench/RESULTS.md
--- series 10): ring_0003 ran at 0.79x the fifo kind's SQL; with this push and pop, 0.97x.
+-- 8 clients, each a push of 10 then a pop of 10, alternating rounds): ring_0003 ran at 0.79x the fifo kind's SQL; with this push and pop, 0.97x.
 -- The rules are ring_0003's, and so are the signatures (CREATE OR REPLACE keeps grants):
 --  * pop: claims are topped up (never past the pushers' positions), the FULL slots among
 --    the first p_batch of them are taken by one UPDATE, and the claims still to come are

@@ -55,8 +55,7 @@ ORDER BY 1, 2 NULLS FIRST
 -- payloads, the settings against the server's defaults alternately, 2 repeats; quiet
 -- machine): fifo 33,439 against 22,913 msg/s, dequeue(50) 2.99 against 4.36 ms, median
 -- dead rows 1.02M against 1.35M, 1.5 against 0.5 finished autovacuums per run; heap
--- 61,732 against 47,899 msg/s, dequeue(50) 1.61 against 2.06 ms (bench/RESULTS.md,
--- series 8).
+-- 61,732 against 47,899 msg/s, dequeue(50) 1.61 against 2.06 ms.
 -- The watermark kind's one-row hint table is updated HOT at most once a second per
 -- consumer and keeps the server's settings.
 -- ALTER TABLE ... SET takes SHARE UPDATE EXCLUSIVE: producers and consumers are not

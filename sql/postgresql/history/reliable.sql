@@ -3,8 +3,8 @@
 -- that puts the body back. What a fresh install creates today is in ../reliable.sql.
 
 -- name: create_functions_0001
--- The SQL API, callable from any language. CREATE OR REPLACE: reliable_0009's downgrade runs
--- this section again to put these four back over its own (create_lease_functions_0009).
+-- reliable_0001's ack, nack, extend_lease and release, whose lease check the generic plan
+-- could answer from the whole leased index (reliable_0009's downgrade puts them back).
 
 -- ack: the items are done. Only the current lease holder (when p_worker is given) may
 -- ack, so a consumer whose lease expired and was taken over cannot finish the item twice.
