@@ -12,7 +12,7 @@ they must be importable module-level objects without state.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -85,34 +85,16 @@ def bench_sql(section: str, values: dict[str, str | int]) -> str:
     return render(ENGINE_DIR, BENCH_SQL, section, values)
 
 
-def run_bench_sections(engine: Engine, names: QueueNames, *sections: str) -> None:
-    """Run bench.sql sections for a bench-only design's queue names, in one transaction."""
+def run_bench_sections(engine: Engine, names: QueueNames, *sections: str,
+                       sql: Callable[[str, dict[str, str | int]], str] = bench_sql) -> None:
+    """Run bench.sql sections (or those `sql` renders) for a bench-only design's queue names,
+    in one transaction."""
     from queuectl.sqlfiles import split_statements
 
     with engine.begin() as conn:
         for section in sections:
-            for statement in split_statements(bench_sql(section, names.template_values())):
+            for statement in split_statements(sql(section, names.template_values())):
                 conn.exec_driver_sql(statement)
-
-
-def autovacuum_off(engine: Engine, tables: Sequence[str]) -> None:
-    """Keep autovacuum off these tables (quoted, qualified names) for a probe's runs."""
-    with engine.begin() as conn:
-        for table in tables:
-            conn.exec_driver_sql(bench_sql("plan_guard_no_autovacuum", {"table": table}))
-
-
-def reinstall_queue(engine: Engine, name: str, kind: str = "reliable", settings: Any = None, *,
-                    revision: str | None = None, schema: str = DEFAULT_SCHEMA) -> None:
-    """Install a probe's queue at `revision` (None: the head), first removing one of that name
-    left by an aborted run."""
-    from queuectl.install import get_queue, install_queue, uninstall_queue
-
-    with engine.connect() as conn:
-        existing = get_queue(conn, name, schema)
-    if existing is not None:
-        uninstall_queue(engine, name, schema)
-    install_queue(engine, name, kind, settings, schema=schema, revision=revision)
 
 
 def analyze_filled(engine: Engine, design: str, names: QueueNames, kind: str = "reliable") -> None:

@@ -163,7 +163,7 @@ def _load(values: list[float] | None) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """The same tables as Markdown, for bench/RESULTS.md and the README."""
+    """The same tables as Markdown, for the lab notebook (bench/lab/RESULTS.md) and the README."""
     env, sc = result["environment"], result["scenario"]
     lines = [
         f"`{' '.join(result['command'])}`" if result.get("command") else "",

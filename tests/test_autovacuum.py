@@ -1,7 +1,7 @@
 """reliable_0007, ring_0004 and the one-table kinds' <kind>_0003: autovacuum storage
 parameters per queue table role, set at install and by the upgrade, removed (exactly those)
 by the downgrade, messages kept; the health report shows them; and the probe that measured
-them (bench/autovacuum.py) runs."""
+them (bench/lab/autovacuum.py) runs."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from jobs_helpers import scalar, wait_until
+from lab_probes import lab_module
 from queuectl.client import Queue
 from queuectl.health import HealthOptions, health_report, report_schema
 from queuectl.install import downgrade_queue, head_of, install_queue, list_queues, upgrade_queue
@@ -245,9 +246,10 @@ def test_health_reports_each_tables_own_autovacuum_settings_and_names_them_in_it
 
 
 def test_tiny_autovacuum_probe_runs_both_revisions_and_returns_sane_json(db_url, engine):
-    """`python -m queuectl.bench.autovacuum` on a few seconds: both queues run the full cycle
+    """`python bench/lab/autovacuum.py` on a few seconds: both queues run the full cycle
     (producers, consumers, archiver), are sampled, and are removed afterwards."""
-    from queuectl.bench.autovacuum import Options, run
+    probe = lab_module("autovacuum")
+    Options, run = probe.Options, probe.run
 
     options = Options(seconds=2.0, repeats=1, producers=1, consumers=1, batch=10, backlog=300, sample=0.5,
                       archive_min_age=0.2, retention=0.5, purge_every=0.5)
@@ -272,7 +274,8 @@ def test_tiny_autovacuum_probe_runs_both_revisions_and_returns_sane_json(db_url,
 
 
 def test_tiny_autovacuum_probe_of_a_ring_compares_ring_0003_with_the_head(db_url, engine):
-    from queuectl.bench.autovacuum import Options, run
+    probe = lab_module("autovacuum")
+    Options, run = probe.Options, probe.run
 
     options = Options(kind="ring", seconds=1.5, repeats=1, producers=1, consumers=1, batch=10, backlog=16,
                       sample=0.5, ring_size=64, payload_bytes=3000)
@@ -290,7 +293,8 @@ def test_tiny_autovacuum_probe_of_a_ring_compares_ring_0003_with_the_head(db_url
 
 
 def test_tiny_autovacuum_probe_of_a_one_table_kind_compares_0002_with_the_head(db_url, engine):
-    from queuectl.bench.autovacuum import Options, run
+    probe = lab_module("autovacuum")
+    Options, run = probe.Options, probe.run
 
     options = Options(kind="fifo", seconds=1.5, repeats=1, producers=1, consumers=1, batch=10, backlog=500,
                       sample=0.5)

@@ -7,6 +7,11 @@ with the others, and that the document is what result_schema.json promises.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -18,6 +23,7 @@ from sqlalchemy.engine import make_url
 
 from queuectl.bench.pgbench import Connection, find_pgbench
 from conftest import run_cli, statements_executed
+from lab_probes import LAB, lab_module
 from test_plan_guard import GUARD, proconfig
 
 
@@ -315,10 +321,10 @@ def test_tiny_peers_run_shows_the_sql_ceiling_of_queuectls_own_full_cycle(db_url
 
 
 def test_tiny_dequeue_plan_probe_measures_both_revisions_side_by_side(db_url: str, engine: sa.Engine) -> None:
-    """`python -m queuectl.bench.dequeue_plan`: both queues drained and their dequeue calls
+    """`python bench/lab/dequeue_plan.py`: both queues drained and their dequeue calls
     timed, the queues removed afterwards; a reliable_0004 queue's dequeue takes longer once
     its table has statistics (the flaw reliable_0005 removes)."""
-    from queuectl.bench.dequeue_plan import run
+    run = lab_module("dequeue_plan").run
     from queuectl.install import list_queues
 
     result = run(db_url, [20_000], repeats=1, seconds=0.2)
@@ -538,3 +544,51 @@ def test_one_table_baseline_pays_for_what_the_reliable_meta_table_pays_for(engin
     finally:
         driver_for("reliable").uninstall(engine, split)
         driver_for("onetable").uninstall(engine, one)
+
+
+# -- the product bench and the lab beside it ----------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBES = sorted(p for p in LAB.glob("*.py") if p.name != "lab_helpers.py")
+
+
+def test_the_wheel_holds_the_bench_scenarios_and_nothing_of_the_lab(tmp_path: Path) -> None:
+    """`pip install .` gets `queuectl bench` and its scenarios; the lab (bench/lab/: probes,
+    their SQL, RESULTS.md, results/*.json) stays in the checkout. Built from a copy of the
+    folders pyproject.toml maps into the package, bench/lab/ included, so no build/ left by
+    an earlier build can hide or add a file."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    src = tmp_path / "src"
+    for folder in {d.split("/")[0] for d in config["tool"]["setuptools"]["package-dir"].values()}:
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    for file in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / file, src / file)
+    assert (src / "bench" / "lab" / "RESULTS.md").is_file() and list((src / "bench" / "lab" / "results").glob("*.json"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+                    "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, timeout=300)
+    [wheel] = (tmp_path / "dist").glob("queuectl-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    bench = sorted(n.removeprefix("queuectl/bench/") for n in names if n.startswith("queuectl/bench/"))
+    assert bench == sorted([p.name for p in (ROOT / "bench").glob("*.py")] + ["result_schema.json"])
+    assert "queuectl/sql/postgresql/bench.sql" in names  # the scenarios' own SQL
+    with zipfile.ZipFile(wheel) as whl:  # a standalone script (a probe) is not a scenario
+        scripts = [n for n in names if n.startswith("queuectl/bench/") and n.endswith(".py")
+                   and ("argparse" in (text := whl.read(n).decode()) or "__main__" in text)]
+    assert scripts == []
+    assert [n for n in names if "lab" in n.split("/") or "results" in n.split("/")
+            or n.endswith(("RESULTS.md", "probes.sql", "lab_helpers.py"))] == []
+
+
+def test_every_lab_probe_runs_from_a_checkout_and_says_what_it_measures() -> None:
+    """Each probe opens with one line saying what it measures, names the command that runs
+    it, and answers --help when run that way (its lab-local imports resolve)."""
+    assert len(PROBES) >= 11
+    for probe in PROBES:
+        doc = probe.read_text().split('"""')[1]
+        first, rest = doc.split("\n", 1)
+        assert first.startswith("Probe: ") and first.endswith("."), probe.name
+        assert f"bench/lab/{probe.name}" in rest, probe.name
+        proc = subprocess.run([sys.executable, str(probe.relative_to(ROOT)), "--help"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "usage:" in proc.stdout, (probe.name, proc.stderr[-2000:])
+

@@ -6,7 +6,7 @@ Each check runs the function in one transaction and reads that transaction's own
 counters of the leased index (pg_stat_get_xact_blocks_fetched, a difference within the
 transaction: nothing to wait for, no other session counted), with the session's generic
 plans forced: plpgsql switches to the generic plan after five calls whenever it looks no
-dearer, which it did in the benchmark (bench/RESULTS.md series 11 and 12)."""
+dearer, which it did in the benchmark (bench/lab/RESULTS.md series 11 and 12)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,15 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from queuectl.bench.ack_plan import WORKER, lease_items
-from queuectl.bench.drivers import autovacuum_off
+from lab_probes import lab_module
 from queuectl.install import downgrade_queue, head_of, install_queue, list_queues, upgrade_queue
 from queuectl.names import QueueNames
 
 from test_plan_guard import GUARD, proconfig
+
+ACK_PLAN = lab_module("ack_plan")
+WORKER, lease_items = ACK_PLAN.WORKER, ACK_PLAN.lease_items
+autovacuum_off = lab_module("lab_helpers").autovacuum_off
 
 IN_FLIGHT = 3_000  # leased items
 CALLS = 8  # more than five: plpgsql's switch to a generic plan, if it were not forced
@@ -28,7 +31,7 @@ CALLS = 8  # more than five: plpgsql's switch to a generic plan, if it were not 
 
 def leased_queue(engine, name: str, revision: str | None = None, *, analysed: bool) -> list[int]:
     """A queue with IN_FLIGHT items leased (and as many waiting), the probe's fill
-    (bench/ack_plan.py): vacuumed and analysed (or not) while 20 were leased, as a queue that
+    (bench/lab/ack_plan.py): vacuumed and analysed (or not) while 20 were leased, as a queue that
     runs small batches is, and not again when more are leased (a burst, slow handlers);
     autovacuum is off so that nothing analyses it behind the test's back. Returns the ids."""
     names = QueueNames(name)
@@ -114,10 +117,10 @@ def definitions(engine, name: str) -> dict[str, str]:
 
 
 def test_tiny_ack_plan_probe(db_url, engine):
-    """`python -m queuectl.bench.ack_plan` on a tiny run: both parts measure both revisions;
+    """`python bench/lab/ack_plan.py` on a tiny run: both parts measure both revisions;
     the head's ack never reads the leased index; the cycle acks what it claims; the probe
     removes its queues."""
-    from queuectl.bench.ack_plan import REVISIONS, run
+    REVISIONS, run = ACK_PLAN.REVISIONS, ACK_PLAN.run
 
     result = json.loads(json.dumps(run(db_url, ["in-flight", "cycle"], in_flight=[40], acks=5, batches=[10],
                                        rounds=2, seconds=1, clients=2, autovacuum=False)))

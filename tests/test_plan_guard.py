@@ -11,7 +11,8 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from queuectl.bench.drivers import autovacuum_off, enqueue_in_chunks, plan_shared_hits
+from lab_probes import lab_module
+from queuectl.bench.drivers import enqueue_in_chunks, plan_shared_hits
 from queuectl.grants import grant_queue
 from queuectl.install import downgrade_queue, head_of, install_queue, list_queues, upgrade_queue
 from queuectl.kinds import open_queue
@@ -60,7 +61,7 @@ def small_queue(engine, name: str, revision: str | None = None, rows: int = 20, 
     would replan the sessions below when it analyses the grown tables)."""
     install_queue(engine, name, kind, settings, **({"revision": revision} if revision else {}))
     tables = [QueueNames(name).qualified(role) for role in (("meta", "data") if kind == "reliable" else ("items",))]
-    autovacuum_off(engine, tables)
+    lab_module("lab_helpers").autovacuum_off(engine, tables)
     if rows:
         with open_queue(engine, name) as q:
             q.enqueue_many([bytes(300)] * rows)
@@ -204,9 +205,10 @@ def test_a_one_table_queue_planned_empty_dequeues_through_its_index_after_growth
 
 
 def test_tiny_plan_guard_probe_runs_both_parts_and_removes_its_queues(db_url, engine):
-    """`python -m queuectl.bench.plan_guard` on a tiny run: the stale part shows the early
+    """`python bench/lab/plan_guard.py` on a tiny run: the stale part shows the early
     session of the revision before reading more than the head's; pgbench ran each side."""
-    from queuectl.bench.plan_guard import BATCHES, PREFILLS, run
+    probe = lab_module("plan_guard")
+    BATCHES, PREFILLS, run = probe.BATCHES, probe.PREFILLS, probe.run
 
     result = json.loads(json.dumps(run(db_url, ["reliable", "fifo"], grow=3000, leased=50, rows=500, repeats=1,
                                        seconds=1)))
@@ -227,11 +229,12 @@ def test_tiny_plan_guard_probe_runs_both_parts_and_removes_its_queues(db_url, en
 
 
 def test_tiny_hot_bound_probe_makes_only_the_reduced_claim_hot(db_url, engine):
-    """`python -m queuectl.bench.hot_bound` on a tiny run: every queue cycled messages under
+    """`python bench/lab/hot_bound.py` on a tiny run: every queue cycled messages under
     pgbench; the installed reliable queue's meta updates are never HOT (status is in its
     indexes' predicates), the reduced `hot` queue's claims are, autovacuum stays off the tables
     when asked, and the probe removes its queues."""
-    from queuectl.bench.hot_bound import DESIGNS, run
+    probe = lab_module("hot_bound")
+    DESIGNS, run = probe.DESIGNS, probe.run
 
     result = json.loads(json.dumps(run(db_url, [10], rounds=2, seconds=1, clients=2, autovacuum=False)))
     assert result["autovacuum"] is False

@@ -37,7 +37,7 @@ ALLOWED = {
         "CREATE DATABASE for the embedded server, before any engine exists; the database "
         "and role names are module constants, quoted by quote_ident (no bind parameter "
         "can stand for an identifier)",
-    ("bench/health.py", "_write_sample"):
+    ("bench/lab/health.py", "_write_sample"):
         "VACUUM (ANALYZE) of a bench queue's table for the health sample; VACUUM takes no "
         "bind parameters, the table name comes from QueueNames.qualified",
 }

@@ -1,4 +1,5 @@
--- Statements the benchmarks in bench/ run besides the queues' own SQL API.
+-- Statements `queuectl bench` runs besides the queues' own SQL API (the lab probes' own are
+-- in bench/lab/sql/probes.sql, which the package does not install).
 
 -- name: touch_items
 -- Read one row of a destructive queue's table: inside a REPEATABLE READ transaction this
@@ -91,7 +92,7 @@ VACUUM (ANALYZE) {{meta}}, {{data}}
 
 -- name: items_analyze
 -- The same after-fill step for the items table of a one-table kind (heap, fifo, stack,
--- pending, watermark), as the autovacuum probe (bench/autovacuum.py) fills it.
+-- pending, watermark), as the lab's autovacuum probe (bench/lab/autovacuum.py) fills it.
 VACUUM (ANALYZE) {{items}}
 
 -- name: reliable_ready
@@ -136,9 +137,8 @@ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 -- Baseline for the `split` scenario: the reliable queue's columns and payload in ONE
 -- table, with the same constraints, indexes, storage parameters (fillfactor and
 -- reliable_0007's autovacuum settings for the meta table), dequeue and ack as reliable.sql.
--- Until series 14 it lacked the finished-rows index (added to the reliable queue by the
--- jobs work after this baseline was written), so every split ack paid one index insert
--- the baseline did not; tests/test_bench.py now compares the two tables' definitions.
+-- Any index the split has and this baseline lacks would make every split ack pay an index
+-- insert the baseline does not: tests/test_bench.py compares the two tables' definitions.
 -- The schema may not exist yet on a fresh server: this design is installed first, and
 -- only the reliable queue's install (a migration) creates it.
 CREATE SCHEMA IF NOT EXISTS {{schema}};
@@ -294,8 +294,8 @@ SELECT count(*) AS n,
 FROM {{meta}} WHERE status = 2
 
 -- name: lean_create
--- The `ring` scenario's one-table queue as the issue measured it ("one table: SELECT ...
--- FOR UPDATE SKIP LOCKED, UPDATE, DELETE"), lean: a row per message with its status and
+-- The `ring` scenario's one-table queue, the common hand-written design ("one table:
+-- SELECT ... FOR UPDATE SKIP LOCKED, UPDATE, DELETE"), lean: a row per message with its status and
 -- lease, the pick and the claim in one statement, a DELETE at ack. Only what that design
 -- needs: no priority, due time, attempts or dead letters (the reliable dequeue on one
 -- table, onetable_create above, carries those and runs at about half this rate).
@@ -355,143 +355,6 @@ FROM pg_index i
 WHERE i.indrelid = CAST(:table AS regclass)
 ORDER BY 1
 
--- name: autovacuum_sample
--- One sample of the given tables (text[] of qualified names) for the autovacuum probe
--- (bench/autovacuum.py): reltuples (what autovacuum's scale factors multiply), estimated
--- live and dead rows, inserts since the last vacuum, updates and HOT updates, heap
--- (with TOAST) and index sizes, how often autovacuum and autoanalyze ran, and the same
--- for the table's TOAST table (large payloads churn there, vacuumed on its own trigger);
--- the storage parameters of both, so a report says which settings it measured.
--- A new transaction per sample: the statistics are cached for a transaction's duration.
-SELECT t.name AS qualified, c.reltuples, s.n_live_tup, s.n_dead_tup, s.n_ins_since_vacuum,
-       s.n_tup_upd, s.n_tup_hot_upd, coalesce(c.reloptions, '{}') AS reloptions,
-       coalesce((SELECT tc.reloptions FROM pg_class tc WHERE tc.oid = c.reltoastrelid), '{}') AS toast_reloptions,
-       pg_table_size(s.relid) AS table_bytes, pg_indexes_size(s.relid) AS index_bytes,
-       s.autovacuum_count, s.autoanalyze_count,
-       coalesce(pg_total_relation_size(NULLIF(c.reltoastrelid, 0)), 0) AS toast_bytes,
-       coalesce(ts.n_dead_tup, 0) AS toast_dead, coalesce(ts.autovacuum_count, 0) AS toast_autovacuum_count
-FROM unnest(CAST(:tables AS text[])) WITH ORDINALITY AS t(name, ord)
-JOIN pg_stat_user_tables s ON s.relid = to_regclass(t.name)
-JOIN pg_class c ON c.oid = s.relid
-LEFT JOIN pg_stat_all_tables ts ON ts.relid = c.reltoastrelid
-ORDER BY t.ord
-
--- name: set_naptime
--- The autovacuum probe's own throwaway server only: how often autovacuum visits each
--- database (ALTER SYSTEM cannot run in a transaction block; pg_reload_conf applies it).
-ALTER SYSTEM SET autovacuum_naptime = {{naptime_s}}
-
--- name: reload_conf
-SELECT pg_reload_conf()
-
 -- name: ring_pops
 -- Positions handed out to pops so far: the ring has gone round once when this reaches its size.
 SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END AS pops FROM {{pop_seq}} s
-
--- name: plan_guard_no_autovacuum
--- The plan-guard probe (bench/plan_guard.py): keep autovacuum off this table, so that no
--- ANALYZE replans the sessions the probe compares. The HOT bound probe (bench/hot_bound.py
--- --autovacuum off) uses it to keep autovacuum out of its runs.
-ALTER TABLE {{table}} SET (autovacuum_enabled = false)
-
--- name: plan_guard_analyze
--- The plan-guard probe: statistics of the small (or filled) table, as autovacuum gives them.
-ANALYZE {{table}}
-
--- name: plan_guard_explain_dequeue
--- The plan-guard probe: one dequeue(10) with its buffers, the function's own statements
--- included (the caller rolls it back).
-EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) SELECT * FROM {{fn_dequeue}}(10)
-
--- name: plan_guard_pgbench_dequeue
--- The plan-guard probe's pgbench script: one dequeue of {{batch}}, rolled back, so every
--- call finds the same rows.
-BEGIN;
-SELECT count(*) FROM {{fn_dequeue}}({{batch}});
-ROLLBACK;
-
--- name: hot_bound_drop_finished
--- The HOT bound probe (bench/hot_bound.py), its `nofin` queue: a reliable queue without
--- the finished index, so the ack writes a heap row version and a primary-key entry only.
--- The archive job needs that index: this is a bound, not a design.
-DROP INDEX {{schema}}.{{finished_idx}}
-
--- name: hot_bound_hot_layout
--- The HOT bound probe, its `hot` queue: a reliable queue reduced until its claim is a HOT
--- update. No index mentions status or the lease columns any more (the ready index has no
--- predicate; the leased and finished indexes are gone), the meta table keeps half of each
--- page free, and the dequeue no longer looks for expired leases first (without the leased
--- index that pick would scan the table). The dequeue keeps the installed one's plan guard,
--- which CREATE OR REPLACE resets, so it is set again below. The ack is a DELETE
--- (hot_bound_consume_delete): no history. It drops lookups and guarantees the queue needs:
--- a bound on what a HOT-able layout could buy, not a design.
-DROP INDEX {{schema}}.{{finished_idx}};
-DROP INDEX {{schema}}.{{leased_idx}};
-DROP INDEX {{schema}}.{{ready_idx}};
-CREATE INDEX {{ready_idx}} ON {{meta}} (priority, due_at, id);
-ALTER TABLE {{meta}} SET (fillfactor = 50);
-CREATE OR REPLACE FUNCTION {{fn_dequeue}}(
-    p_batch         integer          DEFAULT 1,
-    p_lease_seconds double precision DEFAULT 30,
-    p_worker        text             DEFAULT NULL
-) RETURNS TABLE (
-    id bigint, priority smallint, due_at timestamptz, title text, attempts integer,
-    max_attempts integer, enqueued_at timestamptz, dequeued_at timestamptz,
-    leased_until timestamptz, payload bytea, headers jsonb
-)
-LANGUAGE plpgsql AS $fn$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    WITH ready AS MATERIALIZED (
-        SELECT m.id FROM {{meta}} m
-        WHERE m.status = 0 AND m.due_at <= now()
-        ORDER BY m.priority, m.due_at, m.id
-        LIMIT greatest(p_batch, 0)
-        FOR UPDATE SKIP LOCKED
-    ), claimed AS (
-        UPDATE {{meta}} m SET
-            status = 1, attempts = m.attempts + 1, lease_owner = p_worker,
-            leased_until = now() + make_interval(secs => coalesce(p_lease_seconds, 30)),
-            dequeued_at = now()
-        WHERE m.id = ANY (ARRAY(SELECT r.id FROM ready r))
-        RETURNING m.id, m.priority, m.due_at, m.title, m.attempts, m.max_attempts,
-                  m.enqueued_at, m.dequeued_at, m.leased_until
-    ), payloads AS MATERIALIZED (
-        SELECT d.id, d.payload, d.headers FROM {{data}} d
-        WHERE d.id = ANY (ARRAY(SELECT c.id FROM claimed c))
-    )
-    SELECT c.id, c.priority, c.due_at, c.title, c.attempts, c.max_attempts, c.enqueued_at,
-           c.dequeued_at, c.leased_until, p.payload, p.headers
-    FROM claimed c JOIN payloads p ON p.id = c.id
-    ORDER BY c.priority, c.due_at, c.id;
-END
-$fn$;
-ALTER FUNCTION {{fn_dequeue}} SET enable_seqscan = off SET jit = off;
-
--- name: hot_bound_consume_delete
--- The `hot` queue's consumer (pgbench_reliable_consume's twin): dequeue, then delete what
--- it claimed (the data rows go by the foreign key's cascade) instead of the ack.
-SELECT coalesce(array_agg(q.id), '{}') AS ids FROM {{fn_dequeue}}(:batch, NULL, :worker) AS q
-\gset
-DELETE FROM {{meta}} WHERE id = ANY (CAST(:ids AS bigint[])) AND status = 1 AND lease_owner = :worker;
-
--- name: hot_bound_left
--- What a HOT bound run left in its queue, by status.
-SELECT status, count(*) AS n FROM {{meta}} GROUP BY status ORDER BY status
-
--- name: checkpoints
--- Checkpoints the server has run so far (timed and requested): a run that spans one writes
--- a full page image at the first change of every page after it, and is slower for it.
-SELECT checkpoints_timed + checkpoints_req AS n FROM pg_stat_bgwriter
-
--- name: ack_plan_blocks
--- Blocks of the meta table and of each of its indexes that this session fetched and has not
--- reported yet (pg_stat_get_xact_blocks_fetched): a difference taken inside one transaction
--- is that transaction's own (a backend reports only when idle outside a transaction). For
--- the ack cost probe (bench/ack_plan.py).
-SELECT c.relname AS relation, pg_stat_get_xact_blocks_fetched(c.oid) AS blocks
-FROM pg_class c
-WHERE c.oid = CAST(:meta AS regclass)
-   OR c.oid IN (SELECT i.indexrelid FROM pg_index i WHERE i.indrelid = CAST(:meta AS regclass))
-ORDER BY c.relname

@@ -1,6 +1,6 @@
-"""Wake-up latency and idle cost of an activated consumer (issue 10, must-show 1).
+"""Probe: wake-up latency and idle cost of an activated consumer.
 
-    python -m queuectl.bench.wakeup [--url URL] [--runs 5] [--items 1000] [--spacing 0.02]
+    python bench/lab/wakeup.py [--url URL] [--runs 5] [--items 1000] [--spacing 0.02]
 
 Per run: install a fresh queue, start a real `queuectl worker` process on it (threads,
 concurrency 1, batch 10) and let it go idle; measure its CPU time (utime+stime from
@@ -110,8 +110,10 @@ def run_once(url: str, args: argparse.Namespace, workdir: Path) -> dict:
     out_file = workdir / f"{name}.txt"
     log_file = workdir / f"{name}.log"
     out_file.touch()
-    env = dict(os.environ, QUEUECTL_URL=url, **{OUT_ENV: str(out_file)})
-    command = [sys.executable, "-m", "queuectl.cli", "worker", name, "--handler", "queuectl.bench.wakeup:record_start",
+    # the worker finds its handler, this module, through the lab folder on its path
+    lab_path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, QUEUECTL_URL=url, PYTHONPATH=lab_path, **{OUT_ENV: str(out_file)})
+    command = [sys.executable, "-m", "queuectl.cli", "worker", name, "--handler", "wakeup:record_start",
                "--concurrency", "1", "--batch", "10", "--poll-interval", str(args.poll_interval), "--json"]
     if args.no_notify:
         command.append("--no-notify")

@@ -1,7 +1,6 @@
-"""Probe: what the reliable queue's ack costs with many items in flight, and in the full cycle
-(reliable_0009 against reliable_0008, in one run).
+"""Probe: what the reliable queue's ack costs with many items in flight and in the full cycle, reliable_0009 against reliable_0008.
 
-    python -m queuectl.bench.ack_plan [--parts in-flight,cycle] [--in-flight 100,1000,10000] [--acks 100]
+    python bench/lab/ack_plan.py [--parts in-flight,cycle] [--in-flight 100,1000,10000] [--acks 100]
         [--batches 1,10,100] [--rounds 4] [--seconds 8] [--clients 8] [--autovacuum on|off]
         [--url URL] [--json out.json]
 
@@ -37,9 +36,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from queuectl.bench.drivers import (ENGINE_DIR, analyze_filled, autovacuum_off, bench_sql, enqueue_in_chunks,
-                                    reinstall_queue)
-from queuectl.bench.hot_bound import add_cycle_arguments, side_by_side
+from hot_bound import add_cycle_arguments, side_by_side
+from lab_helpers import autovacuum_off, probe_sql, reinstall_queue
+from queuectl.bench.drivers import ENGINE_DIR, analyze_filled, enqueue_in_chunks
 from queuectl.bench.pgbench import Pgbench, find_pgbench
 from queuectl.bench.report import write_json
 from queuectl.client import Queue
@@ -84,7 +83,7 @@ def lease_items(engine: sa.Engine, names: QueueNames, in_flight: int, *, analyse
 
 
 def _blocks(conn: sa.Connection, names: QueueNames) -> dict[str, int]:
-    rows = conn.execute(sa.text(bench_sql("ack_plan_blocks", {})), {"meta": names.qualified("meta")}).all()
+    rows = conn.execute(sa.text(probe_sql("ack_plan_blocks", {})), {"meta": names.qualified("meta")}).all()
     return {str(r.relation).removeprefix(names.queue + "_"): int(r.blocks) for r in rows}
 
 

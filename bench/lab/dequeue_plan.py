@@ -1,7 +1,6 @@
-"""Probe: one consumer's dequeue+ack rate on a reliable queue with statistics, before and
-after reliable_0005 (the dequeue's picks found through the primary key), in one run.
+"""Probe: one consumer's dequeue+ack rate on an analyzed reliable queue, reliable_0004 against the head.
 
-    python -m queuectl.bench.dequeue_plan --rows 20000,100000 --repeats 3 [--url URL]
+    python bench/lab/dequeue_plan.py --rows 20000,100000 --repeats 3 [--url URL]
 
 For each size, two queues are installed side by side, one at reliable_0004 and one at the
 head, each filled with `rows` messages of 300 B and then vacuumed and analyzed (as

@@ -1,6 +1,6 @@
-"""Foreground throughput with continuous archiving on vs off, in the same run.
+"""Probe: foreground throughput with continuous archiving on vs off, in the same run.
 
-    python -m queuectl.bench.archive_load [--url URL] [--repeats 3] [--pairs 3] [--window 5]
+    python bench/lab/archive_load.py [--url URL] [--repeats 3] [--pairs 3] [--window 5]
 
 Each repeat installs a fresh queue and starts P producers (enqueue_many of 20) and C
 consumers (dequeue 20 + ack) in separate processes at full speed, plus one archiver
@@ -77,7 +77,7 @@ def _archiver(url: str, stop: Any, active: Any, moved: Any, min_age: float, dela
 
 
 def repeat(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    from queuectl.bench.drivers import reinstall_queue
+    from lab_helpers import reinstall_queue
     from queuectl.engine import make_engine
 
     engine = make_engine(url)

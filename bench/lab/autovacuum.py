@@ -1,9 +1,6 @@
-"""Probe: what per-table autovacuum settings change under a steady full cycle, against the
-server's defaults, in one run: reliable_0007 against reliable_0006, (`--kind ring`)
-ring_0004 against ring_0003, or (`--kind heap|fifo|stack|pending|watermark`) <kind>_0003
-against <kind>_0002.
+"""Probe: what per-table autovacuum settings change under a steady full cycle, each kind's revision against the one before.
 
-    python -m queuectl.bench.autovacuum --seconds 90 --repeats 2 [--kind K] [--url URL] [--json out.json]
+    python bench/lab/autovacuum.py --seconds 90 --repeats 2 [--kind K] [--url URL] [--json out.json]
 
 Each repeat installs two queues side by side and runs the same workload on each in turn
 (the order alternates between repeats):
@@ -172,10 +169,10 @@ def _archiver(url: str, queue: str, o: Options, go: Any, stop: Any) -> None:
 
 
 def _sample(engine: sa.Engine, qualified: dict[str, str]) -> dict[str, dict[str, Any]]:
-    from queuectl.bench.drivers import bench_sql
+    from lab_helpers import probe_sql
 
     with engine.connect() as conn:
-        rows = conn.execute(sa.text(bench_sql("autovacuum_sample", {})),
+        rows = conn.execute(sa.text(probe_sql("autovacuum_sample", {})),
                             {"tables": list(qualified.values())}).mappings().all()
     by_name = {row["qualified"]: dict(row) for row in rows}
     return {role: {k: v for k, v in by_name[name].items() if k != "qualified"} for role, name in qualified.items()}
@@ -420,14 +417,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _set_naptime(url: str, seconds: int) -> None:
-    from queuectl.bench.drivers import bench_sql
+    from lab_helpers import probe_sql
     from queuectl.engine import make_engine
 
     engine = make_engine(url)
     try:
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.exec_driver_sql(bench_sql("set_naptime", {"naptime_s": int(seconds)}))
-            conn.exec_driver_sql(bench_sql("reload_conf", {}))
+            conn.exec_driver_sql(probe_sql("set_naptime", {"naptime_s": int(seconds)}))
+            conn.exec_driver_sql(probe_sql("reload_conf", {}))
     finally:
         engine.dispose()
 

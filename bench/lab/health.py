@@ -1,6 +1,6 @@
-"""How long `queuectl health` takes for many queues on one database, and how many statements.
+"""Probe: how long `queuectl health` takes for many queues on one database, and how many statements it sends.
 
-    python -m queuectl.bench.health --url postgresql://... [--queues 20] [--items 2000] [--runs 7]
+    python bench/lab/health.py --url postgresql://... [--queues 20] [--items 2000] [--runs 7]
 
 Installs N reliable queues in a scratch schema (default ``bench_health``), gives each a
 backlog and some finished, dead and leased items, then builds the full report (facts,

@@ -1,7 +1,6 @@
-"""Export throughput of `queuectl pipeline export`: N synthetic history rows on one queue,
-exported R times into fresh lakes (each a full export), median rows/s reported.
+"""Probe: rows/s of `queuectl pipeline export`, N synthetic history rows exported R times into fresh lakes.
 
-    .venv/bin/python -m queuectl.bench.export --rows 1000000 --repeat 3 --master 'local[2]'
+    .venv/bin/python bench/lab/export.py --rows 1000000 --repeat 3 --master 'local[2]'
 
 Without --url (or $QUEUECTL_URL) it starts a throwaway embedded PostgreSQL under /tmp.
 The Spark session is started (and timed) once before the runs; each run is

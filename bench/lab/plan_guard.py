@@ -1,7 +1,6 @@
-"""Probe: plans cached while a queue was small, after it grew; and what the guard against
-them costs (reliable_0008 and <kind>_0004 against the revision before, in one run).
+"""Probe: plans cached while a queue was small, after it grew, and what the guard against them costs.
 
-    python -m queuectl.bench.plan_guard [--kinds reliable,fifo,...] [--repeats 5] [--seconds 5] [--url URL] [--json out.json]
+    python bench/lab/plan_guard.py [--kinds reliable,fifo,...] [--repeats 5] [--seconds 5] [--url URL] [--json out.json]
 
 Two parts, each with both revisions of every kind side by side:
   * stale plans: a queue with 0, 1 or 20 rows, analysed (as autovacuum analyses a drained
@@ -27,7 +26,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from queuectl.bench.drivers import autovacuum_off, bench_sql, enqueue_in_chunks, plan_shared_hits, reinstall_queue
+from lab_helpers import autovacuum_off, probe_sql, reinstall_queue
+from queuectl.bench.drivers import enqueue_in_chunks, plan_shared_hits
 from queuectl.bench.pgbench import Pgbench, find_pgbench
 from queuectl.bench.report import write_json
 from queuectl.engine import make_engine
@@ -69,12 +69,12 @@ def _install(engine: sa.Engine, name: str, variant: str, revision: str, rows: in
         enqueue_in_chunks(queue, PAYLOAD, rows)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         for table in _tables(variant, name):
-            conn.exec_driver_sql(bench_sql("plan_guard_analyze", {"table": table}))
+            conn.exec_driver_sql(probe_sql("plan_guard_analyze", {"table": table}))
 
 
 def _hits(conn: sa.Connection, name: str, variant: str) -> int:
     """Shared buffers of one dequeue(10), rolled back (0: it touched none, an empty table)."""
-    plan = [row[0] for row in conn.exec_driver_sql(bench_sql("plan_guard_explain_dequeue", _values(name, variant)))]
+    plan = [row[0] for row in conn.exec_driver_sql(probe_sql("plan_guard_explain_dequeue", _values(name, variant)))]
     conn.rollback()
     return plan_shared_hits(plan) or 0
 
@@ -110,7 +110,7 @@ def cost(engine: sa.Engine, pgbench: Pgbench, variant: str, rows: int, repeats: 
                 order = ("before", "head") if repeat % 2 == 0 else ("head", "before")
                 for which in order:
                     name = sides[which][0]
-                    script = pgbench.script(f"{name}_{batch}", bench_sql(
+                    script = pgbench.script(f"{name}_{batch}", probe_sql(
                         "plan_guard_pgbench_dequeue", {**_values(name, variant), "batch": batch}))
                     tps[which][batch].append(pgbench.run([script], clients=1, seconds=seconds).tps)
     finally:

@@ -1,6 +1,6 @@
-"""What the enqueue notification costs producers, per reliable revision.
+"""Probe: what the enqueue notification costs producers, per reliable revision.
 
-    python -m queuectl.bench.notify_cost [--url URL] [--rounds 5] [--producers 1,4] [--seconds 3]
+    python bench/lab/notify_cost.py [--url URL] [--rounds 5] [--producers 1,4] [--seconds 3]
 
 Queues side by side: reliable_0001 (no notification), reliable_0005 (reliable_0002's
 trigger: NOTIFY in every enqueueing transaction), the head (reliable_0006: NOTIFY only

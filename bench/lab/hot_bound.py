@@ -1,12 +1,12 @@
-"""Probe: how much could a HOT-able layout of the reliable queue buy? A bound, in SQL.
+"""Probe: how much a HOT-able layout of the reliable queue could buy, a bound measured in SQL.
 
-    python -m queuectl.bench.hot_bound [--batches 1,10,100] [--rounds 4] [--seconds 8] [--clients 8] [--url URL] [--json out.json]
+    python bench/lab/hot_bound.py [--batches 1,10,100] [--rounds 4] [--seconds 8] [--clients 8] [--url URL] [--json out.json]
 
 No update of the reliable queue's meta table is HOT: every claim and every ack changes
 `status`, and `status` is in the predicate of its partial indexes (PostgreSQL counts a
 predicate column as indexed), so each one writes a new row version and an entry in every
 index whose predicate the new version satisfies. A layout whose updates are HOT was the
-lever named for the peers and batch-1 targets (bench/RESULTS.md, "Reading the misses").
+lever named for the peers and batch-1 targets (RESULTS.md, "Reading the misses").
 This probe measures how far that lever can reach before anyone builds it, on three
 queues side by side:
 
@@ -39,7 +39,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from queuectl.bench.drivers import ReliableDriver, autovacuum_off, bench_sql, run_bench_sections
+from lab_helpers import autovacuum_off, probe_sql
+from queuectl.bench.drivers import ReliableDriver, bench_sql, run_bench_sections
 from queuectl.bench.pgbench import Pgbench, find_pgbench
 from queuectl.bench.report import write_json
 from queuectl.engine import make_engine
@@ -63,7 +64,7 @@ def _install(engine: sa.Engine, design: str, *, autovacuum: bool) -> None:
     names = _queue(design)
     ReliableDriver().install(engine, names)  # the head revision, a leftover of an aborted run replaced
     if SETUP[design]:
-        run_bench_sections(engine, names, *SETUP[design])
+        run_bench_sections(engine, names, *SETUP[design], sql=probe_sql)
     if not autovacuum:
         autovacuum_off(engine, _tables(names))
 
@@ -72,31 +73,32 @@ def _meta_stats(engine: sa.Engine, names: QueueNames) -> tuple[int, int, int]:
     """The meta table's updates and HOT updates, and the autovacuum and autoanalyze runs
     finished so far on the queue's meta and data tables."""
     with engine.connect() as conn:  # a new transaction: statistics are cached per transaction
-        meta, *rest = conn.execute(sa.text(bench_sql("autovacuum_sample", {})), {"tables": _tables(names)}).all()
+        meta, *rest = conn.execute(sa.text(probe_sql("autovacuum_sample", {})), {"tables": _tables(names)}).all()
     autos = sum(int(t.autovacuum_count) + int(t.autoanalyze_count) for t in (meta, *rest))
     return int(meta.n_tup_upd), int(meta.n_tup_hot_upd), autos
 
 
 def _left(engine: sa.Engine, names: QueueNames) -> dict[str, int]:
     with engine.connect() as conn:
-        rows = conn.execute(sa.text(bench_sql("hot_bound_left", names.template_values()))).all()
+        rows = conn.execute(sa.text(probe_sql("hot_bound_left", names.template_values()))).all()
     return {str(r.status): int(r.n) for r in rows}
 
 
 def _checkpoints(engine: sa.Engine) -> int:
     with engine.connect() as conn:
-        return int(conn.execute(sa.text(bench_sql("checkpoints", {}))).scalar_one())
+        return int(conn.execute(sa.text(probe_sql("checkpoints", {}))).scalar_one())
 
 
 def one_run(engine: sa.Engine, pgbench: Pgbench, names: QueueNames, batch: int, clients: int, seconds: int,
             consume: str | None = None) -> dict[str, Any]:
-    """One pgbench run of the reliable full cycle on the queue `names` (`consume`: a bench.sql
-    section instead of the dequeue-and-ack one), from an empty queue."""
+    """One pgbench run of the reliable full cycle on the queue `names` (`consume`: a probes.sql
+    section instead of bench.sql's dequeue-and-ack one), from an empty queue."""
     values = names.template_values()
     scripts = ReliableDriver().pgbench(names, batch, [os.urandom(PAYLOAD_BYTES) for _ in range(batch)])
     assert scripts is not None
     script = pgbench.script(f"{names.queue}_{batch}",
-                            bench_sql(scripts.enqueue_section, values) + bench_sql(consume or scripts.consume_section, values))
+                            bench_sql(scripts.enqueue_section, values)
+                            + (probe_sql(consume, values) if consume else bench_sql(scripts.consume_section, values)))
     run_bench_sections(engine, names, "reliable_reset")
     upd0, hot0, auto0 = _meta_stats(engine, names)
     checkpoints = _checkpoints(engine)

@@ -1,0 +1,50 @@
+"""What the lab's probes share beyond the product bench: their own SQL (sql/probes.sql beside
+them) and the set-up steps only probes take. Imported by the probes as `lab_helpers` (they
+run as `python bench/lab/<probe>.py`, which puts this folder first on sys.path)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from queuectl.install import get_queue, install_queue, uninstall_queue
+from queuectl.names import DEFAULT_SCHEMA
+
+PROBES_SQL = Path(__file__).resolve().parent / "sql" / "probes.sql"
+_HEADER = re.compile(r"^-- name: (\w+)$", re.MULTILINE)
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+
+
+@cache
+def _probe_sections() -> dict[str, str]:
+    parts = _HEADER.split(PROBES_SQL.read_text("utf-8"))
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def probe_sql(section: str, values: dict[str, str | int]) -> str:
+    """A section of sql/probes.sql, its {{placeholders}} filled from quoted names or ints
+    (QueueNames.template_values(), names.qualified(), int())."""
+    return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), _probe_sections()[section]).strip() + "\n"
+
+
+def autovacuum_off(engine: Engine, tables: Sequence[str]) -> None:
+    """Keep autovacuum off these tables (quoted, qualified names) for a probe's runs."""
+    with engine.begin() as conn:
+        for table in tables:
+            conn.exec_driver_sql(probe_sql("plan_guard_no_autovacuum", {"table": table}))
+
+
+def reinstall_queue(engine: Engine, name: str, kind: str = "reliable", settings: Any = None, *,
+                    revision: str | None = None, schema: str = DEFAULT_SCHEMA) -> None:
+    """Install a probe's queue at `revision` (None: the head), first removing one of that name
+    left by an aborted run."""
+    with engine.connect() as conn:
+        existing = get_queue(conn, name, schema)
+    if existing is not None:
+        uninstall_queue(engine, name, schema)
+    install_queue(engine, name, kind, settings, schema=schema, revision=revision)

@@ -1,0 +1,139 @@
+-- The lab probes' own statements (bench/lab/*.py), besides the product bench's
+-- sql/postgresql/bench.sql and the queues' own SQL API. Read by lab_helpers.probe_sql().
+
+-- name: autovacuum_sample
+-- One sample of the given tables (text[] of qualified names) for the autovacuum probe
+-- (autovacuum.py): reltuples (what autovacuum's scale factors multiply), estimated
+-- live and dead rows, inserts since the last vacuum, updates and HOT updates, heap
+-- (with TOAST) and index sizes, how often autovacuum and autoanalyze ran, and the same
+-- for the table's TOAST table (large payloads churn there, vacuumed on its own trigger);
+-- the storage parameters of both, so a report says which settings it measured.
+-- A new transaction per sample: the statistics are cached for a transaction's duration.
+SELECT t.name AS qualified, c.reltuples, s.n_live_tup, s.n_dead_tup, s.n_ins_since_vacuum,
+       s.n_tup_upd, s.n_tup_hot_upd, coalesce(c.reloptions, '{}') AS reloptions,
+       coalesce((SELECT tc.reloptions FROM pg_class tc WHERE tc.oid = c.reltoastrelid), '{}') AS toast_reloptions,
+       pg_table_size(s.relid) AS table_bytes, pg_indexes_size(s.relid) AS index_bytes,
+       s.autovacuum_count, s.autoanalyze_count,
+       coalesce(pg_total_relation_size(NULLIF(c.reltoastrelid, 0)), 0) AS toast_bytes,
+       coalesce(ts.n_dead_tup, 0) AS toast_dead, coalesce(ts.autovacuum_count, 0) AS toast_autovacuum_count
+FROM unnest(CAST(:tables AS text[])) WITH ORDINALITY AS t(name, ord)
+JOIN pg_stat_user_tables s ON s.relid = to_regclass(t.name)
+JOIN pg_class c ON c.oid = s.relid
+LEFT JOIN pg_stat_all_tables ts ON ts.relid = c.reltoastrelid
+ORDER BY t.ord
+
+-- name: set_naptime
+-- The autovacuum probe's own throwaway server only: how often autovacuum visits each
+-- database (ALTER SYSTEM cannot run in a transaction block; pg_reload_conf applies it).
+ALTER SYSTEM SET autovacuum_naptime = {{naptime_s}}
+
+-- name: reload_conf
+SELECT pg_reload_conf()
+
+-- name: plan_guard_no_autovacuum
+-- The plan-guard probe (plan_guard.py): keep autovacuum off this table, so that no
+-- ANALYZE replans the sessions the probe compares. The HOT bound probe (hot_bound.py
+-- --autovacuum off) uses it to keep autovacuum out of its runs.
+ALTER TABLE {{table}} SET (autovacuum_enabled = false)
+
+-- name: plan_guard_analyze
+-- The plan-guard probe: statistics of the small (or filled) table, as autovacuum gives them.
+ANALYZE {{table}}
+
+-- name: plan_guard_explain_dequeue
+-- The plan-guard probe: one dequeue(10) with its buffers, the function's own statements
+-- included (the caller rolls it back).
+EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) SELECT * FROM {{fn_dequeue}}(10)
+
+-- name: plan_guard_pgbench_dequeue
+-- The plan-guard probe's pgbench script: one dequeue of {{batch}}, rolled back, so every
+-- call finds the same rows.
+BEGIN;
+SELECT count(*) FROM {{fn_dequeue}}({{batch}});
+ROLLBACK;
+
+-- name: hot_bound_drop_finished
+-- The HOT bound probe (hot_bound.py), its `nofin` queue: a reliable queue without
+-- the finished index, so the ack writes a heap row version and a primary-key entry only.
+-- The archive job needs that index: this is a bound, not a design.
+DROP INDEX {{schema}}.{{finished_idx}}
+
+-- name: hot_bound_hot_layout
+-- The HOT bound probe, its `hot` queue: a reliable queue reduced until its claim is a HOT
+-- update. No index mentions status or the lease columns any more (the ready index has no
+-- predicate; the leased and finished indexes are gone), the meta table keeps half of each
+-- page free, and the dequeue no longer looks for expired leases first (without the leased
+-- index that pick would scan the table). The dequeue keeps the installed one's plan guard,
+-- which CREATE OR REPLACE resets, so it is set again below. The ack is a DELETE
+-- (hot_bound_consume_delete): no history. It drops lookups and guarantees the queue needs:
+-- a bound on what a HOT-able layout could buy, not a design.
+DROP INDEX {{schema}}.{{finished_idx}};
+DROP INDEX {{schema}}.{{leased_idx}};
+DROP INDEX {{schema}}.{{ready_idx}};
+CREATE INDEX {{ready_idx}} ON {{meta}} (priority, due_at, id);
+ALTER TABLE {{meta}} SET (fillfactor = 50);
+CREATE OR REPLACE FUNCTION {{fn_dequeue}}(
+    p_batch         integer          DEFAULT 1,
+    p_lease_seconds double precision DEFAULT 30,
+    p_worker        text             DEFAULT NULL
+) RETURNS TABLE (
+    id bigint, priority smallint, due_at timestamptz, title text, attempts integer,
+    max_attempts integer, enqueued_at timestamptz, dequeued_at timestamptz,
+    leased_until timestamptz, payload bytea, headers jsonb
+)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH ready AS MATERIALIZED (
+        SELECT m.id FROM {{meta}} m
+        WHERE m.status = 0 AND m.due_at <= now()
+        ORDER BY m.priority, m.due_at, m.id
+        LIMIT greatest(p_batch, 0)
+        FOR UPDATE SKIP LOCKED
+    ), claimed AS (
+        UPDATE {{meta}} m SET
+            status = 1, attempts = m.attempts + 1, lease_owner = p_worker,
+            leased_until = now() + make_interval(secs => coalesce(p_lease_seconds, 30)),
+            dequeued_at = now()
+        WHERE m.id = ANY (ARRAY(SELECT r.id FROM ready r))
+        RETURNING m.id, m.priority, m.due_at, m.title, m.attempts, m.max_attempts,
+                  m.enqueued_at, m.dequeued_at, m.leased_until
+    ), payloads AS MATERIALIZED (
+        SELECT d.id, d.payload, d.headers FROM {{data}} d
+        WHERE d.id = ANY (ARRAY(SELECT c.id FROM claimed c))
+    )
+    SELECT c.id, c.priority, c.due_at, c.title, c.attempts, c.max_attempts, c.enqueued_at,
+           c.dequeued_at, c.leased_until, p.payload, p.headers
+    FROM claimed c JOIN payloads p ON p.id = c.id
+    ORDER BY c.priority, c.due_at, c.id;
+END
+$fn$;
+ALTER FUNCTION {{fn_dequeue}} SET enable_seqscan = off SET jit = off;
+
+-- name: hot_bound_consume_delete
+-- The `hot` queue's consumer (pgbench_reliable_consume's twin): dequeue, then delete what
+-- it claimed (the data rows go by the foreign key's cascade) instead of the ack.
+SELECT coalesce(array_agg(q.id), '{}') AS ids FROM {{fn_dequeue}}(:batch, NULL, :worker) AS q
+\gset
+DELETE FROM {{meta}} WHERE id = ANY (CAST(:ids AS bigint[])) AND status = 1 AND lease_owner = :worker;
+
+-- name: hot_bound_left
+-- What a HOT bound run left in its queue, by status.
+SELECT status, count(*) AS n FROM {{meta}} GROUP BY status ORDER BY status
+
+-- name: checkpoints
+-- Checkpoints the server has run so far (timed and requested): a run that spans one writes
+-- a full page image at the first change of every page after it, and is slower for it.
+SELECT checkpoints_timed + checkpoints_req AS n FROM pg_stat_bgwriter
+
+-- name: ack_plan_blocks
+-- Blocks of the meta table and of each of its indexes that this session fetched and has not
+-- reported yet (pg_stat_get_xact_blocks_fetched): a difference taken inside one transaction
+-- is that transaction's own (a backend reports only when idle outside a transaction). For
+-- the ack cost probe (ack_plan.py).
+SELECT c.relname AS relation, pg_stat_get_xact_blocks_fetched(c.oid) AS blocks
+FROM pg_class c
+WHERE c.oid = CAST(:meta AS regclass)
+   OR c.oid IN (SELECT i.indexrelid FROM pg_index i WHERE i.indrelid = CAST(:meta AS regclass))
+ORDER BY c.relname
