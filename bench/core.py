@@ -41,7 +41,7 @@ SETTINGS_SHOWN = (
 WORKER_START_TIMEOUT = 120.0
 WORKER_STOP_TIMEOUT = 120.0
 COMMIT_TABLE = "bench_commit"
-# The comparisons: full cycles at batch 100, the split at batch 10, ghosts one
+# The comparisons the targets are set for: full cycles at batch 100, the split at batch 10, ghosts one
 # item per dequeue call, the ring's soak at batch 10.
 DEFAULT_BATCH = {"split": 10, "ghosts": 1, "ring": 10}
 DEFAULT_ROWS = {"ghosts": [30_000, 60_000]}

@@ -275,8 +275,8 @@ class _ReliableSqlalchemySession(_ReliableSession):
         from queuectl.engine import through_sqlalchemy
 
         class SqlalchemyQueue(Queue):
-            """Every call through SQLAlchemy's Connection.execute, as the client ran before
-            series 13 (same SQL, same fetches and Message building)."""
+            """Every call through SQLAlchemy's Connection.execute instead of the driver
+            connection (same SQL, same fetches and Message building)."""
 
             def _statement(self, engine_dir: str, key: str) -> Any:
                 return through_sqlalchemy(self._clause(engine_dir, key))
@@ -286,10 +286,10 @@ class _ReliableSqlalchemySession(_ReliableSession):
 
 class ReliableSqlalchemyDriver(ReliableDriver):
     """The reliable queue at the head, its client's calls through SQLAlchemy's execution
-    layer instead of on the driver connection (the client before series 13)."""
+    layer instead of on the driver connection: what the driver connection saves a client."""
 
     name = "reliable_sqla"
-    description = "reliable queue, client calls through SQLAlchemy Connection.execute (before series 13)"
+    description = "reliable queue, client calls through SQLAlchemy Connection.execute"
 
     def open(self, url: str, names: QueueNames) -> Session:
         return _ReliableSqlalchemySession(url, names)
@@ -383,7 +383,7 @@ class OneTableDriver:
         return [names.table("meta")]
 
 
-# -- the issue's lean one-table queue (bench-only baseline of the `ring` scenario) ----------
+# -- the lean one-table queue (bench-only baseline of the `ring` scenario) ------------------
 
 
 class _LeanSession(_BenchTableSession):
@@ -403,7 +403,7 @@ class _LeanSession(_BenchTableSession):
 
 
 class LeanDriver:
-    """Bench-only: the issue's one-table queue (pick and claim in one UPDATE, DELETE at ack),
+    """Bench-only: the common one-table queue (pick and claim in one UPDATE, DELETE at ack),
     plain statements from sql/postgresql/bench.sql (lean_*)."""
 
     name = "lean"

@@ -45,7 +45,7 @@ ENTRYPOINT = "bench"
 # The settings each peer is tried at ("batch" as its own API understands it).
 PGQUEUER_BATCHES = (10, 100)
 PROCRASTINATE_CONCURRENCY = (1, 10)
-# The goal: queuectl's full cycle at this many times the faster peer's best.
+# The goal: queuectl's full cycle at this many times the faster peer's best.
 PEER_FACTOR_GOAL = 5.0
 
 

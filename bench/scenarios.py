@@ -7,7 +7,7 @@ peers  the full cycle on PgQueuer and Procrastinate beside queuectl and the pgbe
        ceiling of queuectl's own full-cycle SQL (bench/peers.py).
 split  one wide table vs the meta/data split per payload size (bench/split.py).
 ghosts one consumer drains --rows items, naive fifo vs watermark, with and without a held
-       snapshot (bench/ghosts.py, also `python -m queuectl.bench.ghosts`).
+       snapshot (bench/ghosts.py).
 ring   the ring buffer vs a one-table insert/delete queue per batch size, with a ledger
        check and an optional --soak of sizes and HOT updates over time (bench/ring.py).
 """
@@ -160,7 +160,7 @@ def python_phases(run: BenchRun, kind: str, names: Any) -> dict[str, dict[str, A
 
 
 def kinds_targets(run: BenchRun, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's targets that this run's parameters speak to."""
+    """The targets (goals per figure) that this run's parameters speak to."""
     o = run.options
     targets = []
     for row in rows:
