@@ -97,6 +97,19 @@ def run_bench_sections(engine: Engine, names: QueueNames, *sections: str,
                 conn.exec_driver_sql(statement)
 
 
+def reinstall_queue(engine: Engine, name: str, kind: str = "reliable", settings: Any = None, *,
+                    revision: str | None = None, schema: str = DEFAULT_SCHEMA) -> None:
+    """Install a bench queue at `revision` (None: the head), first removing one of that name
+    left by an aborted run."""
+    from queuectl.install import get_queue, install_queue, uninstall_queue
+
+    with engine.connect() as conn:
+        existing = get_queue(conn, name, schema)
+    if existing is not None:
+        uninstall_queue(engine, name, schema)
+    install_queue(engine, name, kind, settings, schema=schema, revision=revision)
+
+
 def analyze_filled(engine: Engine, design: str, names: QueueNames, kind: str = "reliable") -> None:
     """Statistics and visibility map for a design's freshly filled tables, as autovacuum
     gives a live queue's (bench.sql <design>_analyze says why); VACUUM needs autocommit.

@@ -37,8 +37,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from hot_bound import add_cycle_arguments, side_by_side
-from lab_helpers import autovacuum_off, probe_sql, reinstall_queue
-from queuectl.bench.drivers import ENGINE_DIR, analyze_filled, enqueue_in_chunks
+from lab_helpers import autovacuum_off, probe_sql
+from queuectl.bench.drivers import ENGINE_DIR, analyze_filled, enqueue_in_chunks, reinstall_queue
 from queuectl.bench.pgbench import Pgbench, find_pgbench
 from queuectl.bench.report import write_json
 from queuectl.client import Queue

@@ -77,7 +77,7 @@ def _archiver(url: str, stop: Any, active: Any, moved: Any, min_age: float, dela
 
 
 def repeat(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    from lab_helpers import reinstall_queue
+    from queuectl.bench.drivers import reinstall_queue
     from queuectl.engine import make_engine
 
     engine = make_engine(url)

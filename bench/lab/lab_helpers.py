@@ -1,6 +1,7 @@
-"""What the lab's probes share beyond the product bench: their own SQL (sql/probes.sql beside
-them) and the set-up steps only probes take. Imported by the probes as `lab_helpers` (they
-run as `python bench/lab/<probe>.py`, which puts this folder first on sys.path)."""
+"""What the lab's probes share beyond the product bench: their own SQL (sql/probes.sql
+beside them) and autovacuum_off, a set-up step only probes take. Imported by the probes as
+`lab_helpers` (they run as `python bench/lab/<probe>.py`, which puts this folder first on
+sys.path)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,8 @@ import re
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy.engine import Engine
-
-from queuectl.install import get_queue, install_queue, uninstall_queue
-from queuectl.names import DEFAULT_SCHEMA
 
 PROBES_SQL = Path(__file__).resolve().parent / "sql" / "probes.sql"
 _HEADER = re.compile(r"^-- name: (\w+)$", re.MULTILINE)
@@ -37,14 +34,3 @@ def autovacuum_off(engine: Engine, tables: Sequence[str]) -> None:
     with engine.begin() as conn:
         for table in tables:
             conn.exec_driver_sql(probe_sql("plan_guard_no_autovacuum", {"table": table}))
-
-
-def reinstall_queue(engine: Engine, name: str, kind: str = "reliable", settings: Any = None, *,
-                    revision: str | None = None, schema: str = DEFAULT_SCHEMA) -> None:
-    """Install a probe's queue at `revision` (None: the head), first removing one of that name
-    left by an aborted run."""
-    with engine.connect() as conn:
-        existing = get_queue(conn, name, schema)
-    if existing is not None:
-        uninstall_queue(engine, name, schema)
-    install_queue(engine, name, kind, settings, schema=schema, revision=revision)

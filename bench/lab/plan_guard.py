@@ -26,8 +26,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from lab_helpers import autovacuum_off, probe_sql, reinstall_queue
-from queuectl.bench.drivers import enqueue_in_chunks, plan_shared_hits
+from lab_helpers import autovacuum_off, probe_sql
+from queuectl.bench.drivers import enqueue_in_chunks, plan_shared_hits, reinstall_queue
 from queuectl.bench.pgbench import Pgbench, find_pgbench
 from queuectl.bench.report import write_json
 from queuectl.engine import make_engine
