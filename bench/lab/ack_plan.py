@@ -6,7 +6,7 @@
 
 reliable_0008's ack, nack, extend_lease and release checked `status = 1`, which implies the
 leased index's predicate: the generic plan plpgsql keeps after five calls could read that
-whole index on every call (sql/postgresql/reliable.sql, create_lease_functions_0009).
+whole index on every call (sql/postgresql/reliable.sql, create_functions).
 Two parts, each with a queue at reliable_0008 ("0008") and one at the head ("head"):
 
   * in-flight: a queue with N items leased, its tables vacuumed and analysed while 20 were (as a
