@@ -28,7 +28,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from queuectl.bench.drivers import BENCH_KINDS, KindDriver, PgbenchScripts, bench_sql, driver_for
 from queuectl.bench.pgbench import Pgbench, PgbenchUnavailable, find_pgbench, pgbench_version
 from queuectl.bench.workers import PAYLOAD_CONTENTS, Backlog, WorkerSpec, payload_pool, run_worker
-from queuectl.engine import make_engine, mask_url, resolve_url
+from queuectl.engine import make_engine, resolve_url
+from queuectl.engine.urls import mask_url
 from queuectl.errors import QueuectlError, UsageError
 from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident, validate_schema_name
 

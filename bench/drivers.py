@@ -20,7 +20,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from queuectl.client import messages_from
-from queuectl.engine import BinaryArray, adapter_for  # BinaryArray: the client's binary array parameters
+from queuectl.engine import adapter_for
+from queuectl.engine.postgresql import BinaryArray  # BinaryArray: the client's binary array parameters
 from queuectl.errors import UsageError
 from queuectl.kindspec import kind_template_values
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
@@ -285,7 +286,7 @@ class ReliableLeaseScanDriver(ReliableDriver):
 class _ReliableSqlalchemySession(_ReliableSession):
     def __init__(self, url: str, names: QueueNames) -> None:
         from queuectl.client import Queue
-        from queuectl.engine import through_sqlalchemy
+        from queuectl.engine.base import through_sqlalchemy
 
         class SqlalchemyQueue(Queue):
             """Every call through SQLAlchemy's Connection.execute instead of the driver

@@ -25,7 +25,7 @@ from sqlalchemy.engine import Engine
 from queuectl.bench.core import BenchRun, ratio, scenario, stat
 from queuectl.bench.drivers import enqueue_in_chunks
 from queuectl.bench.pgbench import PgbenchUnavailable
-from queuectl.engine import parse_url
+from queuectl.engine.urls import parse_url
 from queuectl.install import get_queue, install_queue, uninstall_queue
 from queuectl.kinds import open_queue
 from queuectl.kindspec import kind_template_values, settings_for

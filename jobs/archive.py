@@ -28,7 +28,8 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
-from queuectl.jobs.base import JobTarget, check_number, error_text, format_duration, sleep_unless_stopped
+from queuectl.engine.urls import error_text
+from queuectl.jobs.base import JobTarget, check_number, format_duration, sleep_unless_stopped
 from queuectl.names import DEFAULT_SCHEMA
 
 log = logging.getLogger("queuectl.jobs.archive")

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from queuectl.catalog import QueueInfo
-from queuectl.engine import adapter_for, first_line, hide_secrets
+from queuectl.engine import adapter_for
 from queuectl.errors import QueuectlError, UsageError
 from queuectl.install import require_queue
 from queuectl.names import QueueNames
@@ -138,13 +138,6 @@ class JobTarget:
             self.sql("set_session_timeouts", lock_timeout_ms=_lock_timeout_ms(lock_timeout)),
             {"lock_timeout": pg_interval(lock_timeout), "statement_timeout": pg_interval(statement_timeout)},
         )
-
-
-def error_text(exc: BaseException, engine: Engine | None = None) -> str:
-    """One line for an error, from the database's message when there is one; no password."""
-    orig = getattr(exc, "orig", None)
-    text = f"{type(exc).__name__}: {first_line(exc)}" if orig is None else first_line(orig)
-    return hide_secrets(text, engine.url if engine is not None else None)
 
 
 def sleep_unless_stopped(stop: threading.Event | None, seconds: float) -> bool:

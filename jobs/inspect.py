@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import sqlalchemy as sa
@@ -33,9 +33,11 @@ from sqlalchemy.engine import Connection, Engine
 
 from sqlalchemy.exc import DBAPIError
 
-from queuectl.engine import ADAPTERS, adapter_for
+from queuectl.engine import adapter_for
+from queuectl.engine.base import Adapter, num
+from queuectl.engine.urls import error_text
 from queuectl.errors import UsageError
-from queuectl.jobs.base import JobTarget, check_number, error_text
+from queuectl.jobs.base import JobTarget, check_number
 from queuectl.names import DEFAULT_SCHEMA, quote_ident
 from queuectl.sqlfiles import render
 from queuectl.stats import queue_counts
@@ -68,7 +70,8 @@ class InspectResult:
     taken_at: Any = None
     snapshot: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
-    engine: str = "postgresql"
+    # The engine's adapter: its index upkeep words the summary (shown as the dialect's name).
+    adapter: Adapter = field(default_factory=lambda: adapter_for("postgresql"), repr=False)
 
     error = None
 
@@ -77,10 +80,12 @@ class InspectResult:
         return 1 if self.snapshot_id else 0
 
     def summary(self) -> str:
-        return ADAPTERS[self.engine].index_upkeep.inspect_summary(self.snapshot)
+        return self.adapter.index_upkeep.inspect_summary(self.snapshot)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        shown = asdict(replace(self, adapter=None))
+        del shown["adapter"]
+        return {**shown, "engine": self.adapter.dialect}
 
 
 def _vitals(conn: Connection, target: JobTarget, table: str) -> dict[str, Any]:
@@ -94,7 +99,7 @@ def take_snapshot(conn: Connection, target: JobTarget, config: InspectConfig) ->
     meta, data, history = (_vitals(conn, target, t) for t in ("meta", "data", "history"))
     snap.update(
         meta_live_tuples=meta.get("n_live_tup"), meta_dead_tuples=meta.get("n_dead_tup"),
-        meta_dead_pct=_f(meta.get("dead_pct")), meta_hot_update_pct=_f(meta.get("hot_pct")),
+        meta_dead_pct=num(meta.get("dead_pct")), meta_hot_update_pct=num(meta.get("hot_pct")),
         meta_table_bytes=meta.get("table_bytes"), meta_index_bytes=meta.get("index_bytes"),
         data_live_tuples=data.get("n_live_tup"), data_dead_tuples=data.get("n_dead_tup"),
         data_table_bytes=data.get("table_bytes"), data_index_bytes=data.get("index_bytes"),
@@ -112,8 +117,8 @@ def take_snapshot(conn: Connection, target: JobTarget, config: InspectConfig) ->
         details["note"] = upkeep.unmeasured_note
     elif config.physical:
         phys = upkeep.table_physical(conn, target, can, "meta")
-        snap["meta_free_pct"] = _f(phys["approx_free_percent"])
-        details["meta_physical"] = {k: _f(v) for k, v in phys.items()}
+        snap["meta_free_pct"] = num(phys["approx_free_percent"])
+        details["meta_physical"] = {k: num(v) for k, v in phys.items()}
         total_pages = needed_pages = 0.0
         for idx in indexes:
             if not idx["valid"] or idx["method"] != "btree":
@@ -138,12 +143,12 @@ def take_snapshot(conn: Connection, target: JobTarget, config: InspectConfig) ->
             snap["index_bloat_pct"] = round(100 * (1 - needed_pages / total_pages), 2)
     for key, section in upkeep.inspect_extras:
         try:
-            details[key] = [{k: _f(v) if isinstance(v, float) else v for k, v in r.items()}
+            details[key] = [{k: num(v) if isinstance(v, float) else v for k, v in r.items()}
                             for r in conn.execute(target.sql(section)).mappings()]
         except DBAPIError as exc:  # e.g. no VIEW SERVER STATE: a note, not a failed snapshot
             details[key] = f"not read: {error_text(exc)}"
     holders = [dict(r) for r in conn.execute(target.sql("xmin_holders")).mappings()]
-    details["xmin_holders"] = [{k: _f(v) if k in ("xmin_age", "seconds") else v for k, v in h.items()} for h in holders[:10]]
+    details["xmin_holders"] = [{k: num(v) if k in ("xmin_age", "seconds") else v for k, v in h.items()} for h in holders[:10]]
     backends = [h for h in holders if h["source"] == "backend"]
     slots = [h for h in holders if h["source"] == "replication_slot"]
     prepared = [h for h in holders if h["source"] == "prepared_xact"]
@@ -158,16 +163,9 @@ def take_snapshot(conn: Connection, target: JobTarget, config: InspectConfig) ->
         oldest_prepared_seconds=max((h["seconds"] or 0.0 for h in prepared), default=None),
     )
     for key in ("oldest_xact_seconds", "oldest_prepared_seconds"):
-        snap[key] = _f(snap[key])
+        snap[key] = num(snap[key])
     snap["details"] = details
     return snap
-
-
-def _f(value: Any) -> float | None:
-    if value is None:
-        return None
-    value = float(value)
-    return None if value != value else round(value, 2)  # NaN (empty index) -> None
 
 
 def run_once(
@@ -187,4 +185,4 @@ def run_once(
         snap = take_snapshot(conn, target, config)
         row = conn.execute(insert, {**snap, "queue": queue, "details": json.dumps(snap["details"], default=str)}).one()
     return InspectResult(snapshot_id=row.id, taken_at=row.taken_at, snapshot=snap, seconds=time.monotonic() - started,
-                         engine=engine.dialect.name)
+                         adapter=adapter_for(engine))

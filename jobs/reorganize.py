@@ -3,7 +3,7 @@
 Every index of the meta and data tables is measured and judged against the classic
 5 % / 30 % rules (Paul Randal's numbers for SQL Server Books Online, "a starting point,
 not a law"), with a minimum size below which an index is left alone. The engine decides
-how (queuectl.jobs.upkeep, through the adapter's `index_upkeep`):
+how (the adapter's `index_upkeep`, in queuectl.engine.postgresql and queuectl.engine.mssql):
 
   * PostgreSQL: pgstattuple's `pgstatindex` (leaf density, leaf fragmentation, page
     classes, size). Estimated bloat = share of the index's pages a fresh build would not
@@ -37,17 +37,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from queuectl.engine import ADAPTERS, adapter_for, connect_within
+from queuectl.engine import adapter_for, connect_within
+from queuectl.engine.base import Adapter, IndexMeasure, ServerAbilities
+from queuectl.engine.urls import error_text
 from queuectl.errors import UsageError
-from queuectl.jobs.base import JobTarget, check_number, error_text
-from queuectl.jobs.upkeep import IndexMeasure, ServerAbilities
-from queuectl.jobs.upkeep import estimated_bloat_pct  # noqa: F401  (was defined here; kept importable)
+from queuectl.jobs.base import JobTarget, check_number
 from queuectl.names import DEFAULT_SCHEMA
 
 log = logging.getLogger("queuectl.jobs.reorganize")
@@ -112,8 +112,9 @@ class ReorganizeResult:
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    engine: str = "postgresql"
     connection_lost: bool = False     # the pass ended early: its connection was lost (see errors)
+    # The engine's adapter: its index upkeep words the summary (shown as the dialect's name).
+    adapter: Adapter = field(default_factory=lambda: adapter_for("postgresql"), repr=False)
 
     @property
     def rows(self) -> int:
@@ -125,7 +126,7 @@ class ReorganizeResult:
         return "; ".join(self.errors) if self.errors else None
 
     def summary(self) -> str:
-        upkeep = ADAPTERS[self.engine].index_upkeep
+        upkeep = self.adapter.index_upkeep
         verbs = ("would rebuild", "would reorganize") if self.dry_run else ("rebuilt", "reorganized")
         parts = []
         for verb in verbs:
@@ -150,7 +151,9 @@ class ReorganizeResult:
         return text
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        shown = asdict(replace(self, adapter=None))
+        del shown["adapter"]
+        return {**shown, "engine": self.adapter.dialect}
 
 
 def _mb(n: int) -> str:
@@ -186,7 +189,7 @@ class _Reorganizer:
         self.config = config
         self.upkeep = adapter_for(engine).index_upkeep
         self.target = JobTarget.resolve(engine, queue, schema, KINDS)
-        self.result = ReorganizeResult(dry_run=config.dry_run, engine=engine.dialect.name)
+        self.result = ReorganizeResult(dry_run=config.dry_run, adapter=adapter_for(engine))
         self.can = ServerAbilities()
 
     def drop_leftovers(self, conn: Connection, table: str) -> None:

@@ -37,9 +37,11 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, ProgrammingError
 
 from queuectl import locks
-from queuectl.engine import adapter_for, backoff_pause, discard_connection, mask_url
+from queuectl.engine import adapter_for, backoff_pause, discard_connection
+from queuectl.engine.urls import mask_url
 from queuectl.errors import ConnectionFailed, QueuectlError
-from queuectl.jobs.base import JobBusy, JobResult, JobTarget, error_text
+from queuectl.engine.urls import error_text
+from queuectl.jobs.base import JobBusy, JobResult, JobTarget
 from queuectl.jobs.registry import JobSpec, job_spec
 from queuectl.locks import Lock
 from queuectl.names import DEFAULT_SCHEMA, quote_ident

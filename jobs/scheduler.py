@@ -42,7 +42,8 @@ from sqlalchemy.engine import Engine
 from queuectl.catalog import QueueInfo
 from queuectl.errors import UsageError
 from queuectl.install import list_queues
-from queuectl.jobs.base import JobBusy, config_from_options, error_text, format_duration, parse_duration
+from queuectl.engine.urls import error_text
+from queuectl.jobs.base import JobBusy, config_from_options, format_duration, parse_duration
 from queuectl.jobs.registry import JOBS, JobSpec, job_spec
 from queuectl.jobs.runner import abandon_orphaned_runs, last_runs, run_job
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name

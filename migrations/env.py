@@ -12,7 +12,7 @@ engine adapter; on SQL Server, Alembic itself writes `GO` after every batch in -
 from alembic import context
 from sqlalchemy import text
 
-from queuectl.engine import ADAPTERS
+from queuectl.engine import adapter_for
 from queuectl.names import quote_ident
 from queuectl.sqlfiles import render
 
@@ -29,7 +29,7 @@ common = dict(
 
 def setup_statements(dialect: str) -> list[str]:
     """Session settings, then the schema (the version table lives in it, so it comes first)."""
-    adapter = ADAPTERS[dialect]
+    adapter = adapter_for(dialect)
     values = {"schema": quote_ident(schema), "schema_literal": f"'{schema}'"}
     return [
         statement

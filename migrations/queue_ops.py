@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic import context, op
 
 from queuectl.catalog import QueueSettings, queues_table
-from queuectl.engine import ADAPTERS
+from queuectl.engine import adapter_for
 from queuectl.grants import function_values, secured_calls
 from queuectl.kindspec import kind_template_values
 from queuectl.names import QueueNames, quote_ident
@@ -29,7 +29,7 @@ def run_section(file: str, section: str) -> None:
     PostgreSQL, GO batches on SQL Server, where Alembic's --sql output puts GO after each).
     """
     names, kind, settings = _target()
-    adapter = ADAPTERS[op.get_context().dialect.name]
+    adapter = adapter_for(op.get_context().dialect.name)
     values: dict[str, str | int] = {**names.template_values(), **kind_template_values(names, kind), **settings.as_dict()}
     for statement in adapter.split_batches(render(adapter.sql_dir, file, section, values)):
         op.execute(sa.text(statement))
@@ -38,7 +38,7 @@ def run_section(file: str, section: str) -> None:
 def run_catalog_section(file: str, section: str) -> None:
     """Execute one named section of sql/<engine>/<file>.sql for the catalog being migrated
     (its only placeholder is {{schema}})."""
-    adapter = ADAPTERS[op.get_context().dialect.name]
+    adapter = adapter_for(op.get_context().dialect.name)
     values = {"schema": quote_ident(context.config.attributes["schema"])}
     for statement in adapter.split_batches(render(adapter.sql_dir, file, section, values)):
         op.execute(sa.text(statement))
@@ -51,7 +51,7 @@ def replace_functions(file: str, *sections: str) -> None:
     for section in sections:
         run_section(file, section)
     names, kind, _settings = _target()
-    adapter = ADAPTERS[op.get_context().dialect.name]
+    adapter = adapter_for(op.get_context().dialect.name)
     values = function_values(names, kind, secured_calls(kind))
     for statement in adapter.split_batches(render(adapter.sql_dir, "grant", "resecure_functions", values)):
         op.execute(sa.text(statement))

@@ -35,7 +35,7 @@ def embedded_server() -> Iterator[object | None]:
     if os.environ.get(TEST_URL_ENV):
         yield None
         return
-    from queuectl.embedded import EmbeddedServer
+    from queuectl.engine.embedded import EmbeddedServer
 
     # Under /tmp, not pytest's tmp_path: as root the server runs as an unprivileged user
     # that must be able to reach its data directory.

@@ -17,7 +17,8 @@ from psycopg.adapt import PyFormat, Transformer
 
 from conftest import statements_executed, statements_sent
 from queuectl.client import Queue
-from queuectl.engine import adapter_for, statements_watched
+from queuectl.engine import adapter_for
+from queuectl.engine.base import statements_watched
 from queuectl.install import install_queue
 from queuectl.kinds import open_queue
 from queuectl.kindspec import settings_for

@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from conftest import run_cli
-from queuectl.embedded import EmbeddedServer, EmbeddedServerError, default_home
+from queuectl.engine.embedded import EmbeddedServer, EmbeddedServerError, default_home
 from queuectl.engine import make_engine
 
 

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from queuectl.engine import adapter_for
 from queuectl.health import CRITICAL, Facts, HealthOptions, evaluate
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
@@ -49,7 +50,8 @@ def facts(engine: str) -> Facts:
                                   "autovacuum_on": True},
         schema="queuectl", queues=[unread], tables=[table], indexes=[bloated, invalid], sessions=[session],
         replication_slots=[slot], standby_feedback=[], prepared_xacts=[prepared],
-        jobs={"available": False, "note": "no job history"}, pgstattuple="installed", notes=[], engine=engine,
+        jobs={"available": False, "note": "no job history"}, pgstattuple="installed", notes=[],
+        words=adapter_for(engine).advice_words,
     )
 
 
@@ -108,7 +110,7 @@ def test_mssql_ghosts_without_a_holder_point_to_ghost_cleanup_and_reorganize():
     [line] = [c.advice for c in evaluate(f, HealthOptions()) if c.id == "storage.dead_tuples"]
     assert "wait for the ghost cleanup task" in line and "queuectl reorganize orders" in line
     assert "VACUUM" not in line
-    f.engine = "postgresql"
+    f.words = adapter_for("postgresql").advice_words
     [line] = [c.advice for c in evaluate(f, HealthOptions()) if c.id == "storage.dead_tuples"]
     assert "run VACUUM (ANALYZE) queuectl.orders_meta" in line and "never vacuumed" in line
 

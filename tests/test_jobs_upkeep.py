@@ -20,9 +20,9 @@ from queuectl.engine import adapter_for
 from queuectl.errors import UsageError
 from queuectl.jobs.base import JobTarget
 from queuectl.jobs.reorganize import ReorganizeConfig, ReorganizeResult, plan_index
-from queuectl.jobs.upkeep import (
-    IndexMeasure, MssqlIndexUpkeep, PostgresIndexUpkeep, ServerAbilities, decide_mssql, decide_postgresql,
-)
+from queuectl.engine.base import IndexMeasure, ServerAbilities
+from queuectl.engine.mssql import MssqlIndexUpkeep, decide_mssql
+from queuectl.engine.postgresql import PostgresIndexUpkeep, decide_postgresql
 from queuectl.names import QueueNames
 from queuectl.sqlfiles import sections
 
@@ -59,7 +59,7 @@ def mssql_measure(*args, **kw) -> IndexMeasure:
 
 
 def pg_measure(pages: int, bloat: float | None, density: float, fragmentation: float) -> IndexMeasure:
-    """A pgstatindex measurement as queuectl.jobs.upkeep keeps it."""
+    """A pgstatindex measurement as the PostgreSQL index upkeep keeps it."""
     return IndexMeasure(bytes=pages * 8192, pages=pages, leaf_pages=pages - 10, internal_pages=9, empty_pages=0,
                         deleted_pages=0, leaf_density=density, leaf_fragmentation=fragmentation, bloat_pct=bloat)
 
@@ -277,7 +277,7 @@ def test_a_renamed_column_fails_the_column_check():
 
 
 def test_result_summary_uses_the_engines_words():
-    result = ReorganizeResult(dry_run=False, vacuumed=["orders_meta", "orders_data"], engine="mssql")
+    result = ReorganizeResult(dry_run=False, vacuumed=["orders_meta", "orders_data"], adapter=adapter_for("mssql"))
     assert result.summary() == "rebuilt 0 of 0 indexes; updated statistics of orders_meta, orders_data"
     assert ReorganizeResult(dry_run=False, vacuumed=["orders_meta"]).summary() == (
         "rebuilt 0 of 0 indexes; vacuumed orders_meta")

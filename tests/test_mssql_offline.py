@@ -31,7 +31,8 @@ from sqlalchemy.dialects import mssql
 from sqlfluff.core import FluffConfig, Linter
 
 from queuectl.catalog import NAME_TYPE, SETTINGS_TYPE, QueueSettings, queues_table
-from queuectl.engine import ADAPTERS, MssqlAdapter, adapter_for_url, make_engine
+from queuectl.engine import adapter_for, make_engine
+from queuectl.engine.mssql import MssqlAdapter
 from queuectl.errors import ConnectionFailed
 from queuectl.install import KINDS, install_script
 from queuectl.names import QueueNames, quote_ident
@@ -636,9 +637,9 @@ def test_alembic_operations_compile_for_mssql_offline():
 
 
 def test_mssql_adapter_is_chosen_from_the_url_without_a_driver():
-    adapter = adapter_for_url(MSSQL_URL)
+    adapter = adapter_for(MSSQL_URL)
     assert isinstance(adapter, MssqlAdapter) and adapter.sql_dir == "mssql"
-    assert not adapter.review_script_connects and ADAPTERS["postgresql"].review_script_connects
+    assert not adapter.review_script_connects and adapter_for("postgresql").review_script_connects
     try_lock, unlock = render("mssql", "locks", "try_lock", {}), render("mssql", "locks", "unlock", {})
     assert "sp_getapplock" in try_lock and "@LockOwner = 'Session'" in try_lock and "@LockTimeout = 0" in try_lock
     assert "sp_releaseapplock" in unlock
@@ -652,7 +653,7 @@ def test_enqueue_many_values_are_what_the_tsql_reads(kind):
     are the OPENJSON paths of the kind's procedure, and its bind names the call's."""
     from datetime import datetime, timedelta, timezone
 
-    adapter = ADAPTERS["mssql"]
+    adapter = adapter_for("mssql")
     due = datetime(2030, 1, 2, 3, 4, 5, 600000, tzinfo=timezone(timedelta(hours=2)))
     if kind == "reliable":
         item = {"payload": b"\x00\xff", "headers": '{"a": 1}', "priority": 0, "delay": 1.5, "title": None}
@@ -724,7 +725,7 @@ def test_mssql_payload_refusal_and_timeouts_are_recognised_from_pyodbc_errors():
     def wrapped(*args: str) -> sa.exc.DBAPIError:
         return sa.exc.DBAPIError("EXEC x", {}, PyodbcError(*args))
 
-    adapter = ADAPTERS["mssql"]
+    adapter = adapter_for("mssql")
     refused = wrapped("42000", "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]queue 'orders': message "
                                "of 5 bytes (payload 1 + title 4 + headers 0) is over max_payload_bytes 4: nothing was "
                                "enqueued (50413) (SQLExecDirectW)")

@@ -27,7 +27,8 @@ from sqlalchemy.engine import make_url
 
 from conftest import run_cli
 from queuectl.client import Queue
-from queuectl.engine import make_engine, mask_url
+from queuectl.engine import make_engine
+from queuectl.engine.urls import mask_url
 from queuectl.errors import QueuectlError
 from queuectl.health import health_report
 from queuectl.install import install_queue

@@ -17,7 +17,8 @@ from sqlalchemy.exc import DBAPIError
 
 from queuectl.catalog import DEFAULT_MAX_PAYLOAD_BYTES, QueueSettings
 from queuectl.cli_common import UrlOption, err, hide_passwords_in_argv, out, print_error
-from queuectl.engine import PASSWORD_FILE_ENV, URL_ENV, first_line, hide_secrets, make_engine, mask_url
+from queuectl.engine import make_engine
+from queuectl.engine.urls import PASSWORD_FILE_ENV, URL_ENV, first_line, hide_secrets, mask_url
 from queuectl.errors import QueuectlError
 from queuectl.locks import INSTALL_LOCK_WAIT_S
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
@@ -265,7 +266,7 @@ def demo(
 @db_app.command("start")
 def db_start() -> None:
     """Start the embedded server (initialising it on first use)."""
-    from queuectl.embedded import EmbeddedServer
+    from queuectl.engine.embedded import EmbeddedServer
 
     server = EmbeddedServer()
     server.ensure_running()
@@ -275,7 +276,7 @@ def db_start() -> None:
 @db_app.command("stop")
 def db_stop() -> None:
     """Stop the embedded server (fast shutdown: open transactions roll back)."""
-    from queuectl.embedded import EmbeddedServer
+    from queuectl.engine.embedded import EmbeddedServer
 
     EmbeddedServer().stop()
     out.print("embedded PostgreSQL stopped")
@@ -284,7 +285,7 @@ def db_stop() -> None:
 @db_app.command("status")
 def db_status(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Show whether the embedded server runs, where, and its version. Exit 1 if stopped."""
-    from queuectl.embedded import EmbeddedServer
+    from queuectl.engine.embedded import EmbeddedServer
 
     status = EmbeddedServer().status()
     if as_json:
@@ -299,7 +300,7 @@ def db_status(as_json: Annotated[bool, typer.Option("--json", help="Print JSON."
 @db_app.command("url")
 def db_url() -> None:
     """Print the embedded server's URL, starting it if needed (a Unix-socket URL: no password in it)."""
-    from queuectl.embedded import EmbeddedServer
+    from queuectl.engine.embedded import EmbeddedServer
 
     sys.stdout.write(mask_url(EmbeddedServer().ensure_running()) + "\n")
 

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from queuectl.cli_common import UrlOption, make_console
-from queuectl.engine import hide_secrets
+from queuectl.engine.urls import hide_secrets
 from queuectl.names import DEFAULT_SCHEMA
 
 

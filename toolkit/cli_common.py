@@ -24,7 +24,7 @@ from rich.console import Console, ConsoleOptions, RenderableType
 from rich.segment import Segment
 from rich.text import Text
 
-from queuectl.engine import MASK, PASSWORD_FILE_ENV, URL_ENV, hide_secrets
+from queuectl.engine.urls import MASK, PASSWORD_FILE_ENV, URL_ENV, hide_secrets
 
 # C0 and C1 control characters but newline and tab: a terminal would act on them.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

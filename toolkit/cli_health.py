@@ -35,7 +35,8 @@ from rich.text import Text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from queuectl.cli_common import UrlOption, make_console, print_error
-from queuectl.engine import URL_ENV, backoff_pause, first_line, hide_secrets, make_engine, mask_url
+from queuectl.engine import backoff_pause, make_engine
+from queuectl.engine.urls import URL_ENV, first_line, hide_secrets, mask_url
 from queuectl.errors import ConnectionFailed, QueuectlError
 from queuectl.health import (
     CRITICAL, DEFAULT_THRESHOLDS, INFO, OK, WARNING, HealthOptions, HealthReport, fmt_bytes, fmt_count,

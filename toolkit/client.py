@@ -21,9 +21,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from queuectl.catalog import QueueInfo, QueueSettings
-from queuectl.engine import (
-    adapter_for, backoff_pause, discard_connection, first_line, hide_secrets, make_engine, mask_url,
-)
+from queuectl.engine import adapter_for, backoff_pause, discard_connection, make_engine
+from queuectl.engine.urls import error_text, mask_url
 from queuectl.errors import ConnectionFailed, PayloadTooLarge, StatementCanceled, UsageError
 from queuectl.install import require_queue
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
@@ -517,7 +516,7 @@ class Queue:
         return self._conn is not None and (self._conn.invalidated or self._conn.closed)
 
     def _reason(self, exc: sa.exc.DBAPIError) -> str:
-        return hide_secrets(first_line(exc.orig), self.engine.url)
+        return error_text(exc, self.engine)
 
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None

@@ -31,7 +31,9 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from queuectl.catalog import QueueInfo
-from queuectl.engine import ADAPTERS, adapter_for, first_line, mask_url
+from queuectl.engine import adapter_for
+from queuectl.engine.base import AdviceWords
+from queuectl.engine.urls import first_line, mask_url
 from queuectl.errors import UsageError
 from queuectl.install import list_queues
 from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident, validate_queue_name, validate_schema_name
@@ -412,12 +414,9 @@ class Facts:
     jobs: dict[str, Any]
     pgstattuple: str  # installed | created | unavailable: <why>
     notes: list[str]
-    engine: str = "postgresql"  # the dialect: which words the advice uses (queuectl.advice)
+    # The words the advice uses: the engine's (its adapter's advice_words).
+    words: AdviceWords = field(default_factory=lambda: adapter_for("postgresql").advice_words)
     unplanned_jobs: list[Any] = field(default_factory=list)  # queuectl.jobs.scheduler.Unplanned
-
-    @property
-    def words(self) -> Any:
-        return ADAPTERS[self.engine].advice_words
 
 
 def _sql(conn: Connection, section: str, values: dict[str, str | int] | None = None) -> sa.TextClause:
@@ -551,7 +550,7 @@ def gather_facts(
         generated_at=generated_at, server=server, schema=schema, queues=queue_facts, tables=tables,
         indexes=indexes, sessions=sessions, replication_slots=slots, standby_feedback=feedback,
         prepared_xacts=prepared, jobs=jobs, pgstattuple=pgstattuple, notes=notes,
-        engine=engine.dialect.name, unplanned_jobs=unplanned_jobs,
+        words=adapter_for(engine).advice_words, unplanned_jobs=unplanned_jobs,
     )
 
 

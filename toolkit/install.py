@@ -21,7 +21,8 @@ from sqlalchemy.engine import Connection, Engine
 import queuectl.migrations
 from queuectl import locks
 from queuectl.catalog import CATALOG_BRANCH, CATALOG_VERSION_TABLE, QueueInfo, QueueSettings, queues_table
-from queuectl.engine import ADAPTERS, URL_ENV, adapter_for, adapter_for_url, check_not_empty, make_engine
+from queuectl.engine import adapter_for, make_engine
+from queuectl.engine.urls import URL_ENV, check_not_empty
 from queuectl.errors import NotInstalledError, QueuectlError, UsageError
 from queuectl.kindspec import KINDS, check_name_fits, check_settings, settings_class
 from queuectl.kindspec import validate_kind as validate_kind  # re-exported
@@ -248,7 +249,7 @@ def review_script(
     the database's state (PostgreSQL); a SQL Server script is complete and made offline."""
     check_not_empty(url)
     resolved = url or os.environ.get(URL_ENV)
-    adapter = adapter_for_url(resolved) if resolved else ADAPTERS["postgresql"]
+    adapter = adapter_for(resolved) if resolved else adapter_for("postgresql")
     engine = make_engine(resolved) if resolved and adapter.review_script_connects else None
     return install_script(engine, name, kind, settings, schema, dialect=adapter.dialect)
 

@@ -23,7 +23,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from queuectl.engine import adapter_for, first_line
+from queuectl.engine import adapter_for
+from queuectl.engine.urls import first_line
 from queuectl.errors import QueuectlError
 from queuectl.names import quote_ident, validate_schema_name
 from queuectl.sqlfiles import render

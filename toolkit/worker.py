@@ -114,7 +114,8 @@ from multiprocessing import get_context
 from typing import Any
 
 from queuectl.client import Message, Queue, _check_batch, _check_seconds, _schema_revision_number
-from queuectl.engine import adapter_for, first_line
+from queuectl.engine import adapter_for
+from queuectl.engine.urls import first_line
 from queuectl.errors import ConnectionFailed, StatementCanceled, UsageError
 from queuectl.sqlfiles import render
 from queuectl.storable import diagnostic_text

@@ -136,7 +136,8 @@ def main() -> None:
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
     from queuectl.bench.report import write_json
-    from queuectl.engine import mask_url, resolve_url
+    from queuectl.engine import resolve_url
+    from queuectl.engine.urls import mask_url
 
     url = resolve_url(args.url)
     results = []

@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         os.chmod(tmp, 0o755)
         try:
             if not url:
-                from queuectl.embedded import EmbeddedServer
+                from queuectl.engine.embedded import EmbeddedServer
 
                 server = EmbeddedServer(Path(tmp) / "pg")
                 url = server.ensure_running()

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from queuectl.engine import make_engine, mask_url
+from queuectl.engine import make_engine
+from queuectl.engine.urls import mask_url
 from queuectl.install import install_queue, uninstall_queue
 from queuectl.names import QueueNames
 from queuectl.pipeline import export_history
@@ -48,7 +49,7 @@ def main() -> None:
     try:
         url = args.url
         if not url:
-            from queuectl.embedded import EmbeddedServer
+            from queuectl.engine.embedded import EmbeddedServer
 
             server = EmbeddedServer(work / "pg")
             url = server.ensure_running()

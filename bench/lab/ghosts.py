@@ -20,7 +20,8 @@ from sqlalchemy.engine import Engine
 
 from queuectl.bench.ghosts import KINDS, SCHEMA, drain, ghosts_engine
 from queuectl.bench.report import write_json
-from queuectl.engine import check_connection, mask_url, resolve_url
+from queuectl.engine import check_connection, resolve_url
+from queuectl.engine.urls import mask_url
 from queuectl.install import uninstall_queue
 
 

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="queuectl-notify-cost-", dir="/tmp") as tmp:
         os.chmod(tmp, 0o755)
         if not url:
-            from queuectl.embedded import EmbeddedServer
+            from queuectl.engine.embedded import EmbeddedServer
 
             server = EmbeddedServer(Path(tmp) / "pg")
             url = server.ensure_running()

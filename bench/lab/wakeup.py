@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         os.chmod(workdir, 0o755)  # as root, the server runs as an unprivileged user
         if not url:
-            from queuectl.embedded import EmbeddedServer
+            from queuectl.engine.embedded import EmbeddedServer
 
             server = EmbeddedServer(workdir / "pg")
             url = server.ensure_running()

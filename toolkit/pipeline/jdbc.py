@@ -25,7 +25,7 @@ from urllib.parse import unquote
 
 from sqlalchemy.engine import URL
 
-from queuectl.engine import mask_url, parse_url
+from queuectl.engine.urls import mask_url, parse_url
 from queuectl.errors import UsageError
 
 JAR_ENV = "QUEUECTL_JDBC_JAR"
@@ -135,7 +135,7 @@ def _tcp_url(url: URL) -> URL:
         )
     home = Path(unquote(socket_dir)).parent
     if (home / "server.json").is_file():
-        from queuectl.embedded import EmbeddedServer
+        from queuectl.engine.embedded import EmbeddedServer
 
         tcp = parse_url(EmbeddedServer(home).tcp_url(url.database or "queuectl"))
         return tcp

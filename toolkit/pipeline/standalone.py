@@ -19,7 +19,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from queuectl.embedded import free_port
+from queuectl.engine.embedded import free_port
 from queuectl.errors import QueuectlError
 from queuectl.pipeline.spark import require_pyspark
 
