@@ -102,7 +102,8 @@ def reinstall_queue(engine: Engine, name: str, kind: str = "reliable", settings:
                     revision: str | None = None, schema: str = DEFAULT_SCHEMA) -> None:
     """Install a bench queue at `revision` (None: the head), first removing one of that name
     left by an aborted run."""
-    from queuectl.install import get_queue, install_queue, uninstall_queue
+    from queuectl.install import install_queue, uninstall_queue
+    from queuectl.registry import get_queue
 
     with engine.connect() as conn:
         existing = get_queue(conn, name, schema)
@@ -486,7 +487,8 @@ class KindQueueDriver:
         self.description = description
 
     def install(self, engine: Engine, names: QueueNames, size: int | None = None) -> None:
-        from queuectl.install import get_queue, install_queue, uninstall_queue
+        from queuectl.install import install_queue, uninstall_queue
+        from queuectl.registry import get_queue
         from queuectl.kindspec import settings_for
 
         with engine.connect() as conn:
@@ -505,7 +507,7 @@ class KindQueueDriver:
         """A fresh queue of the same size: a ring's slots and sequences start over."""
         size = None
         if self.name == "ring":
-            from queuectl.install import get_queue
+            from queuectl.registry import get_queue
 
             info = get_queue(conn, names.queue, names.schema)
             size = info.settings.as_dict()["size"] if info is not None else None

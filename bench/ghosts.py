@@ -26,7 +26,8 @@ from queuectl.bench.core import BenchRun, ratio, scenario, stat
 from queuectl.bench.drivers import enqueue_in_chunks
 from queuectl.bench.pgbench import PgbenchUnavailable
 from queuectl.engine.urls import parse_url
-from queuectl.install import get_queue, install_queue, uninstall_queue
+from queuectl.install import install_queue, uninstall_queue
+from queuectl.registry import get_queue
 from queuectl.kinds import open_queue
 from queuectl.kindspec import kind_template_values, settings_for
 from queuectl.names import QueueNames

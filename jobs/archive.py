@@ -146,7 +146,7 @@ class ArchiveProgress:
 class Archiver:
     """The batch statements of one queue."""
 
-    def __init__(self, engine: Engine, queue: str, config: ArchiveConfig, schema: str) -> None:
+    def __init__(self, engine: Engine, queue: str | JobTarget, config: ArchiveConfig, schema: str) -> None:
         self.engine = engine
         self.config = config
         self.target = JobTarget.resolve(engine, queue, schema, KINDS)
@@ -182,7 +182,7 @@ def _jittered(seconds: float) -> float:
 
 def run_once(
     engine: Engine,
-    queue: str,
+    queue: str | JobTarget,
     config: ArchiveConfig | None = None,
     *,
     schema: str = DEFAULT_SCHEMA,
@@ -194,6 +194,7 @@ def run_once(
     """
     config = config or ArchiveConfig()
     archiver = Archiver(engine, queue, config, schema)
+    queue = archiver.target.names.queue
     result = ArchiveResult()
     started = time.monotonic()
     deadline = None if config.max_seconds is None else started + config.max_seconds
@@ -229,7 +230,7 @@ def run_once(
 
 def run_continuous(
     engine: Engine,
-    queue: str,
+    queue: str | JobTarget,
     config: ArchiveConfig | None = None,
     *,
     schema: str = DEFAULT_SCHEMA,
@@ -240,6 +241,7 @@ def run_continuous(
     config = config or ArchiveConfig()
     stop = stop or threading.Event()
     archiver = Archiver(engine, queue, config, schema)
+    queue = archiver.target.names.queue
     progress = ArchiveProgress(queue)
     result = ArchiveResult()
     started = time.monotonic()

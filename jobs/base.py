@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 from queuectl.catalog import QueueInfo
 from queuectl.engine import adapter_for
 from queuectl.errors import QueuectlError, UsageError
-from queuectl.install import require_queue
+from queuectl.registry import require_queue
 from queuectl.names import QueueNames
 from queuectl.sqlfiles import render
 
@@ -115,13 +115,19 @@ class JobTarget:
     sql_dir: str
 
     @classmethod
-    def resolve(cls, engine: Engine, queue: str, schema: str, kinds: tuple[str, ...]) -> "JobTarget":
-        names = QueueNames(queue, schema)
-        with engine.connect() as conn:
-            info = require_queue(conn, queue, schema)
-        if info.kind not in kinds:
-            raise UsageError(f"queue {queue!r} is of kind {info.kind!r}; this job works on {', '.join(kinds)} queues")
-        return cls(names, info, adapter_for(engine).sql_dir)
+    def resolve(cls, engine: Engine, queue: "str | JobTarget", schema: str, kinds: tuple[str, ...]) -> "JobTarget":
+        """The queue a job works on, read from the registry; a JobTarget given as `queue`
+        (the runner read it already) is used as it is, so a run reads the registry once."""
+        if isinstance(queue, JobTarget):
+            target = queue
+        else:
+            with engine.connect() as conn:
+                info = require_queue(conn, queue, schema)
+            target = cls(QueueNames(queue, schema), info, adapter_for(engine).sql_dir)
+        if target.info.kind not in kinds:
+            raise UsageError(f"queue {target.names.queue!r} is of kind {target.info.kind!r}; "
+                             f"this job works on {', '.join(kinds)} queues")
+        return target
 
     def sql(self, section: str, **extra: str | int) -> sa.TextClause:
         values: dict[str, str | int] = {**self.names.template_values(), **extra}

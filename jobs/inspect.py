@@ -170,7 +170,7 @@ def take_snapshot(conn: Connection, target: JobTarget, config: InspectConfig) ->
 
 def run_once(
     engine: Engine,
-    queue: str,
+    queue: str | JobTarget,
     config: InspectConfig | None = None,
     *,
     schema: str = DEFAULT_SCHEMA,
@@ -183,6 +183,6 @@ def run_once(
     with engine.begin() as conn:
         target.set_local_timeouts(conn, config.lock_timeout, config.statement_timeout)
         snap = take_snapshot(conn, target, config)
-        row = conn.execute(insert, {**snap, "queue": queue, "details": json.dumps(snap["details"], default=str)}).one()
+        row = conn.execute(insert, {**snap, "queue": target.names.queue, "details": json.dumps(snap["details"], default=str)}).one()
     return InspectResult(snapshot_id=row.id, taken_at=row.taken_at, snapshot=snap, seconds=time.monotonic() - started,
                          adapter=adapter_for(engine))

@@ -184,7 +184,7 @@ class _Reorganizer:
     """One pass: prepare, deal with leftovers, measure, decide, act, the table step,
     measure again. Everything engine-specific is asked of the adapter's index_upkeep."""
 
-    def __init__(self, engine: Engine, queue: str, config: ReorganizeConfig, schema: str) -> None:
+    def __init__(self, engine: Engine, queue: str | JobTarget, config: ReorganizeConfig, schema: str) -> None:
         self.engine = engine
         self.config = config
         self.upkeep = adapter_for(engine).index_upkeep
@@ -303,7 +303,7 @@ class _Reorganizer:
 
 def run_once(
     engine: Engine,
-    queue: str,
+    queue: str | JobTarget,
     config: ReorganizeConfig | None = None,
     *,
     schema: str = DEFAULT_SCHEMA,

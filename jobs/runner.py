@@ -235,12 +235,14 @@ def run_job(
     """Run one job on one queue under its single-runner lock, recording the run.
 
     `call` replaces the job's run_once (e.g. archive's continuous mode); it is called as
-    call(engine, queue, config, schema=..., stop=...). Raises JobBusy when another runner
+    call(engine, target, config, schema=..., stop=...), with the queue's JobTarget as read
+    here (every job's run_once takes a queue name or its JobTarget). Raises JobBusy when another runner
     holds the lock (nothing recorded); a job that fails is recorded as failed and returned
     with outcome 'failed' (its exception is not re-raised, except interrupts).
     """
     spec = job if isinstance(job, JobSpec) else job_spec(job)
-    JobTarget.resolve(engine, queue, schema, spec.kinds)  # the queue exists and is of a kind this job serves
+    # The queue exists and is of a kind this job serves; the job gets it as read here.
+    target = JobTarget.resolve(engine, queue, schema, spec.kinds)
     config = config if config is not None else spec.config_cls()
     call = call or spec.run_once
     params = {"job": spec.name, "queue": queue}
@@ -258,7 +260,7 @@ def run_job(
         result: Any = None
         try:
             with lock.watch(stop) as run_stop:
-                result = call(engine, queue, config, schema=schema, stop=run_stop)
+                result = call(engine, target, config, schema=schema, stop=run_stop)
             outcome, error = ("failed", result.error) if result.error else ("succeeded", None)
         except (KeyboardInterrupt, SystemExit):
             _finish(lock, engine, schema, started.id, "failed", None, "interrupted", None, None)

@@ -41,7 +41,7 @@ from sqlalchemy.engine import Engine
 
 from queuectl.catalog import QueueInfo
 from queuectl.errors import UsageError
-from queuectl.install import list_queues
+from queuectl.registry import list_queues
 from queuectl.engine.urls import error_text
 from queuectl.jobs.base import JobBusy, config_from_options, format_duration, parse_duration
 from queuectl.jobs.registry import JOBS, JobSpec, job_spec

@@ -67,7 +67,7 @@ class StaleResult:
 
 def run_once(
     engine: Engine,
-    queue: str,
+    queue: str | JobTarget,
     config: StaleConfig | None = None,
     *,
     schema: str = DEFAULT_SCHEMA,
@@ -89,5 +89,5 @@ def run_once(
             break
     result.seconds = time.monotonic() - started
     if result.rows:
-        log.info("reset_stale %s: %s", queue, result.summary())
+        log.info("reset_stale %s: %s", target.names.queue, result.summary())
     return result

@@ -55,7 +55,7 @@ class WatermarkResult:
 
 def run_once(
     engine: Engine,
-    queue: str,
+    queue: str | JobTarget,
     config: WatermarkConfig | None = None,
     *,
     schema: str = DEFAULT_SCHEMA,
@@ -63,8 +63,9 @@ def run_once(
 ) -> WatermarkResult:
     from queuectl.kinds import correct_watermark
 
-    JobTarget.resolve(engine, queue, schema, KINDS)  # the queue exists and is a watermark queue
-    fixed = correct_watermark(engine, queue, schema=schema)
+    target = JobTarget.resolve(engine, queue, schema, KINDS)  # the queue exists and is a watermark queue
+    queue = target.names.queue
+    fixed = correct_watermark(engine, queue, schema=schema, info=target.info)
     result = WatermarkResult(fixed.old_low, fixed.new_low, fixed.true_low, fixed.reason or "", bool(fixed.changed))
     if result.corrected:
         log.warning("correct_watermark %s: %s", queue, result.summary())

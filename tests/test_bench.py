@@ -325,7 +325,7 @@ def test_tiny_dequeue_plan_probe_measures_both_revisions_side_by_side(db_url: st
     timed, the queues removed afterwards; a reliable_0004 queue's dequeue takes longer once
     its table has statistics (the flaw reliable_0005 removes)."""
     run = lab_module("dequeue_plan").run
-    from queuectl.install import list_queues
+    from queuectl.registry import list_queues
 
     result = run(db_url, [20_000], repeats=1, seconds=0.2)
     cell = result["sizes"]["20000"]

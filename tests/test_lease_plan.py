@@ -16,7 +16,8 @@ import pytest
 import sqlalchemy as sa
 
 from lab_probes import lab_module
-from queuectl.install import downgrade_queue, head_of, install_queue, list_queues, upgrade_queue
+from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue
+from queuectl.registry import list_queues
 from queuectl.names import QueueNames
 
 from test_plan_guard import GUARD, proconfig

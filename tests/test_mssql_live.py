@@ -23,7 +23,8 @@ from sqlalchemy.engine import Engine
 from jobs_helpers import wait_until
 from queuectl.client import Queue
 from queuectl.engine import make_engine
-from queuectl.install import install_queue, list_queues, remove_everything
+from queuectl.install import install_queue, remove_everything
+from queuectl.registry import list_queues
 from queuectl.names import QueueNames
 from queuectl.sqlfiles import render
 

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
 from queuectl.errors import UsageError
-from queuectl.install import install_queue, list_queues, remove_everything, uninstall_queue
+from queuectl.install import install_queue, remove_everything, uninstall_queue
+from queuectl.registry import list_queues
 from queuectl.names import (
     QUEUE_NAME_RE, RESERVED_QUEUE_NAMES, SQL_RESERVED_WORDS, QueueNames, quote_ident, validate_queue_name,
     validate_schema_name,

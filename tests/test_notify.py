@@ -12,7 +12,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from queuectl.client import Queue
-from queuectl.install import downgrade_queue, head_of, install_queue, list_queues
+from queuectl.install import downgrade_queue, head_of, install_queue
+from queuectl.registry import list_queues
 from queuectl.names import QueueNames
 
 from conftest import run_cli

@@ -21,7 +21,8 @@ from sqlalchemy.exc import ProgrammingError
 from queuectl.client import Queue
 from queuectl.errors import UsageError
 from queuectl.grants import FUNCTION_ARGUMENTS, consumer_calls, grant_queue, granted_functions, secured_calls
-from queuectl.install import _queue_config, _script, install_queue, list_queues, uninstall_queue, upgrade_catalog
+from queuectl.install import _queue_config, _script, install_queue, uninstall_queue, upgrade_catalog
+from queuectl.registry import list_queues
 from queuectl.kindspec import KINDS, check_name_fits, default_settings
 from queuectl.names import (
     CATALOG_OBJECTS, OBJECT_SUFFIXES, QUEUE_OBJECT_SUFFIXES, QueueNames, shared_object_names,

@@ -24,7 +24,7 @@ from queuectl.catalog import QueueInfo, QueueSettings
 from queuectl.engine import adapter_for, backoff_pause, discard_connection, make_engine
 from queuectl.engine.urls import error_text, mask_url
 from queuectl.errors import ConnectionFailed, PayloadTooLarge, StatementCanceled, UsageError
-from queuectl.install import require_queue
+from queuectl.registry import require_queue
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
 from queuectl.sqlfiles import render
 from queuectl.stats import STATUS_NAMES, queue_counts
@@ -230,7 +230,9 @@ class Queue:
         *,
         schema: str = DEFAULT_SCHEMA,
         worker: str | None = None,
+        info: QueueInfo | None = None,
     ) -> None:
+        """`info`: the queue's registry entry when the caller has read it already (open_queue)."""
         self.names = QueueNames(name, schema)
         self.worker = stored_text(worker, "worker") or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._owns_engine = not isinstance(url_or_engine, Engine)
@@ -238,7 +240,7 @@ class Queue:
         self.retry_total = RETRY_TOTAL_S
         self.reconnects = 0
         self._conn: sa.Connection | None = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        self.info: QueueInfo = require_queue(self._conn, name, schema)
+        self.info: QueueInfo = info or require_queue(self._conn, name, schema)
         if self.info.kind != "reliable":
             raise UsageError(f"queue {name!r} is of kind {self.info.kind!r}; this client speaks 'reliable'")
         self._adapter = adapter_for(self.engine)

@@ -21,7 +21,8 @@ from queuectl.cli_common import make_console
 from queuectl.client import Queue
 from queuectl.engine import make_engine, resolve_url
 from queuectl.errors import QueuectlError
-from queuectl.install import get_queue, install_queue
+from queuectl.install import install_queue
+from queuectl.registry import get_queue
 from queuectl.stats import queue_counts
 
 PRODUCER_BATCH = 20

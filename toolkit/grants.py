@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from queuectl.engine import adapter_for
 from queuectl.errors import UsageError
-from queuectl.install import require_queue
+from queuectl.registry import require_queue
 from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident
 from queuectl.sqlfiles import render
 

@@ -35,7 +35,7 @@ from queuectl.engine import adapter_for
 from queuectl.engine.base import AdviceWords
 from queuectl.engine.urls import first_line, mask_url
 from queuectl.errors import UsageError
-from queuectl.install import list_queues
+from queuectl.registry import list_queues
 from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident, validate_queue_name, validate_schema_name
 from queuectl.sqlfiles import render
 

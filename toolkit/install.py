@@ -20,16 +20,16 @@ from sqlalchemy.engine import Connection, Engine
 
 import queuectl.migrations
 from queuectl import locks
-from queuectl.catalog import CATALOG_BRANCH, CATALOG_VERSION_TABLE, QueueInfo, QueueSettings, queues_table
+from queuectl.catalog import CATALOG_BRANCH, CATALOG_VERSION_TABLE, QueueInfo, QueueSettings
 from queuectl.engine import adapter_for, make_engine
 from queuectl.engine.urls import URL_ENV, check_not_empty
-from queuectl.errors import NotInstalledError, QueuectlError, UsageError
-from queuectl.kindspec import KINDS, check_name_fits, check_settings, settings_class
-from queuectl.kindspec import validate_kind as validate_kind  # re-exported
+from queuectl.errors import QueuectlError, UsageError
+from queuectl.kindspec import KINDS, check_name_fits, check_settings, validate_kind
 from queuectl.locks import INSTALL_LOCK_WAIT_S, Lock
 from queuectl.names import (
     DEFAULT_SCHEMA, QueueNames, quote_ident, shared_object_names, validate_new_queue_name, validate_schema_name,
 )
+from queuectl.registry import catalog_revision, get_queue, list_queues, require_queue
 from queuectl.sqlfiles import render
 
 def _config(schema: str, version_table: str, **attributes: object) -> Config:
@@ -101,43 +101,9 @@ def _release_all(conn: Connection, keys: list[str]) -> None:
         conn.invalidate()
 
 
-def _catalog_revision(conn: Connection, schema: str) -> str | None:
-    if not sa.inspect(conn).has_table(CATALOG_VERSION_TABLE, schema=validate_schema_name(schema)):
-        return None
-    table = sa.table(CATALOG_VERSION_TABLE, sa.column("version_num"), schema=schema)
-    return conn.execute(sa.select(table.c.version_num)).scalar()
-
-
 def upgrade_catalog(conn: Connection, schema: str = DEFAULT_SCHEMA) -> None:
     command.upgrade(_config(schema, CATALOG_VERSION_TABLE, connection=conn), f"{CATALOG_BRANCH}@head")
     conn.commit()
-
-
-def get_queue(conn: Connection, name: str, schema: str = DEFAULT_SCHEMA) -> QueueInfo | None:
-    names = QueueNames(name, schema)
-    if _catalog_revision(conn, schema) is None:
-        return None
-    table = queues_table(schema)
-    row = conn.execute(sa.select(table).where(table.c.name == names.queue)).mappings().first()
-    return _info(row) if row else None
-
-
-def require_queue(conn: Connection, name: str, schema: str = DEFAULT_SCHEMA) -> QueueInfo:
-    info = get_queue(conn, name, schema)
-    if info is None:
-        raise NotInstalledError(
-            f"queue {name!r} is not installed in schema {schema!r}: run `queuectl install {name}`"
-        )
-    return info
-
-
-def list_queues(conn: Connection, schema: str = DEFAULT_SCHEMA) -> list[QueueInfo]:
-    validate_schema_name(schema)
-    if _catalog_revision(conn, schema) is None:
-        return []
-    table = queues_table(schema)
-    rows = conn.execute(sa.select(table).order_by(table.c.name)).mappings().all()
-    return [_info(row) for row in rows]
 
 
 def check_no_shared_names(name: str, kind: str, installed: list[QueueInfo]) -> None:
@@ -150,17 +116,6 @@ def check_no_shared_names(name: str, kind: str, installed: list[QueueInfo]) -> N
                 f"queue {name!r} would share object names with installed queue {other.name!r} "
                 f"({', '.join(shared[:3])}), and a grant or drop could reach the other queue: choose another name"
             )
-
-
-def _info(row: sa.RowMapping) -> QueueInfo:
-    settings = row["settings"] if isinstance(row["settings"], dict) else {}
-    return QueueInfo(
-        name=row["name"],
-        kind=row["kind"],
-        schema_version=row["schema_version"],
-        created_at=row["created_at"],
-        settings=settings_class(row["kind"]).from_dict(settings) if row["kind"] in KINDS else QueueSettings(),
-    )
 
 
 def _queue_config(names: QueueNames, kind: str, settings: QueueSettings, **attributes: object) -> Config:
@@ -222,7 +177,7 @@ def install_script(
     if engine is not None:
         dialect = engine.dialect.name
         with engine.connect() as conn:
-            current = _catalog_revision(conn, schema)
+            current = catalog_revision(conn, schema)
             if current and get_queue(conn, name, schema):
                 raise UsageError(f"queue {name!r} is already installed: nothing to install")
             if current:
@@ -316,7 +271,7 @@ def remove_everything(engine: Engine, schema: str = DEFAULT_SCHEMA, lock_wait: f
     for name in queues:
         uninstall_queue(engine, name, schema, lock_wait)
     with engine.connect() as conn, _install_lock(conn, schema, wait=lock_wait):
-        if _catalog_revision(conn, schema) is not None:
+        if catalog_revision(conn, schema) is not None:
             command.downgrade(_config(schema, CATALOG_VERSION_TABLE, connection=conn), f"{CATALOG_BRANCH}@base")
             _drop_table(conn, CATALOG_VERSION_TABLE, schema)
             conn.commit()

@@ -32,7 +32,7 @@ from queuectl.client import Queue, _check_batch, _headers_list, _payload_list, _
 from queuectl.client import _check_seconds as _seconds
 from queuectl.engine import adapter_for, make_engine
 from queuectl.errors import QueuectlError, UsageError
-from queuectl.install import require_queue
+from queuectl.registry import require_queue
 from queuectl.kindspec import kind_template_values
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
 from queuectl.sqlfiles import render
@@ -126,14 +126,16 @@ class KindQueue:
     kind = ""
     _calls: tuple[str, ...] = ("enqueue", "enqueue_many", "dequeue")
 
-    def __init__(self, url_or_engine: str | Engine | None, name: str, *, schema: str = DEFAULT_SCHEMA) -> None:
+    def __init__(self, url_or_engine: str | Engine | None, name: str, *, schema: str = DEFAULT_SCHEMA,
+                 info: QueueInfo | None = None) -> None:
+        """`info`: the queue's registry entry when the caller has read it already."""
         self.names = QueueNames(name, schema)
         self._owns_engine = not isinstance(url_or_engine, Engine)
         self.engine = url_or_engine if isinstance(url_or_engine, Engine) else make_engine(url_or_engine, pool_size=1)
         self._conn: Connection = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         self._in_transaction = False
         try:
-            self.info: QueueInfo = require_queue(self._conn, name, schema)
+            self.info: QueueInfo = info or require_queue(self._conn, name, schema)
             if self.info.kind != self.kind:
                 raise UsageError(f"queue {name!r} is of kind {self.info.kind!r}, not {self.kind!r}: use open_queue()")
             values = {**self.names.template_values(), **kind_template_values(self.names, self.kind)}
@@ -383,9 +385,10 @@ class RingQueue(KindQueue):
     kind = "ring"
     _calls = ("enqueue", "enqueue_many", "dequeue", "ring_repair", "ring_release")
 
-    def __init__(self, url_or_engine: str | Engine | None, name: str, *, schema: str = DEFAULT_SCHEMA) -> None:
+    def __init__(self, url_or_engine: str | Engine | None, name: str, *, schema: str = DEFAULT_SCHEMA,
+                 info: QueueInfo | None = None) -> None:
         self.released: list[ReleasedClaim] = []  # what close() gave up (its release())
-        super().__init__(url_or_engine, name, schema=schema)
+        super().__init__(url_or_engine, name, schema=schema, info=info)
 
     def enqueue(  # type: ignore[override]
         self,
@@ -482,9 +485,9 @@ def open_queue(url_or_engine: str | Engine | None, name: str, *, schema: str = D
         with engine.connect() as conn:
             info = require_queue(conn, name, schema)
         if info.kind == "reliable":
-            queue: Queue | KindQueue = Queue(engine, name, schema=schema)
+            queue: Queue | KindQueue = Queue(engine, name, schema=schema, info=info)
         elif info.kind in CLIENTS:
-            queue = CLIENTS[info.kind](engine, name, schema=schema)
+            queue = CLIENTS[info.kind](engine, name, schema=schema, info=info)
         else:
             raise UsageError(f"queue {name!r} has kind {info.kind!r}, which this version of queuectl does not know")
     except BaseException:
@@ -498,15 +501,17 @@ def open_queue(url_or_engine: str | Engine | None, name: str, *, schema: str = D
 # -- maintenance entry points (for the scheduler's jobs) -----------------------------------
 
 
-def correct_watermark(url_or_engine: str | Engine | None, name: str, *, schema: str = DEFAULT_SCHEMA) -> WatermarkCorrection:
+def correct_watermark(url_or_engine: str | Engine | None, name: str, *, schema: str = DEFAULT_SCHEMA,
+                      info: QueueInfo | None = None) -> WatermarkCorrection:
     """Recompute watermark queue `name`'s true low bound and fix its stored watermark.
 
     One call of `<schema>.<name>_correct_watermark()`: lowers a watermark that is too high
     at once, raises one that is too low only over ids whose enqueue has settled (a busy
     queue may need a second run). Returns old/new stored low, the true bound, whether it
     changed and why. Safe to run at any time, from any session; meant for every 5 minutes.
+    `info`: the queue's registry entry when the caller has read it already.
     """
-    with WatermarkQueue(url_or_engine, name, schema=schema) as queue:
+    with WatermarkQueue(url_or_engine, name, schema=schema, info=info) as queue:
         return queue.correct_watermark()
 
 

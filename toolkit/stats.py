@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from queuectl.engine import adapter_for
-from queuectl.install import list_queues
+from queuectl.registry import list_queues
 from queuectl.kindspec import kind_template_values
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
 from queuectl.sqlfiles import render

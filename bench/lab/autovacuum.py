@@ -304,7 +304,8 @@ def run(url: str, options: Options | None = None) -> dict[str, Any]:
     """Both sides, options.repeats times, alternating; the queues are removed afterwards."""
     from queuectl.bench.drivers import bench_sql
     from queuectl.engine import make_engine
-    from queuectl.install import list_queues, uninstall_queue
+    from queuectl.install import uninstall_queue
+    from queuectl.registry import list_queues
 
     o = options or Options()
     if o.kind not in BASELINES:

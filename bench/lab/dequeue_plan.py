@@ -23,7 +23,8 @@ from queuectl.bench.drivers import analyze_filled, enqueue_in_chunks
 from queuectl.bench.report import write_json
 from queuectl.client import Queue
 from queuectl.engine import make_engine
-from queuectl.install import head_of, install_queue, list_queues, uninstall_queue
+from queuectl.install import head_of, install_queue, uninstall_queue
+from queuectl.registry import list_queues
 from queuectl.names import QueueNames
 
 BEFORE = "reliable_0004"

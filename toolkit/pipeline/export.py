@@ -27,7 +27,7 @@ from sqlalchemy.exc import OperationalError
 from queuectl import locks
 from queuectl.engine import adapter_for
 from queuectl.errors import NotInstalledError, QueuectlError, UsageError
-from queuectl.install import list_queues, require_queue
+from queuectl.registry import list_queues, require_queue
 from queuectl.locks import Lock
 from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident, validate_schema_name
 from queuectl.pipeline.jdbc import find_jdbc_jar, jdbc_target
