@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from queuectl.client import messages_from
+from queuectl.messages import messages_from
 from queuectl.engine import adapter_for
 from queuectl.engine.postgresql import BinaryArray  # BinaryArray: the client's binary array parameters
 from queuectl.errors import UsageError

@@ -13,7 +13,8 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from queuectl.client import Message, Queue
+from queuectl.client import Queue
+from queuectl.messages import Message
 from queuectl.errors import UsageError
 from queuectl.install import install_queue
 from queuectl.kinds import open_queue

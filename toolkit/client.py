@@ -13,24 +13,26 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from queuectl.catalog import QueueInfo, QueueSettings
+from queuectl.arguments import (
+    check_batch, check_max_attempts, check_priority, check_seconds, headers_list, payload_list, schema_revision_number,
+    spread,
+)
+from queuectl.catalog import QueueInfo
 from queuectl.engine import adapter_for, backoff_pause, discard_connection, make_engine
 from queuectl.engine.urls import error_text, mask_url
 from queuectl.errors import ConnectionFailed, PayloadTooLarge, StatementCanceled, UsageError
-from queuectl.registry import require_queue
+from queuectl.messages import Message, messages_from
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
+from queuectl.registry import require_queue
 from queuectl.sqlfiles import render
 from queuectl.stats import STATUS_NAMES, queue_counts
 from queuectl.storable import diagnostic_text, headers_json, payload_bytes, shown, stored_text
 
-MAX_BATCH = 10_000
 MAX_ID = 2**63 - 1  # ids are bigint
 
 # Reconnecting after a lost connection (server restart, pg_terminate_backend, network):
@@ -45,76 +47,11 @@ RETRY_MAX_PAUSE_S = 2.0
 ACK_DEQUEUE_REVISION = 4
 
 
-def _schema_revision_number(revision: str | None) -> int:
-    """'reliable_0003' -> 3 (0 when unknown)."""
-    try:
-        return int(str(revision).rsplit("_", 1)[1])
-    except (IndexError, ValueError):
-        return 0
-
-
 class EnqueueOutcomeUnknown(ConnectionFailed):
     """The connection broke after an enqueue was sent: it may or may not have committed.
 
     Never retried by the client (a retry could add the item twice); the caller decides.
     """
-
-
-@dataclass(frozen=True)
-class Message:
-    """One dequeued item, leased to this client until `leased_until`."""
-
-    id: int
-    payload: bytes
-    headers: dict[str, Any] | None
-    priority: int
-    attempts: int
-    max_attempts: int
-    title: str | None
-    enqueued_at: datetime
-    dequeued_at: datetime
-    due_at: datetime
-    leased_until: datetime
-
-    @property
-    def text(self) -> str:
-        return self.payload.decode("utf-8")
-
-
-# The dequeue functions' columns, by name (their positions are looked up per result).
-_MESSAGE_COLUMNS = (
-    "id", "payload", "headers", "priority", "attempts", "max_attempts", "title",
-    "enqueued_at", "dequeued_at", "due_at", "leased_until",
-)
-
-
-def messages_from(result: Any, json_value: Callable[[Any], Any]) -> list[Message]:
-    """The Messages of a dequeue result with the _MESSAGE_COLUMNS (bench/split.py's one-table
-    baseline decodes its rows here too, so both designs pay the same client work)."""
-    # Plain rows indexed by positions looked up once: dict-like rows were ~7% of a
-    # consumer's time (py-spy), and attribute access by name costs more than building
-    # the Message (cProfile).
-    keys = list(result.keys())
-    (i_id, i_payload, i_headers, i_priority, i_attempts, i_max, i_title, i_enq, i_deq, i_due, i_lease) = (
-        keys.index(column) for column in _MESSAGE_COLUMNS
-    )
-    messages = []
-    for r in result.all():
-        payload = r[i_payload]
-        messages.append(Message(
-            id=r[i_id],
-            payload=payload if type(payload) is bytes else bytes(payload),
-            headers=json_value(r[i_headers]),
-            priority=r[i_priority],
-            attempts=r[i_attempts],
-            max_attempts=r[i_max],
-            title=r[i_title],
-            enqueued_at=r[i_enq],
-            dequeued_at=r[i_deq],
-            due_at=r[i_due],
-            leased_until=r[i_lease],
-        ))
-    return messages
 
 
 def _column(name: str) -> Callable[[Any], list[Any]]:
@@ -130,14 +67,6 @@ def _new_statuses(result: Any) -> dict[int, str]:
     keys = list(result.keys())
     i_id, i_status = keys.index("id"), keys.index("status")
     return {row[i_id]: STATUS_NAMES[row[i_status]] for row in result.all()}
-
-
-def _payload_list(payloads: Iterable[bytes | str]) -> list[bytes]:
-    """enqueue_many's payloads as bytes: any iterable of payloads, but not one payload
-    (a str or bytes would be taken apart character by character) or a mapping."""
-    if isinstance(payloads, (str, bytes, bytearray, memoryview, dict)) or not isinstance(payloads, Iterable):
-        raise UsageError(f"payloads must be a list of bytes or str payloads, not {type(payloads).__name__}")
-    return [payload_bytes(p, f"payloads[{i}]") for i, p in enumerate(payloads)]
 
 
 def _ids(items: Iterable[int | Message]) -> list[int]:
@@ -159,59 +88,6 @@ def _item_id(item: int | Message) -> int:
             if 1 <= value <= MAX_ID:
                 return value
     raise UsageError(f"item ids must be Messages or whole numbers from 1 to {MAX_ID}, got {shown(item)}")
-
-
-def _per_item(values: Any, n: int, what: str) -> list[Any]:
-    """A list or tuple argument of enqueue_many with one entry per payload."""
-    if not isinstance(values, (list, tuple)):
-        raise UsageError(f"{what} must be a list with one entry per payload, not {type(values).__name__}")
-    if len(values) != n:
-        raise UsageError(f"{what} has {len(values)} entries for {n} payloads")
-    return list(values)
-
-
-def _spread(value: Any, n: int, what: str, check: Callable[[Any, str], Any]) -> list[Any]:
-    """One value for every payload, or a list or tuple of one per payload: each checked by
-    check(value, name), the name indexed when it is one of a list (title[2])."""
-    if isinstance(value, (list, tuple)):
-        return [check(v, f"{what}[{i}]") for i, v in enumerate(_per_item(value, n, what))]
-    return [check(value, what)] * n
-
-
-def _headers_list(headers: Any, n: int, what: str = "headers") -> list[str | None] | None:
-    """enqueue_many's headers (a list of dicts or None, or None) as JSON texts."""
-    if headers is None:
-        return None
-    return [headers_json(h, f"{what}[{i}]") for i, h in enumerate(_per_item(headers, n, what))]
-
-
-def _whole_number(value: Any, what: str, low: int, high: int) -> int:
-    """An int (not a bool) from low to high, or UsageError naming `what`."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise UsageError(f"{what} must be a whole number from {low} to {high}, got {shown(value)}")
-    return value
-
-
-def _check_batch(n: int) -> int:
-    return _whole_number(n, "batch size", 1, MAX_BATCH)
-
-
-def _check_seconds(value: float | None, what: str, low: float = 0.0, *, optional: bool = True) -> float | None:
-    """A number of seconds from `low` to a year, as a float; None stays None when `optional`."""
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= 366 * 86400:
-        raise UsageError(f"{what} must be a number of seconds from {low:g} to 31622400, got {shown(value)}")
-    return float(value)
-
-
-def _check_priority(priority: int, what: str = "priority") -> int:
-    return _whole_number(priority, what, -32768, 32767)
-
-
-def _check_max_attempts(value: int | None) -> int | None:
-    """A per-item max_attempts: None (the queue's) or the range a queue's setting has."""
-    return None if value is None else _whole_number(value, "max_attempts", *QueueSettings.LIMITS["max_attempts"])
 
 
 class Queue:
@@ -282,10 +158,10 @@ class Queue:
         params = {
             "payload": payload_bytes(payload),
             "headers": headers_json(headers),
-            "priority": _check_priority(priority),
-            "delay": _check_seconds(delay, "delay"),
+            "priority": check_priority(priority),
+            "delay": check_seconds(delay, "delay"),
             "title": stored_text(title, "title"),
-            "max_attempts": _check_max_attempts(max_attempts),
+            "max_attempts": check_max_attempts(max_attempts),
         }
         return self._call("enqueue", params, lambda r: r.scalar_one(), resend=False)
 
@@ -303,8 +179,8 @@ class Queue:
 
         headers: None or one entry per payload; priority, delay and title: one value for all
         or a list of one per payload. Checked like enqueue()'s, all before anything is sent."""
-        items = _payload_list(payloads)
-        max_attempts = _check_max_attempts(max_attempts)
+        items = payload_list(payloads)
+        max_attempts = check_max_attempts(max_attempts)
         if not items:
             return []
         n = len(items)
@@ -312,10 +188,10 @@ class Queue:
             {"payload": p, "headers": h, "priority": pr, "delay": d, "title": t}
             for p, h, pr, d, t in zip(
                 items,
-                _headers_list(headers, n) or [None] * n,
-                _spread(priority, n, "priority", _check_priority),
-                _spread(delay, n, "delay", lambda d, what: _check_seconds(d, what) or 0.0),
-                _spread(title, n, "title", stored_text),
+                headers_list(headers, n) or [None] * n,
+                spread(priority, n, "priority", check_priority),
+                spread(delay, n, "delay", lambda d, what: check_seconds(d, what) or 0.0),
+                spread(title, n, "title", stored_text),
             )
         ]
         params = self._adapter.enqueue_many_params(rows, max_attempts)
@@ -326,8 +202,8 @@ class Queue:
     def dequeue(self, n: int = 1, *, lease: float | None = None) -> list[Message]:
         """Claim up to n due items for `lease` seconds (default: the queue's setting)."""
         params = {
-            "batch": _check_batch(n),
-            "lease_seconds": _check_seconds(lease, "lease", low=0.001),
+            "batch": check_batch(n),
+            "lease_seconds": check_seconds(lease, "lease", low=0.001),
             "worker": self.worker,
         }
         return self._call("dequeue", params, self._messages)
@@ -364,8 +240,8 @@ class Queue:
             "ids": self._adapter.id_array(ids),
             "error": diagnostic_text(error),
             "worker": self.worker,
-            "base_seconds": _check_seconds(base_delay, "base delay"),
-            "max_seconds": _check_seconds(max_delay, "max delay"),
+            "base_seconds": check_seconds(base_delay, "base delay"),
+            "max_seconds": check_seconds(max_delay, "max delay"),
         }
         return self._call("nack", params, _new_statuses, held=len(ids))
 
@@ -374,7 +250,7 @@ class Queue:
         ids = _ids(items)
         if not ids:
             return []
-        params = {"ids": self._adapter.id_array(ids), "lease_seconds": _check_seconds(lease, "lease", low=0.001), "worker": self.worker}
+        params = {"ids": self._adapter.id_array(ids), "lease_seconds": check_seconds(lease, "lease", low=0.001), "worker": self.worker}
         return self._call("extend_lease", params, _column("id"), held=len(ids))
 
     def release(self, items: Iterable[int | Message]) -> int:
@@ -396,7 +272,7 @@ class Queue:
         and dequeue (the ack touches only items this worker holds; a lost claim's items
         come back when their lease expires).
         """
-        if _schema_revision_number(self.info.schema_version) < ACK_DEQUEUE_REVISION:
+        if schema_revision_number(self.info.schema_version) < ACK_DEQUEUE_REVISION:
             raise UsageError(
                 f"queue {self.name!r} is at {self.info.schema_version}; ack_and_dequeue needs "
                 f"reliable_{ACK_DEQUEUE_REVISION:04d}: run `queuectl upgrade {self.name}`"
@@ -404,8 +280,8 @@ class Queue:
         ids = _ids(done)
         params = {
             "ack_ids": self._adapter.id_array(ids),
-            "batch": _check_batch(n),
-            "lease_seconds": _check_seconds(lease, "lease", low=0.001),
+            "batch": check_batch(n),
+            "lease_seconds": check_seconds(lease, "lease", low=0.001),
             "worker": self.worker,
         }
         return self._call("ack_dequeue", params, self._messages, held=len(ids))

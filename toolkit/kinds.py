@@ -27,14 +27,17 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from queuectl.arguments import (
+    check_batch, check_positive_seconds, headers_list, payload_list, per_item, spread,
+)
 from queuectl.catalog import QueueInfo
-from queuectl.client import Queue, _check_batch, _headers_list, _payload_list, _per_item, _spread
-from queuectl.client import _check_seconds as _seconds
+from queuectl.client import Queue
 from queuectl.engine import adapter_for, make_engine
 from queuectl.errors import QueuectlError, UsageError
-from queuectl.registry import require_queue
 from queuectl.kindspec import kind_template_values
+from queuectl.messages import Item
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
+from queuectl.registry import require_queue
 from queuectl.sqlfiles import render
 from queuectl.stats import queue_counts
 from queuectl.storable import headers_json, payload_bytes
@@ -49,22 +52,6 @@ class QueueFullError(QueuectlError):
     def __init__(self, message: str, enqueued: list[int] | None = None) -> None:
         super().__init__(message)
         self.enqueued = enqueued or []
-
-
-@dataclass(frozen=True)
-class Item:
-    """One dequeued item; it is no longer in the queue."""
-
-    id: int
-    payload: bytes
-    headers: dict[str, Any] | None
-    enqueued_at: datetime
-    dequeued_at: datetime
-    due_at: datetime | None = None
-
-    @property
-    def text(self) -> str:
-        return self.payload.decode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -106,11 +93,6 @@ class ReleasedClaim(NamedTuple):
     tombstoned: bool
     new_item_id: int | None = None
     outcome: str = "left"
-
-
-def _check_seconds(value: float, what: str) -> float:
-    """The client's check of a number of seconds, for arguments that have no 'unset' (None)."""
-    return _seconds(value, what, optional=False)
 
 
 def _is_zero(value: object) -> bool:
@@ -196,17 +178,17 @@ class KindQueue:
         self, payloads: Iterable[bytes | str], *, headers: Sequence[dict[str, Any] | None] | None = None
     ) -> list[int]:
         """Add many items in one statement; returns their ids in the same order."""
-        items = _payload_list(payloads)
+        items = payload_list(payloads)
         if not items:
             return []
-        params = self._adapter.kind_enqueue_many_params(items, _headers_list(headers, len(items)))
+        params = self._adapter.kind_enqueue_many_params(items, headers_list(headers, len(items)))
         return list(self._execute("enqueue_many", params).scalars())
 
     # -- consuming -------------------------------------------------------------------
 
     def dequeue(self, n: int = 1) -> list[Item]:
         """Take up to n items out of the queue (they are deleted: there is no ack)."""
-        return self._items(self._execute("dequeue", {"batch": _check_batch(n)}))
+        return self._items(self._execute("dequeue", {"batch": check_batch(n)}))
 
     def _items(self, result: Any) -> list[Item]:
         # Positions looked up once, plain rows indexed by them: a mapping's get("due_at")
@@ -310,7 +292,7 @@ class PendingQueue(KindQueue):
             "payload": payload_bytes(payload),
             "headers": headers_json(headers),
             "due_at": _check_due(due_at),
-            "delay": _check_seconds(delay, "delay"),
+            "delay": check_positive_seconds(delay, "delay"),
         }
         return self._execute("enqueue", params).scalar_one()
 
@@ -323,15 +305,15 @@ class PendingQueue(KindQueue):
         delay: float | Sequence[float] = 0.0,
     ) -> list[int]:
         """Add many items in one statement, each due at its due_at or after its delay."""
-        items = _payload_list(payloads)
+        items = payload_list(payloads)
         if not items:
             return []
         n = len(items)
         params = self._adapter.kind_enqueue_many_params(
             items,
-            _headers_list(headers, n),
-            due_ats=None if due_at is None else [_check_due(d) for d in _per_item(due_at, n, "due_at")],
-            delays=_spread(delay, n, "delay", _check_seconds),
+            headers_list(headers, n),
+            due_ats=None if due_at is None else [_check_due(d) for d in per_item(due_at, n, "due_at")],
+            delays=spread(delay, n, "delay", check_positive_seconds),
         )
         return list(self._execute("enqueue_many", params).scalars())
 
@@ -403,7 +385,7 @@ class RingQueue(KindQueue):
     ) -> int:
         """Push one message; returns its id (its position). QueueFullError when full."""
         self._refuse_options(priority, delay, title, due_at)
-        params = {"payload": payload_bytes(payload), "headers": headers_json(headers), "timeout": _check_seconds(timeout, "timeout")}
+        params = {"payload": payload_bytes(payload), "headers": headers_json(headers), "timeout": check_positive_seconds(timeout, "timeout")}
         item_id = self._execute("enqueue", params).scalar_one()
         if item_id is None:
             raise QueueFullError(f"ring {self.name!r} stayed full for {timeout:g} s: nothing was enqueued")
@@ -417,12 +399,12 @@ class RingQueue(KindQueue):
         timeout: float = RING_PUSH_TIMEOUT,
     ) -> list[int]:
         """Push many messages in one statement; QueueFullError (with .enqueued) if not all fit."""
-        items = _payload_list(payloads)
+        items = payload_list(payloads)
         if not items:
             return []
         params = {
-            **self._adapter.kind_enqueue_many_params(items, _headers_list(headers, len(items))),
-            "timeout": _check_seconds(timeout, "timeout"),
+            **self._adapter.kind_enqueue_many_params(items, headers_list(headers, len(items))),
+            "timeout": check_positive_seconds(timeout, "timeout"),
         }
         ids = list(self._execute("enqueue_many", params).scalars())
         if len(ids) < len(items):
@@ -434,12 +416,12 @@ class RingQueue(KindQueue):
 
     def dequeue(self, n: int = 1, *, timeout: float = 0.0) -> list[Item]:  # type: ignore[override]
         """Pop up to n messages in position order, waiting up to `timeout` s for the first."""
-        params = {"batch": _check_batch(n), "timeout": _check_seconds(timeout, "timeout")}
+        params = {"batch": check_batch(n), "timeout": check_positive_seconds(timeout, "timeout")}
         return self._items(self._execute("dequeue", params))
 
     def repair(self, *, grace: float = RING_REPAIR_GRACE, timeout: float = RING_PUSH_TIMEOUT) -> RingRepair:
         """Run the recovery path: tombstone dead pushers' positions, rescue dead poppers' messages."""
-        params = {"grace": _check_seconds(grace, "grace"), "timeout": _check_seconds(timeout, "timeout")}
+        params = {"grace": check_positive_seconds(grace, "grace"), "timeout": check_positive_seconds(timeout, "timeout")}
         rows = self._execute("ring_repair", params).all()
         return RingRepair(
             self.name,

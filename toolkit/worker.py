@@ -113,12 +113,17 @@ from multiprocessing import connection as mp_connection
 from multiprocessing import get_context
 from typing import Any
 
-from queuectl.client import Message, Queue, _check_batch, _check_seconds, _schema_revision_number
+from queuectl.arguments import check_batch, check_seconds, schema_revision_number
 from queuectl.engine import adapter_for
 from queuectl.engine.urls import first_line
 from queuectl.errors import ConnectionFailed, StatementCanceled, UsageError
+from queuectl.messages import Message
 from queuectl.sqlfiles import render
 from queuectl.storable import diagnostic_text
+
+# The worker is handed a reliable client (queuectl.client.Queue, whose consume() builds a
+# Worker) and never builds one: it names that type, it does not import it.
+QueueClient = Any
 
 DEFAULT_POLL_INTERVAL = 2.0  # longest wait between looks at an idle queue
 DEFAULT_MIN_POLL_INTERVAL = 0.05  # first wait after a look found nothing
@@ -204,12 +209,12 @@ class _Settlement:
 class _Listener:
     """LISTEN on the queue's channel over a connection of its own (autocommit, out of the pool)."""
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: QueueClient) -> None:
         values = queue.names.template_values()
         self._sql = {key: render("postgresql", "activation", key, values)
                      for key in ("listen", "notify", "wait_begin", "wait_end")}
         # reliable_0006+: the queue notifies only consumers registered through wait_begin
-        self.gated = _schema_revision_number(queue.info.schema_version) >= WAIT_REGISTRATION_REVISION
+        self.gated = schema_revision_number(queue.info.schema_version) >= WAIT_REGISTRATION_REVISION
         raw = queue.engine.raw_connection()
         self.conn = raw.driver_connection
         raw.detach()  # owned here and closed here, never handed back to the pool
@@ -361,7 +366,7 @@ class Worker:
 
     def __init__(
         self,
-        queue: Queue,
+        queue: QueueClient,
         handler: Handler,
         *,
         concurrency: int = 1,
@@ -389,18 +394,18 @@ class Worker:
         self.queue = queue
         self.handler = handler
         self.concurrency = concurrency
-        self.batch = _check_batch(batch)
-        self.lease = _check_seconds(lease, "lease", low=0.001) or float(queue.info.settings.lease_seconds)
-        self.poll_interval = _check_seconds(poll_interval, "poll interval", low=0.001)
-        self.min_poll_interval = min(_check_seconds(min_poll_interval, "min poll interval", low=0.001), self.poll_interval)
+        self.batch = check_batch(batch)
+        self.lease = check_seconds(lease, "lease", low=0.001) or float(queue.info.settings.lease_seconds)
+        self.poll_interval = check_seconds(poll_interval, "poll interval", low=0.001)
+        self.min_poll_interval = min(check_seconds(min_poll_interval, "min poll interval", low=0.001), self.poll_interval)
         if heartbeat_fraction is not None and not 0 < heartbeat_fraction < 1:
             raise UsageError(f"heartbeat fraction must be between 0 and 1, got {heartbeat_fraction!r}")
         self.heartbeat_every = None if heartbeat_fraction is None else self.lease * heartbeat_fraction
         self.notify = notify and adapter_for(queue.engine).can_listen
         self.processes = processes
         self.burst = burst
-        self.log_interval = _check_seconds(log_interval, "log interval", low=0.001)
-        self.shutdown_timeout = _check_seconds(shutdown_timeout, "shutdown timeout")
+        self.log_interval = check_seconds(log_interval, "log interval", low=0.001)
+        self.shutdown_timeout = check_seconds(shutdown_timeout, "shutdown timeout")
         self.handle_signals = handle_signals
         self.stats = WorkerStats()
 
