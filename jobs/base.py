@@ -8,7 +8,6 @@ single-runner lock and the job-run history; the scheduler only calls the runner.
 
 from __future__ import annotations
 
-import re
 import threading
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
@@ -17,14 +16,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from queuectl.catalog import QueueInfo
+from queuectl.durations import duration_seconds
 from queuectl.engine import adapter_for
 from queuectl.errors import QueuectlError, UsageError
 from queuectl.registry import require_queue
 from queuectl.names import QueueNames
 from queuectl.sqlfiles import render
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|min|h|d)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
 def parse_duration(value: str | int | float, what: str = "duration") -> float:
@@ -34,10 +31,10 @@ def parse_duration(value: str | int | float, what: str = "duration") -> float:
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:
-        match = _DURATION.match(str(value))
-        if not match:
+        parsed = duration_seconds(str(value))
+        if parsed is None:
             raise UsageError(f"{what} must be a duration like 30s, 5m, 2h or 30d, got {value!r}")
-        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        seconds = parsed
     if not 0 <= seconds <= 10 * 366 * 86400:
         raise UsageError(f"{what} must be between 0 and 10 years, got {value!r}")
     return seconds

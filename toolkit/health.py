@@ -31,13 +31,15 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from queuectl.catalog import QueueInfo
+from queuectl.durations import duration_seconds
 from queuectl.engine import adapter_for
 from queuectl.engine.base import AdviceWords
 from queuectl.engine.urls import first_line, mask_url
 from queuectl.errors import UsageError
-from queuectl.registry import list_queues
 from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident, validate_queue_name, validate_schema_name
+from queuectl.registry import list_queues
 from queuectl.sqlfiles import render
+from queuectl.stats import STATUS_CODES
 
 REPORT_FORMAT = 1  # bumped when the JSON object changes incompatibly (see health_schema.json)
 
@@ -97,9 +99,7 @@ DEFAULT_THRESHOLDS: dict[str, Threshold] = {
     )
 }
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?$")
 _COUNT = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmMgG])?$")
-_DURATION_FACTORS = {None: 1, "s": 1, "ms": 0.001, "m": 60, "min": 60, "h": 3600, "d": 86400}
 _COUNT_FACTORS = {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}
 
 
@@ -129,9 +129,9 @@ def _parse_value(unit: str, text: str | int | float) -> float | None:
     if raw.lower() in ("off", "none", ""):
         return None
     if unit == "seconds":
-        m = _DURATION.fullmatch(raw.lower())
-        if m:
-            return float(m.group(1)) * _DURATION_FACTORS[m.group(2)]
+        seconds = duration_seconds(raw.lower())
+        if seconds is not None:
+            return seconds
         raise UsageError(f"{raw!r} is not a duration: use e.g. 90s, 5m, 2h, 1d")
     if unit == "percent":
         m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*%?", raw)
@@ -772,8 +772,9 @@ def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions
             advice = None
             if status != OK:
                 names = QueueNames(q.name, facts.schema)
+                dead = STATUS_CODES["dead"]
                 advice = (f"queue {q.name}: {fmt_count(q.dead)} dead letter(s) used up their attempts: read "
-                          f"last_error (SELECT id, last_error FROM {names.qualified('meta')} WHERE status = 3), "
+                          f"last_error (SELECT id, last_error FROM {names.qualified('meta')} WHERE status = {dead}), "
                           "fix the cause, then re-enqueue or archive them")
             checks.append(Check("queue.dead_letters", "queues", q.name, status,
                                 f"{fmt_count(q.dead)} dead", q.dead, "count", advice))

@@ -14,6 +14,7 @@ from queuectl.names import DEFAULT_SCHEMA, QueueNames
 from queuectl.sqlfiles import render
 
 STATUS_NAMES = {0: "ready", 1: "processing", 2: "done", 3: "dead"}
+STATUS_CODES = {name: code for code, name in STATUS_NAMES.items()}
 COUNT_KEYS = ("ready", "scheduled", "processing", "done", "dead")
 
 
