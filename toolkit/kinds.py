@@ -35,7 +35,7 @@ from queuectl.client import Queue
 from queuectl.engine import adapter_for, make_engine
 from queuectl.errors import QueuectlError, UsageError
 from queuectl.kindspec import kind_template_values
-from queuectl.messages import Item
+from queuectl.messages import Item, items_from
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
 from queuectl.registry import require_queue
 from queuectl.sqlfiles import render
@@ -191,26 +191,7 @@ class KindQueue:
         return self._items(self._execute("dequeue", {"batch": check_batch(n)}))
 
     def _items(self, result: Any) -> list[Item]:
-        # Positions looked up once, plain rows indexed by them: a mapping's get("due_at")
-        # raised and caught a KeyError per row on every kind without due times, and
-        # attribute access by name costs more than the rest of building an Item (cProfile).
-        keys = list(result.keys())
-        i_id, i_payload, i_headers = keys.index("id"), keys.index("payload"), keys.index("headers")
-        i_enq, i_deq = keys.index("enqueued_at"), keys.index("dequeued_at")
-        i_due = keys.index("due_at") if "due_at" in keys else None
-        json_value = self._adapter.json_value
-        items = []
-        for r in result.all():
-            payload = r[i_payload]
-            items.append(Item(
-                id=r[i_id],
-                payload=payload if type(payload) is bytes else bytes(payload),
-                headers=json_value(r[i_headers]),
-                enqueued_at=r[i_enq],
-                dequeued_at=r[i_deq],
-                due_at=None if i_due is None else r[i_due],
-            ))
-        return items
+        return items_from(result, self._adapter.json_value)
 
     @contextmanager
     def processing(self, n: int = 1, **dequeue_options: Any) -> Iterator[list[Item]]:
