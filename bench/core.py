@@ -74,8 +74,6 @@ class BenchOptions:
     given: frozenset[str] = frozenset()
 
     def validate(self) -> "BenchOptions":
-        import queuectl.bench.scenarios  # noqa: F401  (registers the built-in scenarios)
-
         if self.batch is None:
             self.batch = DEFAULT_BATCH.get(self.scenario, 100)
         if self.rows is None:
