@@ -199,7 +199,7 @@ def test_a_target_value_never_reads_as_its_goal_from_the_other_side() -> None:
 
 
 def test_recorded_command_line_masks_a_url_password() -> None:
-    from queuectl.cli_bench import _masked
+    from queuectl.cli.bench import _masked
 
     shown = _masked(["bench", "--url", "postgresql://app:s3cr3t@db/x", "--url=postgresql://app:s3cr3t@db/y"])
     assert "s3cr3t" not in " ".join(shown) and shown[2] == "postgresql://app:***@db/x"

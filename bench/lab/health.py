@@ -21,7 +21,7 @@ from rich.console import Console
 
 from queuectl.catalog import QueueSettings
 from queuectl.client import Queue
-from queuectl.cli_health import render
+from queuectl.cli.health import render
 from queuectl.engine import make_engine
 from queuectl.health import HealthOptions, health_report
 from queuectl.install import install_queue, remove_everything

@@ -1,4 +1,5 @@
-"""What every command shares: its consoles, the --url option, and keeping passwords out of sight.
+"""What every command shares: its consoles, its options (--url, --schema, --json, the queue
+name), the one-line error, and keeping passwords out of sight.
 
 Whatever a command prints may come from the server or from a user: application names, query
 texts, role, database and object names, error messages, job errors. The consoles made here
@@ -7,7 +8,7 @@ can neither restyle the output nor crash it with a MarkupError) and control char
 shown as `?` (an ESC in a role name cannot move a terminal's cursor). Styles come from
 `Text` objects and `style=` arguments only.
 
-This module imports nothing of queuectl's CLI modules, so every one of them can import it.
+This module imports no other module of queuectl.cli, so every command module can import it.
 """
 
 from __future__ import annotations
@@ -69,6 +70,12 @@ def print_error(message: str, prefix: str = "error", console: Console | None = N
     (console or err).print(line, highlight=False, soft_wrap=True)
 
 
+def fail(message: str, code: int = 2) -> None:
+    """Stop the command with one error line and `code` (2: the user can fix it)."""
+    print_error(message)
+    raise typer.Exit(code)
+
+
 URL_HELP = (
     "Database URL (e.g. postgresql://user@host:5432/db). Default: $" + URL_ENV + ", else the embedded server. "
     "Keep the password out of it: a command line is visible to other users (ps) until queuectl hides it; "
@@ -76,6 +83,18 @@ URL_HELP = (
     "through libpq's PGPASSFILE (~/.pgpass) or PGPASSWORD."
 )
 UrlOption = Annotated[Optional[str], typer.Option("--url", help=URL_HELP, show_default=False)]
+SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")]
+QueueArg = Annotated[str, typer.Argument(help="Queue name: lowercase letters, digits, _ (max 48).")]
+# The maintenance commands' queue: its naming rules are install's.
+JobQueueArg = Annotated[str, typer.Argument(help="Queue name.")]
+
+
+def json_flag(help: str = "Print JSON.") -> Any:
+    """The --json flag; each command's help says what its JSON holds."""
+    return Annotated[bool, typer.Option("--json", help=help)]
+
+
+JsonOption = json_flag()
 
 
 # -- the process's own command line ---------------------------------------------------------------

@@ -1,22 +1,21 @@
-"""CLI pieces for the queue kinds other than reliable: the dequeue rendering and the two
-maintenance commands (`queuectl correct-watermark`, `queuectl repair-ring`)."""
+"""Commands of the queue kinds other than reliable: `queuectl correct-watermark` and
+`queuectl repair-ring`, and the records `queuectl dequeue` prints for their items."""
 
 from __future__ import annotations
 
 import json
 import sys
 from dataclasses import asdict
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
-from queuectl.cli_common import UrlOption
+from queuectl.cli.options import JobQueueArg as QueueArg, SchemaOption, UrlOption
 from queuectl.engine import make_engine
 from queuectl.errors import UsageError
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name
 
-SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")]
-QueueArg = Annotated[str, typer.Argument(help="Queue name.")]
+app = typer.Typer()
 
 
 def dequeue_records(queue: Any, batch: int, lease: float | None, ack: bool) -> list[dict[str, Any]]:
@@ -46,6 +45,7 @@ def dequeue_records(queue: Any, batch: int, lease: float | None, ack: bool) -> l
     return records
 
 
+@app.command("correct-watermark")
 def correct_watermark_command(name: QueueArg, url: UrlOption = None, schema: SchemaOption = DEFAULT_SCHEMA) -> None:
     """Recompute a watermark queue's true low bound and fix its stored watermark (the 5-minute job)."""
     from queuectl.kinds import correct_watermark
@@ -55,6 +55,7 @@ def correct_watermark_command(name: QueueArg, url: UrlOption = None, schema: Sch
     sys.stdout.write(json.dumps(asdict(result)) + "\n")
 
 
+@app.command("repair-ring")
 def repair_ring_command(
     name: QueueArg,
     grace: Annotated[float, typer.Option(help="Seconds a slot must sit unchanged before it is repaired.")] = 30.0,
@@ -68,7 +69,3 @@ def repair_ring_command(
     result = repair_ring(make_engine(url), name, schema=schema, grace=grace)
     sys.stdout.write(json.dumps(asdict(result)) + "\n")
 
-
-def register(app: typer.Typer) -> None:
-    app.command("correct-watermark")(correct_watermark_command)
-    app.command("repair-ring")(repair_ring_command)

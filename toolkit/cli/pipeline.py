@@ -10,11 +10,12 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from queuectl.cli_common import UrlOption, out
+from queuectl.cli.options import SchemaOption, UrlOption, json_flag, out
 from queuectl.engine import make_engine
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 
-pipeline_app = typer.Typer(
+app = typer.Typer(
+    name="pipeline",
     help="Export queue history to a Parquet lake with Spark, and report on it (needs the spark extra).",
     no_args_is_help=True,
 )
@@ -24,14 +25,14 @@ MasterOption = Annotated[
     Optional[str],
     typer.Option("--master", help="Spark master URL, e.g. spark://host:7077. Default: $QUEUECTL_SPARK_MASTER, else local[*].", show_default=False),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (the default when stdout is not a terminal).")]
+JsonOption = json_flag("Print JSON (the default when stdout is not a terminal).")
 
 
 def _as_json(flag: bool) -> bool:
     return flag or not out.is_terminal
 
 
-@pipeline_app.command("export")
+@app.command("export")
 def export(
     queues: Annotated[Optional[list[str]], typer.Argument(help="Queues to export; default: every queue that keeps history.", show_default=False)] = None,
     lake: LakeOption = ...,
@@ -41,7 +42,7 @@ def export(
     master: MasterOption = None,
     jdbc_jar: Annotated[Optional[str], typer.Option("--jdbc-jar", help="JDBC driver jar. Default: $QUEUECTL_JDBC_JAR, /usr/share/java, ~/.m2.", show_default=False)] = None,
     url: UrlOption = None,
-    schema: Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")] = DEFAULT_SCHEMA,
+    schema: SchemaOption = DEFAULT_SCHEMA,
     as_json: JsonOption = False,
 ) -> None:
     """Export new queue history into Parquet (partitioned by queue and day); reruns export only what is new.
@@ -121,7 +122,7 @@ class _progress:
             self.bar.stop()
 
 
-@pipeline_app.command("report")
+@app.command("report")
 def report(
     lake: LakeOption = ...,
     since: Annotated[Optional[str], typer.Option("--since", help="Only items finished (and enqueued) on or after this UTC date, e.g. 2025-01-31.", show_default=False)] = None,

@@ -1,4 +1,4 @@
-"""`queuectl bench`: the command line over queuectl.bench.run_bench (registered in cli.py)."""
+"""`queuectl bench`: the command line over queuectl.bench.run_bench."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from queuectl.cli_common import UrlOption, make_console
+from queuectl.cli.options import UrlOption, make_console
 from queuectl.engine.urls import hide_secrets
 from queuectl.names import DEFAULT_SCHEMA
 
+app = typer.Typer()
 
+
+@app.command()
 def bench(
     ctx: typer.Context,
     kind: Annotated[

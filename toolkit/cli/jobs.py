@@ -1,4 +1,4 @@
-"""CLI commands of the maintenance jobs and the scheduler (registered by queuectl.cli).
+"""Commands of the maintenance jobs and the scheduler.
 
     queuectl archive NAME [--continuous] ...     queuectl jobs list [--config]
     queuectl reorganize NAME [--dry-run]         queuectl jobs history [--last N]
@@ -6,11 +6,10 @@
     queuectl reset-stale NAME                    queuectl scheduler run [--config] [--max-seconds]
 
 Thin: parse, call one library function (queuectl.jobs.runner.run_job or the scheduler),
-render. Errors a user can fix raise QueuectlError (one line, exit 2, by cli.main); a job
+render. Errors a user can fix raise QueuectlError (one line, exit 2, by queuectl.cli.main); a job
 that ran and failed prints its error in one line and exits 1, or 3 when it failed because
 its database connection was lost (as health's UNKNOWN: neither the user's fault nor the
-job's verdict). This module does not import queuectl.cli (which imports it), so it defines
-its own shared options.
+job's verdict).
 """
 
 from __future__ import annotations
@@ -30,13 +29,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from queuectl.cli_common import DataFormatter, UrlOption, err, out, print_error
+from queuectl.cli.options import DataFormatter, JobQueueArg as QueueArg, SchemaOption, UrlOption, err, json_flag, out, print_error
 from queuectl.engine import make_engine
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 
-SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")]
-QueueArg = Annotated[str, typer.Argument(help="Queue name.")]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+app = typer.Typer()
+JsonOption = json_flag("Print the result as JSON.")
 LOST_CONNECTION_EXIT = 3
 LockTimeoutOption = Annotated[Optional[str], typer.Option("--lock-timeout", help="Longest wait for a lock per statement (e.g. 2s).", show_default=False)]
 
@@ -108,6 +106,7 @@ def _nullcontext(value: Any) -> Iterator[Any]:
 # -- archive -----------------------------------------------------------------------------
 
 
+@app.command()
 def archive(
     name: QueueArg,
     batch: Annotated[int, typer.Option(help="Rows moved per transaction.")] = 1000,
@@ -195,6 +194,7 @@ def _render_reorganize(result: Any) -> None:
     out.print(result.summary(), highlight=False)
 
 
+@app.command()
 def reorganize(
     name: QueueArg,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Measure and report what would be done; change nothing.")] = False,
@@ -232,6 +232,7 @@ def _render_inspect(result: Any) -> None:
     out.print(table)
 
 
+@app.command()
 def inspect(
     name: QueueArg,
     physical: Annotated[bool, typer.Option("--physical/--no-physical", help="Also measure the meta table and its indexes with pgstattuple (when installed).")] = True,
@@ -243,6 +244,7 @@ def inspect(
     _run("inspect", name, {"physical": physical}, url, schema, as_json, _render_inspect)
 
 
+@app.command("reset-stale")
 def reset_stale(
     name: QueueArg,
     batch: Annotated[int, typer.Option(help="Rows per transaction.")] = 1000,
@@ -256,8 +258,8 @@ def reset_stale(
 
 # -- jobs and the scheduler ----------------------------------------------------------------
 
-jobs_app = typer.Typer(help="Maintenance jobs: what is scheduled, what ran, run one by hand.", no_args_is_help=True)
-scheduler_app = typer.Typer(help="Run the maintenance jobs on a schedule.", no_args_is_help=True)
+jobs_app = typer.Typer(name="jobs", help="Maintenance jobs: what is scheduled, what ran, run one by hand.", no_args_is_help=True)
+scheduler_app = typer.Typer(name="scheduler", help="Run the maintenance jobs on a schedule.", no_args_is_help=True)
 ConfigOption = Annotated[Optional[str], typer.Option("--config", help="TOML config (default: every job on every queue, default schedules).", show_default=False)]
 
 
@@ -368,12 +370,3 @@ def scheduler_run(
     _logging(verbose)
     Scheduler(make_engine(url, pool_size=settings.workers + 2), settings).run(max_seconds=max_seconds)
 
-
-def register(app: typer.Typer) -> None:
-    """Add the job commands to the main `queuectl` app."""
-    app.command()(archive)
-    app.command()(reorganize)
-    app.command()(inspect)
-    app.command("reset-stale")(reset_stale)
-    app.add_typer(jobs_app, name="jobs")
-    app.add_typer(scheduler_app, name="scheduler")

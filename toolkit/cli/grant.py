@@ -8,12 +8,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from queuectl.cli_common import UrlOption, out
+from queuectl.cli.options import JsonOption, QueueArg, SchemaOption, UrlOption, out
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 
+app = typer.Typer()
 
+
+@app.command()
 def grant(
-    name: Annotated[str, typer.Argument(help="Queue name: lowercase letters, digits, _ (max 48).")],
+    name: QueueArg,
     producer: Annotated[
         Optional[str], typer.Option("--producer", help="Role that may enqueue (EXECUTE on the enqueue functions only).")
     ] = None,
@@ -22,8 +25,8 @@ def grant(
         typer.Option("--consumer", help="Role that may dequeue (and ack/nack/extend/release on a reliable queue)."),
     ] = None,
     url: UrlOption = None,
-    schema: Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")] = DEFAULT_SCHEMA,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+    as_json: JsonOption = False,
 ) -> None:
     """Let existing roles call the queue's SQL API, with no access to its tables.
 

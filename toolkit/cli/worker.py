@@ -10,19 +10,18 @@ from typing import Annotated, Optional
 
 import typer
 
-from queuectl.cli_common import DataFormatter, UrlOption, out
+from queuectl.cli.options import DataFormatter, QueueArg, SchemaOption, UrlOption, json_flag, out
 from queuectl.client import RETRY_TOTAL_S
 from queuectl.engine import make_engine
 from queuectl.errors import UsageError
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 from queuectl.worker import DEFAULT_LOG_INTERVAL, DEFAULT_POLL_INTERVAL
 
-# Not imported from queuectl.cli: cli imports this module, and under `python -m
-# queuectl.cli` an import back would run cli.py a second time.
-SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")]
-QueueArg = Annotated[str, typer.Argument(help="Queue name: lowercase letters, digits, _ (max 48).")]
+app = typer.Typer()
+CountsJsonOption = json_flag("Print the final counts as JSON.")
 
 
+@app.command()
 def worker(
     name: QueueArg,
     handler: Annotated[
@@ -47,7 +46,7 @@ def worker(
     reconnect_for: Annotated[
         float, typer.Option("--reconnect-for", help="After a lost connection, keep reconnecting (jittered back-off) this many seconds, then exit with one error line.")
     ] = RETRY_TOTAL_S,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the final counts as JSON.")] = False,
+    as_json: CountsJsonOption = False,
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:

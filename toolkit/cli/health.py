@@ -11,9 +11,6 @@ Exit codes follow the Nagios plugin convention so cron and monitors can use them
 errors so a monitor never mistakes a typo, an outage or a bug for a graded verdict; each is
 one line on stderr, never a traceback. A mistyped option name is rejected by the parser
 itself, with its usage message and exit code 2.)
-
-This module must not import queuectl.cli (which imports it): `python -m queuectl.cli`
-runs cli.py as __main__, and a second copy would be imported.
 """
 
 from __future__ import annotations
@@ -34,9 +31,9 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from queuectl.cli_common import UrlOption, make_console, print_error
+from queuectl.cli.options import SchemaOption, UrlOption, json_flag, make_console, print_error
 from queuectl.engine import backoff_pause, make_engine
-from queuectl.engine.urls import URL_ENV, first_line, hide_secrets, mask_url
+from queuectl.engine.urls import URL_ENV, error_text, first_line, hide_secrets, mask_url
 from queuectl.errors import ConnectionFailed, QueuectlError
 from queuectl.health import (
     CRITICAL, DEFAULT_THRESHOLDS, INFO, OK, WARNING, HealthOptions, HealthReport, fmt_bytes, fmt_count,
@@ -48,6 +45,9 @@ UNKNOWN_EXIT = 3
 STYLE = {OK: "green", INFO: "cyan", WARNING: "bold yellow", CRITICAL: "bold red"}
 PLAIN_WIDTH = 220  # piped output is for grep and logs: never fold a line
 
+app = typer.Typer()
+ReportJsonOption = json_flag("Print the report as one JSON object (see health_schema.json).")
+
 
 def _threshold_help() -> str:
     return "; ".join(
@@ -55,14 +55,15 @@ def _threshold_help() -> str:
     )
 
 
+@app.command()
 def health(
     names: Annotated[Optional[list[str]], typer.Argument(help="Queues to check (default: every installed queue).", show_default=False)] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object (see health_schema.json).")] = False,
+    as_json: ReportJsonOption = False,
     watch: Annotated[Optional[float], typer.Option("--watch", metavar="SECONDS", help="Refresh every SECONDS until Ctrl-C (in place on a terminal; JSON lines with --json).", show_default=False)] = None,
     settings: Annotated[Optional[list[str]], typer.Option("--set", metavar="NAME.warn|crit=VALUE", help="Override a threshold, e.g. --set oldest_ready_age.warn=60s --set dead_letters.crit=off. Repeatable. Defaults (warn/crit): " + _threshold_help(), show_default=False)] = None,
     config: Annotated[Optional[str], typer.Option("--config", help="TOML file with a \\[health] table (thresholds and options); --set wins over it. The scheduler's \\[jobs.*] tables in it are checked too: a queue they name that is not installed (or of another kind) is a WARNING.", show_default=False)] = None,
     url: UrlOption = None,
-    schema: Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")] = DEFAULT_SCHEMA,
+    schema: SchemaOption = DEFAULT_SCHEMA,
     reconnect_for: Annotated[float, typer.Option("--reconnect-for", metavar="SECONDS", help="With --watch: after a lost connection keep retrying (jittered back-off) this long, one line on stderr, then exit 3. A single check never retries.")] = 30.0,
 ) -> None:
     """Check queues, storage, cleanup blockers and jobs; give a verdict and advice.
@@ -96,7 +97,7 @@ def health(
         print_error(str(exc), console=err)
         raise typer.Exit(UNKNOWN_EXIT) from None
     except DBAPIError as exc:
-        print_error(hide_secrets(first_line(exc.orig), url or os.environ.get(URL_ENV)), "database error", err)
+        print_error(error_text(exc, url or os.environ.get(URL_ENV)), "database error", err)
         raise typer.Exit(UNKNOWN_EXIT) from None
     except Exception as exc:  # a fault of queuectl's own: still UNKNOWN, never a verdict, never a traceback
         message = f"{type(exc).__name__}: {first_line(exc)} (a queuectl bug: please report it)"
@@ -137,7 +138,7 @@ def _surviving(run, engine, reconnect_for: float, err: Console):
             try:
                 report = run()
             except OperationalError as exc:
-                reason = hide_secrets(first_line(exc.orig), engine.url)
+                reason = error_text(exc, engine)
                 now = time.monotonic()
                 if deadline is None:
                     deadline = now + reconnect_for

@@ -1,8 +1,4 @@
-"""The `queuectl` command line: thin Typer commands over library functions.
-
-Commands parse, call one library function and render its result. Errors a user can fix
-are one line on stderr with exit code 2; database URLs are only ever shown masked.
-"""
+"""Queue commands: install, uninstall, list, upgrade, enqueue, dequeue, and the demo."""
 
 from __future__ import annotations
 
@@ -13,38 +9,19 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy.exc import DBAPIError
 
 from queuectl.catalog import DEFAULT_MAX_PAYLOAD_BYTES, QueueSettings
-from queuectl.cli_common import UrlOption, err, hide_passwords_in_argv, out, print_error
+from queuectl.cli.options import QueueArg, SchemaOption, UrlOption, fail, json_flag, out
 from queuectl.engine import make_engine
-from queuectl.engine.urls import PASSWORD_FILE_ENV, URL_ENV, first_line, hide_secrets, mask_url
-from queuectl.errors import QueuectlError
 from queuectl.locks import INSTALL_LOCK_WAIT_S
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 
-app = typer.Typer(
-    name="queuectl",
-    help="Work queues as tables in the database you already run: install, use, and keep them healthy.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_show_locals=False,  # locals may hold connection strings
-)
-db_app = typer.Typer(help="Manage the embedded PostgreSQL server used when no --url is given.", no_args_is_help=True)
-app.add_typer(db_app, name="db")
+app = typer.Typer()
 
-SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the catalog and queue tables.")]
 LockWaitOption = Annotated[float, typer.Option(
     "--lock-wait", min=0, help="Seconds to wait for another install, upgrade or uninstall of the schema to "
     "finish; then one line names the session holding the install lock.")]
-QueueArg = Annotated[str, typer.Argument(help="Queue name: lowercase letters, digits, _ (max 48).")]
-
-def fail(message: str, code: int = 2) -> None:
-    print_error(message)
-    raise typer.Exit(code)
-
-
-# -- queues ------------------------------------------------------------------------------
+TableJsonOption = json_flag("Print JSON instead of a table.")
 
 
 @app.command()
@@ -81,12 +58,6 @@ def install(
                             f" (kind {info.kind}, version {info.schema_version}) in schema {schema}"))
 
 
-def _has_env_url() -> bool:
-    import os
-
-    return bool(os.environ.get(URL_ENV))
-
-
 @app.command()
 def uninstall(
     name: Annotated[Optional[str], typer.Argument(help="Queue to remove (omit with --all).")] = None,
@@ -119,7 +90,7 @@ def uninstall(
 def list_(
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    as_json: TableJsonOption = False,
 ) -> None:
     """List installed queues with their kind, version and item counts."""
     from queuectl.stats import queue_overview
@@ -207,7 +178,7 @@ def dequeue(
 
     Queues of the other kinds (heap, fifo, stack, pending, watermark, ring) hand items out
     destructively: they are printed and gone, and --lease / --ack do not apply."""
-    from queuectl.cli_kinds import dequeue_records
+    from queuectl.cli.kinds import dequeue_records
     from queuectl.client import Queue
     from queuectl.kinds import open_queue
 
@@ -258,119 +229,3 @@ def demo(
     )
     if summary.completed == 0:
         fail("the demo completed no items", code=1)
-
-
-# -- the embedded server ---------------------------------------------------------------
-
-
-@db_app.command("start")
-def db_start() -> None:
-    """Start the embedded server (initialising it on first use)."""
-    from queuectl.engine.embedded import EmbeddedServer
-
-    server = EmbeddedServer()
-    server.ensure_running()
-    out.print(f"embedded PostgreSQL running: {mask_url(server.url())}")
-
-
-@db_app.command("stop")
-def db_stop() -> None:
-    """Stop the embedded server (fast shutdown: open transactions roll back)."""
-    from queuectl.engine.embedded import EmbeddedServer
-
-    EmbeddedServer().stop()
-    out.print("embedded PostgreSQL stopped")
-
-
-@db_app.command("status")
-def db_status(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """Show whether the embedded server runs, where, and its version. Exit 1 if stopped."""
-    from queuectl.engine.embedded import EmbeddedServer
-
-    status = EmbeddedServer().status()
-    if as_json:
-        sys.stdout.write(json.dumps(status, default=str) + "\n")
-    else:
-        for key, value in status.items():
-            out.print(f"{key:12} {value}", highlight=False)
-    if not status.get("running"):
-        raise typer.Exit(1)
-
-
-@db_app.command("url")
-def db_url() -> None:
-    """Print the embedded server's URL, starting it if needed (a Unix-socket URL: no password in it)."""
-    from queuectl.engine.embedded import EmbeddedServer
-
-    sys.stdout.write(mask_url(EmbeddedServer().ensure_running()) + "\n")
-
-
-from queuectl.cli_health import health  # noqa: E402  (own module: fewer merge conflicts)
-
-app.command()(health)
-
-from queuectl.cli_jobs import register as _register_jobs  # noqa: E402  (maintenance jobs, scheduler)
-
-_register_jobs(app)
-
-from queuectl.cli_grant import grant as _grant  # noqa: E402  (its own module: least-privilege roles)
-
-app.command("grant")(_grant)
-
-from queuectl.cli_worker import worker as _worker  # noqa: E402  (issue 10: activation)
-app.command("worker")(_worker)
-
-from queuectl import cli_kinds  # noqa: E402  (the queue kinds' commands)
-
-cli_kinds.register(app)
-
-from queuectl.cli_pipeline import pipeline_app  # noqa: E402
-
-app.add_typer(pipeline_app, name="pipeline")
-
-from queuectl.cli_bench import bench as _bench  # noqa: E402
-app.command("bench")(_bench)
-
-
-def _click_exceptions() -> tuple[type[BaseException], ...]:
-    """Parser errors (unknown option, a value of the wrong type): click's, and those of the
-    copy of click that Typer vendors since 0.17 (typer._click), which are not click's."""
-    found: list[type[BaseException]] = []
-    for module, name in (("click", "ClickException"), ("typer._click.exceptions", "ClickException")):
-        try:
-            found.append(getattr(__import__(module, fromlist=[name]), name))
-        except (ImportError, AttributeError):
-            continue
-    return tuple(found)
-
-
-def main() -> None:
-    """Entry point: run the app, turning known errors into one line and exit code 2."""
-    if hide_passwords_in_argv() is False:
-        print_error(f"the password in this command line stays visible to other users (ps): give it in ${URL_ENV}, "
-                    f"${PASSWORD_FILE_ENV} or libpq's PGPASSFILE instead", prefix="warning")
-    try:
-        code = app(standalone_mode=False)
-    except QueuectlError as exc:
-        print_error(str(exc))
-        sys.exit(2)
-    except DBAPIError as exc:
-        print_error(hide_secrets(first_line(exc.orig)), prefix="database error")
-        sys.exit(1)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        err.print("aborted")
-        sys.exit(130)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as exc:  # click usage errors come here in non-standalone mode
-        if isinstance(exc, _click_exceptions()):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
-    sys.exit(code if isinstance(code, int) else 0)
-
-
-if __name__ == "__main__":
-    main()

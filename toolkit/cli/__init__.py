@@ -1,0 +1,73 @@
+"""The `queuectl` command line: thin Typer commands over library functions.
+
+Commands parse, call one library function and render its result. Errors a user can fix
+are one line on stderr with exit code 2; database URLs are only ever shown masked.
+
+One module per command group, each with a Typer of its own; this module adds them to the
+app and runs it. The shared options and consoles live in queuectl.cli.options, and no
+command module imports this one.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from sqlalchemy.exc import DBAPIError
+
+from queuectl.cli import bench, db, grant, health, jobs, kinds, options, pipeline, queues, worker
+from queuectl.engine.urls import PASSWORD_FILE_ENV, URL_ENV, error_text
+from queuectl.errors import QueuectlError
+
+app = typer.Typer(
+    name="queuectl",
+    help="Work queues as tables in the database you already run: install, use, and keep them healthy.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,  # locals may hold connection strings
+)
+# In the order `queuectl --help` lists them. A group's Typer without a name adds its
+# commands at the top level (install, health, archive...); a named one is a subcommand (db, jobs...).
+for group in (queues.app, health.app, jobs.app, grant.app, worker.app, kinds.app, bench.app,
+              db.app, jobs.jobs_app, jobs.scheduler_app, pipeline.app):
+    app.add_typer(group)
+
+
+def _click_exceptions() -> tuple[type[BaseException], ...]:
+    """Parser errors (unknown option, a value of the wrong type): click's, and those of the
+    copy of click that Typer vendors since 0.17 (typer._click), which are not click's."""
+    found: list[type[BaseException]] = []
+    for module, name in (("click", "ClickException"), ("typer._click.exceptions", "ClickException")):
+        try:
+            found.append(getattr(__import__(module, fromlist=[name]), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+def main() -> None:
+    """Entry point: run the app, turning known errors into one line and exit code 2."""
+    if options.hide_passwords_in_argv() is False:
+        options.print_error(f"the password in this command line stays visible to other users (ps): give it in "
+                            f"${URL_ENV}, ${PASSWORD_FILE_ENV} or libpq's PGPASSFILE instead", prefix="warning")
+    try:
+        code = app(standalone_mode=False)
+    except QueuectlError as exc:
+        options.print_error(str(exc))
+        sys.exit(2)
+    except DBAPIError as exc:
+        options.print_error(error_text(exc), prefix="database error")
+        sys.exit(1)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        options.err.print("aborted")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # click usage errors come here in non-standalone mode
+        if isinstance(exc, _click_exceptions()):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+    sys.exit(code if isinstance(code, int) else 0)

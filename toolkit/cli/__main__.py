@@ -1,0 +1,5 @@
+"""`python -m queuectl.cli`: the `queuectl` command."""
+
+from queuectl.cli import main
+
+main()
