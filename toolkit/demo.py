@@ -17,7 +17,6 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from queuectl.cli_common import make_console
 from queuectl.client import Queue
 from queuectl.engine import make_engine, resolve_url
 from queuectl.errors import QueuectlError
@@ -150,7 +149,7 @@ def run_demo(
         raise QueuectlError(
             "demo limits: 0.5-3600 seconds, 1-64 producers and consumers, batch 1-10000, rate 0 (unlimited) to 1000000"
         )
-    console = console or make_console()
+    console = console or Console()
     resolved = resolve_url(url)
     engine = make_engine(resolved)
     with engine.connect() as conn:
