@@ -178,36 +178,13 @@ def dequeue(
 
     Queues of the other kinds (heap, fifo, stack, pending, watermark, ring) hand items out
     destructively: they are printed and gone, and --lease / --ack do not apply."""
-    from queuectl.cli.kinds import dequeue_records
-    from queuectl.client import Queue
     from queuectl.kinds import open_queue
+    from queuectl.records import dequeue_records
 
     validate_queue_name(name)
     with open_queue(make_engine(url), name, schema=schema) as queue:
-        if not isinstance(queue, Queue):
-            sys.stdout.writelines(json.dumps(r) + "\n" for r in dequeue_records(queue, batch, lease, ack))
-            return
-        messages = queue.dequeue(batch, lease=lease)
-        if ack:
-            queue.ack(messages)
-    for m in messages:
-        try:
-            text: str | None = m.payload.decode("utf-8")
-        except UnicodeDecodeError:
-            text = None
-        record = {
-            "id": m.id,
-            "payload": text if text is not None else m.payload.hex(),
-            "encoding": "utf-8" if text is not None else "hex",
-            "headers": m.headers,
-            "priority": m.priority,
-            "attempts": m.attempts,
-            "title": m.title,
-            "enqueued_at": m.enqueued_at.isoformat(),
-            "leased_until": None if ack else m.leased_until.isoformat(),
-            "status": "done" if ack else "processing",
-        }
-        sys.stdout.write(json.dumps(record) + "\n")
+        records = dequeue_records(queue, batch, lease=lease, ack=ack)
+    sys.stdout.writelines(json.dumps(record) + "\n" for record in records)
 
 
 @app.command()
