@@ -1,4 +1,4 @@
-"""`queuectl db start|stop|status|url`: the embedded PostgreSQL server (queuectl.embedded)."""
+"""`queuectl db start|stop|status|url`: the embedded PostgreSQL server (queuectl.engine.embedded)."""
 
 from __future__ import annotations
 
