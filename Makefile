@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test reliability venv venv-test postgres jdbc clean
+.PHONY: demo test reliability imports graph venv venv-test postgres jdbc clean
 
 demo: venv postgres
 	$(BIN)/queuectl demo
@@ -26,6 +26,14 @@ reliability: venv-test postgres
 	    --ignore=tests/faults/test_reliability_table.py $(PYTEST_ARGS) && \
 	  $(BIN)/python tests/faults/reliability.py "$$out" docs/reliability.md && \
 	  mkdir -p docs && cp "$$out" docs/reliability.json
+
+# The house's import rules (pyproject.toml [tool.importlinter]) over the package as installed,
+# and the picture of its import graph in docs/layout.md (tests/test_architecture.py checks both).
+imports: venv-test
+	@$(BIN)/python tests/architecture.py lint
+
+graph: venv-test
+	@$(BIN)/python tests/architecture.py graph
 
 venv: $(VENV)/.installed-base
 venv-test: $(VENV)/.installed-test
