@@ -452,14 +452,14 @@ class LeanDriver:
         return [names.table("meta")]
 
 
-# -- destructive kinds (fifo, ring), through queuectl.kinds ----------------------------------
+# -- destructive kinds (fifo, ring), through queuectl.client ----------------------------------
 
 RING_BENCH_SIZE = 8192  # slots of a bench ring unless a scenario installs it with its own size
 
 
 class _KindSession:
     def __init__(self, url: str, names: QueueNames, kind: str) -> None:
-        from queuectl.kinds import CLIENTS
+        from queuectl.client import CLIENTS
 
         self.queue = CLIENTS[kind](url, names.queue, schema=names.schema)
 
@@ -480,7 +480,7 @@ class _KindSession:
 
 
 class KindQueueDriver:
-    """A destructive kind (no ack) through its own client, queuectl.kinds.CLIENTS[kind]."""
+    """A destructive kind (no ack) through its own client, queuectl.client.CLIENTS[kind]."""
 
     def __init__(self, kind: str, description: str) -> None:
         self.name = kind
@@ -559,5 +559,5 @@ register(ReliableLeaseScanDriver())
 register(ReliableSqlalchemyDriver())
 register(OneTableDriver(), user_kind=False)
 register(LeanDriver(), user_kind=False)
-register(KindQueueDriver("fifo", "lax FIFO (one table, INSERT / DELETE ... RETURNING) via queuectl.kinds"))
-register(KindQueueDriver("ring", "ring buffer (preallocated slots, UPDATE only) via queuectl.kinds"))
+register(KindQueueDriver("fifo", "lax FIFO (one table, INSERT / DELETE ... RETURNING) via queuectl.client"))
+register(KindQueueDriver("ring", "ring buffer (preallocated slots, UPDATE only) via queuectl.client"))

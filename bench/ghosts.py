@@ -28,7 +28,7 @@ from queuectl.bench.pgbench import PgbenchUnavailable
 from queuectl.engine.urls import parse_url
 from queuectl.install import install_queue, uninstall_queue
 from queuectl.registry import get_queue
-from queuectl.kinds import open_queue
+from queuectl.client import open_queue
 from queuectl.kindspec import kind_template_values, settings_for
 from queuectl.names import QueueNames
 from queuectl.sqlfiles import render

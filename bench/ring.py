@@ -100,7 +100,7 @@ def _drain_and_balance(run: BenchRun, design: str, names: QueueNames, phase: dic
         orphaned = driver.ready(conn, names)
     repaired = 0
     if orphaned and design == "ring":
-        from queuectl.kinds import repair_ring
+        from queuectl.client import repair_ring
 
         repair_ring(run.engine, names.queue, schema=names.schema, grace=0.0)
         repaired = _drain(run, design, names)

@@ -13,7 +13,7 @@ designs are also compared without any client in the way. The one-table design is
 bench-only SQL (sql/postgresql/bench.sql, onetable_*) with the same columns, indexes,
 storage parameters, plan settings, dequeue and ack as the reliable queue's meta table,
 and its rows are decoded into the same Messages by the same client code
-(queuectl.client.messages_from).
+(queuectl.messages.messages_from).
 """
 
 from __future__ import annotations

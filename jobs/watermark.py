@@ -2,7 +2,7 @@
 
 The watermark queue kind owns the logic: its SQL API has `<schema>.<queue>_correct_watermark()`,
 which recomputes the true low bound (never past an undequeued or uncommitted row), stores
-it, and says what it changed; `queuectl.kinds.correct_watermark` is its Python face. This
+it, and says what it changed; `queuectl.client.correct_watermark` is its Python face. This
 job calls it under the runner's single-runner lock and records old, new and the reason, so
 the job-run history shows every discrepancy found. Default: every 5 minutes.
 """
@@ -61,7 +61,7 @@ def run_once(
     schema: str = DEFAULT_SCHEMA,
     stop: threading.Event | None = None,
 ) -> WatermarkResult:
-    from queuectl.kinds import correct_watermark
+    from queuectl.client import correct_watermark
 
     target = JobTarget.resolve(engine, queue, schema, KINDS)  # the queue exists and is a watermark queue
     queue = target.names.queue

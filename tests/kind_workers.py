@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import sqlalchemy as sa
 
-from queuectl.kinds import QueueFullError, open_queue
+from queuectl.client import QueueFullError, open_queue
 
 
 def produce_all(url: str, names: list[str], index: int, count: int, batch: int, max_delay: float) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
-from queuectl.kinds import QueueFullError, RingQueue
+from queuectl.client import QueueFullError, RingQueue
 
 
 def pop_then_die(url: str, name: str, ready) -> None:

@@ -19,7 +19,7 @@ from queuectl.client import Queue
 from queuectl.health import HealthOptions, health_report, report_schema
 from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue
 from queuectl.registry import list_queues
-from queuectl.kinds import RingQueue, open_queue
+from queuectl.client import RingQueue, open_queue
 from queuectl.kindspec import RingSettings
 from queuectl.sqlfiles import sections
 

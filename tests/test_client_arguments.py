@@ -17,7 +17,7 @@ from queuectl.client import Queue
 from queuectl.messages import Message
 from queuectl.errors import UsageError
 from queuectl.install import install_queue
-from queuectl.kinds import open_queue
+from queuectl.client import open_queue
 from queuectl.kindspec import RingSettings
 from queuectl.storable import diagnostic_text
 

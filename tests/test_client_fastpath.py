@@ -20,7 +20,7 @@ from queuectl.client import Queue
 from queuectl.engine import adapter_for
 from queuectl.engine.base import statements_watched
 from queuectl.install import install_queue
-from queuectl.kinds import open_queue
+from queuectl.client import open_queue
 from queuectl.kindspec import settings_for
 
 

@@ -210,7 +210,7 @@ def test_granted_roles_cannot_touch_any_queue_table_directly_while_their_functio
 def test_ring_consumer_role_that_closes_rescues_the_message_it_missed(engine, db_url, roles):
     """A ring's consumer role may call dequeue and ring_release, not enqueue; the release's
     rescue (ring_0002) pushes through the enqueue function with the owner's rights."""
-    from queuectl.kinds import ReleasedClaim, RingQueue
+    from queuectl.client import ReleasedClaim, RingQueue
     from queuectl.kindspec import RingSettings
 
     producer, consumer, _ = roles
@@ -238,7 +238,7 @@ def test_ring_consumer_role_that_closes_rescues_the_message_it_missed(engine, db
 def test_ring_producer_role_that_closes_gives_up_its_kept_push_claim(engine, db_url, roles):
     """A ring producer whose push found the ring full keeps its claim in the session; its
     close() must be able to give it up (ring_release), or closing fails for the role."""
-    from queuectl.kinds import QueueFullError, RingQueue
+    from queuectl.client import QueueFullError, RingQueue
     from queuectl.kindspec import RingSettings
 
     producer, consumer, _ = roles
@@ -276,7 +276,7 @@ def test_granted_roles_keep_working_across_revisions_that_replace_functions_in_p
     resecure step the consumer role would get 'permission denied for table' after the
     upgrade. A queue never granted keeps its functions as installed."""
     from queuectl.install import downgrade_queue, head_of, upgrade_queue
-    from queuectl.kinds import open_queue
+    from queuectl.client import open_queue
     from queuectl.kindspec import RingSettings
 
     producer, consumer, _ = roles

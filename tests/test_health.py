@@ -497,7 +497,7 @@ def test_watch_on_a_terminal_refreshes_in_place(orders, db_url):
 def test_every_queue_kind_reports_its_depth_and_kind_checks(engine):
     """heap, fifo, stack, pending, watermark and ring each get a probe: depth, due/scheduled,
     oldest waiting age, ring fill and watermark lag, with the JSON still valid."""
-    from queuectl.kinds import open_queue
+    from queuectl.client import open_queue
     from queuectl.kindspec import RingSettings
 
     for kind in ("heap", "fifo", "stack", "pending", "watermark"):
@@ -526,7 +526,7 @@ def test_every_queue_kind_reports_its_depth_and_kind_checks(engine):
 
 
 def test_watermark_above_a_waiting_item_is_critical_with_the_fix(engine):
-    from queuectl.kinds import open_queue
+    from queuectl.client import open_queue
 
     install_queue(engine, "wm", "watermark")
     with open_queue(engine, "wm") as q:

@@ -17,7 +17,7 @@ from queuectl.client import Queue
 from queuectl.errors import UsageError
 from queuectl.install import head_of, install_queue, install_script, uninstall_queue
 from queuectl.registry import list_queues
-from queuectl.kinds import FifoQueue, HeapQueue, PendingQueue, RingQueue, StackQueue, WatermarkQueue, open_queue
+from queuectl.client import FifoQueue, HeapQueue, PendingQueue, RingQueue, StackQueue, WatermarkQueue, open_queue
 from queuectl.kindspec import KINDS, FifoSettings, NoSettings, RingSettings, settings_for
 
 from conftest import run_cli

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from queuectl.bench.drivers import plan_shared_hits
 from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue
-from queuectl.kinds import open_queue
+from queuectl.client import open_queue
 from queuectl.kindspec import FifoSettings
 
 PAYLOAD = bytes(300)

@@ -16,7 +16,7 @@ from queuectl.bench.drivers import enqueue_in_chunks, plan_shared_hits
 from queuectl.grants import grant_queue
 from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue
 from queuectl.registry import list_queues
-from queuectl.kinds import open_queue
+from queuectl.client import open_queue
 from queuectl.kindspec import FifoSettings
 from queuectl.names import QueueNames
 

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 import ring_workers
 from jobs_helpers import scalar, wait_until
 from queuectl.install import downgrade_queue, head_of, install_queue, uninstall_queue, upgrade_queue
-from queuectl.kinds import QueueFullError, ReleasedClaim, RingQueue, repair_ring
+from queuectl.client import QueueFullError, ReleasedClaim, RingQueue, repair_ring
 from queuectl.kindspec import RingSettings
 
 from test_install import schema_objects

@@ -20,7 +20,7 @@ from queuectl.catalog import QueueSettings
 from queuectl.client import Queue
 from queuectl.errors import UsageError
 from queuectl.install import install_queue
-from queuectl.kinds import open_queue
+from queuectl.client import open_queue
 
 OTHER_KINDS = ("heap", "fifo", "stack", "pending", "watermark", "ring")
 # every character, lone surrogates (category Cs) and NUL included

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from queuectl.install import install_queue
-from queuectl.kinds import WatermarkQueue, correct_watermark, open_queue
+from queuectl.client import WatermarkQueue, correct_watermark, open_queue
 
 
 def set_stored_low(engine, name: str, low: int) -> None:

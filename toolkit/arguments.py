@@ -2,7 +2,7 @@
 with a one-line UsageError naming the argument, before anything is sent.
 
 Shared by the reliable client (queuectl.client), the other kinds' clients
-(queuectl.kinds) and the worker (queuectl.worker).
+(queuectl.client.kinds) and the worker (queuectl.worker).
 """
 
 from __future__ import annotations

@@ -101,13 +101,13 @@ def _client(url: str, queue: str, kind: str) -> Any:
         from queuectl.client import Queue
 
         return Queue(url, queue)
-    from queuectl.kinds import open_queue
+    from queuectl.client import open_queue
 
     return open_queue(url, queue)
 
 
 def _producer(url: str, queue: str, o: Options, index: int, counts: Any, go: Any, stop: Any) -> None:
-    from queuectl.kinds import QueueFullError
+    from queuectl.client import QueueFullError
 
     payloads = [os.urandom(o.payload_bytes) for _ in range(o.batch)]
     with _client(url, queue, o.kind) as q:

@@ -32,7 +32,7 @@ from queuectl.bench.pgbench import Pgbench, find_pgbench
 from queuectl.bench.report import write_json
 from queuectl.engine import make_engine
 from queuectl.install import head_of, uninstall_queue
-from queuectl.kinds import open_queue
+from queuectl.client import open_queue
 from queuectl.kindspec import FifoSettings, kind_template_values
 from queuectl.names import QueueNames
 

@@ -19,7 +19,7 @@ app = typer.Typer()
 @app.command("correct-watermark")
 def correct_watermark_command(name: QueueArg, url: UrlOption = None, schema: SchemaOption = DEFAULT_SCHEMA) -> None:
     """Recompute a watermark queue's true low bound and fix its stored watermark (the 5-minute job)."""
-    from queuectl.kinds import correct_watermark
+    from queuectl.client import correct_watermark
 
     validate_queue_name(name)
     result = correct_watermark(make_engine(url), name, schema=schema)
@@ -34,7 +34,7 @@ def repair_ring_command(
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Run a ring queue's recovery path: tombstone dead pushers' positions, re-push dead poppers' messages."""
-    from queuectl.kinds import repair_ring
+    from queuectl.client import repair_ring
 
     validate_queue_name(name)
     result = repair_ring(make_engine(url), name, schema=schema, grace=grace)

@@ -148,7 +148,7 @@ def enqueue(
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Add one item to a queue and print its id."""
-    from queuectl.kinds import open_queue
+    from queuectl.client import open_queue
 
     validate_queue_name(name)
     parsed_headers = None
@@ -178,7 +178,7 @@ def dequeue(
 
     Queues of the other kinds (heap, fifo, stack, pending, watermark, ring) hand items out
     destructively: they are printed and gone, and --lease / --ack do not apply."""
-    from queuectl.kinds import open_queue
+    from queuectl.client import open_queue
     from queuectl.records import dequeue_records
 
     validate_queue_name(name)

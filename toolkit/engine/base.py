@@ -146,7 +146,7 @@ class Adapter:
         due_ats: list[datetime | None] | None = None,
         delays: list[float] | None = None,
     ) -> dict[str, object]:
-        """enqueue_many's bind values for the other kinds (queuectl.kinds): payloads, headers
+        """enqueue_many's bind values for the other kinds (queuectl.client.kinds): payloads, headers
         JSON texts, and for pending queues due times (aware, UTC) and delays in seconds."""
         raise NotImplementedError
 

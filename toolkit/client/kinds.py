@@ -31,7 +31,7 @@ from queuectl.arguments import (
     check_batch, check_positive_seconds, headers_list, payload_list, per_item, spread,
 )
 from queuectl.catalog import QueueInfo
-from queuectl.client import Queue
+from queuectl.client.reliable import Queue
 from queuectl.engine import adapter_for, make_engine
 from queuectl.errors import QueuectlError, UsageError
 from queuectl.kindspec import kind_template_values
