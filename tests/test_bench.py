@@ -127,8 +127,8 @@ def test_one_table_baseline_hands_out_each_message_once(db_url: str, engine: sa.
 
 
 def test_lean_one_table_deletes_what_is_acked_and_hands_out_each_message_once(db_url: str, engine: sa.Engine) -> None:
-    """The ring scenario's one-table queue (the issue's: pick and claim in one UPDATE, DELETE
-    at ack): two sessions never get the same row, acked rows are gone, and a claimed but
+    """The ring scenario's one-table queue (pick and claim in one UPDATE, DELETE at
+    ack): two sessions never get the same row, acked rows are gone, and a claimed but
     unacked one stays leased to its taker."""
     from queuectl.bench.drivers import driver_for
     from queuectl.names import QueueNames
@@ -157,8 +157,8 @@ def test_lean_one_table_deletes_what_is_acked_and_hands_out_each_message_once(db
 
 
 def test_reliable_sqla_kind_runs_the_same_calls_through_sqlalchemy(db_url: str, engine: sa.Engine) -> None:
-    """The bench kind for the client before series 13: same queue, same SQL, but every call
-    through Connection.execute (the A/B of the driver-connection path)."""
+    """The bench kind for the client without its driver fast path: same queue, same SQL,
+    but every call through Connection.execute (the A/B of the driver-connection path)."""
     from queuectl.bench.drivers import driver_for
     from queuectl.names import QueueNames
 

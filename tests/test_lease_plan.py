@@ -6,7 +6,7 @@ Each check runs the function in one transaction and reads that transaction's own
 counters of the leased index (pg_stat_get_xact_blocks_fetched, a difference within the
 transaction: nothing to wait for, no other session counted), with the session's generic
 plans forced: plpgsql switches to the generic plan after five calls whenever it looks no
-dearer, which it did in the benchmark (bench/lab/RESULTS.md series 11 and 12)."""
+dearer, which it did in the benchmark (bench/lab/ack_plan.py)."""
 
 from __future__ import annotations
 
