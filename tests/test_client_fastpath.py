@@ -107,7 +107,7 @@ def test_binary_payload_arrays_round_trip_on_every_kind(engine) -> None:
 
 def test_client_calls_run_on_the_driver_connection_one_statement_each(orders: Queue) -> None:
     """SQLAlchemy's execution layer cost more client CPU than psycopg itself (measured by
-    the bench's reliable-sqla kind):
+    the bench's reliable_sqla kind):
     the hot calls skip it, and each still sends exactly one statement."""
     with statements_executed(orders.engine) as through_sqlalchemy, statements_sent(orders._conn) as sent:
         one = orders.enqueue(b"one")
