@@ -344,7 +344,7 @@ def test_health_tsql_measures_ghosts_and_what_holds_them():
 _DEQUEUE_VARIANTS = {
     "fifo": [("create_dequeue_lax_0001",) * 2, ("create_dequeue_strict_0001",) * 2,
              ("create_dequeue_lax",) * 2, ("create_dequeue_strict",) * 2],
-    "ring": [("create_functions_0001",) * 2, ("create_functions_0003",) * 2, ("create_functions",) * 2],
+    "ring": [("create_dequeue_0001",) * 2, ("create_dequeue_0003",) * 2, ("create_dequeue",) * 2],
     "reliable": [("create_dequeue_0001",) * 2, ("create_dequeue_0005", "create_dequeue"),
                  ("create_dequeue", "create_dequeue")],
     **{kind: [("create_dequeue_0001",) * 2, ("create_dequeue",) * 2]
@@ -400,7 +400,7 @@ def test_kind_dequeue_returns_postgresqls_columns_in_its_order(kind):
         check_dequeue_matches(kind, pg_fn, ms_proc)
 
 
-@pytest.mark.parametrize("name", ["create_ring_release_0001", "create_ring_release_0002", "create_functions_0003",
+@pytest.mark.parametrize("name", ["create_ring_release_0001", "create_ring_release_0002", "create_ring_release_0003",
                                   "create_ring_release"])
 def test_ring_release_returns_postgresqls_columns(name):
     """RingQueue.release() reads ring_release's rows by column name, on both engines and at
@@ -471,6 +471,17 @@ def test_ring_install_script_ends_with_ring_0003s_procedures():
     assert "UPDATE queuectl.queues SET schema_version=N'ring_0003'" in flat
 
 
+# The procedures ring_0003 replaces, in the order its upgrade runs their sections.
+_RING_0003 = ("enqueue_many", "enqueue", "dequeue", "ring_release")
+
+
+def ring_0003_procedures() -> dict[str, str]:
+    """The T-SQL of ring_0003's procedures by name, one batch each."""
+    procedures = {fn: split_go_batches(rendered("ring", f"create_{fn}_0003")) for fn in _RING_0003}
+    assert all(len(batches) == 1 for batches in procedures.values()), procedures
+    return {fn: batches[0] for fn, batches in procedures.items()}
+
+
 def test_ring_0003_tsql_pushes_and_pops_sets_of_kept_claims():
     """The T-SQL counterpart of ring_0003 (no server here: its form, not its run). Push: the
     kept claims are read back from SESSION_CONTEXT in order, new positions come from one
@@ -479,12 +490,12 @@ def test_ring_0003_tsql_pushes_and_pops_sets_of_kept_claims():
     the positions come back in input order. Pop: claims topped up below the push high mark,
     every FULL claimed slot taken by one UPDATE ... OUTPUT through a READPAST pick, the rest
     kept. Release: a row per kept claim, push claims first, rescues through enqueue_many."""
-    batches = split_go_batches(rendered("ring", "create_functions_0003"))
-    push, push_one, pop, release = (" ".join(b.split()) for b in batches)
+    procedures = ring_0003_procedures()
+    push, push_one, pop, release = (" ".join(procedures[fn].split()) for fn in _RING_0003)
     ring = '"queuectl"."orders_ring"'
     kept = "OPENJSON(CONCAT(N'[', CAST(SESSION_CONTEXT(@{}) AS nvarchar(4000)), N']')) AS k"
     write_back = "STRING_AGG(CAST({0}.pos AS nvarchar(20)), N',') WITHIN GROUP (ORDER BY {0}.pos)"
-    assert "STRING_SPLIT" not in " ".join(batches)  # its ordinal needs SQL Server 2022
+    assert "STRING_SPLIT" not in " ".join(procedures.values())  # its ordinal needs SQL Server 2022
 
     # push: same parameters as before (the client's JSON array), one lock pass and one write
     assert push.startswith('CREATE OR ALTER PROCEDURE "queuectl"."orders_enqueue_many" @items nvarchar(max), '
@@ -541,7 +552,7 @@ def test_ring_0003_tsql_pushes_and_pops_sets_of_kept_claims():
     ],
 )
 def test_a_broken_ring_0003_statement_fails_the_check(what, break_it):
-    good = rendered("ring", "create_functions_0003")
+    good = "\nGO\n".join(ring_0003_procedures().values())
     check_tsql(good)
     broken = break_it(good)
     assert broken != good, what
@@ -663,9 +674,10 @@ def test_enqueue_many_values_are_what_the_tsql_reads(kind):
     else:
         params = adapter.kind_enqueue_many_params([b"\x00\xff"], ['{"a": 1}'])
     [doc] = json.loads(params["items"])
-    # the reliable kind's enqueue procedures have sections of their own (reliable_0001, _0003)
-    for name in (("create_enqueue_functions_0001", "create_enqueue_functions_0003") if kind == "reliable"
-                 else ("create_functions",)):
+    # the reliable kind's enqueue procedures have sections of their own (reliable_0001, _0003),
+    # and so has each of the ring's procedures
+    for name in {"reliable": ("create_enqueue_functions_0001", "create_enqueue_functions_0003"),
+                 "ring": ("create_enqueue_many_0001", "create_enqueue_many")}.get(kind, ("create_functions",)):
         paths = set(re.findall(r"'\$\.(\w+)'", rendered(kind, name)))
         assert set(doc) == paths, (kind, name)
     assert doc["payload"] == "00ff" and doc["headers"] == {"a": 1}  # CONVERT(varbinary, hex, 2); AS JSON

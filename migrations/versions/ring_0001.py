@@ -14,7 +14,10 @@ depends_on = None
 
 def upgrade() -> None:
     run_section("ring", "create_tables")
-    run_section("ring", "create_functions_0001")
+    run_section("ring", "create_enqueue_0001")
+    run_section("ring", "create_enqueue_many_0001")
+    run_section("ring", "create_dequeue_0001")
+    run_section("ring", "create_ring_repair_0001")
     run_section("ring", "create_ring_release_0001")
     register(revision)
 

@@ -23,10 +23,12 @@ depends_on = None
 
 
 def upgrade() -> None:
-    replace_functions("ring", "create_functions_0003")
+    replace_functions("ring", "create_enqueue_many_0003", "create_enqueue_0003", "create_dequeue_0003",
+                      "create_ring_release_0003")
     set_version(revision)
 
 
 def downgrade() -> None:
-    replace_functions("ring", "create_functions_0001", "create_ring_release_0002")
+    replace_functions("ring", "create_enqueue_0001", "create_enqueue_many_0001", "create_dequeue_0001",
+                      "create_ring_release_0002")
     set_version(down_revision)

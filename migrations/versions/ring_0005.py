@@ -8,11 +8,11 @@ the claimed slots in a pass of its own before updating them. Here the push claim
 and keeps in one statement when the session keeps no claim, and the pop tops up its
 claims, takes the FULL slots by UPDATE alone and keeps the rest in one statement; both fall
 back to ring_0003's loops when they must wait. Same rules, signatures and result columns
-(sql/postgresql/ring.sql, create_functions, explains and has the numbers): CREATE OR
+(sql/postgresql/ring.sql, create_enqueue_many, explains and has the numbers): CREATE OR
 REPLACE keeps grants, and the migration restores SECURITY DEFINER where `queuectl grant`
 set it. The downgrade restores ring_0003's functions; the session's kept claims have the
 same form in both, so open sessions carry on. SQL Server's procedures already take their
-slots in one UPDATE; its section is empty.
+slots in one UPDATE; its sections are empty.
 """
 
 from queuectl.migrations.queue_ops import replace_functions, set_version
@@ -24,10 +24,10 @@ depends_on = None
 
 
 def upgrade() -> None:
-    replace_functions("ring", "create_functions_0005")
+    replace_functions("ring", "create_enqueue_many_0005", "create_dequeue_0005")
     set_version(revision)
 
 
 def downgrade() -> None:
-    replace_functions("ring", "create_functions_0003")
+    replace_functions("ring", "create_enqueue_many_0003", "create_dequeue_0003")
     set_version(down_revision)

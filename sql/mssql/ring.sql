@@ -56,23 +56,24 @@ CREATE SEQUENCE {{push_seq}} AS bigint START WITH 0 MINVALUE 0 INCREMENT BY 1 CA
 GO
 CREATE SEQUENCE {{pop_seq}} AS bigint START WITH 0 MINVALUE 0 INCREMENT BY 1 CACHE 1000;
 
--- name: create_functions
--- The SQL API, callable from any language: push (enqueue, enqueue_many), pop (dequeue) and
--- the recovery path (ring_repair); ring_release is the next section.
+-- name: create_enqueue_many
+-- The SQL API as stored procedures, callable from any language, one section per procedure:
+-- the batch push (enqueue_many, this section), the single push (enqueue), the pop (dequeue),
+-- the recovery path (ring_repair) and the session's release (ring_release). The batch push
+-- and the pop share the design below.
 --
--- ring_0003: set-based push and pop (sql/postgresql/ring.sql explains why: one statement
--- per position cost as much server time per message at every batch size). A batch claims
--- its positions with one sequence call and writes or takes them with one UPDATE; the
--- per-position rules stay: a push writes only into a slot free for its position, a pop
--- takes only a FULL slot holding its position and never a push that has not committed
--- (READPAST: a locked slot is "not there yet"), positions ring_repair skipped or rescued
--- are dropped, and claims that cannot be served now are kept in the session for its next
--- call. A session may keep several claims per side: SESSION_CONTEXT holds them as a
--- comma-separated list, oldest first (ring_0001/0002 kept one bigint, which reads as a
--- list of one). Positions only grow, so "oldest first" is also ascending order: the lists
--- are read back with OPENJSON over "[list]" (SQL Server 2016+; STRING_SPLIT's ordinal
--- needs 2022) into tables keyed by position, and written with STRING_AGG (2017+, as
--- sys.sequences.last_used_value already is for ring_repair).
+-- Set-based (since ring_0003; sql/postgresql/ring.sql explains why: one statement per position
+-- cost as much server time per message at every batch size). A batch claims its positions with
+-- one sequence call and writes or takes them with one UPDATE; the per-position rules stay: a
+-- push writes only into a slot free for its position, a pop takes only a FULL slot holding its
+-- position and never a push that has not committed (READPAST: a locked slot is "not there
+-- yet"), positions ring_repair skipped or rescued are dropped, and claims that cannot be
+-- served now are kept in the session for its next call. A session may keep several claims per
+-- side: SESSION_CONTEXT holds them as a comma-separated list, oldest first (ring_0001/0002
+-- kept one bigint, which reads as a list of one). Positions only grow, so "oldest first" is
+-- also ascending order: the lists are read back with OPENJSON over "[list]" (SQL Server 2016+;
+-- STRING_SPLIT's ordinal needs 2022) into tables keyed by position, and written with
+-- STRING_AGG (2017+, as sys.sequences.last_used_value already is for ring_repair).
 -- A session context value holds at most 8000 bytes: nvarchar(4000), 200 positions of up to
 -- 19 digits with their commas. So a call holds at most 200 claims per side at once; a
 -- larger batch is served 200 positions at a time (a push draws the next ones when those
@@ -83,28 +84,6 @@ CREATE SEQUENCE {{pop_seq}} AS bigint START WITH 0 MINVALUE 0 INCREMENT BY 1 CAC
 -- (whose count is computed) does not have. A position that replaces a tombstoned claim is
 -- one NEXT VALUE FOR.
 -- Same parameters and result columns as before; CREATE OR ALTER keeps the EXECUTE grants.
-
--- push one message: the batch push of one (one row, column id; NULL when the ring stayed
--- full for @timeout: the claim is kept for this session's next push). The message travels
--- as enqueue_many's JSON array; INSERT ... EXEC reads its result, so this procedure cannot
--- itself be called by INSERT ... EXEC (SQL Server refuses nested INSERT ... EXEC): call
--- enqueue_many there, as ring_release does.
-CREATE OR ALTER PROCEDURE {{fn_enqueue}}
-    @payload varbinary(max),
-    @headers nvarchar(max) = NULL,
-    @timeout float         = 1.0
-AS
-BEGIN
-    SET NOCOUNT ON;
-    DECLARE @pushed TABLE (id bigint NOT NULL);
-    DECLARE @items nvarchar(max) = (
-        SELECT CONVERT(varchar(max), @payload, 2) AS payload, JSON_QUERY(@headers) AS headers
-        FOR JSON PATH
-    );
-    INSERT INTO @pushed (id) EXEC {{fn_enqueue_many}} @items = @items, @timeout = @timeout;
-    SELECT MAX(p.id) AS id FROM @pushed AS p;
-END
-GO
 
 -- push many messages in input order; returns their positions. Claims (the session's kept
 -- ones first, then new ones) are written in one UPDATE for the longest run of them whose
@@ -217,8 +196,32 @@ BEGIN
     EXEC sys.sp_set_session_context @key = @key, @value = @kept;
     SELECT w.id FROM @written AS w ORDER BY w.ord;
 END
-GO
 
+-- name: create_enqueue
+-- The single push, enqueue (since ring_0003).
+-- push one message: the batch push of one (one row, column id; NULL when the ring stayed
+-- full for @timeout: the claim is kept for this session's next push). The message travels
+-- as enqueue_many's JSON array; INSERT ... EXEC reads its result, so this procedure cannot
+-- itself be called by INSERT ... EXEC (SQL Server refuses nested INSERT ... EXEC): call
+-- enqueue_many there, as ring_release does.
+CREATE OR ALTER PROCEDURE {{fn_enqueue}}
+    @payload varbinary(max),
+    @headers nvarchar(max) = NULL,
+    @timeout float         = 1.0
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @pushed TABLE (id bigint NOT NULL);
+    DECLARE @items nvarchar(max) = (
+        SELECT CONVERT(varchar(max), @payload, 2) AS payload, JSON_QUERY(@headers) AS headers
+        FOR JSON PATH
+    );
+    INSERT INTO @pushed (id) EXEC {{fn_enqueue_many}} @items = @items, @timeout = @timeout;
+    SELECT MAX(p.id) AS id FROM @pushed AS p;
+END
+
+-- name: create_dequeue
+-- The pop, dequeue (since ring_0003; create_enqueue_many explains its claims).
 -- pop up to @batch messages in position order. Claims (the session's kept ones first) are
 -- topped up with one sequence call, but never past the positions pushers have claimed
 -- (push_seq's high mark minus pop_seq's: a claim beyond that could only wait), and one
@@ -309,8 +312,9 @@ BEGIN
     EXEC sys.sp_set_session_context @key = @key, @value = @kept;
     SELECT id, payload, headers, enqueued_at, dequeued_at FROM @out ORDER BY id;
 END
-GO
 
+-- name: create_ring_repair
+-- The recovery path, ring_repair (since ring_0001).
 -- ring_repair: the recovery path for holes and dead poppers (see the header). Slots are
 -- left alone while locked (READPAST: someone is pushing or popping them right now) or
 -- changed within @grace_seconds. Returns one row per action: tombstone (item_id = the
@@ -381,7 +385,7 @@ BEGIN
 END
 
 -- name: create_ring_release
--- ring_release: give up this session's kept claims.
+-- The session's release, ring_release: give up its kept claims (since ring_0003).
 
 -- ring_release for a session that may keep several claims per side: ring_0002's rules
 -- (create_ring_release_0002 above), one row per claim, push claims first, oldest first.
@@ -490,13 +494,13 @@ END
 DROP PROCEDURE IF EXISTS {{fn_ring_release}};
 
 -- name: set_autovacuum
--- ring_0004 on PostgreSQL takes the cost delay off the vacuum of the slots' TOAST table.
--- SQL Server has no per-table autovacuum (sql/mssql/reliable.sql: set_autovacuum says
+-- Nothing on SQL Server, where ring_0004 takes the cost delay off the vacuum of the slots'
+-- TOAST table on PostgreSQL. SQL Server has no per-table autovacuum (sql/mssql/reliable.sql: set_autovacuum says
 -- more): large payloads are LOB pages that the instance's ghost cleanup reclaims, with no
 -- per-table setting. Empty on purpose (no batch runs).
 
 -- name: reset_autovacuum
--- ring_0004 downgrade: nothing was set (see set_autovacuum). Empty on purpose.
+-- Nothing to reset: set_autovacuum set nothing (ring_0004's downgrade). Empty on purpose.
 
 -- name: drop_functions
 -- Remove the SQL API.
@@ -528,8 +532,8 @@ EXEC {{fn_dequeue}} @batch = :batch, @timeout = :timeout
 EXEC {{fn_ring_repair}} @grace_seconds = :grace, @timeout = :timeout
 
 -- name: ring_release
--- Client call: give up this session's kept claims (ring_0002: and rescue a message that
--- arrived at the pop claim, with the procedure's default timeout). No argument: the same
+-- Client call: give up this session's kept claims, and rescue a message that arrived at
+-- the pop claim with the procedure's default timeout (since ring_0002). No argument: the same
 -- call serves a queue still at ring_0001, whose procedure returns three columns.
 EXEC {{fn_ring_release}}
 

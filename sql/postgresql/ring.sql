@@ -81,30 +81,33 @@ SELECT g, g - {{size}}, 0 FROM generate_series(0, {{size}} - 1) AS g;
 CREATE SEQUENCE {{push_seq}} AS bigint MINVALUE 0 START 0;
 CREATE SEQUENCE {{pop_seq}} AS bigint MINVALUE 0 START 0;
 
--- name: create_functions
--- The SQL API, callable from any language: push (enqueue, enqueue_many), pop (dequeue) and
--- the recovery path (ring_repair); ring_release is the next section.
+-- name: create_enqueue_many
+-- The SQL API, callable from any language, one section per function: the batch push
+-- (enqueue_many, this section), the single push (enqueue), the pop (dequeue), the recovery
+-- path (ring_repair) and the session's release (ring_release). The batch push and the pop
+-- share the design below.
 --
--- ring_0003: set-based push and pop. ring_0001's functions take one position per
--- statement, so a batch of 100 costs 100 UPDATEs (and, for a pop, as many sequence reads
--- and slot checks) whatever the batch: measured at 83-84 us of server time per message
--- and side at every batch size. Here a batch claims its positions with one nextval()
--- series and writes or takes them with one UPDATE; the per-position rules stay: a push
--- writes only into a slot free for its position, a pop takes only a FULL slot holding its
--- position and never a push that has not committed (FOR UPDATE SKIP LOCKED: a locked slot
--- is "not there yet"), positions ring_repair skipped or rescued are dropped, and claims
--- that cannot be served now are kept in the session for its next call, so neither a full
--- ring nor an empty one leaves a hole. A session may now keep several claims per side:
--- the setting holds them as a comma-separated list, oldest first (ring_0001/0002 kept one;
--- a single value reads as a list of one). Same signatures and result columns as before,
--- so CREATE OR REPLACE keeps each function's EXECUTE grants (the migration then restores
--- SECURITY DEFINER where `queuectl grant` had set it: grant.sql, resecure_functions).
+-- Set-based (since ring_0003). ring_0001's functions took one position per statement, so a
+-- batch of 100 cost 100 UPDATEs (and, for a pop, as many sequence reads and slot checks)
+-- whatever the batch: measured at 83-84 us of server time per message and side at every batch
+-- size. Here a batch claims its positions with one nextval() series and writes or takes them
+-- with one UPDATE; the per-position rules stay: a push writes only into a slot free for its
+-- position, a pop takes only a FULL slot holding its position and never a push that has not
+-- committed (FOR UPDATE SKIP LOCKED: a locked slot is "not there yet"), positions ring_repair
+-- skipped or rescued are dropped, and claims that cannot be served now are kept in the session
+-- for its next call, so neither a full ring nor an empty one leaves a hole. A session may now
+-- keep several claims per side: the setting holds them as a comma-separated list, oldest first
+-- (ring_0001/0002 kept one; a single value reads as a list of one). Same signatures and result
+-- columns as before, so CREATE OR REPLACE keeps each function's EXECUTE grants (the migration
+-- then restores SECURITY DEFINER where `queuectl grant` had set it: grant.sql,
+-- resecure_functions).
 --
--- ring_0005: the batch push and pop take one statement in the common case. ring_0003's
--- functions ran five to six statements per call (the claims' nextval() series, a lock pass
--- of FOR UPDATE SKIP LOCKED and then the UPDATE, the claims looked up again, set_config),
--- and each plpgsql statement pays its own executor start. Measured at batch 10 (pgbench,
--- 8 clients, each a push of 10 then a pop of 10, alternating rounds): ring_0003 ran at 0.79x the fifo kind's SQL; with this push and pop, 0.97x.
+-- One statement in the common case (since ring_0005). ring_0003's batch push and pop ran five
+-- to six statements per call (the claims' nextval() series, a lock pass of FOR UPDATE SKIP
+-- LOCKED and then the UPDATE, the claims looked up again, set_config), and each plpgsql
+-- statement pays its own executor start. Measured at batch 10 (pgbench, 8 clients, each a push
+-- of 10 then a pop of 10, alternating rounds): ring_0003 ran at 0.79x the fifo kind's SQL;
+-- with this push and pop, 0.97x.
 -- The rules are ring_0003's, and so are the signatures (CREATE OR REPLACE keeps grants):
 --  * pop: claims are topped up (never past the pushers' positions), the FULL slots among
 --    the first p_batch of them are taken by one UPDATE, and the claims still to come are
@@ -124,42 +127,12 @@ CREATE SEQUENCE {{pop_seq}} AS bigint MINVALUE 0 START 0;
 -- generate_series() bounded by a variable counts as 1,000 and hashed the whole ring
 -- (measured: the push at 1.6 ms per call instead of 1.0).
 
--- push one message; NULL when the ring stayed full for p_timeout (the claim is kept for
--- this session's next push). With no kept claim it takes one position and one UPDATE, as
--- ring_0001's push did (a single push pays for none of the batch push's bookkeeping, which
--- doubled its server time at batch 1); anything else is the batch push of one.
-CREATE OR REPLACE FUNCTION {{fn_enqueue}}(
-    p_payload bytea,
-    p_headers jsonb            DEFAULT NULL,
-    p_timeout double precision DEFAULT 1.0
-) RETURNS bigint
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_key text := 'queuectl.rpush' || {{ring_regclass}}::regclass::oid;
-    v_pos bigint;
-BEGIN
-    IF coalesce(current_setting(v_key, true), '') = '' THEN
-        v_pos := nextval({{push_seq_regclass}}::regclass);
-        UPDATE {{ring}} r
-        SET msg_id = v_pos, state = 1, payload = p_payload, headers = p_headers,
-            pushed_at = clock_timestamp(), changed_at = clock_timestamp()
-        FROM (SELECT f.slot FROM {{ring}} f
-              WHERE f.slot = mod(v_pos, {{size}}) AND f.msg_id = v_pos - {{size}} AND f.state <> 1
-              FOR UPDATE SKIP LOCKED) f
-        WHERE r.slot = f.slot;
-        IF FOUND THEN
-            RETURN v_pos;
-        END IF;
-        -- not free for it now: the batch push of one takes the claim first and waits
-        PERFORM set_config(v_key, v_pos::text, false);
-    END IF;
-    SELECT max(pushed.id) INTO v_pos
-    FROM {{fn_enqueue_many}}(ARRAY[p_payload], ARRAY[p_headers], p_timeout) AS pushed(id);
-    RETURN v_pos;
-END
-$fn$;
-
--- push many messages in array order; returns their positions (ring_0003's contract).
+-- push many messages in array order; returns their positions. Claims (the session's kept
+-- ones first, then new ones) are written in one UPDATE for the longest run of them whose
+-- slots are free, from the first unwritten one; when the next slot is not free (the ring
+-- is full there) it backs off (1 ms doubling to 50 ms) and retries until p_timeout, then
+-- returns the positions written so far (always the first payloads: array order is kept)
+-- and keeps the unwritten claims for the session's next push.
 CREATE OR REPLACE FUNCTION {{fn_enqueue_many}}(
     p_payloads bytea[],
     p_headers  jsonb[]          DEFAULT NULL,
@@ -260,7 +233,53 @@ BEGIN
 END
 $fn$;
 
--- pop up to p_batch messages in position order (ring_0003's contract).
+-- name: create_enqueue
+-- The single push, enqueue (since ring_0003).
+-- push one message; NULL when the ring stayed full for p_timeout (the claim is kept for
+-- this session's next push). With no kept claim it takes one position and one UPDATE, as
+-- ring_0001's push did (a single push pays for none of the batch push's bookkeeping, which
+-- doubled its server time at batch 1); anything else is the batch push of one.
+CREATE OR REPLACE FUNCTION {{fn_enqueue}}(
+    p_payload bytea,
+    p_headers jsonb            DEFAULT NULL,
+    p_timeout double precision DEFAULT 1.0
+) RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_key text := 'queuectl.rpush' || {{ring_regclass}}::regclass::oid;
+    v_pos bigint;
+BEGIN
+    IF coalesce(current_setting(v_key, true), '') = '' THEN
+        v_pos := nextval({{push_seq_regclass}}::regclass);
+        UPDATE {{ring}} r
+        SET msg_id = v_pos, state = 1, payload = p_payload, headers = p_headers,
+            pushed_at = clock_timestamp(), changed_at = clock_timestamp()
+        FROM (SELECT f.slot FROM {{ring}} f
+              WHERE f.slot = mod(v_pos, {{size}}) AND f.msg_id = v_pos - {{size}} AND f.state <> 1
+              FOR UPDATE SKIP LOCKED) f
+        WHERE r.slot = f.slot;
+        IF FOUND THEN
+            RETURN v_pos;
+        END IF;
+        -- not free for it now: the batch push of one takes the claim first and waits
+        PERFORM set_config(v_key, v_pos::text, false);
+    END IF;
+    SELECT max(pushed.id) INTO v_pos
+    FROM {{fn_enqueue_many}}(ARRAY[p_payload], ARRAY[p_headers], p_timeout) AS pushed(id);
+    RETURN v_pos;
+END
+$fn$;
+
+-- name: create_dequeue
+-- The pop, dequeue (since ring_0005; create_enqueue_many explains its claims and its one
+-- statement).
+-- pop up to p_batch messages in position order. Claims (the session's kept ones first)
+-- are topped up with one nextval() series, but never past the positions pushers have
+-- claimed (push_seq's high mark minus pop_seq's: a claim beyond that could only wait), and
+-- one UPDATE takes every FULL slot among them. Claims whose push has not happened (or not
+-- committed) are kept for the next pop; those ring_repair skipped or rescued are dropped.
+-- Waits up to p_timeout seconds only while it has nothing (an empty ring: it claims the
+-- next position and waits for it); returns what it has as soon as nothing more is there.
 CREATE OR REPLACE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1, p_timeout double precision DEFAULT 0)
 RETURNS TABLE (id bigint, payload bytea, headers jsonb, enqueued_at timestamptz, dequeued_at timestamptz)
 LANGUAGE plpgsql AS $fn$
@@ -364,6 +383,8 @@ BEGIN
 END
 $fn$;
 
+-- name: create_ring_repair
+-- The recovery path, ring_repair (since ring_0001).
 -- ring_repair: the recovery path for dead pushers and poppers (see the header). Slots
 -- are left alone while locked (someone is pushing or popping them right now) or changed
 -- within p_grace. Rescued messages are re-pushed (waiting up to p_timeout for a free
@@ -426,7 +447,7 @@ END
 $fn$;
 
 -- name: create_ring_release
--- ring_release: give up this session's kept claims.
+-- The session's release, ring_release: give up its kept claims (since ring_0003).
 
 -- ring_release for a session that may keep several claims per side: ring_0002's rules,
 -- one row per claim (push claims first, oldest first).
@@ -498,7 +519,7 @@ $fn$;
 DROP FUNCTION IF EXISTS {{fn_ring_release}}(double precision);
 
 -- name: set_autovacuum
--- ring_0004: autovacuum storage parameters (reset_autovacuum removes exactly these).
+-- Autovacuum storage parameters (since ring_0004; reset_autovacuum removes exactly these).
 -- The slots need none: their updates are HOT, and page pruning, not VACUUM, frees the old
 -- versions. Measured (bench/autovacuum.py --kind ring: 65,536 slots, a quarter full, 2
 -- producers + 2 consumers, batch 50, 60 s per side, 2 repeats, alternating): with 300-byte
@@ -524,8 +545,8 @@ DROP FUNCTION IF EXISTS {{fn_ring_release}}(double precision);
 ALTER TABLE {{ring}} SET (toast.autovacuum_vacuum_cost_delay = 0);
 
 -- name: reset_autovacuum
--- ring_0004 downgrade: back to the server's autovacuum settings (exactly what
--- set_autovacuum set; the fillfactor stays).
+-- Back to the server's autovacuum settings: resets exactly what set_autovacuum set (the
+-- fillfactor stays; ring_0004's downgrade).
 ALTER TABLE {{ring}} RESET (toast.autovacuum_vacuum_cost_delay);
 
 -- name: drop_functions
@@ -559,8 +580,8 @@ SELECT * FROM {{fn_dequeue}}(:batch, CAST(:timeout AS double precision))
 SELECT * FROM {{fn_ring_repair}}(make_interval(secs => :grace), CAST(:timeout AS double precision))
 
 -- name: ring_release
--- Client call: give up this session's kept claims (ring_0002: and rescue a message that
--- arrived at the pop claim, with the function's default timeout). No argument and `*`:
+-- Client call: give up this session's kept claims, and rescue a message that arrived at
+-- the pop claim with the function's default timeout (since ring_0002). No argument and `*`:
 -- the same call serves a queue still at ring_0001, whose function has three columns.
 SELECT * FROM {{fn_ring_release}}()
 

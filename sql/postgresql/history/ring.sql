@@ -2,11 +2,10 @@
 -- installed it: a queue installed at an older revision runs it, and so does the downgrade
 -- that puts the body back. What a fresh install creates today is in ../ring.sql.
 
--- name: create_functions_0001
--- The SQL API, callable from any language: ring_0001's push and pop, one position per
--- statement. CREATE OR REPLACE, so that ring_0003's downgrade restores them by running this
--- section again (ring_repair, unchanged since, is replaced by itself).
-
+-- name: create_enqueue_0001
+-- The single push as ring_0001 made it: one position per statement. Every body here but
+-- create_ring_release_0001's is CREATE OR REPLACE, so that a downgrade restores it by
+-- running its section again.
 -- push (enqueue) one message; returns its position (its id), or NULL if the ring stayed
 -- full for p_timeout seconds (the claimed position is kept for this session's next push).
 CREATE OR REPLACE FUNCTION {{fn_enqueue}}(
@@ -52,6 +51,8 @@ BEGIN
 END
 $fn$;
 
+-- name: create_enqueue_many_0001
+-- The batch push as ring_0001 made it: the single push once per payload.
 -- push many messages, one position each, in array order; returns their positions. Stops
 -- early when the ring stays full for p_timeout seconds (fewer positions come back).
 CREATE OR REPLACE FUNCTION {{fn_enqueue_many}}(
@@ -71,6 +72,8 @@ BEGIN
 END
 $fn$;
 
+-- name: create_dequeue_0001
+-- The pop as ring_0001 made it: one position per statement.
 -- pop (dequeue) up to p_batch messages in position order. Waits up to p_timeout seconds
 -- for the first one only; returns what it has as soon as the next is not there yet.
 CREATE OR REPLACE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1, p_timeout double precision DEFAULT 0)
@@ -126,67 +129,6 @@ BEGIN
 END
 $fn$;
 
--- ring_repair: the recovery path for dead pushers and poppers (see the header). Slots
--- are left alone while locked (someone is pushing or popping them right now) or changed
--- within p_grace. Rescued messages are re-pushed (waiting up to p_timeout for a free
--- slot each); when the ring stays full, the remaining ones wait for the next run.
--- Returns one row per action: tombstone (item_id = the skipped position), rescue (item_id
--- = old position, new_item_id = new position), or deferred (a rescue found no free slot).
-CREATE OR REPLACE FUNCTION {{fn_ring_repair}}(
-    p_grace   interval         DEFAULT interval '30 seconds',
-    p_timeout double precision DEFAULT 1.0
-) RETURNS TABLE (action text, item_id bigint, new_item_id bigint, slot integer)
-LANGUAGE plpgsql AS $fn$
-#variable_conflict use_column
-DECLARE
-    v_push_high bigint;
-    v_pop_high  bigint;
-    v_orphan    record;
-    v_new       bigint;
-BEGIN
-    -- the highest position each side has handed out (-1: none yet)
-    SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END INTO v_push_high FROM {{push_seq}} s;
-    SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END INTO v_pop_high FROM {{pop_seq}} s;
-
-    -- holes: a free slot whose next position(s) were claimed by pushes that never wrote.
-    -- The tombstone goes to the highest such position of the slot (all laps at once).
-    RETURN QUERY
-    UPDATE {{ring}} r
-    SET msg_id = r.msg_id + {{size}} * ((v_push_high - r.msg_id) / {{size}}),
-        state = 2, payload = NULL, headers = NULL, changed_at = clock_timestamp()
-    FROM (SELECT c.slot FROM {{ring}} c
-          WHERE c.state <> 1 AND c.msg_id + {{size}} <= v_push_high
-            AND c.changed_at < clock_timestamp() - p_grace
-          FOR UPDATE SKIP LOCKED) c
-    WHERE r.slot = c.slot
-    RETURNING 'tombstone'::text, r.msg_id, NULL::bigint, r.slot;
-
-    -- orphans: FULL slots whose position a pop already claimed, waiting past the grace.
-    FOR v_orphan IN
-        SELECT o.slot, o.msg_id, o.payload, o.headers FROM {{ring}} o
-        WHERE o.state = 1 AND o.msg_id <= v_pop_high AND o.changed_at < clock_timestamp() - p_grace
-        ORDER BY o.msg_id
-        FOR UPDATE SKIP LOCKED
-    LOOP
-        BEGIN
-            UPDATE {{ring}} r SET state = 3, payload = NULL, headers = NULL, changed_at = clock_timestamp()
-            WHERE r.slot = v_orphan.slot;
-            v_new := {{fn_enqueue}}(v_orphan.payload, v_orphan.headers, p_timeout);
-            IF v_new IS NULL THEN
-                RAISE EXCEPTION USING ERRCODE = 'QR001', MESSAGE = 'ring full';
-            END IF;
-            action := 'rescue'; item_id := v_orphan.msg_id; new_item_id := v_new; slot := v_orphan.slot;
-            RETURN NEXT;
-        EXCEPTION WHEN SQLSTATE 'QR001' THEN
-            -- the ring stayed full: the orphan stays where it is (this block rolled back)
-            action := 'deferred'; item_id := v_orphan.msg_id; new_item_id := NULL; slot := v_orphan.slot;
-            RETURN NEXT;
-            EXIT;
-        END;
-    END LOOP;
-END
-$fn$;
-
 -- name: create_ring_release_0001
 -- ring_release as ring_0001 made it: give up this session's kept claims (a client closing
 -- its connection, or a pooled connection going back to its pool), tombstoning each one
@@ -230,17 +172,16 @@ $fn$;
 DROP FUNCTION IF EXISTS {{fn_ring_release}}();
 
 -- name: create_ring_release_0002
--- (CREATE OR REPLACE: ring_0003's downgrade runs this section again to restore it.)
--- ring_0002's ring_release: give up this session's kept claims, as ring_0001's does, and
--- close the race that version leaves to ring_repair: the push of the pop claim's position
--- v committed after this session's last pop looked for it. The slot then holds v FULL, so
--- no tombstone can go in, and no pop will ever ask for v again: the message is this
--- session's own, so it is re-pushed at once (no grace) at a new position, exactly as
--- ring_repair rescues an orphan: the old slot is marked RESCUED and the payload and
--- headers go through the enqueue function, waiting up to p_timeout seconds for a free
--- slot. If the ring stays full that long, the rescue rolls back and the message stays
--- FULL at v for ring_repair (its grace, then the same rescue); the position the failed
--- push drew is a hole that ring_repair tombstones. One row per claim:
+-- ring_release as ring_0002 made it: give up this session's kept claims, as ring_0001's does,
+-- and close the race that version leaves to ring_repair: the push of the pop claim's position
+-- v committed after this session's last pop looked for it. The slot then holds v FULL, so no
+-- tombstone can go in, and no pop will ever ask for v again: the message is this session's
+-- own, so it is re-pushed at once (no grace) at a new position, exactly as ring_repair rescues
+-- an orphan: the old slot is marked RESCUED and the payload and headers go through the enqueue
+-- function, waiting up to p_timeout seconds for a free slot. If the ring stays full that long,
+-- the rescue rolls back and the message stays FULL at v for ring_repair (its grace, then the
+-- same rescue); the position the failed push drew is a hole that ring_repair tombstones. One
+-- row per claim:
 --   outcome 'tombstoned': the slot was free for the claim, a tombstone went in;
 --           'rescued':    a pop claim's message was re-pushed at new_item_id;
 --           'deferred':   a pop claim's message stayed FULL (ring full): left to ring_repair;
@@ -248,6 +189,7 @@ DROP FUNCTION IF EXISTS {{fn_ring_release}}();
 --                         or ring_repair already passed the position, or busy there now):
 --                         whatever arrives there later is ring_repair's, as in ring_0001.
 -- side, item_id and tombstoned are ring_0001's columns, unchanged.
+-- CREATE OR REPLACE: ring_0003's downgrade runs this section again to restore it.
 CREATE OR REPLACE FUNCTION {{fn_ring_release}}(p_timeout double precision DEFAULT 0.1)
 RETURNS TABLE (side text, item_id bigint, tombstoned boolean, new_item_id bigint, outcome text)
 LANGUAGE plpgsql AS $fn$
@@ -309,28 +251,9 @@ BEGIN
 END
 $fn$;
 
--- name: create_functions_0003
--- ring_0003: set-based push and pop. ring_0001's functions take one position per
--- statement, so a batch of 100 costs 100 UPDATEs (and, for a pop, as many sequence reads
--- and slot checks) whatever the batch: measured at 83-84 us of server time per message
--- and side at every batch size. Here a batch claims its positions with one nextval()
--- series and writes or takes them with one UPDATE; the per-position rules stay: a push
--- writes only into a slot free for its position, a pop takes only a FULL slot holding its
--- position and never a push that has not committed (FOR UPDATE SKIP LOCKED: a locked slot
--- is "not there yet"), positions ring_repair skipped or rescued are dropped, and claims
--- that cannot be served now are kept in the session for its next call, so neither a full
--- ring nor an empty one leaves a hole. A session may now keep several claims per side:
--- the setting holds them as a comma-separated list, oldest first (ring_0001/0002 kept one;
--- a single value reads as a list of one). Same signatures and result columns as before,
--- so CREATE OR REPLACE keeps each function's EXECUTE grants (the migration then restores
--- SECURITY DEFINER where `queuectl grant` had set it: grant.sql, resecure_functions).
-
--- push many messages in array order; returns their positions. Claims (the session's kept
--- ones first, then new ones) are written in one UPDATE for the longest run of them whose
--- slots are free, from the first unwritten one; when the next slot is not free (the ring
--- is full there) it backs off (1 ms doubling to 50 ms) and retries until p_timeout, then
--- returns the positions written so far (always the first payloads: array order is kept)
--- and keeps the unwritten claims for the session's next push.
+-- name: create_enqueue_many_0003
+-- The batch push as ring_0003 made it: set-based (../ring.sql, create_enqueue_many, says how)
+-- in a loop of statements, where ring_0005's push does the common case in one.
 CREATE OR REPLACE FUNCTION {{fn_enqueue_many}}(
     p_payloads bytea[],
     p_headers  jsonb[]          DEFAULT NULL,
@@ -400,48 +323,9 @@ BEGIN
 END
 $fn$;
 
--- push one message; NULL when the ring stayed full for p_timeout (the claim is kept for
--- this session's next push). With no kept claim it takes one position and one UPDATE, as
--- ring_0001's push did (a single push pays for none of the batch push's bookkeeping, which
--- doubled its server time at batch 1); anything else is the batch push of one.
-CREATE OR REPLACE FUNCTION {{fn_enqueue}}(
-    p_payload bytea,
-    p_headers jsonb            DEFAULT NULL,
-    p_timeout double precision DEFAULT 1.0
-) RETURNS bigint
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_key text := 'queuectl.rpush' || {{ring_regclass}}::regclass::oid;
-    v_pos bigint;
-BEGIN
-    IF coalesce(current_setting(v_key, true), '') = '' THEN
-        v_pos := nextval({{push_seq_regclass}}::regclass);
-        UPDATE {{ring}} r
-        SET msg_id = v_pos, state = 1, payload = p_payload, headers = p_headers,
-            pushed_at = clock_timestamp(), changed_at = clock_timestamp()
-        FROM (SELECT f.slot FROM {{ring}} f
-              WHERE f.slot = mod(v_pos, {{size}}) AND f.msg_id = v_pos - {{size}} AND f.state <> 1
-              FOR UPDATE SKIP LOCKED) f
-        WHERE r.slot = f.slot;
-        IF FOUND THEN
-            RETURN v_pos;
-        END IF;
-        -- not free for it now: the batch push of one takes the claim first and waits
-        PERFORM set_config(v_key, v_pos::text, false);
-    END IF;
-    SELECT max(pushed.id) INTO v_pos
-    FROM {{fn_enqueue_many}}(ARRAY[p_payload], ARRAY[p_headers], p_timeout) AS pushed(id);
-    RETURN v_pos;
-END
-$fn$;
-
--- pop up to p_batch messages in position order. Claims (the session's kept ones first)
--- are topped up with one nextval() series, but never past the positions pushers have
--- claimed (push_seq's high mark minus pop_seq's: a claim beyond that could only wait), and
--- one UPDATE takes every FULL slot among them. Claims whose push has not happened (or not
--- committed) are kept for the next pop; those ring_repair skipped or rescued are dropped.
--- Waits up to p_timeout seconds only while it has nothing (an empty ring: it claims the
--- next position and waits for it); returns what it has as soon as nothing more is there.
+-- name: create_dequeue_0003
+-- The pop as ring_0003 made it: set-based, with a lock pass (FOR UPDATE SKIP LOCKED) before
+-- the UPDATE that takes the slots, where ring_0005's pop takes them by UPDATE alone.
 CREATE OR REPLACE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1, p_timeout double precision DEFAULT 0)
 RETURNS TABLE (id bigint, payload bytea, headers jsonb, enqueued_at timestamptz, dequeued_at timestamptz)
 LANGUAGE plpgsql AS $fn$
@@ -509,70 +393,5 @@ BEGIN
     END LOOP;
     PERFORM set_config(v_key, array_to_string(v_claims, ','), false);
     RETURN;
-END
-$fn$;
-
--- ring_release for a session that may keep several claims per side: ring_0002's rules,
--- one row per claim (push claims first, oldest first).
-CREATE OR REPLACE FUNCTION {{fn_ring_release}}(p_timeout double precision DEFAULT 0.1)
-RETURNS TABLE (side text, item_id bigint, tombstoned boolean, new_item_id bigint, outcome text)
-LANGUAGE plpgsql AS $fn$
-#variable_conflict use_column
-DECLARE
-    v_push   text := 'queuectl.rpush' || {{ring_regclass}}::regclass::oid;
-    v_pop    text := 'queuectl.rpop' || {{ring_regclass}}::regclass::oid;
-    v_claims bigint[];
-    v_pos    bigint;
-    v_msg    record;
-BEGIN
-    v_claims := coalesce(string_to_array(nullif(current_setting(v_push, true), ''), ',')::bigint[], '{}');
-    -- cleared before a rescue below pushes: that push must draw a position of its own
-    PERFORM set_config(v_push, '', false);
-    FOREACH v_pos IN ARRAY v_claims LOOP
-        -- our own claim: safe to tombstone at once when its slot is free for it
-        UPDATE {{ring}} r SET msg_id = v_pos, state = 2, payload = NULL, headers = NULL,
-                              changed_at = clock_timestamp()
-        WHERE r.slot = mod(v_pos, {{size}}) AND r.msg_id = v_pos - {{size}} AND r.state <> 1;
-        side := 'push'; item_id := v_pos; tombstoned := FOUND; new_item_id := NULL;
-        outcome := CASE WHEN tombstoned THEN 'tombstoned' ELSE 'left' END;
-        RETURN NEXT;
-    END LOOP;
-    v_claims := coalesce(string_to_array(nullif(current_setting(v_pop, true), ''), ',')::bigint[], '{}');
-    FOREACH v_pos IN ARRAY v_claims LOOP
-        -- a pop claim whose push has not happened yet: tombstone the position before a
-        -- push fills it (that push then takes the next position), so nothing is orphaned.
-        -- A push of v in flight holds the slot's row lock: this waits for it, then sees
-        -- its outcome (rolled back: the tombstone goes in; committed: v is FULL, below).
-        UPDATE {{ring}} r SET msg_id = v_pos, state = 2, payload = NULL, headers = NULL,
-                              changed_at = clock_timestamp()
-        WHERE r.slot = mod(v_pos, {{size}}) AND r.msg_id = v_pos - {{size}} AND r.state <> 1;
-        side := 'pop'; item_id := v_pos; tombstoned := FOUND; new_item_id := NULL;
-        outcome := CASE WHEN tombstoned THEN 'tombstoned' ELSE 'left' END;
-        IF NOT tombstoned THEN
-            -- v's push committed after our last pop looked: the message is ours, re-push
-            -- it now. SKIP LOCKED: a slot locked now is ring_repair rescuing it already.
-            SELECT s.payload, s.headers INTO v_msg FROM {{ring}} s
-            WHERE s.slot = mod(v_pos, {{size}}) AND s.msg_id = v_pos AND s.state = 1
-            FOR UPDATE SKIP LOCKED;
-            IF FOUND THEN
-                BEGIN
-                    UPDATE {{ring}} r SET state = 3, payload = NULL, headers = NULL, changed_at = clock_timestamp()
-                    WHERE r.slot = mod(v_pos, {{size}});
-                    new_item_id := {{fn_enqueue}}(v_msg.payload, v_msg.headers, p_timeout);
-                    IF new_item_id IS NULL THEN
-                        RAISE EXCEPTION USING ERRCODE = 'QR001', MESSAGE = 'ring full';
-                    END IF;
-                    outcome := 'rescued';
-                EXCEPTION WHEN SQLSTATE 'QR001' THEN
-                    -- the ring stayed full: this block rolled back (the slot is FULL at v
-                    -- again, and the push claim the enqueue kept is gone with it)
-                    new_item_id := NULL;
-                    outcome := 'deferred';
-                END;
-            END IF;
-        END IF;
-        RETURN NEXT;
-    END LOOP;
-    PERFORM set_config(v_pop, '', false);
 END
 $fn$;
