@@ -11,9 +11,13 @@ PYTEST_ARGS ?=
 demo: venv postgres
 	$(BIN)/queuectl demo
 
-# pytest exits 5 when it collected no test: that is a failure here, not a pass.
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each with its own embedded server;
+# tests in one xdist_group (the Spark ones) share a worker. pytest exits 5 when it collected
+# no test: that is a failure here, not a pass.
+TEST_WORKERS ?= 2
+
 test: venv-test postgres jdbc
-	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 # The reliability table of docs/reliability.md: the fault suite writes each scenario's ledger to

@@ -28,6 +28,13 @@ from queuectl.install import install_queue
 
 TEST_URL_ENV = "QUEUECTL_TEST_URL"
 
+# A pytest-xdist worker starts with COLUMNS=80 and LINES=24 in its environment, which a serial
+# run does not have: a rich console made at import would keep 80 columns for good, where the
+# tests give each command the width they want through COLUMNS.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
