@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test reliability imports graph venv venv-test postgres jdbc clean
+.PHONY: demo test check reliability imports graph venv venv-test postgres jdbc clean
 
 demo: venv postgres
 	$(BIN)/queuectl demo
@@ -19,6 +19,13 @@ TEST_WORKERS ?= 2
 test: venv-test postgres jdbc
 	@$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
+
+# The fast subset for a change in progress: no test marked slow, none that needs Spark, not
+# the fault suite (each of its scenarios loads the machine for tens of seconds).
+check: venv-test postgres
+	@$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow and not spark" \
+	  --ignore=tests/faults $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make check: pytest collected no tests" >&2; fi; exit $$rc
 
 # The reliability table of docs/reliability.md: the fault suite writes each scenario's ledger to
 # a scratch file, which renders the table and becomes docs/reliability.json; nothing in the checkout
