@@ -70,6 +70,7 @@ def test_a_fresh_reliable_queue_has_the_autovacuum_settings_of_each_table_role(e
     assert reloptions(engine, "orders") == expected(INSTALLED, RELIABLE_0007)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("old", ["reliable_0005", "reliable_0006"])
 def test_an_older_queue_upgrades_alone_with_its_messages_and_the_downgrade_resets_exactly_what_was_set(engine, old):
     """From the revision before (reliable_0006) and from reliable_0005, through it."""
@@ -128,6 +129,7 @@ def test_a_ring_at_0003_upgrades_alone_with_its_messages_and_the_downgrade_reset
         assert [m.payload for m in q.dequeue(5)] == [b"x" * 5000, b"a3"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ONE_TABLE_KINDS)
 def test_a_fresh_one_table_queue_has_the_autovacuum_settings_on_its_items_table(engine, kind):
     info = install_queue(engine, "q", kind)
@@ -137,6 +139,7 @@ def test_a_fresh_one_table_queue_has_the_autovacuum_settings_on_its_items_table(
         assert reloptions(engine, "q", ("watermark",)) == {"watermark": ["fillfactor=50"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ONE_TABLE_KINDS)
 def test_a_one_table_queue_at_0002_upgrades_alone_with_its_items_and_the_downgrade_resets_exactly_what_was_set(
         engine, kind):
@@ -213,6 +216,7 @@ def test_every_reset_autovacuum_resets_exactly_the_parameters_its_set_autovacuum
 # -- health ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_health_reports_each_tables_own_autovacuum_settings_and_names_them_in_its_advice(engine, db_url):
     install_queue(engine, "new")
     install_queue(engine, "old", revision="reliable_0006")
@@ -246,6 +250,7 @@ def test_health_reports_each_tables_own_autovacuum_settings_and_names_them_in_it
 # -- the probe ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_tiny_autovacuum_probe_runs_both_revisions_and_returns_sane_json(db_url, engine):
     """`python bench/lab/autovacuum.py` on a few seconds: both queues run the full cycle
     (producers, consumers, archiver), are sampled, and are removed afterwards."""
@@ -274,6 +279,7 @@ def test_tiny_autovacuum_probe_runs_both_revisions_and_returns_sane_json(db_url,
         assert [q.name for q in list_queues(conn) if q.name.startswith("av_")] == []
 
 
+@pytest.mark.slow
 def test_tiny_autovacuum_probe_of_a_ring_compares_ring_0003_with_the_head(db_url, engine):
     probe = lab_module("autovacuum")
     Options, run = probe.Options, probe.run
@@ -293,6 +299,7 @@ def test_tiny_autovacuum_probe_of_a_ring_compares_ring_0003_with_the_head(db_url
         assert [q.name for q in list_queues(conn) if q.name.startswith("av_")] == []
 
 
+@pytest.mark.slow
 def test_tiny_autovacuum_probe_of_a_one_table_kind_compares_0002_with_the_head(db_url, engine):
     probe = lab_module("autovacuum")
     Options, run = probe.Options, probe.run

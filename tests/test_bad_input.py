@@ -95,6 +95,7 @@ BAD_QUEUE_NAMES = ['a"b', "a;drop", "a b", "ñame", "名前", "🎉", "1abc", ""
 RESERVED = ["select", "user", "order", "table", "public", "index"]
 
 
+@pytest.mark.slow
 def test_bad_queue_names_are_refused_by_every_command_and_change_nothing(installed, db_url):
     cases = [(["install", name], USAGE, bad_queue(name)) for name in BAD_QUEUE_NAMES]
     cases += [(["install", word], USAGE,
@@ -112,6 +113,7 @@ def test_bad_queue_names_are_refused_by_every_command_and_change_nothing(install
     check_cases(installed, db_url, cases)
 
 
+@pytest.mark.slow
 def test_overlong_names_for_a_kind_are_refused_before_anything_is_made(installed, db_url):
     name = "w" * 46  # fits the general rule, not a watermark queue's 18-character suffixes
     check_cases(installed, db_url, [(["install", name, "--kind", "watermark"], USAGE,
@@ -122,6 +124,7 @@ def test_overlong_names_for_a_kind_are_refused_before_anything_is_made(installed
 BAD_SCHEMAS = ['a"b', "a;drop", "Bad", "pg_catalog", "pg_x", "", "a" * 49, "ñ", "sch ema", "1abc"]
 
 
+@pytest.mark.slow
 def test_bad_schema_names_are_refused_and_change_nothing(installed, db_url):
     cases = [(["install", "orders2", "--schema", s], USAGE, bad_schema(s)) for s in BAD_SCHEMAS]
     cases += [(["install", "orders2", "--schema", w], USAGE,
@@ -158,6 +161,7 @@ def write(tmp_path: Path, name: str, text: str | bytes) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_malformed_scheduler_configs_are_refused_and_change_nothing(installed, db_url, tmp_path):
     p = lambda name, text: write(tmp_path, name, text)  # noqa: E731
     cases = [
@@ -205,6 +209,7 @@ BAD_INTERVALS = [
 ]
 
 
+@pytest.mark.slow
 def test_invalid_cron_expressions_and_intervals_are_refused_and_change_nothing(installed, db_url, tmp_path):
     cases = []
     for i, (cron, reason) in enumerate(BAD_CRONS):
@@ -223,6 +228,7 @@ def test_invalid_cron_expressions_and_intervals_are_refused_and_change_nothing(i
     check_cases(installed, db_url, [(["scheduler", "run", "--max-seconds", "1", "--config", path], USAGE, "error: " + message)])
 
 
+@pytest.mark.slow
 def test_malformed_health_configs_are_refused_with_unknown_and_change_nothing(installed, db_url, tmp_path):
     p = lambda name, text: write(tmp_path, name, text)  # noqa: E731
     cases = [
@@ -252,6 +258,7 @@ def test_malformed_health_configs_are_refused_with_unknown_and_change_nothing(in
 # -- URLs --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_invalid_urls_and_unknown_dialects_are_one_line_errors(installed, db_url):
     expected_form = "expected e.g. postgresql://user@host:5432/dbname"
     cases = [
@@ -272,6 +279,7 @@ def test_invalid_urls_and_unknown_dialects_are_one_line_errors(installed, db_url
     check_cases(installed, db_url, runs)
 
 
+@pytest.mark.slow
 def test_a_url_without_a_host_says_where_it_tried(installed, db_url):
     """No host means libpq's default socket: the error says so (not a Python traceback)."""
     result = run_cli("list", "--url", "postgresql://u:pw@/db")
@@ -283,6 +291,7 @@ def test_a_url_without_a_host_says_where_it_tried(installed, db_url):
 # -- sizes, durations, leases ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_negative_zero_and_absurd_numbers_are_refused_and_change_nothing(installed, db_url):
     batch = "must be a whole number from 1 to 10000, got"
     cases = [
@@ -337,6 +346,7 @@ def test_negative_zero_and_absurd_numbers_are_refused_and_change_nothing(install
     (["archive", "orders", "--batch", "1.5"], "Invalid value for '--batch'"),
     (["jobs", "nosuch"], "No such command 'nosuch'"),
 ])
+@pytest.mark.slow
 def test_a_typo_or_wrong_type_is_the_parsers_usage_error_not_a_traceback(installed, db_url, args, says):
     """The parser's own message (with the usage), exit code 2, no traceback."""
     before = snapshot(installed)

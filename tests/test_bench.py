@@ -31,6 +31,7 @@ def _schema() -> dict:
     return json.loads(resources.files("queuectl.bench").joinpath("result_schema.json").read_text())
 
 
+@pytest.mark.slow
 def test_tiny_kinds_run_writes_json_that_matches_the_schema(db_url: str, engine: sa.Engine, tmp_path: Path) -> None:
     assert find_pgbench(), "pgbench is part of the PostgreSQL client tools the suite runs on"
     out = tmp_path / "bench.json"
@@ -79,6 +80,7 @@ def test_pgbench_gets_the_password_only_through_its_environment() -> None:
     assert socket.args == ("-h", "/tmp/x/run", "-p", "5999", "-U", "queuectl") and socket.env == {}
 
 
+@pytest.mark.slow
 def test_unknown_scenario_is_a_one_line_usage_error(db_url: str) -> None:
     proc = run_cli("bench", "--scenario", "nope", "--seconds", "1", url=db_url)
     assert proc.returncode == 2
@@ -214,6 +216,7 @@ def _run_json(db_url: str, tmp_path: Path, *args: str) -> dict:
     return result
 
 
+@pytest.mark.slow
 def test_tiny_ghosts_run_measures_every_kind_size_and_mode(db_url: str, tmp_path: Path) -> None:
     result = _run_json(db_url, tmp_path, "--scenario", "ghosts", "--rows", "200,400", "--repeat", "1")
     sc = result["scenario"]
@@ -236,6 +239,7 @@ def test_tiny_ghosts_run_measures_every_kind_size_and_mode(db_url: str, tmp_path
         "watermark at 200 rows", "watermark at 400 rows", "at 400 rows under the snapshot"]
 
 
+@pytest.mark.slow
 def test_tiny_ring_run_balances_every_message_and_reports_its_soak_sizes(db_url: str, tmp_path: Path) -> None:
     result = _run_json(
         db_url, tmp_path, "--scenario", "ring", "--batches", "1,10", "--producers", "1", "--consumers", "1",
@@ -288,6 +292,7 @@ def test_tiny_ring_run_balances_every_message_and_reports_its_soak_sizes(db_url:
     assert fifo_last["n_tup_ins"] >= fifo["ledger"]["sent"] and fifo_last["n_tup_del"] > 0
     assert fifo["updates"] == 0 and fifo["hot_ratio"] is None and fifo["end_total_bytes"] > fifo["start_total_bytes"]
 
+@pytest.mark.slow
 def test_tiny_peers_run_shows_the_sql_ceiling_of_queuectls_own_full_cycle(db_url: str, tmp_path: Path) -> None:
     result = _run_json(
         db_url, tmp_path, "--scenario", "peers", "--batch", "10", "--producers", "1", "--consumers", "1",
@@ -320,6 +325,7 @@ def test_tiny_peers_run_shows_the_sql_ceiling_of_queuectls_own_full_cycle(db_url
     assert ("unreachable" in reach["verdict"]) is (not reach["met"])
 
 
+@pytest.mark.slow
 def test_tiny_dequeue_plan_probe_measures_both_revisions_side_by_side(db_url: str, engine: sa.Engine) -> None:
     """`python bench/lab/dequeue_plan.py`: both queues drained and their dequeue calls
     timed, the queues removed afterwards; a reliable_0004 queue's dequeue takes longer once
@@ -337,6 +343,7 @@ def test_tiny_dequeue_plan_probe_measures_both_revisions_side_by_side(db_url: st
         assert [q.name for q in list_queues(conn) if q.name.startswith("plan_")] == []
 
 
+@pytest.mark.slow
 def test_tiny_split_run_measures_both_designs_at_every_size(db_url: str, tmp_path: Path) -> None:
     """`queuectl bench --scenario split` on a fresh database (its one-table design is installed
     before any reliable queue: it once failed there for want of the schema), every size
@@ -365,6 +372,7 @@ def test_tiny_split_run_measures_both_designs_at_every_size(db_url: str, tmp_pat
     assert len(sc["targets"]) == 2
 
 
+@pytest.mark.slow
 def test_split_sizes_are_chosen_with_sizes(db_url: str, tmp_path: Path) -> None:
     """--sizes picks the payload sizes (sorted, once each); the split reports every size at
     which it pays, not only a size from which it pays upward (TOAST evens the designs out
@@ -397,6 +405,7 @@ def test_split_pays_upward_only_to_the_largest_size_measured() -> None:
     assert beats["name"].endswith("- (at no measured size)") and beats["met"] is False and beats["value"] == 1.11
 
 
+@pytest.mark.slow
 def test_bad_sizes_are_a_one_line_usage_error(db_url: str) -> None:
     for value, words in (("0", "--sizes must be payload sizes from 8 to 65536"), ("3,x", "--sizes takes whole numbers")):
         proc = run_cli("bench", "--scenario", "split", "--sizes", value, "--seconds", "1", url=db_url)
@@ -405,6 +414,7 @@ def test_bad_sizes_are_a_one_line_usage_error(db_url: str) -> None:
         assert len(lines) == 1 and words in lines[0], lines
 
 
+@pytest.mark.slow
 def test_an_option_the_scenario_does_not_read_is_a_one_line_usage_error(db_url: str) -> None:
     """Each scenario names the options it reads; one it ignores is refused before anything
     runs, with the scenarios that do read it (a --sizes given to the ring would otherwise

@@ -27,6 +27,7 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BAD_NAMES)
 def test_bad_queue_name_is_one_line_exit_2_and_nothing_created(name, db_url, engine):
     result = run_cli("install", name, url=db_url)
@@ -36,6 +37,7 @@ def test_bad_queue_name_is_one_line_exit_2_and_nothing_created(name, db_url, eng
     assert schema_objects(engine)["schema"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["enqueue", "Bad-Name", "x"], ["dequeue", "Bad-Name"], ["uninstall", "Bad-Name", "--yes"]])
 def test_other_commands_refuse_bad_names_too(command, db_url):
     result = run_cli(*command, url=db_url)
@@ -43,6 +45,7 @@ def test_other_commands_refuse_bad_names_too(command, db_url):
     one_error_line(result)
 
 
+@pytest.mark.slow
 def test_unreachable_url_is_one_line_exit_2_without_password():
     url = f"postgresql://alice:{SECRET}@127.0.0.1:1/nowhere"
     for args in (["install", "orders", "--url", url], ["list", "--url", url], ["enqueue", "orders", "x", "--url", url]):
@@ -53,6 +56,7 @@ def test_unreachable_url_is_one_line_exit_2_without_password():
         assert SECRET not in (result.stdout + result.stderr).decode()
 
 
+@pytest.mark.slow
 def test_password_never_appears_in_any_output(server_url, db_url, admin_engine):
     """A real login with a password: every command's output is free of it."""
     role = f"pw_{uuid.uuid4().hex[:8]}"
@@ -101,6 +105,7 @@ def test_password_never_appears_in_any_output(server_url, db_url, admin_engine):
             conn.execute(sa.text(f"DROP ROLE {role}"))
 
 
+@pytest.mark.slow
 def test_install_enqueue_dequeue_list_uninstall_end_to_end(db_url):
     assert run_cli("install", "orders", "--max-attempts", "3", url=db_url).returncode == 0
     enq = run_cli("enqueue", "orders", "hello world", "--priority", "-1", "--title", "greeting",
@@ -124,6 +129,7 @@ def test_install_enqueue_dequeue_list_uninstall_end_to_end(db_url):
     assert json.loads(run_cli("list", "--json", url=db_url).stdout) == []
 
 
+@pytest.mark.slow
 def test_install_sql_prints_the_script_and_touches_nothing(db_url, engine):
     result = run_cli("install", "orders", "--sql", url=db_url)
     assert result.returncode == 0
@@ -133,6 +139,7 @@ def test_install_sql_prints_the_script_and_touches_nothing(db_url, engine):
     assert psql.returncode == 0, psql.stderr
 
 
+@pytest.mark.slow
 def test_bad_options_are_refused_with_exit_2(db_url):
     assert run_cli("install", "orders", "--max-attempts", "0", url=db_url).returncode == 2
     assert run_cli("install", "orders", "--kind", "nosuchkind", url=db_url).returncode == 2
@@ -144,6 +151,7 @@ def test_bad_options_are_refused_with_exit_2(db_url):
     assert run_cli("install", "--url", "not a url", "orders").returncode == 2
 
 
+@pytest.mark.slow
 def test_every_command_has_help():
     for args in (["--help"], ["install", "--help"], ["uninstall", "--help"], ["list", "--help"], ["upgrade", "--help"],
                  ["enqueue", "--help"], ["dequeue", "--help"], ["demo", "--help"], ["db", "--help"], ["db", "status", "--help"]):

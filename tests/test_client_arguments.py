@@ -145,6 +145,7 @@ def reliable(engine, orders) -> Reliable:
 ENQUEUE_ARGS = ("payload", "headers", "priority", "delay", "title", "max_attempts")
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(data=st.data())
 def test_any_value_for_an_enqueue_argument_round_trips_or_is_a_usage_error(reliable, data):
@@ -164,6 +165,7 @@ def test_any_value_for_an_enqueue_argument_round_trips_or_is_a_usage_error(relia
     assert math.isclose(delay_of(row), options.get("delay") or 0.0, abs_tol=1e-5)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(data=st.data())
 def test_any_value_for_an_enqueue_many_argument_round_trips_or_is_a_usage_error(reliable, data):
@@ -205,6 +207,7 @@ CONSUMER_CALLS: dict[str, tuple[Callable[[Queue, list[Message], Any], Any], int 
 }
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(data=st.data())
 def test_any_value_for_a_consumer_argument_works_or_is_a_usage_error(reliable, data):
@@ -233,6 +236,7 @@ def test_any_value_for_a_consumer_argument_works_or_is_a_usage_error(reliable, d
         assert sorted(result) == sorted(held_ids)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(value=ANYTHING)
 def test_any_worker_name_is_stored_as_given_or_is_a_usage_error(reliable, value):
@@ -286,6 +290,7 @@ def other(engine, kind):
         yield queue
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(KIND_CALLS))
 @PROPERTY
 @given(data=st.data())

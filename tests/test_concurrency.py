@@ -13,6 +13,7 @@ import signal
 import time
 from collections import Counter
 
+import pytest
 import sqlalchemy as sa
 
 from jobs_helpers import wait_until
@@ -104,6 +105,7 @@ def kill_holder(url: str, n: int, lease: float) -> list[int]:
 # -- tests --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_four_producers_four_consumers_complete_every_item_exactly_once(engine, db_url):
     install_queue(engine, "orders")
     with SPAWN.Pool(PRODUCERS + CONSUMERS) as pool:
@@ -123,6 +125,7 @@ def test_four_producers_four_consumers_complete_every_item_exactly_once(engine, 
     assert attempts == {1: TOTAL}  # nobody got an item a second time
 
 
+@pytest.mark.slow
 def test_consumer_killed_mid_batch_items_come_back_after_lease_and_complete(engine, db_url):
     install_queue(engine, "orders")
     with Queue(engine, "orders") as queue:
@@ -149,6 +152,7 @@ def test_consumer_killed_mid_batch_items_come_back_after_lease_and_complete(engi
         assert queue.dequeue(100) == []
 
 
+@pytest.mark.slow
 def test_consumer_killed_on_last_attempt_items_go_dead_not_lost(engine, db_url):
     install_queue(engine, "orders", settings=QueueSettings(max_attempts=1))
     with Queue(engine, "orders") as queue:

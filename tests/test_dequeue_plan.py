@@ -4,6 +4,7 @@ and a queue upgrades to it and back alone."""
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 
 from queuectl.bench.drivers import plan_shared_hits
@@ -45,6 +46,7 @@ def dequeue_definition(engine, name: str) -> str:
             {"fn": f"{name}_dequeue"}).scalar_one().replace(f"{name}_", "NAME_")
 
 
+@pytest.mark.slow
 def test_dequeue_touches_as_many_buffers_at_40000_rows_as_at_2000(engine):
     """At 40,000 analyzed rows reliable_0004's dequeue read ~640 buffers per call (the whole
     meta table), against ~140 at 2,000; now both stay near 140."""

@@ -58,6 +58,7 @@ def start_and_report(home: str) -> str:
     return EmbeddedServer(Path(home)).ensure_running()
 
 
+@pytest.mark.slow
 def test_first_use_initialises_starts_and_serves_the_queuectl_database(home: Path):
     server = EmbeddedServer(home)
     assert not server.is_running()
@@ -70,6 +71,7 @@ def test_first_use_initialises_starts_and_serves_the_queuectl_database(home: Pat
     assert scalar(url, "SELECT current_user") == "queuectl"
 
 
+@pytest.mark.slow
 def test_second_use_reuses_the_running_server_and_keeps_data(home: Path):
     server = EmbeddedServer(home)
     url = server.ensure_running()
@@ -88,6 +90,7 @@ def test_second_use_reuses_the_running_server_and_keeps_data(home: Path):
     assert scalar(url, "SELECT v FROM kept") == 42
 
 
+@pytest.mark.slow
 def test_concurrent_first_uses_initialise_once(home: Path):
     spawn = mp.get_context("spawn")
     with spawn.Pool(4) as pool:
@@ -96,6 +99,7 @@ def test_concurrent_first_uses_initialise_once(home: Path):
     assert scalar(urls[0], "SELECT 1") == 1
 
 
+@pytest.mark.slow
 def test_state_file_is_private_and_status_has_no_password(home: Path):
     server = EmbeddedServer(home)
     server.ensure_running()
@@ -106,6 +110,7 @@ def test_state_file_is_private_and_status_has_no_password(home: Path):
     assert password not in server.url()
 
 
+@pytest.mark.slow
 def test_tcp_listener_requires_the_generated_password(home: Path):
     server = EmbeddedServer(home)
     server.ensure_running()
@@ -116,6 +121,7 @@ def test_tcp_listener_requires_the_generated_password(home: Path):
         psycopg.connect(host="127.0.0.1", port=tcp.port, user="queuectl", password="wrong", dbname="queuectl")
 
 
+@pytest.mark.slow
 def test_start_moves_to_a_free_port_when_its_port_was_taken(home: Path):
     server = EmbeddedServer(home)
     server.ensure_running()
@@ -144,6 +150,7 @@ def test_default_home_follows_queuectl_home(monkeypatch, tmp_path: Path):
     assert default_home() == tmp_path / "h"
 
 
+@pytest.mark.slow
 def test_cli_uses_the_embedded_server_when_no_url_is_given(home: Path):
     env = {"QUEUECTL_HOME": str(home)}
     installed = run_cli("install", "orders", env_extra=env)
@@ -168,6 +175,7 @@ def test_cli_uses_the_embedded_server_when_no_url_is_given(home: Path):
     assert [q["name"] for q in json.loads(listed.stdout)] == ["orders"]
 
 
+@pytest.mark.slow
 def test_the_server_listens_on_loopback_only_with_private_dirs_and_no_trust_over_tcp(home: Path):
     server = EmbeddedServer(home)
     url = server.ensure_running()
@@ -182,6 +190,7 @@ def test_the_server_listens_on_loopback_only_with_private_dirs_and_no_trust_over
     assert all(fields[-1] in ("trust", "peer") for fields in hba if fields[0] == "local")  # socket: 0700 dir
 
 
+@pytest.mark.slow
 def test_each_server_gets_its_own_generated_password(home: Path):
     first = EmbeddedServer(home)
     first.ensure_running()

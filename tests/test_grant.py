@@ -131,6 +131,7 @@ def test_grant_refuses_unknown_roles_and_bad_names(engine, db_url):
     assert result.returncode == 2 and b"invalid role name" in result.stderr
 
 
+@pytest.mark.slow
 def test_grant_command_reports_the_functions(engine, db_url, roles):
     producer, consumer, _ = roles
     install_queue(engine, "orders")
@@ -139,6 +140,7 @@ def test_grant_command_reports_the_functions(engine, db_url, roles):
     assert b'"orders_enqueue_many"' in result.stdout and b'"orders_extend_lease"' in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["reliable", "heap", "fifo", "stack", "pending", "watermark", "ring"])
 def test_after_grant_no_function_of_the_queue_is_executable_by_public(engine, roles, kind):
     """Every function a kind installs (API, maintenance, trigger) is locked down, not just
@@ -270,6 +272,7 @@ def secured(engine, prefix: str) -> dict[str, bool]:
 
 @pytest.mark.parametrize("kind, old", [("reliable", "reliable_0004"), ("ring", "ring_0002"),
                                        *((k, f"{k}_0001") for k in ("heap", "fifo", "stack", "pending", "watermark"))])
+@pytest.mark.slow
 def test_granted_roles_keep_working_across_revisions_that_replace_functions_in_place(
         engine, db_url, roles, kind, old):
     """CREATE OR REPLACE keeps the ACL but resets SECURITY DEFINER: without the migration's

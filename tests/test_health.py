@@ -63,6 +63,7 @@ def advice_lines(stdout: bytes) -> list[str]:
 # -- a healthy queue ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_healthy_queue_exits_0_with_no_advice_lines(orders, db_url):
     orders.enqueue_many([f"order {i}".encode() for i in range(50)])
     orders.ack(orders.dequeue(20))
@@ -87,6 +88,7 @@ def test_healthy_queue_exits_0_with_no_advice_lines(orders, db_url):
 # -- cleanup blockers -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_open_transaction_with_dead_rows_piling_up_names_the_pid(orders, engine, db_url):
     holder = engine.connect().execution_options(isolation_level="REPEATABLE READ")
     try:
@@ -331,6 +333,7 @@ def test_job_history_is_read_when_the_scheduler_table_exists(orders, engine):
 # -- output forms ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_json_output_validates_against_the_schema_in_the_repository(orders, engine, db_url):
     orders.enqueue_many([b"x"] * 10)
     orders.dequeue(3, lease=0.1)
@@ -355,6 +358,7 @@ def test_json_output_validates_against_the_schema_in_the_repository(orders, engi
         jsonschema.validate(broken, report_schema())
 
 
+@pytest.mark.slow
 def test_piped_output_is_plain_text_with_advice_lines(orders, engine, db_url):
     orders.enqueue_many([b"x"] * 4)
     orders.dequeue(1, lease=0.1)
@@ -370,6 +374,7 @@ def test_piped_output_is_plain_text_with_advice_lines(orders, engine, db_url):
     assert re.search(r"^orders\s+reliable\s+3\s+0\s+1\s+0\s+0\s", text, re.MULTILINE)
 
 
+@pytest.mark.slow
 def test_unknown_queue_and_bad_thresholds_are_one_line_unknown_exit_3(orders, db_url):
     for args, words in (
         (["health", "nosuch"], "not installed"),
@@ -387,6 +392,7 @@ def test_unknown_queue_and_bad_thresholds_are_one_line_unknown_exit_3(orders, db
 
 @pytest.mark.parametrize("mode", [(), ("--json",), ("--watch", "0.5"), ("--watch", "0.5", "--json")],
                          ids=["text", "json", "watch", "watch-json"])
+@pytest.mark.slow
 def test_an_internal_error_is_one_line_unknown_exit_3(orders, db_url, capsys, monkeypatch, mode):
     """A fault of queuectl's own (forced here in the grading step) is no verdict: never exit 1
     (which a monitor reads as WARNING), never a traceback."""
@@ -402,6 +408,7 @@ def test_an_internal_error_is_one_line_unknown_exit_3(orders, db_url, capsys, mo
     assert out == ""
 
 
+@pytest.mark.slow
 def test_config_file_sets_thresholds_and_set_wins(tmp_path, orders, db_url):
     orders.enqueue(b"x")
     config = tmp_path / "queuectl.toml"
@@ -460,6 +467,7 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_watch_piped_with_json_prints_one_report_per_refresh_until_ctrl_c(orders, db_url):
     proc = _cli_process(db_url, "health", "--watch", "0.5", "--json")
     try:
@@ -472,6 +480,7 @@ def test_watch_piped_with_json_prints_one_report_per_refresh_until_ctrl_c(orders
     assert lines[0]["generated_at"] < lines[1]["generated_at"] < lines[2]["generated_at"]
 
 
+@pytest.mark.slow
 def test_watch_on_a_terminal_refreshes_in_place(orders, db_url):
     orders.enqueue(b"x")
     leader, follower = pty.openpty()

@@ -112,6 +112,7 @@ def test_each_queue_has_its_own_schema_version(engine):
     assert upgrade_all(engine) == [("alpha", versions["alpha"], versions["alpha"]), ("beta", versions["beta"], versions["beta"])]
 
 
+@pytest.mark.slow
 def test_downgrade_to_base_leaves_no_queue_objects(engine):
     for name in ("orders", "emails", "a" * 48):
         install_queue(engine, name)
@@ -121,6 +122,7 @@ def test_downgrade_to_base_leaves_no_queue_objects(engine):
     assert schema_objects(engine) == {"relations": [], "functions": [], "schema": 0}
 
 
+@pytest.mark.slow
 def test_remove_everything_refuses_to_drop_foreign_objects(engine):
     install_queue(engine, "orders")
     with engine.begin() as conn:

@@ -97,6 +97,7 @@ def buffers_per_batch(engine, statement: str, calls: int = 3) -> int:
     return hit
 
 
+@pytest.mark.slow
 def test_archive_batch_touches_as_many_buffers_at_40000_rows_as_at_2000(engine):
     """Measured: ~1,540 buffers per batch of 100 at both sizes."""
     dead_backlog(engine, "small", 2_000)
@@ -106,6 +107,7 @@ def test_archive_batch_touches_as_many_buffers_at_40000_rows_as_at_2000(engine):
     assert large <= small * 1.5, (small, large)
 
 
+@pytest.mark.slow
 def test_with_its_join_to_the_picks_the_archive_batch_scanned_both_tables_whole(engine):
     """The same measurement with the DELETEs joined to the picks, as they were (1,148 buffers at
     2,000 rows, 3,641 at 40,000: the planner took a tenth of the DEAD backlog for the picks),

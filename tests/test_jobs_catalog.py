@@ -19,6 +19,7 @@ def has_table(engine, name: str) -> bool:
     return scalar(engine, "SELECT to_regclass(:n) IS NOT NULL", n=f"queuectl.{name}")
 
 
+@pytest.mark.slow
 def test_install_creates_the_job_tables(engine):
     install_queue(engine, "orders")
     assert head_of("catalog") == "catalog_0004_lock_seed"  # jobs tables came in catalog_0002
@@ -26,6 +27,7 @@ def test_install_creates_the_job_tables(engine):
     assert "CREATE TABLE \"queuectl\".job_runs" in install_script(None, "orders")
 
 
+@pytest.mark.slow
 def test_upgrade_adds_the_job_tables_to_an_older_catalog_and_queues_keep_working(engine):
     install_queue(engine, "orders")
     with Queue(engine, "orders") as queue:

@@ -60,6 +60,7 @@ def fresh_build(engine: Engine, index: str) -> sa.Row:
     return stats
 
 
+@pytest.mark.slow
 def test_reorganize_after_churn_brings_the_ready_index_back_to_a_fresh_build(engine, orders: Queue):
     churn(engine, orders)
     bloated = measure(engine, READY)
@@ -122,6 +123,7 @@ def test_leftover_of_an_interrupted_reindex_is_dropped_by_the_next_run(engine, o
     assert not result.errors
 
 
+@pytest.mark.slow
 def test_a_rebuild_cut_by_its_time_limit_is_recorded_and_cleans_up_after_itself(engine, orders: Queue):
     churn(engine, orders, 20_000)
     with engine.connect() as writer:                   # an open writer: the rebuild cannot finish
@@ -161,6 +163,7 @@ def test_missing_pgstattuple_without_permission_is_a_clear_error(engine, db_url)
             conn.execute(sa.text("DROP ROLE qt_plain"))
 
 
+@pytest.mark.slow
 def test_a_reorganize_whose_backend_is_terminated_mid_reindex_fails_in_one_line_and_cleans_up(engine, orders, db_url):
     """pg_terminate_backend on the session running REINDEX INDEX CONCURRENTLY, found by its
     query text while it waits for an open writer (so the moment is certain): one line on

@@ -174,6 +174,7 @@ def test_bad_config_is_a_one_line_usage_error(tmp_path, text, message):
         load_config(path)
 
 
+@pytest.mark.slow
 def test_jobs_cli_list_history_and_manual_runs(db_url, engine, orders: Queue, capsys, monkeypatch):
     def cli(*args: str) -> tuple[int, str, str]:
         return invoke(capsys, monkeypatch, *args, url=db_url)
@@ -231,6 +232,7 @@ UNPLANNED_LINES = [
 ]
 
 
+@pytest.mark.slow
 def test_the_scheduler_warns_at_start_about_each_queue_its_config_names_that_a_job_never_runs_on(db_url, orders, tmp_path):
     path = tmp_path / "q.toml"
     path.write_text(UNPLANNED)
@@ -241,6 +243,7 @@ def test_the_scheduler_warns_at_start_about_each_queue_its_config_names_that_a_j
     assert warnings == UNPLANNED_LINES, result.stderr.decode()
 
 
+@pytest.mark.slow
 def test_jobs_list_marks_the_queues_its_config_names_that_a_job_never_runs_on(db_url, orders, tmp_path):
     path = tmp_path / "q.toml"
     path.write_text(UNPLANNED)
@@ -256,6 +259,7 @@ def test_jobs_list_marks_the_queues_its_config_names_that_a_job_never_runs_on(db
     assert [line.removeprefix("warning: ") for line in text.splitlines() if line.startswith("warning:")] == UNPLANNED_LINES
 
 
+@pytest.mark.slow
 def test_health_with_the_scheduler_config_warns_about_the_queues_a_job_never_runs_on(db_url, orders, tmp_path):
     path = tmp_path / "queuectl.toml"
     path.write_text("[health]\nrate_window = \"1m\"\n" + UNPLANNED)

@@ -28,6 +28,7 @@ ALL = [("reliable", {}), ("heap", {}), ("fifo", {}), ("fifo", {"strict": True}),
 IDS = [k + ("-strict" if o.get("strict") else "") for k, o in ALL]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "options"), ALL, ids=IDS)
 def test_install_sql_for_every_kind_runs_through_psql_on_an_empty_database(kind, options, db_url, engine):
     cli = ["install", "q1", "--kind", kind, "--sql"] + (["--strict"] if options.get("strict") else []) + (
@@ -47,6 +48,7 @@ def test_install_sql_for_every_kind_runs_through_psql_on_an_empty_database(kind,
         assert [m.payload for m in queue.dequeue(1)] == [b"via psql"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "options"), ALL[1:], ids=IDS[1:])
 def test_install_uninstall_round_trip_leaves_nothing(kind, options, engine):
     install_queue(engine, "q1", kind, settings_for(kind, **options))
@@ -178,6 +180,7 @@ def test_strict_fifo_consumer_waits_for_the_head_while_lax_skips_it(engine, db_u
         other.dispose()
 
 
+@pytest.mark.slow
 def test_queuectl_list_shows_each_kinds_depth(db_url, engine):
     depths = {"reliable": 3, "heap": 2, "fifo": 5, "stack": 1, "pending": 4, "watermark": 6, "ring": 7}
     for kind, n in depths.items():
@@ -200,6 +203,7 @@ def test_queuectl_list_shows_each_kinds_depth(db_url, engine):
     assert "watermark" in table and "ring" in table
 
 
+@pytest.mark.slow
 def test_cli_enqueue_and_dequeue_work_for_every_kind(db_url, engine):
     for kind in ("heap", "fifo", "stack", "pending", "watermark", "ring"):
         install_queue(engine, f"c_{kind}", kind, settings_for(kind, size=8) if kind == "ring" else None)
@@ -218,6 +222,7 @@ def test_cli_enqueue_and_dequeue_work_for_every_kind(db_url, engine):
     assert delayed.returncode == 0 and run_cli("dequeue", "c_pending", url=db_url).stdout == b""
 
 
+@pytest.mark.slow
 def test_install_refuses_options_of_other_kinds_and_bad_values(db_url, engine):
     for args in (["--kind", "heap", "--strict"], ["--kind", "fifo", "--size", "8"], ["--kind", "ring", "--size", "1"],
                  ["--kind", "ring", "--size", "99999999"], ["--kind", "nosuch"]):
@@ -241,6 +246,7 @@ def test_install_ring_default_size_is_65536_slots(engine):
     assert info.settings == RingSettings(size=65_536)
 
 
+@pytest.mark.slow
 def test_kind_commands_have_help():
     for args in (["correct-watermark", "--help"], ["repair-ring", "--help"], ["install", "--help"]):
         result = run_cli(*args)

@@ -49,6 +49,7 @@ def buffers_per_dequeue(engine, name: str, calls: int = 8) -> int:
     return hit
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "settings"), KINDS, ids=IDS)
 def test_dequeue_touches_as_many_buffers_at_40000_rows_as_at_2000(engine, kind, settings):
     """Measured: ~57 buffers per dequeue of 10 at both sizes."""
@@ -58,6 +59,7 @@ def test_dequeue_touches_as_many_buffers_at_40000_rows_as_at_2000(engine, kind, 
     assert large <= small * 1.5, (small, large)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "settings"), KINDS, ids=IDS)
 def test_before_0002_the_dequeue_scanned_the_whole_table(engine, kind, settings):
     """The same measurement at <kind>_0001 shows the flaw the revision removes (~122 buffers
@@ -95,6 +97,7 @@ def check_step(kind: str, got: list[str], expected: list[str]) -> None:
     assert len(got) == len(expected) if kind == "heap" else got == expected, (got, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "settings"), KINDS, ids=IDS)
 def test_queue_at_0001_upgrades_alone_and_downgrades_to_the_same_function(engine, kind, settings):
     old_revision, new_revision = f"{kind}_0001", f"{kind}_0002"

@@ -75,6 +75,7 @@ def leased_index_blocks(engine, name: str, fn: str, ids: list[int]) -> tuple[int
 FUNCTIONS = ["ack", "nack", "extend_lease", "release"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("analysed", [False, True], ids=["unanalysed", "analysed"])
 @pytest.mark.parametrize("fn", FUNCTIONS)
 def test_the_lease_functions_do_not_read_the_leased_index(engine, fn, analysed):
@@ -90,6 +91,7 @@ def test_the_lease_functions_do_not_read_the_leased_index(engine, fn, analysed):
         assert blocks <= 1, blocks  # the planner's look at the index's metapage (its height)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("analysed", [False, True], ids=["unanalysed", "analysed"])
 def test_before_reliable_0009_every_ack_read_the_whole_leased_index_and_the_upgrade_fixes_it(engine, analysed):
     """reliable_0008 shows the flaw, so the test above can tell the two apart; the upgrade
@@ -117,6 +119,7 @@ def definitions(engine, name: str) -> dict[str, str]:
                                  {"fn": f'queuectl."{name}_{fn}"'}).scalar_one() for fn in FUNCTIONS}
 
 
+@pytest.mark.slow
 def test_tiny_ack_plan_probe(db_url, engine):
     """`python bench/lab/ack_plan.py` on a tiny run: both parts measure both revisions;
     the head's ack never reads the leased index; the cycle acks what it claims; the probe

@@ -88,6 +88,7 @@ def test_a_held_install_lock_is_waited_for_a_bounded_time_and_its_holder_named(e
     install_queue(engine, "billing", lock_wait=5)  # free again once that session ends
 
 
+@pytest.mark.slow
 def test_the_first_install_waits_a_bounded_time_for_the_bare_key_and_names_its_holder(engine, db_url, mallory):
     holder = squat(mallory, "queuectl.install")
     with pytest.raises(LockBusy, match=f"held by pid \\d+ \\(role '{mallory.url.username}'"):
@@ -100,6 +101,7 @@ def test_the_first_install_waits_a_bounded_time_for_the_bare_key_and_names_its_h
     install_queue(engine, "orders", lock_wait=5)
 
 
+@pytest.mark.slow
 def test_a_held_job_lock_is_refused_at_once_naming_its_holder_in_the_api_and_the_cli(engine, db_url, mallory):
     install_queue(engine, "orders")
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:

@@ -144,6 +144,7 @@ def rendered(file: str, name: str) -> str:
 # -- every T-SQL text parses ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("file", "section"), mssql_sections(), ids=lambda v: v)
 def test_every_mssql_section_parses_as_tsql(file, section):
     text = "\n".join(line for line in rendered(file, section).splitlines() if not line.lstrip().startswith("--"))
@@ -161,6 +162,7 @@ def test_mssql_has_every_queue_kind_and_feature_file():
     assert not missing, f"PostgreSQL SQL files without T-SQL: {sorted(missing)}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_offline_install_script_is_complete_tsql_with_go_batches(kind):
     script = install_script(None, "orders", kind, dialect="mssql")
@@ -306,6 +308,7 @@ def result_columns(sql: str, dialect: str) -> list[list[str]]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("section", sorted(set(sections("postgresql", "health")) - set(HEALTH_UNREAD)))
 def test_health_sections_return_the_columns_queuectl_health_reads(section):
     """queuectl.health reads both engines' rows by column name: every result set of the T-SQL
@@ -392,6 +395,7 @@ def check_dequeue_matches(kind: str, pg_fn: str, ms_proc: str) -> None:
         assert ms_order and " ".join(ms_order[-1].split()) == " ".join(pg_order.split()), kind
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["reliable", "heap", "fifo", "stack", "pending", "watermark", "ring"])
 def test_kind_dequeue_returns_postgresqls_columns_in_its_order(kind):
     """The clients read a dequeue's rows by column name and hand them out in the order they
@@ -402,6 +406,7 @@ def test_kind_dequeue_returns_postgresqls_columns_in_its_order(kind):
 
 @pytest.mark.parametrize("name", ["create_ring_release_0001", "create_ring_release_0002", "create_ring_release_0003",
                                   "create_ring_release"])
+@pytest.mark.slow
 def test_ring_release_returns_postgresqls_columns(name):
     """RingQueue.release() reads ring_release's rows by column name, on both engines and at
     every revision: the procedure's result set is the function's RETURNS TABLE."""
@@ -551,6 +556,7 @@ def test_ring_0003_tsql_pushes_and_pops_sets_of_kept_claims():
             "OUTPUT w.ord, inserted.msg_id INTO @written (ord, id)", "INTO @written (ord, id) OUTPUT w.ord, inserted.msg_id", 1)),
     ],
 )
+@pytest.mark.slow
 def test_a_broken_ring_0003_statement_fails_the_check(what, break_it):
     good = "\nGO\n".join(ring_0003_procedures().values())
     check_tsql(good)
@@ -699,6 +705,7 @@ def test_mssql_url_without_odbc_driver_is_one_clear_line():
     assert "\n" not in message and "msodbcsql18" in message and "Not-Shown-42" not in message
 
 
+@pytest.mark.slow
 def test_cli_install_sql_for_mssql_prints_the_script_without_connecting():
     """nowhere.invalid cannot resolve and no ODBC driver manager exists here: any connection
     attempt would fail, so a complete script proves none was made."""

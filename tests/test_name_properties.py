@@ -47,6 +47,7 @@ def expected_valid(name: str) -> bool:
     return bool(QUEUE_NAME_RE.fullmatch(name)) and name not in SQL_RESERVED_WORDS | RESERVED_QUEUE_NAMES
 
 
+@pytest.mark.slow
 @given(names)
 @settings(max_examples=400, deadline=None)
 @example('a"b')
@@ -68,6 +69,7 @@ def test_the_validator_accepts_exactly_the_documented_names_and_every_derived_id
     assert quote_ident(QueueNames(name).table("meta_finished")) == f'"{name}_meta_finished"'
 
 
+@pytest.mark.slow
 @given(names)
 @DB_SETTINGS
 @example("orders_2")

@@ -134,6 +134,7 @@ def test_channel_names_are_distinct_and_fit_in_63_bytes(db_url, engine):
         listener.close()
 
 
+@pytest.mark.slow
 def test_queue_at_0001_upgrades_alone_and_starts_notifying(db_url, engine):
     install_queue(engine, "alpha", revision="reliable_0001")
     install_queue(engine, "beta", revision="reliable_0001")
@@ -245,6 +246,7 @@ def test_registration_sees_an_enqueue_still_open_which_it_would_not_hear(db_url,
     wait_until(lambda: waiting_sessions(engine) == 0, timeout=10)
 
 
+@pytest.mark.slow
 def test_downgrade_to_0005_notifies_every_transaction_again(db_url, engine, orders):
     assert downgrade_queue(engine, "orders", "reliable_0005") == (head_of("reliable"), "reliable_0005")
     assert not {"orders_wait_begin", "orders_wait_end"} & set(schema_objects(engine)["functions"])

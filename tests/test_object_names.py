@@ -52,6 +52,7 @@ def revisions(kind: str) -> list[str]:
 # -- the lists are complete ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_object_of_every_kind_at_every_revision_is_listed_with_its_argument_types(engine):
     """QUEUE_OBJECT_SUFFIXES and FUNCTION_ARGUMENTS are what the clash rule and the grants
     rely on: a revision that adds an object must add it there, or this fails."""
@@ -100,6 +101,7 @@ def accepted(name: str, kind: str) -> bool:
     return True
 
 
+@pytest.mark.slow
 @given(name_pairs(), st.sampled_from(KINDS), st.sampled_from(KINDS))
 @settings(max_examples=3000, deadline=None)
 @example(("b", "b_acks"), "reliable", "reliable")
@@ -130,6 +132,7 @@ def test_the_endings_refused_are_exactly_those_that_can_clash():
     ("orders_ring", "reliable", "orders", "ring", "orders_ring_release"),
     ("w_correct", "watermark", "w", "watermark", "w_correct_watermark"),
 ])
+@pytest.mark.slow
 def test_a_name_that_could_share_objects_with_another_queue_is_refused_in_one_line(
     engine, db_url, name, kind, other, other_kind, shared
 ):
@@ -217,6 +220,7 @@ def test_a_grant_on_one_of_a_clashing_pair_reaches_only_that_queue_and_either_un
     assert {n for n, _ in schema_objects(engine)} == CATALOG_OBJECTS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_queues_whose_names_are_prefixes_of_each_other_stay_apart_for_every_kind(engine, consumer_role, kind):
     """A queue of each kind beside queues named after it plus a suffix word, of every kind:

@@ -86,6 +86,7 @@ def test_the_default_limit_is_one_mebibyte(engine, orders):
     assert table_counts(engine, orders)["meta"] == 1
 
 
+@pytest.mark.slow
 def test_cli_install_sets_the_limit_and_enqueue_refuses_in_one_line(db_url, engine):
     result = run_cli("install", "tiny", "--max-payload-bytes", "10", url=db_url)
     assert result.returncode == 0, result.stderr.decode()
@@ -260,6 +261,7 @@ payloads = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=st.lists(payloads, min_size=1, max_size=8), single=payloads)
 def test_payloads_round_trip_byte_for_byte(small, batch, single):

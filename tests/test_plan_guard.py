@@ -167,6 +167,7 @@ def kind_cost(conn, queue: str, times: int) -> int:
     return [shared_hits(conn, f'SELECT * FROM queuectl."{queue}_dequeue"(10)') for _ in range(times)][-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "settings"), KINDS, ids=KIND_IDS)
 def test_a_one_table_queue_planned_empty_dequeues_through_its_index_after_growth_and_the_guard_comes_and_goes_live(
         engine, early_session, kind, settings):
@@ -205,6 +206,7 @@ def test_a_one_table_queue_planned_empty_dequeues_through_its_index_after_growth
 # -- the probe ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_tiny_plan_guard_probe_runs_both_parts_and_removes_its_queues(db_url, engine):
     """`python bench/lab/plan_guard.py` on a tiny run: the stale part shows the early
     session of the revision before reading more than the head's; pgbench ran each side."""
@@ -229,6 +231,7 @@ def test_tiny_plan_guard_probe_runs_both_parts_and_removes_its_queues(db_url, en
         assert [q.name for q in list_queues(conn) if q.name.startswith("pg_")] == []
 
 
+@pytest.mark.slow
 def test_tiny_hot_bound_probe_makes_only_the_reduced_claim_hot(db_url, engine):
     """`python bench/lab/hot_bound.py` on a tiny run: every queue cycled messages under
     pgbench; the installed reliable queue's meta updates are never HOT (status is in its

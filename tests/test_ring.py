@@ -127,6 +127,7 @@ def test_crashed_pushers_hole_is_tombstoned_by_ring_repair(engine, db_url):
         assert slots(engine) == [(0, 4, 2), (1, 5, 0)]
 
 
+@pytest.mark.slow
 def test_ring_updates_stay_hot_over_100000_push_pop_cycles(engine):
     """Only updates, never an indexed column, fillfactor 50: n_tup_hot_upd / n_tup_upd >= 0.9."""
     with ring(engine, 65_536) as q:

@@ -134,6 +134,7 @@ def run_all(commands: list[list[str]], url: str, env_url: bool = False) -> list[
         return list(zip(commands, pool.map(one, commands)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["wrong_password", "unknown_database", "closed_port"])
 def test_no_command_prints_the_password_when_the_connection_fails(login, case):
     # every command for a refused password; a sample for the other failures (the machine is slow)
@@ -149,6 +150,7 @@ def test_no_command_prints_the_password_when_the_connection_fails(login, case):
         assert b":***@127.0.0.1" in result.stderr, (args, result.stderr.decode())
 
 
+@pytest.mark.slow
 def test_no_command_prints_the_password_when_logged_in(login):
     engine = make_engine(login["good"])
     try:
@@ -178,6 +180,7 @@ def test_no_command_prints_the_password_when_logged_in(login):
     assert ":***@127.0.0.1" in code["health --json"].stdout.decode()  # the URL is shown, masked
 
 
+@pytest.mark.slow
 def test_the_url_from_the_environment_is_never_printed_either(login):
     commands = [c for c in COMMANDS if c[:2] in (["list", "--json"], ["health", "--json"], ["install", "other"])]
     for case in ("good", "wrong_password"):
@@ -274,6 +277,7 @@ def url_forms(login: dict[str, str], password: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["query", "host_query", "unescaped"])
 def test_every_url_form_keeps_its_password_hidden(login, form):
     """?password=, ?host=...&password=... and a password with an unescaped '@' (and '/', ':'):
@@ -304,6 +308,7 @@ def test_every_url_form_keeps_its_password_hidden(login, form):
     assert "***" in shown and make_url(shown).host in ("127.0.0.1", None), shown
 
 
+@pytest.mark.slow
 def test_a_password_can_stay_out_of_the_url(login, tmp_path):
     """$QUEUECTL_PASSWORD_FILE, and libpq's PGPASSFILE (psycopg reads it when the URL has no
     password); --help of --url says so."""
@@ -339,6 +344,7 @@ LONG_RUNNING = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", list(LONG_RUNNING))
 def test_a_long_running_command_hides_the_password_in_its_command_line(login, command):
     """What `ps` shows every user of the machine: /proc/PID/cmdline of the running process."""

@@ -33,7 +33,7 @@ STATEMENT_START = re.compile(
 # Places allowed to build SQL text in Python, and why. Each may interpolate only the
 # quoting helpers' results (checked below), never a raw value.
 ALLOWED = {
-    ("toolkit/embedded.py", "_ensure_database"):
+    ("toolkit/engine/embedded.py", "_ensure_database"):
         "CREATE DATABASE for the embedded server, before any engine exists; the database "
         "and role names are module constants, quoted by quote_ident (no bind parameter "
         "can stand for an identifier)",
@@ -176,5 +176,5 @@ def _ensure_database(conn, name):
     conn.execute(f'CREATE DATABASE {quote_ident(name)}')
     conn.execute(f'CREATE DATABASE "{name}"')
 '''
-    found = findings(source, "toolkit/embedded.py")
+    found = findings(source, "toolkit/engine/embedded.py")
     assert {f.split(":")[1] for f in found} == {"4"}, found

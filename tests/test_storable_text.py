@@ -142,6 +142,7 @@ HEADER_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["reliable", *OTHER_KINDS])
 def test_headers_that_cannot_be_stored_as_given_are_refused_by_every_kind(engine, kind):
     install_queue(engine, "q", kind)

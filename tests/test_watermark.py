@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import statistics
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
@@ -116,6 +117,7 @@ def dequeue_buffers(conn, name: str) -> int:
     return top["Shared Hit Blocks"] + top["Shared Read Blocks"]
 
 
+@pytest.mark.slow
 def test_under_an_open_snapshot_watermark_work_per_dequeue_stays_bounded_and_fifo_grows(engine, db_url):
     """The ghost problem on a small scale, measured in buffers (not time): a REPEATABLE
     READ snapshot held in another session keeps every dequeued row's dead version and

@@ -264,6 +264,7 @@ def test_worker_with_notifications_off_polls_every_item(engine, orders):
 # -- failures and retries ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_raising_handler_is_nacked_with_its_error_and_retried_until_dead(engine):
     install_queue(engine, "orders", settings=QueueSettings(max_attempts=3, backoff_base_seconds=1))
 
@@ -378,6 +379,7 @@ def handled(engine) -> collections.Counter:
         return collections.Counter(conn.execute(sa.text("SELECT item FROM handled")).scalars())
 
 
+@pytest.mark.slow
 def test_handler_slower_than_the_lease_keeps_its_items_through_heartbeats(db_url, engine, orders, tmp_path):
     with engine.begin() as conn:
         conn.execute(sa.text(CREATE_TABLE))
