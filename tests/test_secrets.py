@@ -173,7 +173,7 @@ def test_no_command_prints_the_password_when_logged_in(login):
                     "archive orders", "reorganize orders", "worker orders", "jobs list", "health --json"):
         result = code[command]
         job_busy = (command.split()[0] in ("inspect", "archive", "reorganize") and result.returncode == 2
-                    and b"is already running elsewhere (another runner holds its lock)" in result.stderr)
+                    and b"is already running elsewhere: its single-runner lock is held by" in result.stderr)
         assert job_busy or result.returncode in ((0, 1, 2) if command.startswith("health") else (0,)), (
             command, result.stderr.decode())
     assert code["install orders"].returncode == 2 and b"already installed" in code["install orders"].stderr
