@@ -24,10 +24,8 @@ from queuectl.catalog import QueueSettings
 from queuectl.client import Queue
 from queuectl.engine import make_engine
 from queuectl.errors import UsageError
-from queuectl.health import (
-    CRITICAL, DEFAULT_THRESHOLDS, INFO, OK, WARNING, Check, HealthOptions, HealthReport, apply_settings,
-    health_report, load_config, parse_value, report_schema,
-)
+from queuectl.health import Check, HealthOptions, HealthReport, health_report, load_config, report_schema
+from queuectl.thresholds import CRITICAL, DEFAULT_THRESHOLDS, INFO, OK, WARNING, apply_settings, parse_value
 from queuectl.install import install_queue
 
 from conftest import run_cli

@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 import pytest
 
 from queuectl.engine import adapter_for
-from queuectl.health import CRITICAL, Facts, HealthOptions, evaluate
+from queuectl.health import Facts, HealthOptions, evaluate
+from queuectl.thresholds import CRITICAL
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
 POSTGRESQL_ONLY = ("VACUUM", "pg_terminate_backend", "pg_drop_replication_slot", "xmin horizon", "COMMIT PREPARED",

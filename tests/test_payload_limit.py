@@ -11,7 +11,8 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from queuectl.catalog import DEFAULT_MAX_PAYLOAD_BYTES, QueueSettings
+from queuectl.catalog import QueueSettings
+from queuectl.defaults import DEFAULT_MAX_PAYLOAD_BYTES
 from queuectl.client import Queue
 from queuectl.errors import PayloadTooLarge, UsageError
 from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue

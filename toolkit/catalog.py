@@ -9,6 +9,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
+from queuectl.defaults import DEFAULT_MAX_PAYLOAD_BYTES
 from queuectl.errors import UsageError
 from queuectl.names import validate_schema_name
 
@@ -19,8 +20,6 @@ CATALOG_VERSION_TABLE = "alembic_version"
 # column must be bounded (index keys are at most 900/1700 bytes) and JSON is nvarchar.
 NAME_TYPE = sa.Text().with_variant(sa.NVARCHAR(128), "mssql")
 SETTINGS_TYPE = JSONB().with_variant(sa.NVARCHAR(None), "mssql")
-
-DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 
 
 def queues_table(schema: str) -> sa.Table:

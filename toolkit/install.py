@@ -25,7 +25,8 @@ from queuectl.engine import adapter_for, make_engine
 from queuectl.engine.urls import URL_ENV, check_not_empty
 from queuectl.errors import QueuectlError, UsageError
 from queuectl.kindspec import KINDS, check_name_fits, check_settings, validate_kind
-from queuectl.locks import INSTALL_LOCK_WAIT_S, Lock
+from queuectl.defaults import INSTALL_LOCK_WAIT_S
+from queuectl.locks import Lock
 from queuectl.names import (
     DEFAULT_SCHEMA, QueueNames, quote_ident, shared_object_names, validate_new_queue_name, validate_schema_name,
 )

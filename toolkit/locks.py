@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
+from queuectl.defaults import INSTALL_LOCK_WAIT_S
 from queuectl.engine import adapter_for
 from queuectl.engine.urls import first_line
 from queuectl.errors import QueuectlError
@@ -32,7 +33,6 @@ from queuectl.sqlfiles import render
 log = logging.getLogger("queuectl.locks")
 
 POLL_S = 0.25  # how often a bounded wait tries the lock again
-INSTALL_LOCK_WAIT_S = 60.0  # how long install, upgrade and uninstall wait for one another by default
 
 
 class LockBusy(QueuectlError):

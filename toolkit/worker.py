@@ -114,6 +114,7 @@ from multiprocessing import get_context
 from typing import Any
 
 from queuectl.arguments import check_batch, check_seconds, schema_revision_number
+from queuectl.defaults import DEFAULT_LOG_INTERVAL, DEFAULT_POLL_INTERVAL
 from queuectl.engine import adapter_for
 from queuectl.engine.urls import first_line
 from queuectl.errors import ConnectionFailed, StatementCanceled, UsageError
@@ -125,12 +126,10 @@ from queuectl.storable import diagnostic_text
 # Worker) and never builds one: it names that type, it does not import it.
 QueueClient = Any
 
-DEFAULT_POLL_INTERVAL = 2.0  # longest wait between looks at an idle queue
 DEFAULT_MIN_POLL_INTERVAL = 0.05  # first wait after a look found nothing
 IN_FLIGHT_FIRST_WAIT = 0.02  # first wait while an enqueue that missed our registration is open
 WAIT_REGISTRATION_REVISION = 6  # reliable_0006: notifications only to registered consumers
 DEFAULT_HEARTBEAT_FRACTION = 1 / 3  # extend leases three times per lease
-DEFAULT_LOG_INTERVAL = 10.0
 POLL_JITTER = 0.1
 MAX_CONCURRENCY = 256
 SETTLE_TRIES = 3  # sends of an item's own ack or nack before the fallbacks

@@ -13,7 +13,6 @@ from __future__ import annotations
 import sys
 
 import typer
-from sqlalchemy.exc import DBAPIError
 
 from queuectl.cli import bench, db, grant, health, jobs, kinds, options, pipeline, queues, worker
 from queuectl.engine.urls import PASSWORD_FILE_ENV, URL_ENV, error_text
@@ -45,6 +44,13 @@ def _click_exceptions() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
+def _database_error() -> tuple[type[BaseException], ...]:
+    """SQLAlchemy's DBAPIError, when SQLAlchemy is loaded (commands load it only when they
+    reach a database, and no database error is raised without it)."""
+    found = getattr(sys.modules.get("sqlalchemy.exc"), "DBAPIError", None)
+    return (found,) if found is not None else ()
+
+
 def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 2."""
     if options.hide_passwords_in_argv() is False:
@@ -55,9 +61,6 @@ def main() -> None:
     except QueuectlError as exc:
         options.print_error(str(exc))
         sys.exit(2)
-    except DBAPIError as exc:
-        options.print_error(error_text(exc), prefix="database error")
-        sys.exit(1)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
@@ -66,6 +69,9 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:  # click usage errors come here in non-standalone mode
+        if isinstance(exc, _database_error()):
+            options.print_error(error_text(exc), prefix="database error")
+            sys.exit(1)
         if isinstance(exc, _click_exceptions()):
             exc.show()
             sys.exit(exc.exit_code)

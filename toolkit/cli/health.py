@@ -22,24 +22,25 @@ import time
 import tomllib
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy.exc import DBAPIError, OperationalError
 
 from queuectl.cli.options import SchemaOption, UrlOption, json_flag, make_console, print_error
 from queuectl.engine import backoff_pause, make_engine
 from queuectl.engine.urls import URL_ENV, error_text, first_line, hide_secrets, mask_url
 from queuectl.errors import ConnectionFailed, QueuectlError
-from queuectl.health import (
-    CRITICAL, DEFAULT_THRESHOLDS, INFO, OK, WARNING, HealthOptions, HealthReport, fmt_bytes, fmt_count,
-    fmt_duration, fmt_threshold, health_report, load_config, worst,
-)
 from queuectl.names import DEFAULT_SCHEMA
+from queuectl.thresholds import (
+    CRITICAL, DEFAULT_THRESHOLDS, INFO, OK, WARNING, fmt_bytes, fmt_count, fmt_duration, fmt_threshold, worst,
+)
+
+if TYPE_CHECKING:
+    from queuectl.health import HealthReport
 
 UNKNOWN_EXIT = 3
 STYLE = {OK: "green", INFO: "cyan", WARNING: "bold yellow", CRITICAL: "bold red"}
@@ -70,6 +71,10 @@ def health(
 
     Exit code: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (could not check).
     """
+    from sqlalchemy.exc import DBAPIError
+
+    from queuectl.health import HealthOptions, health_report, load_config
+
     err = make_console(stderr=True)
     try:
         options = HealthOptions()
@@ -131,6 +136,8 @@ def _surviving(run, engine, reconnect_for: float, err: Console):
     saying so once on stderr and again when the server is back; then gives up with
     ConnectionFailed (one masked line, exit 3). Other database errors stay fatal.
     """
+
+    from sqlalchemy.exc import OperationalError
 
     def attempt():
         deadline, tries = None, 0

@@ -10,10 +10,9 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from queuectl.catalog import DEFAULT_MAX_PAYLOAD_BYTES, QueueSettings
 from queuectl.cli.options import QueueArg, SchemaOption, UrlOption, fail, json_flag, out
+from queuectl.defaults import DEFAULT_MAX_PAYLOAD_BYTES, INSTALL_LOCK_WAIT_S
 from queuectl.engine import make_engine
-from queuectl.locks import INSTALL_LOCK_WAIT_S
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 
 app = typer.Typer()
@@ -41,6 +40,7 @@ def install(
     lock_wait: LockWaitOption = INSTALL_LOCK_WAIT_S,
 ) -> None:
     """Install a queue (tables, indexes and its SQL API) through Alembic migrations."""
+    from queuectl.catalog import QueueSettings
     from queuectl.install import install_queue, review_script
     from queuectl.kindspec import settings_for
 

@@ -11,11 +11,10 @@ from typing import Annotated, Optional
 import typer
 
 from queuectl.cli.options import DataFormatter, QueueArg, SchemaOption, UrlOption, json_flag, out
-from queuectl.client import RETRY_TOTAL_S
+from queuectl.defaults import DEFAULT_LOG_INTERVAL, DEFAULT_POLL_INTERVAL, RETRY_TOTAL_S
 from queuectl.engine import make_engine
 from queuectl.errors import UsageError
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
-from queuectl.worker import DEFAULT_LOG_INTERVAL, DEFAULT_POLL_INTERVAL
 
 app = typer.Typer()
 CountsJsonOption = json_flag("Print the final counts as JSON.")

@@ -9,10 +9,10 @@ from queuectl.client.kinds import (
     CLIENTS, FifoQueue, HeapQueue, KindQueue, PendingQueue, QueueFullError, ReleasedClaim, RingQueue,
     StackQueue, WatermarkQueue, correct_watermark, open_queue, repair_ring,
 )
-from queuectl.client.reliable import RETRY_TOTAL_S, EnqueueOutcomeUnknown, Queue
+from queuectl.client.reliable import EnqueueOutcomeUnknown, Queue
 
 __all__ = [
     "CLIENTS", "EnqueueOutcomeUnknown", "FifoQueue", "HeapQueue", "KindQueue", "PendingQueue", "Queue",
-    "QueueFullError", "ReleasedClaim", "RETRY_TOTAL_S", "RingQueue", "StackQueue", "WatermarkQueue",
+    "QueueFullError", "ReleasedClaim", "RingQueue", "StackQueue", "WatermarkQueue",
     "correct_watermark", "open_queue", "repair_ring",
 ]

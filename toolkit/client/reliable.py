@@ -23,6 +23,7 @@ from queuectl.arguments import (
     spread,
 )
 from queuectl.catalog import QueueInfo
+from queuectl.defaults import RETRY_TOTAL_S
 from queuectl.engine import adapter_for, backoff_pause, discard_connection, make_engine
 from queuectl.engine.urls import error_text, mask_url
 from queuectl.errors import ConnectionFailed, PayloadTooLarge, StatementCanceled, UsageError
@@ -37,8 +38,7 @@ MAX_ID = 2**63 - 1  # ids are bigint
 
 # Reconnecting after a lost connection (server restart, pg_terminate_backend, network):
 # jittered exponential backoff from RETRY_FIRST_S, each pause at most RETRY_MAX_PAUSE_S,
-# giving up with ConnectionFailed once RETRY_TOTAL_S have passed since the failure.
-RETRY_TOTAL_S = 30.0
+# giving up with ConnectionFailed once RETRY_TOTAL_S (queuectl.defaults) have passed since the failure.
 RETRY_FIRST_S = 0.05
 RETRY_MAX_PAUSE_S = 2.0
 

@@ -9,38 +9,48 @@ resolves the URL, creates the engine, and maps a dialect to its adapter.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import time
+from typing import TYPE_CHECKING
 
-import sqlalchemy as sa
-from sqlalchemy.engine import URL, Engine
-from sqlalchemy.exc import DBAPIError
-
-from queuectl.engine.base import Adapter
-from queuectl.engine.embedded import EmbeddedServer, EmbeddedServerError
-from queuectl.engine.mssql import MssqlAdapter
-from queuectl.engine.postgresql import PostgresAdapter
 from queuectl.engine.urls import URL_ENV, check_not_empty, error_text, mask_url, parse_url, with_password_file
 from queuectl.errors import ConnectionFailed
 
-# The one table from a dialect name to its adapter (read through adapter_for).
-_ADAPTERS: dict[str, Adapter] = {
-    "postgresql": PostgresAdapter("postgresql", "postgresql"),
-    "mssql": MssqlAdapter("mssql", "mssql", review_script_connects=False),
-}
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+    from sqlalchemy.engine import URL, Engine
+
+    from queuectl.engine.base import Adapter
+
+# SQLAlchemy, the drivers and the adapters load when the first engine is made, not when this
+# module is imported: the CLI imports it for every command, a refused argument included.
+
+
+@functools.cache
+def _adapters() -> dict[str, Adapter]:
+    """The one table from a dialect name to its adapter (read through adapter_for)."""
+    from queuectl.engine.mssql import MssqlAdapter
+    from queuectl.engine.postgresql import PostgresAdapter
+
+    return {
+        "postgresql": PostgresAdapter("postgresql", "postgresql"),
+        "mssql": MssqlAdapter("mssql", "mssql", review_script_connects=False),
+    }
 
 
 def adapter_for(source: Engine | sa.Connection | URL | str) -> Adapter:
     """The adapter of an engine, a connection, a URL or a dialect name (a URL without
     connecting and without loading a driver)."""
+    adapters = _adapters()
     dialect = getattr(source, "dialect", None)
     if dialect is not None:
-        return _ADAPTERS[dialect.name]
-    if isinstance(source, str) and source in _ADAPTERS:
-        return _ADAPTERS[source]
-    text = source.render_as_string(hide_password=False) if isinstance(source, URL) else source
-    return _ADAPTERS[parse_url(text).get_backend_name()]
+        return adapters[dialect.name]
+    if isinstance(source, str) and source in adapters:
+        return adapters[source]
+    text = source if isinstance(source, str) else source.render_as_string(hide_password=False)
+    return adapters[parse_url(text).get_backend_name()]
 
 
 def resolve_url(url: str | None) -> str:
@@ -50,6 +60,8 @@ def resolve_url(url: str | None) -> str:
         return url
     if os.environ.get(URL_ENV):
         return os.environ[URL_ENV]
+    from queuectl.engine.embedded import EmbeddedServer, EmbeddedServerError
+
     try:
         return EmbeddedServer().ensure_running()
     except EmbeddedServerError as exc:
@@ -58,8 +70,10 @@ def resolve_url(url: str | None) -> str:
 
 def make_engine(url: str | None = None, *, pool_size: int = 5) -> Engine:
     """An engine for the resolved URL; fails with a one-line error when unreachable."""
+    import sqlalchemy as sa
+
     parsed = with_password_file(parse_url(resolve_url(url)))
-    adapter = _ADAPTERS[parsed.get_backend_name()]
+    adapter = _adapters()[parsed.get_backend_name()]
     adapter.check_driver(parsed)
     engine = sa.create_engine(
         parsed, pool_size=pool_size, pool_pre_ping=True, connect_args=adapter.connect_args()
@@ -69,10 +83,12 @@ def make_engine(url: str | None = None, *, pool_size: int = 5) -> Engine:
 
 
 def check_connection(engine: Engine) -> None:
+    import sqlalchemy as sa
+
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
-    except DBAPIError as exc:
+    except sa.exc.DBAPIError as exc:
         reason = error_text(exc, engine)
         raise ConnectionFailed(f"cannot connect to {mask_url(engine.url)}: {reason}") from None
 
@@ -89,6 +105,8 @@ def connect_within(engine: Engine, seconds: float) -> sa.Connection:
     """A new autocommit connection, tried again with jittered back-off for up to `seconds`
     (a server that restarts refuses connections for a while); its last error when the server
     stays away."""
+    from sqlalchemy.exc import DBAPIError
+
     deadline = time.monotonic() + seconds
     attempt = 0
     while True:
@@ -107,8 +125,10 @@ def discard_connection(conn: sa.Connection | None) -> None:
     so the pool never hands it out again; errors while doing so are moot."""
     if conn is None:
         return
+    from sqlalchemy.exc import SQLAlchemyError
+
     try:
         conn.invalidate()
         conn.close()
-    except sa.exc.SQLAlchemyError:
+    except SQLAlchemyError:
         pass

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TYPE_CHECKING
 from urllib.parse import quote, quote_plus
 
-from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.exc import ArgumentError
-
 from queuectl.errors import UsageError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL, Engine
 
 URL_ENV = "QUEUECTL_URL"
 PASSWORD_FILE_ENV = "QUEUECTL_PASSWORD_FILE"
@@ -80,9 +81,12 @@ def read_url(url: str | URL) -> URL:
     Two forms would otherwise show it: an unescaped '@' in the password (`u:p@ss@host`: the
     user part runs to the last '@', as browsers read it) and `?password=...` (which libpq
     accepts): its value becomes the URL's password. Errors never show the URL."""
-    if isinstance(url, URL):
+    if not isinstance(url, str):
         parsed = url
     else:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
         scheme, sep, rest = url.partition("://")
         head, query_sep, query = rest.partition("?")
         if sep and head.count("@") > 1:
