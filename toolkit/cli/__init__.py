@@ -44,13 +44,6 @@ def _click_exceptions() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
-def _database_error() -> tuple[type[BaseException], ...]:
-    """SQLAlchemy's DBAPIError, when SQLAlchemy is loaded (commands load it only when they
-    reach a database, and no database error is raised without it)."""
-    found = getattr(sys.modules.get("sqlalchemy.exc"), "DBAPIError", None)
-    return (found,) if found is not None else ()
-
-
 def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 2."""
     if options.hide_passwords_in_argv() is False:
@@ -69,7 +62,7 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:  # click usage errors come here in non-standalone mode
-        if isinstance(exc, _database_error()):
+        if isinstance(exc, options.database_errors()):
             options.print_error(error_text(exc), prefix="database error")
             sys.exit(1)
         if isinstance(exc, _click_exceptions()):

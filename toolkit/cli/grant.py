@@ -34,11 +34,11 @@ def grant(
 
     On PostgreSQL the queue's functions become SECURITY DEFINER (they run as the role that installed the queue) with a fixed search_path, and EXECUTE is revoked from PUBLIC. Run it again after `queuectl upgrade`.
     """  # noqa: E501 (one line per paragraph: --help wraps them itself)
+    validate_queue_name(name)
+    validate_schema_name(schema)
     from queuectl.engine import make_engine
     from queuectl.grants import grant_queue
 
-    validate_queue_name(name)
-    validate_schema_name(schema)
     granted = grant_queue(make_engine(url), name, producer, consumer, schema)
     if as_json or not sys.stdout.isatty():
         sys.stdout.write(json.dumps(granted) + "\n")

@@ -30,11 +30,11 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from queuectl.cli.options import SchemaOption, UrlOption, json_flag, make_console, print_error
+from queuectl.cli.options import SchemaOption, UrlOption, database_errors, json_flag, make_console, print_error
 from queuectl.engine import backoff_pause, make_engine
 from queuectl.engine.urls import URL_ENV, error_text, first_line, hide_secrets, mask_url
 from queuectl.errors import ConnectionFailed, QueuectlError
-from queuectl.names import DEFAULT_SCHEMA
+from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 from queuectl.thresholds import (
     CRITICAL, DEFAULT_THRESHOLDS, INFO, OK, WARNING, fmt_bytes, fmt_count, fmt_duration, fmt_threshold, worst,
 )
@@ -71,12 +71,13 @@ def health(
 
     Exit code: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (could not check).
     """
-    from sqlalchemy.exc import DBAPIError
-
-    from queuectl.health import HealthOptions, health_report, load_config
-
     err = make_console(stderr=True)
     try:
+        for name in names or []:  # names first: a refused name loads no library
+            validate_queue_name(name)
+        validate_schema_name(schema)
+        from queuectl.health import HealthOptions, health_report, load_config
+
         options = HealthOptions()
         if config:
             options = load_config(config, options)
@@ -101,10 +102,11 @@ def health(
     except QueuectlError as exc:
         print_error(str(exc), console=err)
         raise typer.Exit(UNKNOWN_EXIT) from None
-    except DBAPIError as exc:
-        print_error(error_text(exc, url or os.environ.get(URL_ENV)), "database error", err)
-        raise typer.Exit(UNKNOWN_EXIT) from None
-    except Exception as exc:  # a fault of queuectl's own: still UNKNOWN, never a verdict, never a traceback
+    except Exception as exc:
+        if isinstance(exc, database_errors()):
+            print_error(error_text(exc, url or os.environ.get(URL_ENV)), "database error", err)
+            raise typer.Exit(UNKNOWN_EXIT) from None
+        # a fault of queuectl's own: still UNKNOWN, never a verdict, never a traceback
         message = f"{type(exc).__name__}: {first_line(exc)} (a queuectl bug: please report it)"
         print_error(hide_secrets(message, url or os.environ.get(URL_ENV)), "internal error", err)
         raise typer.Exit(UNKNOWN_EXIT) from None

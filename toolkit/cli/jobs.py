@@ -70,12 +70,12 @@ def _options(**values: Any) -> dict[str, Any]:
 
 def _run(job: str, name: str, options: dict[str, Any], url: str | None, schema: str, as_json: bool,
          render: Callable[[Any], None], call: Callable[..., Any] | None = None, stop: threading.Event | None = None) -> None:
+    validate_queue_name(name)
+    validate_schema_name(schema)
     from queuectl.jobs.base import config_from_options
     from queuectl.jobs.registry import job_spec
     from queuectl.jobs.runner import run_job
 
-    validate_queue_name(name)
-    validate_schema_name(schema)
     spec = job_spec(job)
     config = config_from_options(spec.config_cls, options, job)
     engine = make_engine(url)
@@ -127,8 +127,6 @@ def archive(
     --continuous it keeps going, faster while there is backlog, slower when idle, and
     stops cleanly after the current batch on Ctrl-C or SIGTERM.
     """
-    from queuectl.jobs import archive as archive_job
-
     options = _options(batch=batch, min_age=min_age, dead_min_age=dead_min_age, delay=delay,
                        max_seconds=max_seconds, history_retention=history_retention, lock_timeout=lock_timeout)
     if not continuous:
@@ -148,6 +146,8 @@ def archive(
             log.info(p.line())
 
     def call(engine: Any, queue: str, config: Any, *, schema: str, stop: threading.Event) -> Any:
+        from queuectl.jobs import archive as archive_job
+
         return archive_job.run_continuous(engine, queue, config, schema=schema, stop=stop, on_progress=progress)
 
     def render(result: Any) -> None:

@@ -19,9 +19,9 @@ app = typer.Typer()
 @app.command("correct-watermark")
 def correct_watermark_command(name: QueueArg, url: UrlOption = None, schema: SchemaOption = DEFAULT_SCHEMA) -> None:
     """Recompute a watermark queue's true low bound and fix its stored watermark (the 5-minute job)."""
+    validate_queue_name(name)
     from queuectl.client import correct_watermark
 
-    validate_queue_name(name)
     result = correct_watermark(make_engine(url), name, schema=schema)
     sys.stdout.write(json.dumps(asdict(result)) + "\n")
 
@@ -34,9 +34,9 @@ def repair_ring_command(
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Run a ring queue's recovery path: tombstone dead pushers' positions, re-push dead poppers' messages."""
+    validate_queue_name(name)
     from queuectl.client import repair_ring
 
-    validate_queue_name(name)
     result = repair_ring(make_engine(url), name, schema=schema, grace=grace)
     sys.stdout.write(json.dumps(asdict(result)) + "\n")
 

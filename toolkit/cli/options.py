@@ -70,6 +70,13 @@ def print_error(message: str, prefix: str = "error", console: Console | None = N
     (console or err).print(line, highlight=False, soft_wrap=True)
 
 
+def database_errors() -> tuple[type[BaseException], ...]:
+    """SQLAlchemy's DBAPIError, when SQLAlchemy is loaded (commands load it only when they
+    reach a database, and no database error is raised without it)."""
+    found = getattr(sys.modules.get("sqlalchemy.exc"), "DBAPIError", None)
+    return (found,) if found is not None else ()
+
+
 def fail(message: str, code: int = 2) -> None:
     """Stop the command with one error line and `code` (2: the user can fix it)."""
     print_error(message)

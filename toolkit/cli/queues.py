@@ -40,12 +40,12 @@ def install(
     lock_wait: LockWaitOption = INSTALL_LOCK_WAIT_S,
 ) -> None:
     """Install a queue (tables, indexes and its SQL API) through Alembic migrations."""
+    validate_queue_name(name)  # names first: a refused name loads no library
+    validate_schema_name(schema)
     from queuectl.catalog import QueueSettings
     from queuectl.install import install_queue, review_script
     from queuectl.kindspec import settings_for
 
-    validate_queue_name(name)
-    validate_schema_name(schema)
     settings = settings_for(kind, strict=strict, size=size, reliable=QueueSettings(
         max_attempts=max_attempts, lease_seconds=lease, backoff_base_seconds=backoff_base, backoff_max_seconds=backoff_max,
         max_payload_bytes=max_payload_bytes,
@@ -68,8 +68,6 @@ def uninstall(
     lock_wait: LockWaitOption = INSTALL_LOCK_WAIT_S,
 ) -> None:
     """Remove a queue and all its items (downgrade its migrations to base)."""
-    from queuectl.install import remove_everything, uninstall_queue
-
     if all_ == (name is not None):
         fail("give a queue name, or --all (not both)")
     if name is not None:
@@ -77,6 +75,8 @@ def uninstall(
     validate_schema_name(schema)
     if not yes:
         fail("uninstall deletes the queue's items and history: add --yes to confirm")
+    from queuectl.install import remove_everything, uninstall_queue
+
     engine = make_engine(url)
     if all_:
         removed = remove_everything(engine, schema, lock_wait)
@@ -93,6 +93,7 @@ def list_(
     as_json: TableJsonOption = False,
 ) -> None:
     """List installed queues with their kind, version and item counts."""
+    validate_schema_name(schema)
     from queuectl.stats import queue_overview
 
     rows = queue_overview(make_engine(url), schema)
@@ -120,14 +121,15 @@ def upgrade(
     lock_wait: LockWaitOption = INSTALL_LOCK_WAIT_S,
 ) -> None:
     """Upgrade the catalog and one queue (or all, one at a time) to the newest schema version."""
+    if name is not None:
+        validate_queue_name(name)
+    validate_schema_name(schema)
     from queuectl.install import upgrade_all, upgrade_queue
 
-    validate_schema_name(schema)
     engine = make_engine(url)
     if name is None:
         results = upgrade_all(engine, schema, lock_wait)
     else:
-        validate_queue_name(name)
         results = [(name, *upgrade_queue(engine, name, schema, lock_wait))]
     for queue, before, after in results:
         state = "already current" if before == after else f"{before} -> {after}"
@@ -148,9 +150,10 @@ def enqueue(
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Add one item to a queue and print its id."""
+    validate_queue_name(name)
+    validate_schema_name(schema)
     from queuectl.client import open_queue
 
-    validate_queue_name(name)
     parsed_headers = None
     if headers is not None:
         try:
@@ -178,10 +181,11 @@ def dequeue(
 
     Queues of the other kinds (heap, fifo, stack, pending, watermark, ring) hand items out
     destructively: they are printed and gone, and --lease / --ack do not apply."""
+    validate_queue_name(name)
+    validate_schema_name(schema)
     from queuectl.client import open_queue
     from queuectl.records import dequeue_records
 
-    validate_queue_name(name)
     with open_queue(make_engine(url), name, schema=schema) as queue:
         records = dequeue_records(queue, batch, lease=lease, ack=ack)
     sys.stdout.writelines(json.dumps(record) + "\n" for record in records)

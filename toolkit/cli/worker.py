@@ -57,11 +57,11 @@ def worker(
 
     On SIGTERM/SIGINT the worker stops claiming, gives back items it has not started and finishes the running ones; a second signal stops waiting for them. Progress goes to stderr, the final counts to stdout.
     """  # noqa: E501  (one line per paragraph: the help renders lines as written)
+    validate_queue_name(name)
+    validate_schema_name(schema)
     from queuectl.client import Queue
     from queuectl.worker import resolve_handler
 
-    validate_queue_name(name)
-    validate_schema_name(schema)
     function = resolve_handler(handler)
     _log_to_stderr()
     if not 0 <= reconnect_for <= 86400:
