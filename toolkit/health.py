@@ -548,7 +548,7 @@ def evaluate(facts: Facts, options: HealthOptions | None = None) -> list[Check]:
     """Grade the facts: every check carries its status, and advice when it is not OK."""
     options = options or HealthOptions()
     th = options.thresholds
-    holders = _horizon_holders(facts)
+    holders = horizon_holders(facts)
     dead_total = sum(t["n_dead_tup"] or 0 for t in facts.tables)
     checks: list[Check] = []
     checks += _queue_checks(facts, th, options)
@@ -558,7 +558,7 @@ def evaluate(facts: Facts, options: HealthOptions | None = None) -> list[Check]:
     return checks
 
 
-def _horizon_holders(facts: Facts) -> list[dict[str, Any]]:
+def horizon_holders(facts: Facts) -> list[dict[str, Any]]:
     """Sessions holding a snapshot or an xid in this database, oldest first."""
     held = [s for s in facts.sessions if (s["backend_xmin"] or s["backend_xid"]) and s["xact_age_s"] is not None]
     return sorted(held, key=lambda s: -s["xact_age_s"])
@@ -729,7 +729,7 @@ def _blocker_checks(facts: Facts, th: dict[str, Threshold], dead_total: int) -> 
         checks.append(Check("blockers.session", "blockers", f"{words.session} {pid}", status, summary,
                             s["xact_age_s"] if holds else s["state_age_s"], "seconds", advice))
     if worst_session == OK:
-        holders = _horizon_holders(facts)
+        holders = horizon_holders(facts)
         summary = (words.oldest_transaction(fmt_duration(holders[0]["xact_age_s"]), holders[0]["pid"])
                    if holders else words.no_holder)
         checks.append(Check("blockers.session", "blockers", facts.server["database"], OK, summary,

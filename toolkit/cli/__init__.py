@@ -14,7 +14,7 @@ import sys
 
 import typer
 
-from queuectl.cli import bench, db, grant, health, jobs, kinds, options, pipeline, queues, worker
+from queuectl.cli import bench, db, grant, health, jobs, kinds, metrics, options, pipeline, queues, worker
 from queuectl.engine.urls import PASSWORD_FILE_ENV, URL_ENV, error_text
 from queuectl.errors import QueuectlError
 
@@ -28,7 +28,7 @@ app = typer.Typer(
 # In the order `queuectl --help` lists them. A group's Typer without a name adds its
 # commands at the top level (install, health, archive...); a named one is a subcommand (db, jobs...).
 for group in (queues.app, health.app, jobs.app, grant.app, worker.app, kinds.app, bench.app,
-              db.app, jobs.jobs_app, jobs.scheduler_app, pipeline.app):
+              db.app, jobs.jobs_app, jobs.scheduler_app, pipeline.app, metrics.app):
     app.add_typer(group)
 
 

@@ -21,6 +21,7 @@ import sys
 import time
 import tomllib
 from dataclasses import replace
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -47,7 +48,21 @@ STYLE = {OK: "green", INFO: "cyan", WARNING: "bold yellow", CRITICAL: "bold red"
 PLAIN_WIDTH = 220  # piped output is for grep and logs: never fold a line
 
 app = typer.Typer()
-ReportJsonOption = json_flag("Print the report as one JSON object (see health_schema.json).")
+ReportJsonOption = json_flag("Print the report as one JSON object (see health_schema.json); the same as --format json.")
+
+
+class ReportFormat(str, Enum):
+    text = "text"
+    json = "json"
+    openmetrics = "openmetrics"
+    prometheus = "prometheus"
+
+
+METRIC_FORMATS = (ReportFormat.openmetrics, ReportFormat.prometheus)
+FormatOption = Annotated[Optional[ReportFormat], typer.Option(
+    "--format", help="text (tables and advice), json, or the facts as metrics: openmetrics (OpenMetrics text) or "
+    "prometheus (the Prometheus text format, e.g. for node_exporter's textfile collector); docs/operations.md "
+    "lists the metrics. Default: text.", show_default=False)]
 
 
 def _threshold_help() -> str:
@@ -60,6 +75,7 @@ def _threshold_help() -> str:
 def health(
     names: Annotated[Optional[list[str]], typer.Argument(help="Queues to check (default: every installed queue).", show_default=False)] = None,
     as_json: ReportJsonOption = False,
+    report_format: FormatOption = None,
     watch: Annotated[Optional[float], typer.Option("--watch", metavar="SECONDS", help="Refresh every SECONDS until Ctrl-C (in place on a terminal; JSON lines with --json).", show_default=False)] = None,
     settings: Annotated[Optional[list[str]], typer.Option("--set", metavar="NAME.warn|crit=VALUE", help="Override a threshold, e.g. --set oldest_ready_age.warn=60s --set dead_letters.crit=off. Repeatable. Defaults (warn/crit): " + _threshold_help(), show_default=False)] = None,
     config: Annotated[Optional[str], typer.Option("--config", help="TOML file with a \\[health] table (thresholds and options); --set wins over it. The scheduler's \\[jobs.*] tables in it are checked too: a queue they name that is not installed (or of another kind) is a WARNING.", show_default=False)] = None,
@@ -88,13 +104,24 @@ def health(
         options = options.with_settings(settings or [])
         if watch is not None and not 0.5 <= watch <= 86400:
             raise QueuectlError("--watch must be from 0.5 to 86400 seconds")
+        if as_json and report_format not in (None, ReportFormat.json):
+            raise QueuectlError(f"--json and --format {report_format.value} ask for two formats: give one")
+        if watch is not None and report_format in METRIC_FORMATS:
+            raise QueuectlError("--watch does not repeat metrics: let Prometheus scrape `queuectl metrics serve`")
+        as_json = as_json or report_format == ReportFormat.json
         if not 0 <= reconnect_for <= 86400:
             raise QueuectlError(f"--reconnect-for must be from 0 to 86400 seconds, got {reconnect_for:g}")
         engine = make_engine(url)
         run = lambda: health_report(engine, names or None, schema, options)  # noqa: E731
         if watch is None:
             report = run()
-            _emit(report, as_json)
+            if report_format in METRIC_FORMATS:
+                from queuectl.metrics import exposition
+
+                sys.stdout.write(exposition(report, report_format.value).decode("utf-8"))
+                sys.stdout.flush()
+            else:
+                _emit(report, as_json)
             raise typer.Exit(report.exit_code)
         raise typer.Exit(_watch(_surviving(run, engine, reconnect_for, err), watch, as_json))
     except typer.Exit:
