@@ -90,6 +90,7 @@ def test_health_openmetrics_says_what_the_database_holds_and_escapes_label_value
     assert value(found, "queuectl_health_status") == 1.0
     assert value(found, "queuectl_queue_rate_window_seconds", **q) == 300.0
     assert value(found, "queuectl_queue_enqueue_rate", **q) * 300 == pytest.approx(13)
+    assert value(found, "queuectl_queue_dequeue_rate", **q) * 300 == pytest.approx(2 + 4)  # the dead ones, then 4
     assert value(found, "queuectl_queue_completion_rate", **q) * 300 == pytest.approx(1)
     assert value(found, "queuectl_queue_dead_letter_rate", **q) * 300 == pytest.approx(2)
     assert 0 < value(found, "queuectl_queue_oldest_ready_age_seconds", **q) < 60

@@ -175,6 +175,7 @@ class QueueFacts:
     oldest_ready_age_s: float | None = None
     window_s: float | None = None
     enqueued_in_window: int | None = None
+    dequeued_in_window: int | None = None  # reliable kind: items whose latest dequeue is in the window
     completed_in_window: int | None = None
     died_in_window: int | None = None
     watermark_lag: int | None = None  # watermark kind: rows between stored watermark and head
@@ -224,6 +225,7 @@ def _probe_reliable(conn: Connection, names: QueueNames, info: QueueInfo, option
         oldest_ready_age_s=row["oldest_ready_age_s"],
         window_s=options.rate_window_s,
         enqueued_in_window=row["enqueued_in_window"],
+        dequeued_in_window=row["dequeued_in_window"],
         completed_in_window=row["completed_in_window"],
         died_in_window=row["died_in_window"],
     )
@@ -858,8 +860,10 @@ def _queue_dict(q: QueueFacts) -> dict[str, Any]:
         "depth": {k: getattr(q, k) for k in ("ready", "scheduled", "processing", "done", "dead")},
         "oldest_ready_age_s": q.oldest_ready_age_s, "stuck": q.stuck,
         "oldest_expired_lease_s": q.oldest_expired_lease_s,
-        "rates": {"window_s": q.window_s, "enqueued": q.enqueued_in_window, "completed": q.completed_in_window,
-                  "died": q.died_in_window, "enqueued_per_min": q.per_minute(q.enqueued_in_window),
+        "rates": {"window_s": q.window_s, "enqueued": q.enqueued_in_window, "dequeued": q.dequeued_in_window,
+                  "completed": q.completed_in_window, "died": q.died_in_window,
+                  "enqueued_per_min": q.per_minute(q.enqueued_in_window),
+                  "dequeued_per_min": q.per_minute(q.dequeued_in_window),
                   "completed_per_min": q.per_minute(q.completed_in_window)},
         "watermark_lag": q.watermark_lag, "ring_fill_pct": q.ring_fill_pct, "notes": q.notes,
     }

@@ -106,6 +106,8 @@ def families(report: HealthReport) -> list[Metric]:
                 labels, q.window_s, "seconds")
         m.gauge("queuectl_queue_enqueue_rate", "Items enqueued per second over the rate window.",
                 labels, _per_second(q, q.enqueued_in_window))
+        m.gauge("queuectl_queue_dequeue_rate", "Items taken by consumers per second over the rate window (their "
+                "latest dequeue; reliable queues, whose rows outlive the dequeue).", labels, _per_second(q, q.dequeued_in_window))
         m.gauge("queuectl_queue_completion_rate", "Items completed per second over the rate window.",
                 labels, _per_second(q, q.completed_in_window))
         m.gauge("queuectl_queue_dead_letter_rate", "Items that used up their attempts per second over the rate window.",

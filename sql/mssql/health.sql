@@ -65,6 +65,7 @@ SELECT CAST(0 AS int) AS created
 -- One pass over a reliable queue's meta table, plus a bounded look at the newest history
 -- rows (the archive job moves finished rows there, so recent completions live in both).
 -- :history_scan bounds that look to the newest N archived rows through the primary key.
+-- An item counts as dequeued in the window when its latest dequeue falls in it.
 -- Plain committed reads: under read committed snapshot they never wait; with locking
 -- read committed a row held by a consumer's open transaction waits at most the session's
 -- LOCK_TIMEOUT (session_limits), and the queue is then reported as not read.
@@ -82,15 +83,17 @@ WITH clock AS (
                                                                                     AS oldest_expired_lease,
            MIN(CASE WHEN m.status = 0 AND m.due_at <= c.now_utc THEN m.due_at END)  AS oldest_ready_due_at,
            COUNT_BIG(CASE WHEN m.enqueued_at >= c.window_start THEN 1 END)           AS enqueued,
+           COUNT_BIG(CASE WHEN m.dequeued_at >= c.window_start THEN 1 END)           AS dequeued,
            COUNT_BIG(CASE WHEN m.status = 2 AND m.finished_at >= c.window_start THEN 1 END) AS completed,
            COUNT_BIG(CASE WHEN m.status = 3 AND m.finished_at >= c.window_start THEN 1 END) AS died
     FROM {{meta}} AS m
     CROSS JOIN clock AS c
 ), archived AS (
     SELECT COUNT_BIG(CASE WHEN h.enqueued_at >= c.window_start THEN 1 END)                  AS enqueued,
+           COUNT_BIG(CASE WHEN h.dequeued_at >= c.window_start THEN 1 END)                  AS dequeued,
            COUNT_BIG(CASE WHEN h.status = 2 AND h.finished_at >= c.window_start THEN 1 END) AS completed,
            COUNT_BIG(CASE WHEN h.status = 3 AND h.finished_at >= c.window_start THEN 1 END) AS died
-    FROM (SELECT TOP (:history_scan) hh.enqueued_at, hh.finished_at, hh.status
+    FROM (SELECT TOP (:history_scan) hh.enqueued_at, hh.dequeued_at, hh.finished_at, hh.status
           FROM {{history}} AS hh
           ORDER BY hh.id DESC) AS h
     CROSS JOIN clock AS c
@@ -99,6 +102,7 @@ SELECT live.ready, live.scheduled, live.processing, live.done, live.dead, live.s
        DATEDIFF_BIG(microsecond, live.oldest_expired_lease, c.now_utc) / 1e6 AS oldest_expired_lease_s,
        DATEDIFF_BIG(microsecond, live.oldest_ready_due_at, c.now_utc) / 1e6  AS oldest_ready_age_s,
        live.enqueued + archived.enqueued   AS enqueued_in_window,
+       live.dequeued + archived.dequeued   AS dequeued_in_window,
        live.completed + archived.completed AS completed_in_window,
        live.died + archived.died           AS died_in_window
 FROM live CROSS JOIN archived CROSS JOIN clock AS c

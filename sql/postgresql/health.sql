@@ -44,7 +44,8 @@ CREATE EXTENSION IF NOT EXISTS pgstattuple
 -- One pass over a reliable queue's meta table, plus a bounded look at the newest history
 -- rows (the archive job moves finished rows there, so recent completions live in both).
 -- :history_scan bounds that look to the newest N archived rows through the primary key,
--- so the cost does not grow with the history table.
+-- so the cost does not grow with the history table. An item counts as dequeued in the
+-- window when its latest dequeue falls in it (a retried item counts once).
 WITH live AS (
     SELECT count(*) FILTER (WHERE status = 0 AND due_at <= now())            AS ready,
            count(*) FILTER (WHERE status = 0 AND due_at > now())             AS scheduled,
@@ -55,20 +56,23 @@ WITH live AS (
            min(leased_until) FILTER (WHERE status = 1 AND leased_until < now()) AS oldest_expired_lease,
            min(due_at) FILTER (WHERE status = 0 AND due_at <= now())         AS oldest_ready_due_at,
            count(*) FILTER (WHERE enqueued_at >= now() - make_interval(secs => :window_s)) AS enqueued,
+           count(*) FILTER (WHERE dequeued_at >= now() - make_interval(secs => :window_s)) AS dequeued,
            count(*) FILTER (WHERE status = 2 AND finished_at >= now() - make_interval(secs => :window_s)) AS completed,
            count(*) FILTER (WHERE status = 3 AND finished_at >= now() - make_interval(secs => :window_s)) AS died
     FROM {{meta}}
 ), archived AS (
     SELECT count(*) FILTER (WHERE h.enqueued_at >= now() - make_interval(secs => :window_s)) AS enqueued,
+           count(*) FILTER (WHERE h.dequeued_at >= now() - make_interval(secs => :window_s)) AS dequeued,
            count(*) FILTER (WHERE h.status = 2 AND h.finished_at >= now() - make_interval(secs => :window_s)) AS completed,
            count(*) FILTER (WHERE h.status = 3 AND h.finished_at >= now() - make_interval(secs => :window_s)) AS died
-    FROM (SELECT enqueued_at, finished_at, status FROM {{history}}
+    FROM (SELECT enqueued_at, dequeued_at, finished_at, status FROM {{history}}
           ORDER BY id DESC LIMIT :history_scan) h
 )
 SELECT live.ready, live.scheduled, live.processing, live.done, live.dead, live.stuck,
        extract(epoch FROM now() - live.oldest_expired_lease)::float8 AS oldest_expired_lease_s,
        extract(epoch FROM now() - live.oldest_ready_due_at)::float8  AS oldest_ready_age_s,
        live.enqueued + archived.enqueued   AS enqueued_in_window,
+       live.dequeued + archived.dequeued   AS dequeued_in_window,
        live.completed + archived.completed AS completed_in_window,
        live.died + archived.died           AS died_in_window
 FROM live, archived
