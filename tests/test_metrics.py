@@ -222,3 +222,18 @@ def test_metrics_serve_is_scraped_fresh_hides_the_password_and_stops_on_sigterm_
         assert out == "stopped\n" and "Traceback" not in err and not leaks(start + out + err)
     assert outputs[0][1] == ""
     assert outputs[1][1].startswith("warning: scrape answered queuectl_up 0:") and outputs[1][1].count("\n") == 1
+
+
+def test_every_metric_is_listed_in_the_operations_guide():
+    import re
+    from pathlib import Path
+
+    import queuectl.metrics
+
+    source = Path(queuectl.metrics.__file__).read_text("utf-8")
+    counters = set(re.findall(r'counter\("(queuectl_\w+)"', source))
+    made = {name + "_total" if name in counters else name for name in re.findall(r'\("(queuectl_\w+)"', source)}
+    guide = (Path(__file__).parents[1] / "docs" / "operations.md").read_text("utf-8")
+    section = guide.split("## Metrics for Prometheus", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `(queuectl_\w+)` \|", section, re.MULTILINE))
+    assert listed == made and len(made) > 30
