@@ -4,6 +4,7 @@ what the database holds."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -100,10 +101,10 @@ def test_health_openmetrics_says_what_the_database_holds_and_escapes_label_value
     # free text comes back exactly as written: escaped, never a label set or a sample of its own
     session = value(found, "queuectl_cleanup_session_transaction_age_seconds", role=HOSTILE_ROLE, application=HOSTILE_APP)
     assert 0 <= session <= value(found, "queuectl_cleanup_oldest_xmin_age_seconds")
-    assert value(found, "queuectl_job_last_run_outcome", job=HOSTILE_JOB, queue="orders", outcome="failed") == 1.0
-    assert value(found, "queuectl_job_failures", job=HOSTILE_JOB) == 1.0
-    assert value(found, "queuectl_job_last_run_duration_seconds", job="archive", queue="orders") == pytest.approx(60)
-    assert value(found, "queuectl_job_last_run_rows", job="archive") == 500.0
+    assert value(found, "queuectl_job_last_run_outcome", job_name=HOSTILE_JOB, queue="orders", outcome="failed") == 1.0
+    assert value(found, "queuectl_job_failures", job_name=HOSTILE_JOB) == 1.0
+    assert value(found, "queuectl_job_last_run_duration_seconds", job_name="archive", queue="orders") == pytest.approx(60)
+    assert value(found, "queuectl_job_last_run_rows", job_name="archive") == 500.0
     assert not any(s[0] == "queuectl_up" for s in found)  # the job name's "queuectl_up 0" stayed in its label
 
     # the Prometheus text format of the same facts, for node_exporter's textfile collector
@@ -112,7 +113,7 @@ def test_health_openmetrics_says_what_the_database_holds_and_escapes_label_value
     [meta] = [t for t in report.to_dict()["storage"]["tables"] if t["table"] == "orders_meta"]
     assert value(prom, "queuectl_table_dead_rows", table="orders_meta") == meta["dead_tuples"]
     assert value(prom, "queuectl_table_size_bytes", table="orders_meta") == meta["table_bytes"] > 0
-    assert value(prom, "queuectl_job_last_run_outcome", job=HOSTILE_JOB, outcome="failed") == 1.0
+    assert value(prom, "queuectl_job_last_run_outcome", job_name=HOSTILE_JOB, outcome="failed") == 1.0
     assert {n for n, _, _ in prom} == {n for n, _, _ in found}
     assert all(n.startswith("queuectl_") for n, _, _ in found)
 
@@ -224,7 +225,7 @@ def test_metrics_serve_is_scraped_fresh_hides_the_password_and_stops_on_sigterm_
     assert outputs[1][1].startswith("warning: scrape answered queuectl_up 0:") and outputs[1][1].count("\n") == 1
 
 
-def test_every_metric_is_listed_in_the_operations_guide():
+def test_every_metric_is_listed_in_the_operations_guide_and_the_dashboard_asks_for_no_other():
     import re
     from pathlib import Path
 
@@ -237,3 +238,6 @@ def test_every_metric_is_listed_in_the_operations_guide():
     section = guide.split("## Metrics for Prometheus", 1)[1].split("\n## ", 1)[0]
     listed = set(re.findall(r"^\| `(queuectl_\w+)` \|", section, re.MULTILINE))
     assert listed == made and len(made) > 30
+    dashboard = json.loads((Path(__file__).parents[1] / "docs" / "grafana-queuectl.json").read_text("utf-8"))
+    asked = set(re.findall(r"queuectl_\w+", " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])))
+    assert asked <= made and len(asked) > 15

@@ -8,8 +8,8 @@ report into metric families; ``exposition`` renders one report as text (`queuect
 
 Names follow the Prometheus conventions: the ``queuectl_`` prefix, base units in the name
 (``_seconds``, ``_bytes``, ``_ratio`` for 0..1), ``_total`` on counters, and labels for what
-varies (schema, queue, kind, table, index, job, outcome, status). docs/operations.md lists
-every metric. Label values are data (role names, application names, job errors are written
+varies (schema, queue, kind, status, table, index, job_name, outcome). docs/operations.md
+lists every metric. Label values are data (role names, application names, job errors are written
 by anyone): prometheus_client escapes them, nothing here pastes text into the exposition.
 """
 
@@ -146,7 +146,8 @@ def families(report: HealthReport) -> list[Metric]:
     _blockers(m, report)
 
     for run in f.jobs["runs"]:
-        labels = {"job": run["job"], "queue": run["queue"] or ""}
+        # job_name, not job: Prometheus gives every scraped series its own `job` label (the scrape job)
+        labels = {"job_name": run["job"], "queue": run["queue"] or ""}
         m.gauge("queuectl_job_last_run_outcome", "1, labelled with the outcome of the job's last run (running while "
                 "it has not finished).", {**labels, "outcome": run["outcome"] or "running"}, 1)
         m.gauge("queuectl_job_last_run_start_timestamp_seconds", "When the job's last run started.",
