@@ -103,6 +103,7 @@ COMMANDS = [
     ["dequeue", "orders", "--url", "{url}"],
     ["health", "--url", "{url}"],
     ["health", "--json", "--url", "{url}"],
+    ["health", "--format", "openmetrics", "--url", "{url}"],
     ["health", "orders", "--url", "{url}", "--set", "oldest_ready_age.warn=1s"],
     ["inspect", "orders", "--url", "{url}"],
     ["archive", "orders", "--url", "{url}"],
