@@ -31,7 +31,6 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from queuectl.health import CRITICAL, INFO, OK, STATUSES, WARNING, HealthReport, QueueFacts, horizon_holders
 
-FORMATS = ("openmetrics", "prometheus")
 DEPTH_STATUSES = ("ready", "scheduled", "processing", "done", "dead")
 
 
@@ -239,6 +238,8 @@ class HealthCollector(Collector):
         try:
             return running.result(timeout=self._timeout)
         except TimeoutError:
+            if running.done():  # the gathering's own error
+                raise
             raise TimeoutError(f"health facts not gathered within {self._timeout:g} s") from None
 
     def _run(self, future: Future[HealthReport]) -> None:
