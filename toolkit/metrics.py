@@ -29,7 +29,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from queuectl.health import CRITICAL, INFO, OK, STATUSES, WARNING, HealthReport, QueueFacts, horizon_holders
+from queuectl.health import HealthReport, QueueFacts, horizon_holders
+from queuectl.thresholds import CRITICAL, INFO, OK, STATUSES, WARNING
 
 DEPTH_STATUSES = ("ready", "scheduled", "processing", "done", "dead")
 
