@@ -6,7 +6,6 @@ in one round trip). A Queue object is meant for one thread; open one per thread/
 
 from __future__ import annotations
 
-import operator
 import os
 import socket
 import time
@@ -18,76 +17,27 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from queuectl.arguments import (
-    check_batch, check_max_attempts, check_priority, check_seconds, headers_list, payload_list, schema_revision_number,
-    spread,
-)
 from queuectl.catalog import QueueInfo
+from queuectl.client.calls import (
+    RELIABLE_CALLS, Call, EnqueueOutcomeUnknown, Reconnecting, ReliableCalls, refusal,
+)
 from queuectl.defaults import RETRY_TOTAL_S
-from queuectl.engine import adapter_for, backoff_pause, discard_connection, make_engine
-from queuectl.engine.urls import error_text, mask_url
-from queuectl.errors import ConnectionFailed, PayloadTooLarge, StatementCanceled, UsageError
-from queuectl.messages import Message, messages_from
+from queuectl.engine import adapter_for, discard_connection, make_engine
+from queuectl.engine.urls import error_text
+from queuectl.errors import UsageError
+from queuectl.messages import Message
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
 from queuectl.registry import require_queue
 from queuectl.sqlfiles import render
-from queuectl.stats import STATUS_NAMES, queue_counts
-from queuectl.storable import diagnostic_text, headers_json, payload_bytes, shown, stored_text
+from queuectl.stats import queue_counts
+from queuectl.storable import stored_text
 
-MAX_ID = 2**63 - 1  # ids are bigint
-
-# Reconnecting after a lost connection (server restart, pg_terminate_backend, network):
-# jittered exponential backoff from RETRY_FIRST_S, each pause at most RETRY_MAX_PAUSE_S,
-# giving up with ConnectionFailed once RETRY_TOTAL_S (queuectl.defaults) have passed since the failure.
-RETRY_FIRST_S = 0.05
-RETRY_MAX_PAUSE_S = 2.0
+__all__ = ["EnqueueOutcomeUnknown", "Queue", "client_worker_name"]
 
 
-# Queue.ack_and_dequeue needs the queue's SQL at this reliable revision or later.
-ACK_DEQUEUE_REVISION = 4
-
-
-class EnqueueOutcomeUnknown(ConnectionFailed):
-    """The connection broke after an enqueue was sent: it may or may not have committed.
-
-    Never retried by the client (a retry could add the item twice); the caller decides.
-    """
-
-
-def _column(name: str) -> Callable[[Any], list[Any]]:
-    """A fetch of one named column from every row of a result."""
-    def fetch(result: Any) -> list[Any]:
-        i = list(result.keys()).index(name)
-        return [row[i] for row in result.all()]
-    return fetch
-
-
-def _new_statuses(result: Any) -> dict[int, str]:
-    """nack's rows as {id: status name}."""
-    keys = list(result.keys())
-    i_id, i_status = keys.index("id"), keys.index("status")
-    return {row[i_id]: STATUS_NAMES[row[i_status]] for row in result.all()}
-
-
-def _ids(items: Iterable[int | Message]) -> list[int]:
-    if isinstance(items, (str, bytes, Message)) or not isinstance(items, Iterable):
-        raise UsageError(f"items must be a list of Messages or item ids, not {type(items).__name__}")
-    return [_item_id(item) for item in items]
-
-
-def _item_id(item: int | Message) -> int:
-    """A Message's id, or a whole number (anything with __index__ but bool) within bigint."""
-    if isinstance(item, Message):
-        return item.id
-    if not isinstance(item, bool):
-        try:
-            value = operator.index(item)
-        except TypeError:
-            pass
-        else:
-            if 1 <= value <= MAX_ID:
-                return value
-    raise UsageError(f"item ids must be Messages or whole numbers from 1 to {MAX_ID}, got {shown(item)}")
+def client_worker_name(worker: str | None) -> str:
+    """The name a client's leases carry: the caller's, or host:pid:random."""
+    return stored_text(worker, "worker") or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 class Queue:
@@ -110,7 +60,7 @@ class Queue:
     ) -> None:
         """`info`: the queue's registry entry when the caller has read it already (open_queue)."""
         self.names = QueueNames(name, schema)
-        self.worker = stored_text(worker, "worker") or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.worker = client_worker_name(worker)
         self._owns_engine = not isinstance(url_or_engine, Engine)
         self.engine = url_or_engine if isinstance(url_or_engine, Engine) else make_engine(url_or_engine, pool_size=1)
         self.retry_total = RETRY_TOTAL_S
@@ -120,13 +70,13 @@ class Queue:
         if self.info.kind != "reliable":
             raise UsageError(f"queue {name!r} is of kind {self.info.kind!r}; this client speaks 'reliable'")
         self._adapter = adapter_for(self.engine)
+        self._calls = ReliableCalls(self._adapter, self.names.queue, self.worker, self.info)
         self._sql = self._statements(self._adapter.sql_dir)
 
     def _statements(self, engine_dir: str) -> dict[str, Callable[[sa.Connection, dict], Any]]:
         # All at once: whether they run on the driver connection is decided when the
         # client is created (Adapter.client_statement), not at a call's first use.
-        wanted = ("enqueue", "enqueue_many", "dequeue", "ack", "nack", "extend_lease", "release", "ack_dequeue")
-        return {key: self._statement(engine_dir, key) for key in wanted}
+        return {key: self._statement(engine_dir, key) for key in RELIABLE_CALLS}
 
     def _statement(self, engine_dir: str, key: str) -> Callable[[sa.Connection, dict], Any]:
         return self._adapter.client_statement(self.engine, self._clause(engine_dir, key))
@@ -155,15 +105,7 @@ class Queue:
         Payload, title and headers together count against the queue's max_payload_bytes.
         Every argument is checked before anything is sent (UsageError, one line; text rules:
         queuectl.storable)."""
-        params = {
-            "payload": payload_bytes(payload),
-            "headers": headers_json(headers),
-            "priority": check_priority(priority),
-            "delay": check_seconds(delay, "delay"),
-            "title": stored_text(title, "title"),
-            "max_attempts": check_max_attempts(max_attempts),
-        }
-        return self._call("enqueue", params, lambda r: r.scalar_one(), resend=False)
+        return self._call(self._calls.enqueue(payload, headers, priority, delay, title, max_attempts))
 
     def enqueue_many(
         self,
@@ -179,45 +121,17 @@ class Queue:
 
         headers: None or one entry per payload; priority, delay and title: one value for all
         or a list of one per payload. Checked like enqueue()'s, all before anything is sent."""
-        items = payload_list(payloads)
-        max_attempts = check_max_attempts(max_attempts)
-        if not items:
-            return []
-        n = len(items)
-        rows = [
-            {"payload": p, "headers": h, "priority": pr, "delay": d, "title": t}
-            for p, h, pr, d, t in zip(
-                items,
-                headers_list(headers, n) or [None] * n,
-                spread(priority, n, "priority", check_priority),
-                spread(delay, n, "delay", lambda d, what: check_seconds(d, what) or 0.0),
-                spread(title, n, "title", stored_text),
-            )
-        ]
-        params = self._adapter.enqueue_many_params(rows, max_attempts)
-        return self._call("enqueue_many", params, lambda r: list(r.scalars()), resend=False)
+        return self._call(self._calls.enqueue_many(payloads, headers, priority, delay, title, max_attempts))
 
     # -- consuming -------------------------------------------------------------------
 
     def dequeue(self, n: int = 1, *, lease: float | None = None) -> list[Message]:
         """Claim up to n due items for `lease` seconds (default: the queue's setting)."""
-        params = {
-            "batch": check_batch(n),
-            "lease_seconds": check_seconds(lease, "lease", low=0.001),
-            "worker": self.worker,
-        }
-        return self._call("dequeue", params, self._messages)
-
-    def _messages(self, result: Any) -> list[Message]:
-        return messages_from(result, self._adapter.json_value)
+        return self._call(self._calls.dequeue(n, lease))
 
     def ack(self, items: Iterable[int | Message]) -> int:
         """Mark items done; returns how many this client still held (others lost their lease)."""
-        ids = _ids(items)
-        if not ids:
-            return 0
-        params = {"ids": self._adapter.id_array(ids), "worker": self.worker}
-        return self._call("ack", params, lambda r: r.scalar_one(), held=len(ids))
+        return self._call(self._calls.ack(items))
 
     def nack(
         self,
@@ -233,33 +147,15 @@ class Queue:
         NUL and lone surrogates replaced, cut to 2,000 characters; an exception reads
         "TypeName: message"). Returns {id: new status} for the items this client still held.
         """
-        ids = _ids(items)
-        if not ids:
-            return {}
-        params = {
-            "ids": self._adapter.id_array(ids),
-            "error": diagnostic_text(error),
-            "worker": self.worker,
-            "base_seconds": check_seconds(base_delay, "base delay"),
-            "max_seconds": check_seconds(max_delay, "max delay"),
-        }
-        return self._call("nack", params, _new_statuses, held=len(ids))
+        return self._call(self._calls.nack(items, error, base_delay, max_delay))
 
     def extend_lease(self, items: Iterable[int | Message], lease: float | None = None) -> list[int]:
         """Push the lease of held items forward (a heartbeat); returns the ids still held."""
-        ids = _ids(items)
-        if not ids:
-            return []
-        params = {"ids": self._adapter.id_array(ids), "lease_seconds": check_seconds(lease, "lease", low=0.001), "worker": self.worker}
-        return self._call("extend_lease", params, _column("id"), held=len(ids))
+        return self._call(self._calls.extend_lease(items, lease))
 
     def release(self, items: Iterable[int | Message]) -> int:
         """Give held items back untouched, without using up an attempt."""
-        ids = _ids(items)
-        if not ids:
-            return 0
-        params = {"ids": self._adapter.id_array(ids), "worker": self.worker}
-        return self._call("release", params, lambda r: r.scalar_one(), held=len(ids))
+        return self._call(self._calls.release(items))
 
     def ack_and_dequeue(
         self, done: Iterable[int | Message], n: int = 1, *, lease: float | None = None
@@ -272,19 +168,7 @@ class Queue:
         and dequeue (the ack touches only items this worker holds; a lost claim's items
         come back when their lease expires).
         """
-        if schema_revision_number(self.info.schema_version) < ACK_DEQUEUE_REVISION:
-            raise UsageError(
-                f"queue {self.name!r} is at {self.info.schema_version}; ack_and_dequeue needs "
-                f"reliable_{ACK_DEQUEUE_REVISION:04d}: run `queuectl upgrade {self.name}`"
-            )
-        ids = _ids(done)
-        params = {
-            "ack_ids": self._adapter.id_array(ids),
-            "batch": check_batch(n),
-            "lease_seconds": check_seconds(lease, "lease", low=0.001),
-            "worker": self.worker,
-        }
-        return self._call("ack_dequeue", params, self._messages, held=len(ids))
+        return self._call(self._calls.ack_and_dequeue(done, n, lease))
 
     @contextmanager
     def processing(self, n: int = 1, *, lease: float | None = None) -> Iterator[list[Message]]:
@@ -323,7 +207,7 @@ class Queue:
 
     # -- surviving a lost connection -------------------------------------------------------
 
-    def _call(self, key: str, params: dict[str, Any], fetch: Any, *, resend: bool = True, held: int = 0) -> Any:
+    def _call(self, call: Call) -> Any:
         """Run one statement; on a lost connection reconnect and (when safe) send it again.
 
         Resending is safe for dequeue (a batch claimed by a lost call comes back when its
@@ -338,53 +222,27 @@ class Queue:
         PayloadTooLarge, a statement the server canceled (a timeout; it rolled back whole)
         StatementCanceled, both one line; anything else is the driver's error.
         """
-        deadline = time.monotonic() + self.retry_total
-        attempt = 0
+        if call.params is None:
+            return call.empty
+        retry: Reconnecting | None = None
         while True:
             sent = False
             try:
                 if self._conn is None or self._conn.invalidated or self._conn.closed:
                     self._reconnect()
                 sent = True
-                return fetch(self._sql[key](self._conn, params))
+                return call.fetch(self._sql[call.key](self._conn, call.params))
             except sa.exc.DBAPIError as exc:
                 if not self._lost_connection(exc, sent):
-                    refused = self._refused(key, exc)
+                    refused = refusal(self._adapter, call, self.name, exc, self._reason(exc))
                     if refused is exc:
                         raise
                     raise refused from None
                 self._drop_connection()
-                if sent and not resend:
-                    raise EnqueueOutcomeUnknown(
-                        f"{key} on queue {self.name!r}: connection to {mask_url(self.engine.url)} lost after "
-                        f"the statement was sent; it may or may not have committed ({self._reason(exc)})"
-                    ) from None
-                pause = backoff_pause(attempt, RETRY_FIRST_S, RETRY_MAX_PAUSE_S)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    leased = f"; the {held} items it held stay leased until their lease expires, then return" if held else ""
-                    raise ConnectionFailed(
-                        f"{key} on queue {self.name!r}: gave up reconnecting to {mask_url(self.engine.url)} after "
-                        f"{self.retry_total:g} s ({self._reason(exc)}){leased}"
-                    ) from None
-                attempt += 1
+                retry = retry or Reconnecting(self.retry_total)
+                pause = retry.pause_after(call, sent, self.name, self.engine.url, self._reason(exc))
                 self.reconnects += 1
-                time.sleep(min(pause, remaining))
-
-    def _refused(self, key: str, exc: sa.exc.DBAPIError) -> Exception:
-        """What to raise for an error on a live connection: one line for the errors a caller
-        acts on (an oversized payload, a canceled statement), else the driver's error."""
-        refusal = self._adapter.payload_refusal(exc)
-        if refusal is not None:
-            return PayloadTooLarge(refusal)
-        if self._adapter.canceled(exc):
-            undone = {"dequeue": "nothing was claimed", "enqueue": "nothing was enqueued",
-                      "enqueue_many": "nothing was enqueued"}.get(key, "the items stay as they were")
-            return StatementCanceled(
-                f"{key} on queue {self.name!r} was canceled by the server and rolled back "
-                f"({self._reason(exc)}): {undone}; sending it again is safe"
-            )
-        return exc
+                time.sleep(pause)
 
     def _lost_connection(self, exc: sa.exc.DBAPIError, sent: bool) -> bool:
         if exc.connection_invalidated:
