@@ -31,8 +31,10 @@ from queuectl.arguments import (
     check_batch, check_positive_seconds, headers_list, payload_list, per_item, spread,
 )
 from queuectl.catalog import QueueInfo
+from queuectl.client.calls import Call
 from queuectl.client.reliable import Queue
 from queuectl.engine import adapter_for, make_engine
+from queuectl.engine.base import Adapter
 from queuectl.errors import QueuectlError, UsageError
 from queuectl.kindspec import kind_template_values
 from queuectl.messages import Item, items_from
@@ -102,11 +104,62 @@ def _is_zero(value: object) -> bool:
 _HOT_CALLS = ("enqueue", "enqueue_many", "dequeue")
 
 
-class KindQueue:
-    """Common part of the clients for heap, fifo, stack, pending, watermark and ring queues."""
+def _scalar(result: Any) -> Any:
+    return result.scalar_one()
+
+
+def _scalars(result: Any) -> list[Any]:
+    return list(result.scalars())
+
+
+class KindCalls:
+    """The calls of the heap, fifo, stack, pending, watermark and ring clients, checked and
+    built without I/O (queuectl.client.calls.Call): the blocking clients below and the
+    asyncio ones (queuectl.client.aio) run the same calls."""
 
     kind = ""
     _calls: tuple[str, ...] = ("enqueue", "enqueue_many", "dequeue")
+    _adapter: Adapter
+    names: QueueNames
+
+    @property
+    def name(self) -> str:
+        return self.names.queue
+
+    def _refuse_options(self, priority: int, delay: float, title: str | None, due_at: datetime | None) -> None:
+        """The reliable queue's options mean nothing here: refuse them rather than drop them
+        (anything but their defaults: a zero int or float, None)."""
+        if not _is_zero(priority):
+            raise UsageError(f"{self.kind} queues have no priorities (priority is for reliable queues)")
+        if title is not None:
+            raise UsageError(f"{self.kind} queues keep no titles (title is for reliable queues)")
+        if not _is_zero(delay) or due_at is not None:
+            raise UsageError(f"{self.kind} queues have no due times (use a pending queue)")
+
+    def _enqueue_call(self, payload: bytes | str, headers: dict[str, Any] | None, priority: int, delay: float,
+                      title: str | None, due_at: datetime | None) -> Call:
+        self._refuse_options(priority, delay, title, due_at)
+        return Call("enqueue", {"payload": payload_bytes(payload), "headers": headers_json(headers)}, _scalar,
+                    resend=False)
+
+    def _enqueue_many_call(self, payloads: Iterable[bytes | str], headers: Sequence[dict[str, Any] | None] | None,
+                           ) -> Call:
+        items = payload_list(payloads)
+        if not items:
+            return Call("enqueue_many", None, _scalars, empty=[])
+        params = self._adapter.kind_enqueue_many_params(items, headers_list(headers, len(items)))
+        return Call("enqueue_many", params, _scalars, resend=False)
+
+    def _dequeue_call(self, n: int) -> Call:
+        # A destructive dequeue that reached the server may have taken its items: never resent.
+        return Call("dequeue", {"batch": check_batch(n)}, self._items, resend=False)
+
+    def _items(self, result: Any) -> list[Item]:
+        return items_from(result, self._adapter.json_value)
+
+
+class KindQueue(KindCalls):
+    """Common part of the clients for heap, fifo, stack, pending, watermark and ring queues."""
 
     def __init__(self, url_or_engine: str | Engine | None, name: str, *, schema: str = DEFAULT_SCHEMA,
                  info: QueueInfo | None = None) -> None:
@@ -132,10 +185,6 @@ class KindQueue:
             raise
 
     @property
-    def name(self) -> str:
-        return self.names.queue
-
-    @property
     def backend_pid(self) -> int:
         """The server process serving this client's session (for diagnostics and benches)."""
         return self._conn.connection.dbapi_connection.info.backend_pid
@@ -146,17 +195,10 @@ class KindQueue:
         hot = self._hot.get(key)
         return hot(self._conn, params) if hot is not None else self._conn.execute(self._sql[key], params)
 
-    # -- producing -------------------------------------------------------------------
+    def _run(self, call: Call) -> Any:
+        return call.empty if call.params is None else call.fetch(self._execute(call.key, call.params))
 
-    def _refuse_options(self, priority: int, delay: float, title: str | None, due_at: datetime | None) -> None:
-        """The reliable queue's options mean nothing here: refuse them rather than drop them
-        (anything but their defaults: a zero int or float, None)."""
-        if not _is_zero(priority):
-            raise UsageError(f"{self.kind} queues have no priorities (priority is for reliable queues)")
-        if title is not None:
-            raise UsageError(f"{self.kind} queues keep no titles (title is for reliable queues)")
-        if not _is_zero(delay) or due_at is not None:
-            raise UsageError(f"{self.kind} queues have no due times (use a pending queue)")
+    # -- producing -------------------------------------------------------------------
 
     def enqueue(
         self,
@@ -169,29 +211,21 @@ class KindQueue:
         due_at: datetime | None = None,
     ) -> int:
         """Add one item; returns its id. Payload and headers are checked like the reliable
-        Queue's (queuectl.storable) before anything is sent."""
-        self._refuse_options(priority, delay, title, due_at)
-        params = {"payload": payload_bytes(payload), "headers": headers_json(headers)}
-        return self._execute("enqueue", params).scalar_one()
+        Queue's (queuectl.storable) before anything is sent; a pending queue's item is due at
+        `due_at` (aware datetime) or `delay` seconds from now."""
+        return self._run(self._enqueue_call(payload, headers, priority, delay, title, due_at))
 
     def enqueue_many(
         self, payloads: Iterable[bytes | str], *, headers: Sequence[dict[str, Any] | None] | None = None
     ) -> list[int]:
         """Add many items in one statement; returns their ids in the same order."""
-        items = payload_list(payloads)
-        if not items:
-            return []
-        params = self._adapter.kind_enqueue_many_params(items, headers_list(headers, len(items)))
-        return list(self._execute("enqueue_many", params).scalars())
+        return self._run(self._enqueue_many_call(payloads, headers))
 
     # -- consuming -------------------------------------------------------------------
 
     def dequeue(self, n: int = 1) -> list[Item]:
         """Take up to n items out of the queue (they are deleted: there is no ack)."""
-        return self._items(self._execute("dequeue", {"batch": check_batch(n)}))
-
-    def _items(self, result: Any) -> list[Item]:
-        return items_from(result, self._adapter.json_value)
+        return self._run(self._dequeue_call(n))
 
     @contextmanager
     def processing(self, n: int = 1, **dequeue_options: Any) -> Iterator[list[Item]]:
@@ -252,22 +286,13 @@ class StackQueue(KindQueue):
     kind = "stack"
 
 
-class PendingQueue(KindQueue):
+class PendingCalls(KindCalls):
     """Items become ready at their due time (the server's clock); earliest due first."""
 
     kind = "pending"
 
-    def enqueue(
-        self,
-        payload: bytes | str,
-        *,
-        headers: dict[str, Any] | None = None,
-        priority: int = 0,
-        delay: float = 0.0,
-        title: str | None = None,
-        due_at: datetime | None = None,
-    ) -> int:
-        """Add one item, due at `due_at` (aware datetime) or `delay` seconds from now."""
+    def _enqueue_call(self, payload: bytes | str, headers: dict[str, Any] | None, priority: int, delay: float,
+                      title: str | None, due_at: datetime | None) -> Call:
         self._refuse_options(priority, 0.0, title, None)
         params = {
             "payload": payload_bytes(payload),
@@ -275,7 +300,26 @@ class PendingQueue(KindQueue):
             "due_at": _check_due(due_at),
             "delay": check_positive_seconds(delay, "delay"),
         }
-        return self._execute("enqueue", params).scalar_one()
+        return Call("enqueue", params, _scalar, resend=False)
+
+    def _enqueue_many_call(self, payloads: Iterable[bytes | str], headers: Sequence[dict[str, Any] | None] | None,
+                           due_at: Sequence[datetime | None] | None = None,
+                           delay: float | Sequence[float] = 0.0) -> Call:
+        items = payload_list(payloads)
+        if not items:
+            return Call("enqueue_many", None, _scalars, empty=[])
+        n = len(items)
+        params = self._adapter.kind_enqueue_many_params(
+            items,
+            headers_list(headers, n),
+            due_ats=None if due_at is None else [_check_due(d) for d in per_item(due_at, n, "due_at")],
+            delays=spread(delay, n, "delay", check_positive_seconds),
+        )
+        return Call("enqueue_many", params, _scalars, resend=False)
+
+
+class PendingQueue(PendingCalls, KindQueue):
+    """Items become ready at their due time (the server's clock); earliest due first."""
 
     def enqueue_many(
         self,
@@ -286,17 +330,7 @@ class PendingQueue(KindQueue):
         delay: float | Sequence[float] = 0.0,
     ) -> list[int]:
         """Add many items in one statement, each due at its due_at or after its delay."""
-        items = payload_list(payloads)
-        if not items:
-            return []
-        n = len(items)
-        params = self._adapter.kind_enqueue_many_params(
-            items,
-            headers_list(headers, n),
-            due_ats=None if due_at is None else [_check_due(d) for d in per_item(due_at, n, "due_at")],
-            delays=spread(delay, n, "delay", check_positive_seconds),
-        )
-        return list(self._execute("enqueue_many", params).scalars())
+        return self._run(self._enqueue_many_call(payloads, headers, due_at, delay))
 
 
 def _check_due(due_at: datetime | None) -> datetime | None:
@@ -307,23 +341,36 @@ def _check_due(due_at: datetime | None) -> datetime | None:
     return due_at.astimezone(timezone.utc)
 
 
-class WatermarkQueue(KindQueue):
+class WatermarkCalls(KindCalls):
     """A FIFO whose dequeue scans from a low watermark kept in this client's session."""
 
     kind = "watermark"
     _calls = ("enqueue", "enqueue_many", "dequeue", "correct_watermark", "stored_watermark")
 
+    def _correct_watermark_call(self) -> Call:
+        def correction(result: Any) -> WatermarkCorrection:
+            row = result.mappings().one()
+            return WatermarkCorrection(self.name, row["old_low"], row["new_low"], row["true_low"], row["changed"],
+                                       row["reason"])
+        return Call("correct_watermark", {}, correction)
+
+    def _stored_watermark_call(self) -> Call:
+        return Call("stored_watermark", {}, lambda result: dict(result.mappings().one()))
+
+
+class WatermarkQueue(WatermarkCalls, KindQueue):
+    """A FIFO whose dequeue scans from a low watermark kept in this client's session."""
+
     def correct_watermark(self) -> WatermarkCorrection:
         """Recompute the true low bound and fix the stored watermark (see correct_watermark())."""
-        row = self._execute("correct_watermark", {}).mappings().one()
-        return WatermarkCorrection(self.name, row["old_low"], row["new_low"], row["true_low"], row["changed"], row["reason"])
+        return self._run(self._correct_watermark_call())
 
     def stored_watermark(self) -> dict[str, Any]:
         """The stored hint: low, epoch, updated_at, corrected_at."""
-        return dict(self._execute("stored_watermark", {}).mappings().one())
+        return self._run(self._stored_watermark_call())
 
 
-class RingQueue(KindQueue):
+class RingCalls(KindCalls):
     """A ring buffer of preallocated slots: push and pop update rows, nothing else.
 
     A push waits up to `timeout` seconds (default 1) for a free slot and raises
@@ -348,6 +395,88 @@ class RingQueue(KindQueue):
     kind = "ring"
     _calls = ("enqueue", "enqueue_many", "dequeue", "ring_repair", "ring_release")
 
+    def _enqueue_call(self, payload: bytes | str, headers: dict[str, Any] | None, priority: int, delay: float,
+                      title: str | None, due_at: datetime | None, timeout: float = RING_PUSH_TIMEOUT) -> Call:
+        self._refuse_options(priority, delay, title, due_at)
+        wait = check_positive_seconds(timeout, "timeout")
+        params = {"payload": payload_bytes(payload), "headers": headers_json(headers), "timeout": wait}
+
+        def pushed(result: Any) -> int:
+            item_id = result.scalar_one()
+            if item_id is None:
+                raise QueueFullError(f"ring {self.name!r} stayed full for {wait:g} s: nothing was enqueued")
+            return int(item_id)
+        return Call("enqueue", params, pushed, resend=False)
+
+    def _enqueue_many_call(self, payloads: Iterable[bytes | str], headers: Sequence[dict[str, Any] | None] | None,
+                           timeout: float = RING_PUSH_TIMEOUT) -> Call:
+        items = payload_list(payloads)
+        if not items:
+            return Call("enqueue_many", None, _scalars, empty=[])
+        wait = check_positive_seconds(timeout, "timeout")
+        params = {**self._adapter.kind_enqueue_many_params(items, headers_list(headers, len(items))), "timeout": wait}
+
+        def pushed(result: Any) -> list[int]:
+            ids = list(result.scalars())
+            if len(ids) < len(items):
+                raise QueueFullError(
+                    f"ring {self.name!r} stayed full for {wait:g} s: {len(ids)} of {len(items)} messages enqueued",
+                    ids,
+                )
+            return ids
+        return Call("enqueue_many", params, pushed, resend=False)
+
+    def _dequeue_call(self, n: int, timeout: float = 0.0) -> Call:
+        params = {"batch": check_batch(n), "timeout": check_positive_seconds(timeout, "timeout")}
+        return Call("dequeue", params, self._items, resend=False)
+
+    def _repair_call(self, grace: float, timeout: float) -> Call:
+        params = {"grace": check_positive_seconds(grace, "grace"), "timeout": check_positive_seconds(timeout, "timeout")}
+
+        def repaired(result: Any) -> RingRepair:
+            rows = result.all()
+            return RingRepair(
+                self.name,
+                tombstoned=[r.item_id for r in rows if r.action == "tombstone"],
+                rescued=[(r.item_id, r.new_item_id) for r in rows if r.action == "rescue"],
+                deferred=[r.item_id for r in rows if r.action == "deferred"],
+            )
+        return Call("ring_repair", params, repaired, resend=False)
+
+    def _release_call(self) -> Call:
+        def released(result: Any) -> list[ReleasedClaim]:
+            return [
+                ReleasedClaim(
+                    r["side"], r["item_id"], bool(r["tombstoned"]), r.get("new_item_id"),
+                    r.get("outcome") or ("tombstoned" if r["tombstoned"] else "left"),  # ring_0001: no outcome
+                )
+                for r in result.mappings().all()
+            ]
+        return Call("ring_release", {}, released, resend=False)
+
+
+class RingQueue(RingCalls, KindQueue):
+    """A ring buffer of preallocated slots: push and pop update rows, nothing else.
+
+    A push waits up to `timeout` seconds (default 1) for a free slot and raises
+    QueueFullError when the ring stays full (its `.enqueued` are the first payloads); it
+    keeps the positions it claimed but could not write for the next push, so a full ring
+    leaves no hole. A pop waits up to `timeout` seconds (default 0) for the first message
+    and keeps the positions it claimed that have no message yet for the next pop. A batch
+    claims and writes (or takes) its positions in one statement each (ring_0003), and the
+    whole call is one statement when nothing has to wait (ring_0005).
+
+    A popper that dies holding a claimed position (its session ends) or rolls back a
+    `processing()` block after taking the message leaves that message FULL at a position
+    no pop will ask for again. `repair()` (the SQL function <queue>_ring_repair, for a job
+    every few minutes) re-pushes such messages at new positions, so they are delivered
+    (once) under a new id; it also tombstones positions claimed by pushers that died, which
+    would otherwise stall pops and, one lap later, pushes into the same slot. close()
+    gives up this client's claims (a pooled connection must not carry them on) and keeps
+    what became of them in `released`: a message that arrived at this client's pop claim
+    after its last pop is re-pushed at once (ring_0002), not left for repair().
+    """
+
     def __init__(self, url_or_engine: str | Engine | None, name: str, *, schema: str = DEFAULT_SCHEMA,
                  info: QueueInfo | None = None) -> None:
         self.released: list[ReleasedClaim] = []  # what close() gave up (its release())
@@ -365,12 +494,7 @@ class RingQueue(KindQueue):
         due_at: datetime | None = None,
     ) -> int:
         """Push one message; returns its id (its position). QueueFullError when full."""
-        self._refuse_options(priority, delay, title, due_at)
-        params = {"payload": payload_bytes(payload), "headers": headers_json(headers), "timeout": check_positive_seconds(timeout, "timeout")}
-        item_id = self._execute("enqueue", params).scalar_one()
-        if item_id is None:
-            raise QueueFullError(f"ring {self.name!r} stayed full for {timeout:g} s: nothing was enqueued")
-        return item_id
+        return self._run(self._enqueue_call(payload, headers, priority, delay, title, due_at, timeout))
 
     def enqueue_many(  # type: ignore[override]
         self,
@@ -380,36 +504,15 @@ class RingQueue(KindQueue):
         timeout: float = RING_PUSH_TIMEOUT,
     ) -> list[int]:
         """Push many messages in one statement; QueueFullError (with .enqueued) if not all fit."""
-        items = payload_list(payloads)
-        if not items:
-            return []
-        params = {
-            **self._adapter.kind_enqueue_many_params(items, headers_list(headers, len(items))),
-            "timeout": check_positive_seconds(timeout, "timeout"),
-        }
-        ids = list(self._execute("enqueue_many", params).scalars())
-        if len(ids) < len(items):
-            raise QueueFullError(
-                f"ring {self.name!r} stayed full for {timeout:g} s: {len(ids)} of {len(items)} messages enqueued",
-                ids,
-            )
-        return ids
+        return self._run(self._enqueue_many_call(payloads, headers, timeout))
 
     def dequeue(self, n: int = 1, *, timeout: float = 0.0) -> list[Item]:  # type: ignore[override]
         """Pop up to n messages in position order, waiting up to `timeout` s for the first."""
-        params = {"batch": check_batch(n), "timeout": check_positive_seconds(timeout, "timeout")}
-        return self._items(self._execute("dequeue", params))
+        return self._run(self._dequeue_call(n, timeout))
 
     def repair(self, *, grace: float = RING_REPAIR_GRACE, timeout: float = RING_PUSH_TIMEOUT) -> RingRepair:
         """Run the recovery path: tombstone dead pushers' positions, rescue dead poppers' messages."""
-        params = {"grace": check_positive_seconds(grace, "grace"), "timeout": check_positive_seconds(timeout, "timeout")}
-        rows = self._execute("ring_repair", params).all()
-        return RingRepair(
-            self.name,
-            tombstoned=[r.item_id for r in rows if r.action == "tombstone"],
-            rescued=[(r.item_id, r.new_item_id) for r in rows if r.action == "rescue"],
-            deferred=[r.item_id for r in rows if r.action == "deferred"],
-        )
+        return self._run(self._repair_call(grace, timeout))
 
     def release(self) -> list[ReleasedClaim]:
         """Give up this session's kept claims: one ReleasedClaim per claim (none if none).
@@ -417,14 +520,7 @@ class RingQueue(KindQueue):
         A pop claim whose message arrived after this session's last pop is re-pushed at
         once (outcome 'rescued', new_item_id: its new id) rather than left for ring_repair.
         """
-        rows = self._execute("ring_release", {}).mappings().all()
-        return [
-            ReleasedClaim(
-                r["side"], r["item_id"], bool(r["tombstoned"]), r.get("new_item_id"),
-                r.get("outcome") or ("tombstoned" if r["tombstoned"] else "left"),  # ring_0001: no outcome
-            )
-            for r in rows
-        ]
+        return self._run(self._release_call())
 
     def close(self) -> None:
         """Release this client's claims (kept in `released`), then close its connection."""

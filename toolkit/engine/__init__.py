@@ -21,6 +21,7 @@ from queuectl.errors import ConnectionFailed
 if TYPE_CHECKING:
     import sqlalchemy as sa
     from sqlalchemy.engine import URL, Engine
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
     from queuectl.engine.base import Adapter
 
@@ -80,6 +81,19 @@ def make_engine(url: str | None = None, *, pool_size: int = 5) -> Engine:
     )
     check_connection(engine)
     return engine
+
+
+def make_async_engine(url: str | None = None, *, pool_size: int = 1) -> AsyncEngine:
+    """An asyncio engine (SQLAlchemy's, over psycopg's AsyncConnection) for the resolved URL,
+    for the asyncio clients; a one-line UsageError on a database without one (SQL Server).
+    It connects on first use (queuectl.client.aio checks it then, as make_engine does)."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    parsed = with_password_file(parse_url(resolve_url(url)))
+    adapter = _adapters()[parsed.get_backend_name()]
+    adapter.check_asyncio()
+    adapter.check_driver(parsed)
+    return create_async_engine(parsed, pool_size=pool_size, pool_pre_ping=True, connect_args=adapter.connect_args())
 
 
 def check_connection(engine: Engine) -> None:

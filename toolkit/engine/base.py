@@ -37,6 +37,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from queuectl.errors import UsageError
 from queuectl.sqlfiles import render
 
 if TYPE_CHECKING:
@@ -109,6 +110,15 @@ class Adapter:
         """How a client runs one of its hot calls (enqueue, dequeue, ack, ...). The result
         answers keys(), all(), scalar_one() and scalars()."""
         return through_sqlalchemy(clause)
+
+    def check_asyncio(self) -> None:
+        """Fail with one line where the driver has no asyncio connection (the asyncio
+        clients, queuectl.client.aio, run on PostgreSQL's psycopg only)."""
+        raise UsageError(f"the asyncio clients speak PostgreSQL only, not {self.dialect}: use the blocking clients")
+
+    def async_client_statement(self, engine: Engine, clause: sa.TextClause) -> Any:
+        """How the asyncio client runs a call (after check_asyncio)."""
+        raise NotImplementedError
 
     # -- what a failed statement means -------------------------------------------------
 

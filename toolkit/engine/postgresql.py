@@ -71,10 +71,34 @@ class DriverResult:
         return [row[0] for row in self._cursor.fetchall()]
 
     def scalar_one(self) -> object:
-        rows = self._cursor.fetchall()
-        if len(rows) != 1:
-            raise sa.exc.NoResultFound("no row") if not rows else sa.exc.MultipleResultsFound("more than one row")
-        return rows[0][0]
+        return _one(self._cursor.fetchall())
+
+
+def _one(rows: list[tuple]) -> object:
+    if len(rows) != 1:
+        raise sa.exc.NoResultFound("no row") if not rows else sa.exc.MultipleResultsFound("more than one row")
+    return rows[0][0]
+
+
+class FetchedResult:
+    """An async cursor's rows, fetched, behind the same calls as DriverResult."""
+
+    __slots__ = ("_keys", "_rows")
+
+    def __init__(self, keys: list[str], rows: list[tuple]) -> None:
+        self._keys, self._rows = keys, rows
+
+    def keys(self) -> list[str]:
+        return self._keys
+
+    def all(self) -> list[tuple]:
+        return self._rows
+
+    def scalars(self) -> list[object]:
+        return [row[0] for row in self._rows]
+
+    def scalar_one(self) -> object:
+        return _one(self._rows)
 
 
 class DriverStatement:
@@ -99,18 +123,37 @@ class DriverStatement:
 
     def __call__(self, conn: sa.Connection, params: dict[str, object]) -> DriverResult:
         driver = conn.connection.driver_connection
-        dbapi_error = self._dialect.loaded_dbapi.Error
         try:
             return DriverResult(driver.execute(self.sql, params))
-        except dbapi_error as orig:
-            lost = self._dialect.is_disconnect(orig, driver, None)
-            error = DBAPIError.instance(
-                self.sql, params, orig, dbapi_error, hide_parameters=self._hide_parameters,
-                connection_invalidated=lost, dialect=self._dialect,
-            )
-            if lost:
+        except self._dialect.loaded_dbapi.Error as orig:
+            error = self.error(orig, driver, params)
+            if error.connection_invalidated:
                 conn.invalidate(orig)
             raise error from orig
+
+    def error(self, orig: Exception, driver: Any, params: dict[str, object]) -> DBAPIError:
+        """The driver's error as SQLAlchemy's DBAPIError, connection_invalidated when the
+        connection is lost."""
+        dbapi_error = self._dialect.loaded_dbapi.Error
+        return DBAPIError.instance(
+            self.sql, params, orig, dbapi_error, hide_parameters=self._hide_parameters,
+            connection_invalidated=self._dialect.is_disconnect(orig, driver, None), dialect=self._dialect,
+        )
+
+
+class AsyncDriverStatement(DriverStatement):
+    """A client call's statement on psycopg's AsyncConnection (queuectl.client.aio): the
+    same compiled text and the same errors as DriverStatement; the caller drops a
+    connection whose error says connection_invalidated."""
+
+    async def run(self, driver: Any, params: dict[str, object]) -> FetchedResult:
+        try:
+            cursor = await driver.execute(self.sql, params)
+            result = cursor.pgresult
+            keys = [] if result is None else [result.fname(i).decode() for i in range(result.nfields)]
+            return FetchedResult(keys, await cursor.fetchall() if keys else [])
+        except self._dialect.loaded_dbapi.Error as orig:
+            raise self.error(orig, driver, params) from orig
 
 
 @dataclass(frozen=True)
@@ -140,6 +183,13 @@ class PostgresAdapter(Adapter):
         if statements_watched(engine):
             return through_sqlalchemy(clause)
         return DriverStatement(engine, clause)
+
+    def check_asyncio(self) -> None:
+        """psycopg has an asyncio connection: the asyncio clients run here."""
+
+    def async_client_statement(self, engine: Engine, clause: sa.TextClause) -> AsyncDriverStatement:
+        """How the asyncio client runs a call: on psycopg's AsyncConnection, one statement."""
+        return AsyncDriverStatement(engine, clause)
 
     # -- what a failed statement means -------------------------------------------------
 
