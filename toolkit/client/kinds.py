@@ -101,7 +101,7 @@ def _is_zero(value: object) -> bool:
     return type(value) in (int, float) and value == 0
 
 
-_HOT_CALLS = ("enqueue", "enqueue_many", "dequeue")
+HOT_CALLS = ("enqueue", "enqueue_many", "dequeue")
 
 
 def _scalar(result: Any) -> Any:
@@ -179,7 +179,7 @@ class KindQueue(KindCalls):
             # The per-message calls run as the reliable client's do (Adapter.client_statement:
             # on psycopg, straight on the driver connection); the upkeep calls keep
             # SQLAlchemy's rows, which their callers read by name.
-            self._hot = {key: self._adapter.client_statement(self.engine, self._sql[key]) for key in _HOT_CALLS}
+            self._hot = {key: self._adapter.client_statement(self.engine, self._sql[key]) for key in HOT_CALLS}
         except BaseException:
             self.close()
             raise
