@@ -84,7 +84,8 @@ class _AsyncClient:
                      for key in self._hot_calls}
         self._conn: AsyncConnection | None = None
         self._driver: Any = None  # psycopg's AsyncConnection under self._conn
-        self._in_transaction = False
+        self._tx_owner: asyncio.Task[Any] | None = None  # the task inside transaction()
+        self._tx_lock = asyncio.Lock()
         self.retry_total = RETRY_TOTAL_S
         self.reconnects = 0
 
@@ -133,6 +134,7 @@ class _AsyncClient:
         transaction() nothing is sent again: the transaction died with its connection."""
         if call.params is None:
             return call.empty
+        await self._outside_others_transaction()
         retry: Reconnecting | None = None
         while True:
             sent = False
@@ -150,7 +152,7 @@ class _AsyncClient:
                         raise
                     raise refused from None
                 await self._drop_connection()
-                if self._in_transaction:
+                if self._tx_owner is not None:
                     raise ConnectionFailed(
                         f"{call.key} on queue {self.name!r}: connection to {mask_url(self.engine.url)} lost inside "
                         f"transaction(); the server rolled the transaction back ({reason})"
@@ -164,27 +166,36 @@ class _AsyncClient:
     async def transaction(self) -> AsyncIterator[Any]:
         """One transaction around the block: the client's calls in it, and the caller's own
         statements on the psycopg AsyncConnection it yields, commit together when the block
-        ends and roll back together when it raises.
+        ends and roll back together when it raises. Other tasks that use this client
+        meanwhile wait for the block to end (their calls do not join its transaction).
 
         >>> async with queue.transaction() as conn:
         ...     await conn.execute("INSERT INTO orders (id) VALUES (%s)", (42,))
         ...     await queue.enqueue(b'{"order": 42}')
         """
-        if self._in_transaction:
+        if self._tx_owner is not None and self._tx_owner is asyncio.current_task():
             raise UsageError("transaction() blocks do not nest")
-        if self._driver is None:
-            await self._connect()
-        self._in_transaction = True
-        try:
-            async with self._driver.transaction():
-                yield self._driver
-        finally:
-            self._in_transaction = False
+        async with self._tx_lock:
+            if self._driver is None:
+                await self._connect()
+            self._tx_owner = asyncio.current_task()
+            try:
+                async with self._driver.transaction():
+                    yield self._driver
+            finally:
+                self._tx_owner = None
+
+    async def _outside_others_transaction(self) -> None:
+        """Wait while another task is inside transaction(): its statements, not ours, belong there."""
+        while self._tx_owner is not None and self._tx_owner is not asyncio.current_task():
+            async with self._tx_lock:
+                pass
 
     # -- looking ---------------------------------------------------------------------
 
     async def counts(self) -> dict[str, int]:
         """Items by status, as the blocking clients' counts()."""
+        await self._outside_others_transaction()
         if self._conn is None:
             await self._connect()
         assert self._conn is not None

@@ -1,0 +1,550 @@
+"""The asyncio consumer loop: `await AsyncQueue.consume(handler)` with async handlers.
+
+The rules are the blocking worker's (queuectl.worker, whose docstring has the reasons), on
+an event loop instead of threads:
+
+Waking
+    A psycopg AsyncConnection of its own LISTENs on the queue's channel; the event loop
+    watches its socket, so an idle worker sleeps until a notification, a poll timer or a
+    stop. Before it sleeps the loop registers as a possibly sleeping consumer
+    (`<queue>_wait_begin()`, reliable_0006+) and looks once more; a busy loop gives the
+    registration up (`<queue>_wait_end()`). Polling with the same adaptive back-off
+    (PollBackoff: 50 ms doubling to poll_interval) runs underneath, so a lost notification
+    costs latency, never items.
+
+Concurrency
+    Up to `concurrency` handlers run at once as tasks; the loop claims at most
+    max(concurrency, batch) items. A handler is `async def handler(message)` (a plain
+    function works too, but blocks the loop while it runs). Whatever it raises is its
+    item's failure only.
+
+Leases and outcomes
+    Every `heartbeat_fraction` of the lease the loop extends the leases of every item it
+    holds; an item whose lease was lost is not started. Successes are acked together, each
+    distinct error is one nack with the error's text (so the queue's backoff applies). A
+    settling call refused on a live connection is sent again, alone per item, up to
+    SETTLE_TRIES times SETTLE_RETRY_PAUSE apart; then the item is released, and if that
+    fails too it is left to its lease (`unsettled`).
+
+Stopping
+    SIGTERM or SIGINT (or stop()): stop claiming, release claimed items no handler has
+    started, wait for running handlers and record their outcomes, then return the stats.
+    A second signal stops waiting: running handlers are cancelled and their items come back
+    when their leases expire. When the client gives up reconnecting (ConnectionFailed) the
+    worker stops at once and re-raises; held items come back when their leases expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from queuectl.arguments import check_batch, check_seconds, schema_revision_number
+from queuectl.engine.urls import first_line
+from queuectl.errors import ConnectionFailed, StatementCanceled, UsageError
+from queuectl.messages import Message
+from queuectl.sqlfiles import render
+from queuectl.storable import diagnostic_text
+from queuectl.worker import (
+    DEFAULT_HEARTBEAT_FRACTION, DEFAULT_LOG_INTERVAL, DEFAULT_MIN_POLL_INTERVAL, DEFAULT_POLL_INTERVAL,
+    IN_FLIGHT_FIRST_WAIT, MAX_CONCURRENCY, SETTLE_RETRY_PAUSE, SETTLE_TRIES, WAIT_REGISTRATION_REVISION, PollBackoff,
+    WorkerStats,
+)
+
+AsyncHandler = Callable[[Message], Awaitable[Any] | Any]
+AsyncWorkerStats = WorkerStats
+log = logging.getLogger("queuectl.worker")
+
+
+class _AsyncListener:
+    """LISTEN on the queue's channel over a psycopg AsyncConnection of its own (autocommit)."""
+
+    def __init__(self, conn: Any, sql: dict[str, str], gated: bool) -> None:
+        self.conn = conn
+        self._sql = sql
+        self.gated = gated
+
+    @classmethod
+    async def open(cls, queue: Any) -> _AsyncListener:
+        import psycopg
+
+        sql = {key: render("postgresql", "activation", key, queue.names.template_values())
+               for key in ("listen", "notify", "wait_begin", "wait_end")}
+        engine = queue.engine.sync_engine
+        _args, params = engine.dialect.create_connect_args(queue.engine.url)
+        conn = await psycopg.AsyncConnection.connect(**{**params, "connect_timeout": 10}, autocommit=True)
+        try:
+            await conn.execute(sql["listen"])
+        except BaseException:
+            await conn.close()
+            raise
+        gated = schema_revision_number(queue.info.schema_version) >= WAIT_REGISTRATION_REVISION
+        return cls(conn, sql, gated)
+
+    async def drain(self) -> int:
+        """How many notifications arrived (without waiting); raises if the connection broke."""
+        count = 0
+        async for _ in self.conn.notifies(timeout=0.0):
+            count += 1
+        return count
+
+    async def wait_begin(self) -> bool:
+        cursor = await self.conn.execute(self._sql["wait_begin"])
+        row = await cursor.fetchone()
+        return bool(row[0])
+
+    async def wait_end(self) -> None:
+        await self.conn.execute(self._sql["wait_end"])
+
+    async def notify(self) -> None:
+        await self.conn.execute(self._sql["notify"])
+
+    async def close(self) -> None:
+        try:
+            await self.conn.close()
+        except Exception:  # closing a broken connection: nothing left to do
+            pass
+
+
+@dataclass
+class _Outcome:
+    """A finished item whose outcome is still to be recorded."""
+
+    error: str | None  # the handler's error text; None when it succeeded
+    tries: int = 0
+    due: float = 0.0
+    release: bool = False  # give it back (not started, or its outcome could not be recorded)
+
+
+class AsyncWorker:
+    """Run `await handler(message)` on every item of a reliable queue (an AsyncQueue) as it
+    arrives; see the module docstring. Runs once, on the event loop that awaits run()."""
+
+    def __init__(
+        self,
+        queue: Any,
+        handler: AsyncHandler,
+        *,
+        concurrency: int = 1,
+        batch: int = 10,
+        lease: float | None = None,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        min_poll_interval: float = DEFAULT_MIN_POLL_INTERVAL,
+        notify: bool = True,
+        burst: bool = False,
+        heartbeat_fraction: float | None = DEFAULT_HEARTBEAT_FRACTION,
+        log_interval: float = DEFAULT_LOG_INTERVAL,
+        shutdown_timeout: float | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        if not callable(handler):
+            raise UsageError(f"handler must be callable, got {type(handler).__name__}")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
+            raise UsageError(f"concurrency must be a whole number from 1 to {MAX_CONCURRENCY}, got {concurrency!r}")
+        if heartbeat_fraction is not None and not 0 < heartbeat_fraction < 1:
+            raise UsageError(f"heartbeat fraction must be between 0 and 1, got {heartbeat_fraction!r}")
+        self.queue = queue
+        self.handler = handler
+        self.concurrency = concurrency
+        self.batch = check_batch(batch)
+        self.lease = check_seconds(lease, "lease", low=0.001) or float(queue.info.settings.lease_seconds)
+        self.poll_interval = check_seconds(poll_interval, "poll interval", low=0.001)
+        self.min_poll_interval = min(check_seconds(min_poll_interval, "min poll interval", low=0.001), self.poll_interval)
+        self.heartbeat_every = None if heartbeat_fraction is None else self.lease * heartbeat_fraction
+        self.notify = notify
+        self.burst = burst
+        self.log_interval = check_seconds(log_interval, "log interval", low=0.001)
+        self.shutdown_timeout = check_seconds(shutdown_timeout, "shutdown timeout")
+        self.handle_signals = handle_signals
+        self.stats = WorkerStats()
+        self._ran = False
+        self._stopping = False
+        self._forced = False
+        self._wake = asyncio.Event()
+        self._work: asyncio.Queue[Message] = asyncio.Queue()
+        self._held: dict[int, Message] = {}
+        self._lost: set[int] = set()
+        self._finished: dict[int, _Outcome] = {}
+        self._running: set[asyncio.Task[None]] = set()
+        self._listener: _AsyncListener | None = None
+        self._listener_retry_at = 0.0
+        self._registered = self._armed = False
+        self._next_heartbeat = math.inf
+        self._next_log = math.inf
+
+    # -- public ----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop gracefully (a second call stops waiting for running handlers)."""
+        if self._stopping:
+            self._forced = True
+            for task in self._running:
+                task.cancel()
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self) -> WorkerStats:
+        """Process items until stopped (or, with burst, until the queue is empty); returns the stats."""
+        if self._ran:
+            raise UsageError("an AsyncWorker runs once: create a new one")
+        self._ran = True
+        self.stats = WorkerStats()
+        loop = asyncio.get_running_loop()
+        signals = self._install_signal_handlers(loop)
+        runners = [asyncio.create_task(self._runner()) for _ in range(self.concurrency)]
+        log.info("async worker %s on queue %s: concurrency %d, batch %d, lease %gs, %s", self.queue.worker,
+                 self.queue.name, self.concurrency, self.batch, self.lease,
+                 f"LISTEN on {self.queue.names.channel}" if self.notify else "polling")
+        gave_up = False
+        try:
+            await self._loop()
+        except ConnectionFailed:
+            gave_up = True
+            raise
+        finally:
+            try:
+                if not gave_up:
+                    await self._shutdown()
+            finally:
+                for task in runners:
+                    task.cancel()
+                for task in list(self._running):
+                    task.cancel()
+                await asyncio.gather(*runners, *self._running, return_exceptions=True)
+                await self._drop_listener()
+                for signum in signals:
+                    loop.remove_signal_handler(signum)
+        return self.stats
+
+    # -- the control loop ------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        backoff = PollBackoff(self.min_poll_interval, self.poll_interval)
+        in_flight = PollBackoff(min(IN_FLIGHT_FIRST_WAIT, self.min_poll_interval), self.poll_interval)
+        look, next_poll = True, math.inf
+        now = time.monotonic()
+        self._next_heartbeat = now + (self.heartbeat_every or math.inf)
+        self._next_log = now + self.log_interval
+        while not self._stopping:
+            if self.notify and self._listener is None and time.monotonic() >= self._listener_retry_at:
+                look = await self._open_listener() or look
+            await self._settle()
+            await self._heartbeat_if_due()
+            self._log_if_due()
+            room = self._room()
+            if look and room:
+                try:
+                    messages = await self.queue.dequeue(room, lease=self.lease)
+                except StatementCanceled as exc:
+                    self.stats.canceled += 1
+                    log.warning("%s; looking again in the next poll", exc)
+                    messages = []
+                self.stats.dequeues += 1
+                if messages:
+                    for message in messages:
+                        self._held[message.id] = message
+                        self._work.put_nowait(message)
+                    backoff.reset()
+                    in_flight.reset()
+                    if self._registered:
+                        await self._unregister()
+                    continue
+                self.stats.empty_polls += 1
+                look = False
+                if self.burst and not self._held:
+                    log.info("queue %s is empty: burst worker done", self.queue.name)
+                    break
+                if self._listener is not None and self._listener.gated and not self._armed:
+                    clear = await self._register()
+                    if clear:
+                        in_flight.reset()
+                        look = True
+                        continue
+                    if clear is False:
+                        next_poll = time.monotonic() + in_flight.next_wait()
+                        continue
+                next_poll = time.monotonic() + backoff.next_wait()
+            deadlines = [self._next_log, next_poll if not look else math.inf]
+            if self._held and self.heartbeat_every is not None:
+                deadlines.append(self._next_heartbeat)
+            if self._finished:
+                deadlines.append(min(outcome.due for outcome in self._finished.values()))
+            if self.notify and self._listener is None:
+                deadlines.append(self._listener_retry_at)
+            if await self._wait(max(0.0, min(deadlines) - time.monotonic())):
+                look = True
+                backoff.reset()
+            if time.monotonic() >= next_poll:
+                look = True
+
+    def _room(self) -> int:
+        held = len(self._held)
+        if held >= self.concurrency:
+            return 0
+        return min(self.batch, max(self.concurrency, self.batch) - held)
+
+    async def _wait(self, timeout: float) -> bool:
+        """Sleep until a notification, a wake-up or the timeout; True when notified.
+
+        The listener's socket is watched only while sleeping: psycopg watches the same
+        socket with a reader of its own while a statement runs on that connection."""
+        if await self._notified():
+            return True
+        self._wake.clear()
+        if self._finished_pending() or self._stopping:
+            return False
+        loop = asyncio.get_running_loop()
+        fd = None if self._listener is None else self._listener.conn.fileno()
+        if fd is not None:
+            loop.add_reader(fd, self._wake.set)
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            if fd is not None:
+                loop.remove_reader(fd)
+        return await self._notified()
+
+    async def _notified(self) -> bool:
+        """Whether notifications arrived (counted), or the listener broke (look now)."""
+        if self._listener is None:
+            return False
+        try:
+            count = await self._listener.drain()
+        except Exception as exc:
+            log.warning("LISTEN connection lost (%s): polling until it is reopened", first_line(exc))
+            await self._drop_listener()
+            return True
+        self.stats.notifications += count
+        return count > 0
+
+    def _finished_pending(self) -> bool:
+        now = time.monotonic()
+        return any(outcome.due <= now for outcome in self._finished.values())
+
+    async def _open_listener(self) -> bool:
+        try:
+            self._listener = await _AsyncListener.open(self.queue)
+        except Exception as exc:
+            log.warning("cannot LISTEN on %s (%s): polling, retry in %gs", self.queue.names.channel, first_line(exc),
+                        self.poll_interval)
+            self._listener_retry_at = time.monotonic() + self.poll_interval
+            return False
+        return True
+
+    async def _register(self) -> bool | None:
+        assert self._listener is not None
+        try:
+            clear = await self._listener.wait_begin()
+            self.stats.notifications += await self._listener.drain()
+        except Exception as exc:
+            log.warning("LISTEN connection lost (%s): polling until it is reopened", first_line(exc))
+            await self._drop_listener()
+            return None
+        self._registered, self._armed = True, clear
+        return clear
+
+    async def _unregister(self) -> None:
+        assert self._listener is not None
+        self._registered = self._armed = False
+        try:
+            await self._listener.wait_end()
+            self.stats.notifications += await self._listener.drain()
+        except Exception as exc:
+            log.warning("LISTEN connection lost (%s): polling until it is reopened", first_line(exc))
+            await self._drop_listener()
+
+    async def _drop_listener(self) -> None:
+        self._registered = self._armed = False
+        listener, self._listener = self._listener, None
+        if listener is None:
+            return
+        await listener.close()
+        self._listener_retry_at = time.monotonic() + self.poll_interval
+
+    # -- handlers --------------------------------------------------------------------------
+
+    async def _runner(self) -> None:
+        while True:
+            message = await self._work.get()
+            if message.id in self._lost:  # its lease is gone: another consumer may be running it
+                self._forget([message.id])
+                self.stats.lost += 1
+                continue
+            task = asyncio.current_task()
+            assert task is not None
+            self._running.add(task)
+            error = None
+            try:
+                result = self.handler(message)
+                if inspect.isawaitable(result):
+                    await result
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # whatever the handler raises (SystemExit too) fails this item only
+                error = diagnostic_text(exc)
+            finally:  # cancelled (a forced stop): the item comes back when its lease expires
+                self._running.discard(task)
+            if error is not None:
+                log.warning("item %d failed (attempt %d of %d): %s", message.id, message.attempts,
+                            message.max_attempts, error)
+            self._finished[message.id] = _Outcome(error)
+            self._wake.set()
+
+    # -- outcomes, heartbeats --------------------------------------------------------------
+
+    async def _settle(self) -> None:
+        """Record finished items: one ack for the successes, one nack per distinct error, one
+        release for what is given back; a refused call's items are sent again alone."""
+        now = time.monotonic()
+        calls: dict[tuple[bool, str | None, int], list[int]] = {}
+        for item_id, outcome in self._finished.items():
+            if outcome.due <= now:
+                key = (outcome.release, outcome.error, item_id if outcome.tries else 0)
+                calls.setdefault(key, []).append(item_id)
+        for (release, error, _alone), ids in calls.items():
+            try:
+                await self._record(release, error, ids)
+            except ConnectionFailed:
+                raise
+            except Exception as exc:  # refused on a live connection: the items are still held
+                self._record_failed(release, ids, exc)
+
+    async def _record(self, release: bool, error: str | None, ids: list[int]) -> None:
+        if release:
+            released = await self.queue.release(ids)
+            self.stats.released += released
+            self.stats.lost += len(ids) - released
+            self._forget(ids)
+            await self._announce_released()
+        elif error is None:
+            acked = await self.queue.ack(ids)
+            self._forget(ids)
+            self.stats.processed += acked
+            self.stats.lost += len(ids) - acked
+        else:
+            statuses = await self.queue.nack(ids, error)
+            self._forget(ids)
+            self.stats.failed += len(statuses)
+            self.stats.dead += sum(1 for status in statuses.values() if status == "dead")
+            self.stats.lost += len(ids) - len(statuses)
+
+    def _record_failed(self, release: bool, ids: list[int], exc: Exception) -> None:
+        if isinstance(exc, StatementCanceled):
+            self.stats.canceled += 1
+        tries = self._finished[ids[0]].tries + 1
+        if release:
+            log.warning("release of item(s) %s failed: %s; leaving them to their lease", ids, first_line(exc))
+            self._forget(ids)
+            self.stats.unsettled += len(ids)
+            return
+        giving_back = tries >= SETTLE_TRIES
+        log.warning("settling item(s) %s failed (try %d of %d): %s; %s", ids, tries, SETTLE_TRIES, first_line(exc),
+                    "releasing them" if giving_back else "sending again")
+        due = time.monotonic() + min(SETTLE_RETRY_PAUSE, self.lease / 10)
+        for item_id in ids:
+            outcome = self._finished[item_id]
+            outcome.tries, outcome.due, outcome.release = tries, 0.0 if giving_back else due, giving_back
+
+    def _forget(self, ids: list[int]) -> None:
+        for item_id in ids:
+            self._held.pop(item_id, None)
+            self._lost.discard(item_id)
+            self._finished.pop(item_id, None)
+
+    async def _heartbeat_if_due(self) -> None:
+        if self.heartbeat_every is None:
+            return
+        now = time.monotonic()
+        if now < self._next_heartbeat:
+            return
+        self._next_heartbeat = now + self.heartbeat_every
+        ids = [item_id for item_id in self._held if item_id not in self._lost]
+        if not ids:
+            return
+        try:
+            kept = set(await self.queue.extend_lease(ids, lease=self.lease))
+        except ConnectionFailed:
+            raise
+        except Exception as exc:  # canceled or refused: the leases stand; try again soon
+            if isinstance(exc, StatementCanceled):
+                self.stats.canceled += 1
+            self._next_heartbeat = now + min(self.heartbeat_every, 1.0)
+            log.warning("heartbeat of %d item(s) failed: %s; trying again", len(ids), first_line(exc))
+            return
+        self.stats.heartbeats += 1
+        gone = [item_id for item_id in ids if item_id not in kept]
+        if gone:
+            self._lost.update(gone)
+            log.warning("lost the lease of %d item(s) %s: another consumer may run them", len(gone), gone[:10])
+
+    def _log_if_due(self) -> None:
+        now = time.monotonic()
+        if now < self._next_log:
+            return
+        self._next_log = now + self.log_interval
+        if self._held or self.stats.processed or self.stats.failed:
+            log.info("queue %s: %d processed, %d failed so far; holding %d", self.queue.name, self.stats.processed,
+                     self.stats.failed, len(self._held))
+
+    # -- stopping --------------------------------------------------------------------------
+
+    def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> list[int]:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return []
+        installed = []
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.stop)
+            installed.append(signum)
+        return installed
+
+    async def _shutdown(self) -> None:
+        """Give back what no handler started, wait for running handlers, settle their outcomes."""
+        unstarted = []
+        while not self._work.empty():
+            unstarted.append(self._work.get_nowait().id)
+        if self._stopping:
+            log.info("stopping: releasing %d unstarted item(s), waiting for %d in handlers", len(unstarted),
+                     len(self._held) - len(unstarted))
+        for item_id in unstarted:
+            self._finished[item_id] = _Outcome(None, release=True)
+        deadline = math.inf if self.shutdown_timeout is None else time.monotonic() + self.shutdown_timeout
+        try:
+            await self._settle()
+            while self._held and not self._forced and time.monotonic() < deadline:
+                self._wake.clear()
+                if not self._finished_pending():
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), max(0.0, min(0.5, deadline - time.monotonic())))
+                    except TimeoutError:
+                        pass
+                await self._settle()
+                await self._heartbeat_if_due()
+                if self._held and not self._running and self._work.empty() and not self._finished:
+                    break  # what is left was lost to another consumer's lease
+        except ConnectionFailed as exc:
+            log.warning("could not settle every item while stopping (%s)", exc)
+        if self._held:
+            log.warning("stopped with %d item(s) still held: they come back when their leases expire",
+                        len(self._held))
+        s = self.stats
+        log.info("async worker %s stopped after %.1fs: %d processed, %d failed (%d dead), %d released, %d lost, "
+                 "%d unsettled", self.queue.worker, s.seconds, s.processed, s.failed, s.dead, s.released, s.lost,
+                 s.unsettled)
+
+    async def _announce_released(self) -> None:
+        if self._listener is None:
+            return
+        try:
+            await self._listener.notify()
+        except Exception as exc:  # only latency is at stake
+            log.warning("could not notify other consumers of released items: %s", first_line(exc))
