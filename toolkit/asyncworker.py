@@ -156,12 +156,14 @@ class AsyncWorker:
         self.concurrency = concurrency
         self.batch = check_batch(batch)
         self.lease = check_seconds(lease, "lease", low=0.001) or float(queue.info.settings.lease_seconds)
-        self.poll_interval = check_seconds(poll_interval, "poll interval", low=0.001)
-        self.min_poll_interval = min(check_seconds(min_poll_interval, "min poll interval", low=0.001), self.poll_interval)
+        self.poll_interval = check_seconds(poll_interval, "poll interval", low=0.001) or DEFAULT_POLL_INTERVAL
+        self.min_poll_interval = min(
+            check_seconds(min_poll_interval, "min poll interval", low=0.001) or DEFAULT_MIN_POLL_INTERVAL,
+            self.poll_interval)
         self.heartbeat_every = None if heartbeat_fraction is None else self.lease * heartbeat_fraction
         self.notify = notify
         self.burst = burst
-        self.log_interval = check_seconds(log_interval, "log interval", low=0.001)
+        self.log_interval = check_seconds(log_interval, "log interval", low=0.001) or DEFAULT_LOG_INTERVAL
         self.shutdown_timeout = check_seconds(shutdown_timeout, "shutdown timeout")
         self.handle_signals = handle_signals
         self.stats = WorkerStats()
@@ -501,7 +503,7 @@ class AsyncWorker:
     def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> list[int]:
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
             return []
-        installed = []
+        installed: list[int] = []
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stop)
             installed.append(signum)
@@ -517,7 +519,8 @@ class AsyncWorker:
                      len(self._held) - len(unstarted))
         for item_id in unstarted:
             self._finished[item_id] = _Outcome(None, release=True)
-        deadline = math.inf if self.shutdown_timeout is None else time.monotonic() + self.shutdown_timeout
+        timeout = self.shutdown_timeout
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
         try:
             await self._settle()
             while self._held and not self._forced and time.monotonic() < deadline:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from queuectl.catalog import QueueInfo
-from queuectl.client.calls import RELIABLE_CALLS, RETRY_TOTAL_S, Call, Reconnecting, ReliableCalls, refusal
+from queuectl.client.calls import RELIABLE_CALLS, RETRY_TOTAL_S, Call, Reconnecting, ReliableCalls, T, refusal
 from queuectl.client.kinds import (
     HOT_CALLS, RING_PUSH_TIMEOUT, RING_REPAIR_GRACE, KindCalls, PendingCalls, ReleasedClaim, RingCalls, RingRepair,
     WatermarkCalls, WatermarkCorrection,
@@ -78,7 +78,7 @@ class _AsyncClient:
         self._adapter.check_asyncio()
         if info.kind != self.kind:
             raise UsageError(f"queue {name!r} is of kind {info.kind!r}, not {self.kind!r}: use open_async_queue()")
-        values = {**self.names.template_values(), **kind_template_values(self.names, self.kind)}
+        values: dict[str, str | int] = {**self.names.template_values(), **kind_template_values(self.names, self.kind)}
         self._clauses = {key: sa.text(render(self._adapter.sql_dir, self.kind, key, values)) for key in self._calls}
         self._hot = {key: self._adapter.async_client_statement(engine.sync_engine, self._clauses[key])
                      for key in self._hot_calls}
@@ -121,19 +121,19 @@ class _AsyncClient:
         except sa.exc.SQLAlchemyError:
             pass
 
-    async def _send(self, call: Call) -> Any:
+    async def _send(self, call: Call[Any]) -> Any:
         hot = self._hot.get(call.key)
         if hot is not None:
             return await hot.run(self._driver, call.params)
         assert self._conn is not None
         return await self._conn.execute(self._clauses[call.key], call.params)
 
-    async def _run(self, call: Call) -> Any:
+    async def _run(self, call: Call[T]) -> T:
         """Run one call's statement; on a lost connection reconnect and, when the call allows
         it, send it again: queuectl.client.Queue._call's rules, in the same words. Inside
         transaction() nothing is sent again: the transaction died with its connection."""
         if call.params is None:
-            return call.empty
+            return call.empty  # type: ignore[return-value]  # the empty result of its kind
         await self._outside_others_transaction()
         retry: Reconnecting | None = None
         while True:
@@ -145,7 +145,7 @@ class _AsyncClient:
                 return call.fetch(await self._send(call))
             except sa.exc.DBAPIError as exc:
                 lost = exc.connection_invalidated or (not sent and isinstance(exc, sa.exc.OperationalError))
-                reason = error_text(exc, self.engine)
+                reason = error_text(exc, self.engine.url)
                 if not lost:
                     refused = refusal(self._adapter, call, self.name, exc, reason)
                     if refused is exc:
@@ -390,7 +390,7 @@ class AsyncStackQueue(AsyncKindQueue):
 class AsyncPendingQueue(PendingCalls, AsyncKindQueue):
     """Items become ready at their due time; earliest due first."""
 
-    async def enqueue_many(  # type: ignore[override]
+    async def enqueue_many(
         self,
         payloads: Iterable[bytes | str],
         *,
@@ -423,7 +423,7 @@ class AsyncRingQueue(RingCalls, AsyncKindQueue):
         self.released: list[ReleasedClaim] = []
         super().__init__(engine, name, schema=schema, info=info, owns_engine=owns_engine)
 
-    async def enqueue(  # type: ignore[override]
+    async def enqueue(
         self,
         payload: bytes | str,
         *,
@@ -437,7 +437,7 @@ class AsyncRingQueue(RingCalls, AsyncKindQueue):
         """Push one message; returns its id (its position). QueueFullError when full."""
         return await self._run(self._enqueue_call(payload, headers, priority, delay, title, due_at, timeout))
 
-    async def enqueue_many(  # type: ignore[override]
+    async def enqueue_many(
         self,
         payloads: Iterable[bytes | str],
         *,
@@ -447,7 +447,7 @@ class AsyncRingQueue(RingCalls, AsyncKindQueue):
         """Push many messages in one statement; QueueFullError (with .enqueued) if not all fit."""
         return await self._run(self._enqueue_many_call(payloads, headers, timeout))
 
-    async def dequeue(self, n: int = 1, *, timeout: float = 0.0) -> list[Item]:  # type: ignore[override]
+    async def dequeue(self, n: int = 1, *, timeout: float = 0.0) -> list[Item]:
         """Pop up to n messages in position order, waiting up to `timeout` s for the first."""
         return await self._run(self._dequeue_call(n, timeout))
 
@@ -487,14 +487,14 @@ async def open_async_queue(url_or_engine: str | AsyncEngine | None, name: str, *
 async def _open(url_or_engine: str | AsyncEngine | None, name: str, schema: str, worker: str | None, *,
                 reliable_only: bool) -> _AsyncClient:
     owns_engine = url_or_engine is None or isinstance(url_or_engine, str)
-    engine = make_async_engine(url_or_engine) if owns_engine else url_or_engine  # type: ignore[arg-type]
-    assert engine is not None
+    engine = url_or_engine if not (url_or_engine is None or isinstance(url_or_engine, str)) \
+        else make_async_engine(url_or_engine)
     conn = None
     try:
         try:
             conn = await _autocommit_connection(engine)
         except sa.exc.DBAPIError as exc:
-            raise ConnectionFailed(f"cannot connect to {mask_url(engine.url)}: {error_text(exc, engine)}") from None
+            raise ConnectionFailed(f"cannot connect to {mask_url(engine.url)}: {error_text(exc, engine.url)}") from None
         info = await conn.run_sync(require_queue, name, schema)
         cls = AsyncQueue if reliable_only else ASYNC_CLIENTS.get(info.kind)
         if cls is None:

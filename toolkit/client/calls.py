@@ -13,7 +13,7 @@ import operator
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from queuectl.arguments import (
     check_batch, check_max_attempts, check_priority, check_seconds, headers_list, payload_list, schema_revision_number,
@@ -50,8 +50,11 @@ class EnqueueOutcomeUnknown(ConnectionFailed):
     """
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True, slots=True)
-class Call:
+class Call(Generic[T]):
     """One client call: the statement's section name, its bind values, how to read its
     result, whether it may be sent again after a lost connection, and how many items it
     touches that this client holds (for the give-up message). `params` None: nothing needs
@@ -59,10 +62,10 @@ class Call:
 
     key: str
     params: dict[str, Any] | None
-    fetch: Callable[[Any], Any]
+    fetch: Callable[[Any], T]
     resend: bool = True
     held: int = 0
-    empty: Any = None
+    empty: T | None = None
 
 
 def _column(name: str) -> Callable[[Any], list[Any]]:
@@ -123,7 +126,7 @@ class ReliableCalls:
         return messages_from(result, self.adapter.json_value)
 
     def enqueue(self, payload: bytes | str, headers: dict[str, Any] | None, priority: int, delay: float,
-                title: str | None, max_attempts: int | None) -> Call:
+                title: str | None, max_attempts: int | None) -> Call[int]:
         params = {
             "payload": payload_bytes(payload),
             "headers": headers_json(headers),
@@ -142,7 +145,7 @@ class ReliableCalls:
         delay: float | Sequence[float],
         title: str | None | Sequence[str | None],
         max_attempts: int | None,
-    ) -> Call:
+    ) -> Call[list[int]]:
         items = payload_list(payloads)
         max_attempts = check_max_attempts(max_attempts)
         if not items:
@@ -160,7 +163,7 @@ class ReliableCalls:
         ]
         return Call("enqueue_many", self.adapter.enqueue_many_params(rows, max_attempts), _scalars, resend=False)
 
-    def dequeue(self, n: int, lease: float | None) -> Call:
+    def dequeue(self, n: int, lease: float | None) -> Call[list[Message]]:
         params = {
             "batch": check_batch(n),
             "lease_seconds": check_seconds(lease, "lease", low=0.001),
@@ -168,13 +171,13 @@ class ReliableCalls:
         }
         return Call("dequeue", params, self.messages)
 
-    def ack(self, items: Iterable[int | Message]) -> Call:
+    def ack(self, items: Iterable[int | Message]) -> Call[int]:
         ids = ids_of(items)
         params = {"ids": self.adapter.id_array(ids), "worker": self.worker} if ids else None
         return Call("ack", params, _scalar, held=len(ids), empty=0)
 
     def nack(self, items: Iterable[int | Message], error: str | BaseException | None, base_delay: float | None,
-             max_delay: float | None) -> Call:
+             max_delay: float | None) -> Call[dict[int, str]]:
         ids = ids_of(items)
         params = {
             "ids": self.adapter.id_array(ids),
@@ -185,18 +188,18 @@ class ReliableCalls:
         } if ids else None
         return Call("nack", params, _new_statuses, held=len(ids), empty={})
 
-    def extend_lease(self, items: Iterable[int | Message], lease: float | None) -> Call:
+    def extend_lease(self, items: Iterable[int | Message], lease: float | None) -> Call[list[int]]:
         ids = ids_of(items)
         params = {"ids": self.adapter.id_array(ids), "lease_seconds": check_seconds(lease, "lease", low=0.001),
                   "worker": self.worker} if ids else None
         return Call("extend_lease", params, _column("id"), held=len(ids), empty=[])
 
-    def release(self, items: Iterable[int | Message]) -> Call:
+    def release(self, items: Iterable[int | Message]) -> Call[int]:
         ids = ids_of(items)
         params = {"ids": self.adapter.id_array(ids), "worker": self.worker} if ids else None
         return Call("release", params, _scalar, held=len(ids), empty=0)
 
-    def ack_and_dequeue(self, done: Iterable[int | Message], n: int, lease: float | None) -> Call:
+    def ack_and_dequeue(self, done: Iterable[int | Message], n: int, lease: float | None) -> Call[list[Message]]:
         if schema_revision_number(self.info.schema_version) < ACK_DEQUEUE_REVISION:
             raise UsageError(
                 f"queue {self.name!r} is at {self.info.schema_version}; ack_and_dequeue needs "
@@ -215,7 +218,7 @@ class ReliableCalls:
 # -- what a failed call raises ------------------------------------------------------------------
 
 
-def refusal(adapter: Adapter, call: Call, queue: str, exc: Any, reason: str) -> Exception:
+def refusal(adapter: Adapter, call: Call[Any], queue: str, exc: Any, reason: str) -> Exception:
     """What to raise for an error on a live connection: one line for the errors a caller
     acts on (an oversized payload, a canceled statement), else the driver's error itself."""
     refused = adapter.payload_refusal(exc)
@@ -228,7 +231,8 @@ def refusal(adapter: Adapter, call: Call, queue: str, exc: Any, reason: str) -> 
             f"{call.key} on queue {queue!r} was canceled by the server and rolled back "
             f"({reason}): {undone}; sending it again is safe"
         )
-    return exc
+    driver_error: Exception = exc
+    return driver_error
 
 
 class Reconnecting:
@@ -240,7 +244,7 @@ class Reconnecting:
         self.deadline = time.monotonic() + total
         self.attempt = 0
 
-    def pause_after(self, call: Call, sent: bool, queue: str, url: Any, reason: str) -> float:
+    def pause_after(self, call: Call[Any], sent: bool, queue: str, url: Any, reason: str) -> float:
         """The pause before reconnecting and sending `call` again; raises when it must not
         be sent again (an enqueue that reached the server: EnqueueOutcomeUnknown) or when
         the time is up (ConnectionFailed)."""

@@ -31,7 +31,7 @@ from queuectl.arguments import (
     check_batch, check_positive_seconds, headers_list, payload_list, per_item, spread,
 )
 from queuectl.catalog import QueueInfo
-from queuectl.client.calls import Call
+from queuectl.client.calls import Call, T
 from queuectl.client.reliable import Queue
 from queuectl.engine import adapter_for, make_engine
 from queuectl.engine.base import Adapter
@@ -137,20 +137,20 @@ class KindCalls:
             raise UsageError(f"{self.kind} queues have no due times (use a pending queue)")
 
     def _enqueue_call(self, payload: bytes | str, headers: dict[str, Any] | None, priority: int, delay: float,
-                      title: str | None, due_at: datetime | None) -> Call:
+                      title: str | None, due_at: datetime | None) -> Call[int]:
         self._refuse_options(priority, delay, title, due_at)
         return Call("enqueue", {"payload": payload_bytes(payload), "headers": headers_json(headers)}, _scalar,
                     resend=False)
 
     def _enqueue_many_call(self, payloads: Iterable[bytes | str], headers: Sequence[dict[str, Any] | None] | None,
-                           ) -> Call:
+                           ) -> Call[list[int]]:
         items = payload_list(payloads)
         if not items:
             return Call("enqueue_many", None, _scalars, empty=[])
         params = self._adapter.kind_enqueue_many_params(items, headers_list(headers, len(items)))
         return Call("enqueue_many", params, _scalars, resend=False)
 
-    def _dequeue_call(self, n: int) -> Call:
+    def _dequeue_call(self, n: int) -> Call[list[Item]]:
         # A destructive dequeue that reached the server may have taken its items: never resent.
         return Call("dequeue", {"batch": check_batch(n)}, self._items, resend=False)
 
@@ -195,8 +195,10 @@ class KindQueue(KindCalls):
         hot = self._hot.get(key)
         return hot(self._conn, params) if hot is not None else self._conn.execute(self._sql[key], params)
 
-    def _run(self, call: Call) -> Any:
-        return call.empty if call.params is None else call.fetch(self._execute(call.key, call.params))
+    def _run(self, call: Call[T]) -> T:
+        if call.params is None:
+            return call.empty  # type: ignore[return-value]  # the empty result of its kind
+        return call.fetch(self._execute(call.key, call.params))
 
     # -- producing -------------------------------------------------------------------
 
@@ -292,7 +294,7 @@ class PendingCalls(KindCalls):
     kind = "pending"
 
     def _enqueue_call(self, payload: bytes | str, headers: dict[str, Any] | None, priority: int, delay: float,
-                      title: str | None, due_at: datetime | None) -> Call:
+                      title: str | None, due_at: datetime | None) -> Call[int]:
         self._refuse_options(priority, 0.0, title, None)
         params = {
             "payload": payload_bytes(payload),
@@ -304,7 +306,7 @@ class PendingCalls(KindCalls):
 
     def _enqueue_many_call(self, payloads: Iterable[bytes | str], headers: Sequence[dict[str, Any] | None] | None,
                            due_at: Sequence[datetime | None] | None = None,
-                           delay: float | Sequence[float] = 0.0) -> Call:
+                           delay: float | Sequence[float] = 0.0) -> Call[list[int]]:
         items = payload_list(payloads)
         if not items:
             return Call("enqueue_many", None, _scalars, empty=[])
@@ -345,16 +347,16 @@ class WatermarkCalls(KindCalls):
     """A FIFO whose dequeue scans from a low watermark kept in this client's session."""
 
     kind = "watermark"
-    _calls = ("enqueue", "enqueue_many", "dequeue", "correct_watermark", "stored_watermark")
+    _calls: tuple[str, ...] = ("enqueue", "enqueue_many", "dequeue", "correct_watermark", "stored_watermark")
 
-    def _correct_watermark_call(self) -> Call:
+    def _correct_watermark_call(self) -> Call[WatermarkCorrection]:
         def correction(result: Any) -> WatermarkCorrection:
             row = result.mappings().one()
             return WatermarkCorrection(self.name, row["old_low"], row["new_low"], row["true_low"], row["changed"],
                                        row["reason"])
         return Call("correct_watermark", {}, correction)
 
-    def _stored_watermark_call(self) -> Call:
+    def _stored_watermark_call(self) -> Call[dict[str, Any]]:
         return Call("stored_watermark", {}, lambda result: dict(result.mappings().one()))
 
 
@@ -393,10 +395,10 @@ class RingCalls(KindCalls):
     """
 
     kind = "ring"
-    _calls = ("enqueue", "enqueue_many", "dequeue", "ring_repair", "ring_release")
+    _calls: tuple[str, ...] = ("enqueue", "enqueue_many", "dequeue", "ring_repair", "ring_release")
 
     def _enqueue_call(self, payload: bytes | str, headers: dict[str, Any] | None, priority: int, delay: float,
-                      title: str | None, due_at: datetime | None, timeout: float = RING_PUSH_TIMEOUT) -> Call:
+                      title: str | None, due_at: datetime | None, timeout: float = RING_PUSH_TIMEOUT) -> Call[int]:
         self._refuse_options(priority, delay, title, due_at)
         wait = check_positive_seconds(timeout, "timeout")
         params = {"payload": payload_bytes(payload), "headers": headers_json(headers), "timeout": wait}
@@ -409,7 +411,7 @@ class RingCalls(KindCalls):
         return Call("enqueue", params, pushed, resend=False)
 
     def _enqueue_many_call(self, payloads: Iterable[bytes | str], headers: Sequence[dict[str, Any] | None] | None,
-                           timeout: float = RING_PUSH_TIMEOUT) -> Call:
+                           timeout: float = RING_PUSH_TIMEOUT) -> Call[list[int]]:
         items = payload_list(payloads)
         if not items:
             return Call("enqueue_many", None, _scalars, empty=[])
@@ -426,11 +428,11 @@ class RingCalls(KindCalls):
             return ids
         return Call("enqueue_many", params, pushed, resend=False)
 
-    def _dequeue_call(self, n: int, timeout: float = 0.0) -> Call:
+    def _dequeue_call(self, n: int, timeout: float = 0.0) -> Call[list[Item]]:
         params = {"batch": check_batch(n), "timeout": check_positive_seconds(timeout, "timeout")}
         return Call("dequeue", params, self._items, resend=False)
 
-    def _repair_call(self, grace: float, timeout: float) -> Call:
+    def _repair_call(self, grace: float, timeout: float) -> Call[RingRepair]:
         params = {"grace": check_positive_seconds(grace, "grace"), "timeout": check_positive_seconds(timeout, "timeout")}
 
         def repaired(result: Any) -> RingRepair:
@@ -443,7 +445,7 @@ class RingCalls(KindCalls):
             )
         return Call("ring_repair", params, repaired, resend=False)
 
-    def _release_call(self) -> Call:
+    def _release_call(self) -> Call[list[ReleasedClaim]]:
         def released(result: Any) -> list[ReleasedClaim]:
             return [
                 ReleasedClaim(

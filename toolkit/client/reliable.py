@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 
 from queuectl.catalog import QueueInfo
 from queuectl.client.calls import (
-    RELIABLE_CALLS, Call, EnqueueOutcomeUnknown, Reconnecting, ReliableCalls, refusal,
+    RELIABLE_CALLS, Call, EnqueueOutcomeUnknown, T, Reconnecting, ReliableCalls, refusal,
 )
 from queuectl.defaults import RETRY_TOTAL_S
 from queuectl.engine import adapter_for, discard_connection, make_engine
@@ -207,7 +207,7 @@ class Queue:
 
     # -- surviving a lost connection -------------------------------------------------------
 
-    def _call(self, call: Call) -> Any:
+    def _call(self, call: Call[T]) -> T:
         """Run one statement; on a lost connection reconnect and (when safe) send it again.
 
         Resending is safe for dequeue (a batch claimed by a lost call comes back when its
@@ -223,7 +223,7 @@ class Queue:
         StatementCanceled, both one line; anything else is the driver's error.
         """
         if call.params is None:
-            return call.empty
+            return call.empty  # type: ignore[return-value]  # the empty result of its kind
         retry: Reconnecting | None = None
         while True:
             sent = False
