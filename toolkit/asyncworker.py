@@ -47,16 +47,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from queuectl.arguments import check_batch, check_seconds, schema_revision_number
+from queuectl.arguments import schema_revision_number
 from queuectl.engine.urls import first_line
 from queuectl.errors import ConnectionFailed, StatementCanceled, UsageError
 from queuectl.messages import Message
 from queuectl.sqlfiles import render
 from queuectl.storable import diagnostic_text
 from queuectl.worker import (
-    DEFAULT_HEARTBEAT_FRACTION, DEFAULT_LOG_INTERVAL, DEFAULT_MIN_POLL_INTERVAL, DEFAULT_POLL_INTERVAL,
-    IN_FLIGHT_FIRST_WAIT, MAX_CONCURRENCY, SETTLE_RETRY_PAUSE, SETTLE_TRIES, WAIT_REGISTRATION_REVISION, PollBackoff,
-    WorkerStats,
+    IN_FLIGHT_FIRST_WAIT, SETTLE_RETRY_PAUSE, SETTLE_TRIES, WAIT_REGISTRATION_REVISION, PollBackoff, WorkerStats,
+    loop_settings,
 )
 
 AsyncHandler = Callable[[Message], Awaitable[Any] | Any]
@@ -128,43 +127,19 @@ class AsyncWorker:
     """Run `await handler(message)` on every item of a reliable queue (an AsyncQueue) as it
     arrives; see the module docstring. Runs once, on the event loop that awaits run()."""
 
-    def __init__(
-        self,
-        queue: Any,
-        handler: AsyncHandler,
-        *,
-        concurrency: int = 1,
-        batch: int = 10,
-        lease: float | None = None,
-        poll_interval: float = DEFAULT_POLL_INTERVAL,
-        min_poll_interval: float = DEFAULT_MIN_POLL_INTERVAL,
-        notify: bool = True,
-        burst: bool = False,
-        heartbeat_fraction: float | None = DEFAULT_HEARTBEAT_FRACTION,
-        log_interval: float = DEFAULT_LOG_INTERVAL,
-        shutdown_timeout: float | None = None,
-        handle_signals: bool = True,
-    ) -> None:
-        if not callable(handler):
-            raise UsageError(f"handler must be callable, got {type(handler).__name__}")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
-            raise UsageError(f"concurrency must be a whole number from 1 to {MAX_CONCURRENCY}, got {concurrency!r}")
-        if heartbeat_fraction is not None and not 0 < heartbeat_fraction < 1:
-            raise UsageError(f"heartbeat fraction must be between 0 and 1, got {heartbeat_fraction!r}")
+    def __init__(self, queue: Any, handler: AsyncHandler, *, notify: bool = True, burst: bool = False,
+                 handle_signals: bool = True, **settings: Any) -> None:
+        """settings: concurrency, batch, lease, poll_interval, min_poll_interval,
+        heartbeat_fraction, log_interval, shutdown_timeout (queuectl.worker.loop_settings)."""
+        self.settings = loop_settings(queue, handler, **settings)
         self.queue = queue
         self.handler = handler
-        self.concurrency = concurrency
-        self.batch = check_batch(batch)
-        self.lease = check_seconds(lease, "lease", low=0.001) or float(queue.info.settings.lease_seconds)
-        self.poll_interval = check_seconds(poll_interval, "poll interval", low=0.001) or DEFAULT_POLL_INTERVAL
-        self.min_poll_interval = min(
-            check_seconds(min_poll_interval, "min poll interval", low=0.001) or DEFAULT_MIN_POLL_INTERVAL,
-            self.poll_interval)
-        self.heartbeat_every = None if heartbeat_fraction is None else self.lease * heartbeat_fraction
+        self.concurrency, self.batch, self.lease = self.settings.concurrency, self.settings.batch, self.settings.lease
+        self.poll_interval, self.min_poll_interval = self.settings.poll_interval, self.settings.min_poll_interval
+        self.heartbeat_every = self.settings.heartbeat_every
         self.notify = notify
         self.burst = burst
-        self.log_interval = check_seconds(log_interval, "log interval", low=0.001) or DEFAULT_LOG_INTERVAL
-        self.shutdown_timeout = check_seconds(shutdown_timeout, "shutdown timeout")
+        self.log_interval, self.shutdown_timeout = self.settings.log_interval, self.settings.shutdown_timeout
         self.handle_signals = handle_signals
         self.stats = WorkerStats()
         self._ran = False

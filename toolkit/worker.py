@@ -162,6 +162,56 @@ class PollBackoff:
         return min(self.longest, wait * (1 + random.uniform(-self.jitter, self.jitter)))
 
 
+@dataclass(frozen=True)
+class LoopSettings:
+    """A consumer loop's checked settings (the blocking Worker's and queuectl.asyncworker's)."""
+
+    concurrency: int
+    batch: int
+    lease: float
+    poll_interval: float
+    min_poll_interval: float
+    heartbeat_every: float | None  # seconds between lease extensions; None: never
+    log_interval: float
+    shutdown_timeout: float | None
+
+
+def loop_settings(
+    queue: QueueClient,
+    handler: object,
+    *,
+    concurrency: int = 1,
+    batch: int = 10,
+    lease: float | None = None,
+    poll_interval: float = DEFAULT_POLL_INTERVAL,
+    min_poll_interval: float = DEFAULT_MIN_POLL_INTERVAL,
+    heartbeat_fraction: float | None = DEFAULT_HEARTBEAT_FRACTION,
+    log_interval: float = DEFAULT_LOG_INTERVAL,
+    shutdown_timeout: float | None = None,
+) -> LoopSettings:
+    """A consumer loop's options, each checked (a one-line UsageError); `lease` defaults to the queue's."""
+    if not callable(handler):
+        raise UsageError(f"handler must be callable, got {type(handler).__name__}")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise UsageError(f"concurrency must be a whole number from 1 to {MAX_CONCURRENCY}, got {concurrency!r}")
+    checked_batch = check_batch(batch)
+    checked_lease = check_seconds(lease, "lease", low=0.001) or float(queue.info.settings.lease_seconds)
+    longest = check_seconds(poll_interval, "poll interval", low=0.001) or DEFAULT_POLL_INTERVAL
+    shortest = check_seconds(min_poll_interval, "min poll interval", low=0.001) or DEFAULT_MIN_POLL_INTERVAL
+    if heartbeat_fraction is not None and not 0 < heartbeat_fraction < 1:
+        raise UsageError(f"heartbeat fraction must be between 0 and 1, got {heartbeat_fraction!r}")
+    return LoopSettings(
+        concurrency=concurrency,
+        batch=checked_batch,
+        lease=checked_lease,
+        poll_interval=longest,
+        min_poll_interval=min(shortest, longest),
+        heartbeat_every=None if heartbeat_fraction is None else checked_lease * heartbeat_fraction,
+        log_interval=check_seconds(log_interval, "log interval", low=0.001) or DEFAULT_LOG_INTERVAL,
+        shutdown_timeout=check_seconds(shutdown_timeout, "shutdown timeout"),
+    )
+
+
 @dataclass
 class WorkerStats:
     """What a worker did; `lost` items were taken over by another consumer after their lease expired."""
@@ -368,23 +418,16 @@ class Worker:
         queue: QueueClient,
         handler: Handler,
         *,
-        concurrency: int = 1,
-        batch: int = 10,
-        lease: float | None = None,
-        poll_interval: float = DEFAULT_POLL_INTERVAL,
-        min_poll_interval: float = DEFAULT_MIN_POLL_INTERVAL,
-        notify: bool = True,
         processes: bool = False,
+        notify: bool = True,
         burst: bool = False,
-        heartbeat_fraction: float | None = DEFAULT_HEARTBEAT_FRACTION,
-        log_interval: float = DEFAULT_LOG_INTERVAL,
-        shutdown_timeout: float | None = None,
         handle_signals: bool = True,
+        **settings: Any,
     ) -> None:
-        if not callable(handler):
-            raise UsageError(f"handler must be callable, got {type(handler).__name__}")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
-            raise UsageError(f"concurrency must be a whole number from 1 to {MAX_CONCURRENCY}, got {concurrency!r}")
+        """settings: concurrency (1), batch (10), lease (the queue's), poll_interval (2 s),
+        min_poll_interval (50 ms), heartbeat_fraction (1/3), log_interval (10 s),
+        shutdown_timeout (none): see LoopSettings."""
+        self.settings = loop_settings(queue, handler, **settings)
         if processes:
             try:
                 pickle.dumps(handler)
@@ -392,19 +435,13 @@ class Worker:
                 raise UsageError("with processes the handler must be a module-level function (picklable)") from None
         self.queue = queue
         self.handler = handler
-        self.concurrency = concurrency
-        self.batch = check_batch(batch)
-        self.lease = check_seconds(lease, "lease", low=0.001) or float(queue.info.settings.lease_seconds)
-        self.poll_interval = check_seconds(poll_interval, "poll interval", low=0.001)
-        self.min_poll_interval = min(check_seconds(min_poll_interval, "min poll interval", low=0.001), self.poll_interval)
-        if heartbeat_fraction is not None and not 0 < heartbeat_fraction < 1:
-            raise UsageError(f"heartbeat fraction must be between 0 and 1, got {heartbeat_fraction!r}")
-        self.heartbeat_every = None if heartbeat_fraction is None else self.lease * heartbeat_fraction
+        self.concurrency, self.batch, self.lease = self.settings.concurrency, self.settings.batch, self.settings.lease
+        self.poll_interval, self.min_poll_interval = self.settings.poll_interval, self.settings.min_poll_interval
+        self.heartbeat_every = self.settings.heartbeat_every
         self.notify = notify and adapter_for(queue.engine).can_listen
         self.processes = processes
         self.burst = burst
-        self.log_interval = check_seconds(log_interval, "log interval", low=0.001)
-        self.shutdown_timeout = check_seconds(shutdown_timeout, "shutdown timeout")
+        self.log_interval, self.shutdown_timeout = self.settings.log_interval, self.settings.shutdown_timeout
         self.handle_signals = handle_signals
         self.stats = WorkerStats()
 

@@ -373,26 +373,7 @@ class WatermarkQueue(WatermarkCalls, KindQueue):
 
 
 class RingCalls(KindCalls):
-    """A ring buffer of preallocated slots: push and pop update rows, nothing else.
-
-    A push waits up to `timeout` seconds (default 1) for a free slot and raises
-    QueueFullError when the ring stays full (its `.enqueued` are the first payloads); it
-    keeps the positions it claimed but could not write for the next push, so a full ring
-    leaves no hole. A pop waits up to `timeout` seconds (default 0) for the first message
-    and keeps the positions it claimed that have no message yet for the next pop. A batch
-    claims and writes (or takes) its positions in one statement each (ring_0003), and the
-    whole call is one statement when nothing has to wait (ring_0005).
-
-    A popper that dies holding a claimed position (its session ends) or rolls back a
-    `processing()` block after taking the message leaves that message FULL at a position
-    no pop will ask for again. `repair()` (the SQL function <queue>_ring_repair, for a job
-    every few minutes) re-pushes such messages at new positions, so they are delivered
-    (once) under a new id; it also tombstones positions claimed by pushers that died, which
-    would otherwise stall pops and, one lap later, pushes into the same slot. close()
-    gives up this client's claims (a pooled connection must not carry them on) and keeps
-    what became of them in `released`: a message that arrived at this client's pop claim
-    after its last pop is re-pushed at once (ring_0002), not left for repair().
-    """
+    """The ring's calls, built without I/O (RingQueue's docstring has the ring's rules)."""
 
     kind = "ring"
     _calls: tuple[str, ...] = ("enqueue", "enqueue_many", "dequeue", "ring_repair", "ring_release")
