@@ -23,7 +23,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from queuectl.defaults import INSTALL_LOCK_WAIT_S
 from queuectl.engine import adapter_for
 from queuectl.engine.urls import first_line
 from queuectl.errors import QueuectlError

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from queuectl.catalog import QueueInfo
-from queuectl.client.calls import RELIABLE_CALLS, RETRY_TOTAL_S, Call, Reconnecting, ReliableCalls, T, refusal
+from queuectl.client.calls import RELIABLE_CALLS, Call, Reconnecting, ReliableCalls, T, refusal
+from queuectl.defaults import RETRY_TOTAL_S
 from queuectl.client.kinds import (
     HOT_CALLS, RING_PUSH_TIMEOUT, RING_REPAIR_GRACE, KindCalls, PendingCalls, ReleasedClaim, RingCalls, RingRepair,
     WatermarkCalls, WatermarkCorrection,
