@@ -68,7 +68,8 @@ class Queue:
         self._conn: sa.Connection | None = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         self.info: QueueInfo = info or require_queue(self._conn, name, schema)
         if self.info.kind != "reliable":
-            raise UsageError(f"queue {name!r} is of kind {self.info.kind!r}; this client speaks 'reliable'")
+            raise UsageError(f"queue {name!r} is of kind {self.info.kind!r}; Queue speaks 'reliable': "
+                             f"use queuectl.open_queue(url, {name!r}), which opens the client of any kind")
         self._adapter = adapter_for(self.engine)
         self._calls = ReliableCalls(self._adapter, self.names.queue, self.worker, self.info)
         self._sql = self._statements(self._adapter.sql_dir)

@@ -1,0 +1,45 @@
+"""One import for every kind: `from queuectl import ...` gives the clients, the workers, the
+records and the errors, loaded on first use."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+import sqlalchemy as sa
+
+import queuectl
+from queuectl import AsyncQueue, Message, Queue, UsageError, Worker, open_async_queue, open_queue
+from queuectl.client import FifoQueue
+from queuectl.install import install_queue
+
+
+def test_every_public_name_is_the_object_its_module_defines():
+    assert queuectl.__all__ == sorted(queuectl._PUBLIC)
+    for name, module in queuectl._PUBLIC.items():
+        assert getattr(queuectl, name) is getattr(importlib.import_module(module), name), name
+    assert set(queuectl.__all__) <= set(dir(queuectl))
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        queuectl.Nope  # noqa: B018
+    assert (Message, Worker, AsyncQueue, open_async_queue) == (
+        queuectl.Message, queuectl.Worker, queuectl.AsyncQueue, queuectl.open_async_queue)
+
+
+def test_the_package_and_its_errors_load_without_sqlalchemy():
+    code = ("import sys, queuectl; queuectl.UsageError; queuectl.QueuectlError; queuectl.__version__; "
+            "print(sorted(m for m in ('sqlalchemy', 'psycopg', 'queuectl.client') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_open_queue_gives_any_kind_its_client_and_queue_points_there(engine: sa.Engine):
+    install_queue(engine, "events", "fifo")
+    with open_queue(engine, "events") as events:
+        assert isinstance(events, FifoQueue)
+        events.enqueue("hello")
+        assert [m.payload for m in events.dequeue(1)] == [b"hello"]
+    with pytest.raises(UsageError, match=r"kind 'fifo'; Queue speaks 'reliable': use queuectl.open_queue\(url, 'events'\)"):
+        Queue(engine, "events")
