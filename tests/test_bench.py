@@ -574,10 +574,15 @@ def test_the_wheel_holds_the_bench_scenarios_and_nothing_of_the_lab(tmp_path: Pa
     for file in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / file, src / file)
     assert (src / "bench" / "lab" / "RESULTS.md").is_file() and list((src / "bench" / "lab" / "results").glob("*.json"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                    "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, timeout=300)
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+                            "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, text=True, timeout=300)
+    # The packaging itself is clean: setuptools' deprecation and "package would be ignored"
+    # notices (BuildBackendWarning, SetuptoolsDeprecationWarning) come through even --quiet.
+    assert "Warning:" not in build.stdout + build.stderr, (build.stdout + build.stderr)[-3000:]
     [wheel] = (tmp_path / "dist").glob("queuectl-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
+    assert sorted(n for n in names if n.startswith("queuectl/sql/") and n.endswith(".sql")) == sorted(
+        f"queuectl/{p.relative_to(ROOT).as_posix()}" for p in (ROOT / "sql").rglob("*.sql"))
     bench = sorted(n.removeprefix("queuectl/bench/") for n in names if n.startswith("queuectl/bench/"))
     assert bench == sorted([p.name for p in (ROOT / "bench").glob("*.py")] + ["result_schema.json"])
     assert "queuectl/sql/postgresql/bench.sql" in names  # the scenarios' own SQL
