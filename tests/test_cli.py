@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import re
 import shutil
+import signal
 import subprocess
+import sys
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from queuectl.engine import make_engine
+from queuectl.registry import get_queue, list_queues
+from queuectl.stats import queue_counts
 
 from conftest import run_cli
 from test_install import psql_command, schema_objects
@@ -160,10 +169,80 @@ def test_every_command_has_help():
 
 
 @pytest.mark.slow
-def test_demo_runs_and_completes_items(db_url):
+def test_demo_runs_and_completes_items(db_url, engine, orders):
+    """On a queue of its own, which it removes: the user's `orders` (here holding an item
+    that is not an order) is left as it was."""
+    orders.enqueue("not an order {")
     result = run_cli("demo", "--seconds", "3", url=db_url, timeout=180)
     assert result.returncode == 0, result.stderr.decode()
     text = result.stdout.decode()
-    assert "demo summary" in text
+    assert "demo summary" in text and "installed queue queuectl_demo for the demo" in text
     completed = next(line for line in text.splitlines() if "completed  " in line or "│ completed " in line)
     assert int("".join(ch for ch in completed.split("completed", 1)[1] if ch.isdigit())) > 0
+    with engine.connect() as conn:
+        assert [q.name for q in list_queues(conn)] == ["orders"]
+        assert queue_counts(conn, "orders", "reliable")["ready"] == 1
+
+
+def test_demo_refuses_an_existing_queue(db_url, orders):
+    result = run_cli("demo", "--queue", "orders", "--seconds", "1", url=db_url)
+    assert result.returncode == 2
+    assert "queue 'orders' exists: the demo installs a queue of its own" in one_error_line(result)
+
+
+def test_demo_consumer_completes_any_payload(db_url, orders):
+    """Not JSON, JSON that is not an order, an order: each is completed, none kills the consumer."""
+    from queuectl.demo import _consumer
+
+    payloads = ["not json {", "[1, 2]", json.dumps({"order": "1-1", "sku": 7, "qty": 1})]
+    orders.enqueue_many(payloads)
+    ctx = multiprocessing.get_context("spawn")
+    stop, go, waits = ctx.Event(), ctx.Event(), ctx.Queue()
+    stop.set()  # producers done: drain and return
+    go.set()
+    completed, ready = ctx.Value("q", 0), ctx.Value("i", 0)
+    _consumer(db_url, "orders", stop, completed, 2, waits, ready, go)
+    assert completed.value == len(payloads) and len(waits.get(timeout=5)) == len(payloads)
+    assert orders.counts()["ready"] == 0
+
+
+def _spawned_children(pid: int) -> list[int]:
+    """Processes that `pid` started with multiprocessing's spawn (its demo workers)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"multiprocessing.spawn" in cmdline and b"resource_tracker" not in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.slow
+def test_demo_process_that_dies_stops_the_demo_in_one_line_and_it_cleans_up(db_url, engine):
+    env = {**os.environ, "QUEUECTL_URL": db_url, "COLUMNS": "200"}
+    proc = subprocess.Popen([sys.executable, "-m", "queuectl.cli", "demo", "--seconds", "120"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # running: every worker started and items completed
+            assert time.monotonic() < deadline and proc.poll() is None, "the demo did not get going"
+            with engine.connect() as conn:
+                running = get_queue(conn, "queuectl_demo") is not None and sum(
+                    queue_counts(conn, "queuectl_demo", "reliable").values()) > 0
+            if running and len(_spawned_children(proc.pid)) == 4:
+                break
+            time.sleep(0.2)
+        killed_at = time.monotonic()
+        os.kill(_spawned_children(proc.pid)[0], signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert time.monotonic() - killed_at < 20  # not the run's 120 s, nor a 60 s wait on a queue
+    assert proc.returncode == 2
+    lines = [ln for ln in stderr.decode().splitlines() if ln.strip()]
+    assert len(lines) == 1 and re.fullmatch(r"error: demo stopped: (producer|consumer) \d exited with code -9", lines[0]), lines
+    with engine.connect() as conn:
+        assert get_queue(conn, "queuectl_demo") is None

@@ -1,14 +1,23 @@
 """`queuectl demo`: producers and consumers in separate processes on one queue, a live
 view of depth and rates, then a summary. Waits are measured between the server's own
-enqueue and dequeue timestamps, so no clock skew enters them."""
+enqueue and dequeue timestamps, so no clock skew enters them.
+
+The demo installs a queue of its own (`queuectl_demo`; it refuses one that exists, so it
+never writes into a user's queue) and uninstalls it when it ends, however it ends. A
+demo process that fails reports one line and the demo stops at the next tick of its live
+view with that line, rather than waiting for results that will not come.
+"""
 
 from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import queue as queue_module
 import random
 import statistics
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.sharedctypes import Synchronized
 
@@ -19,14 +28,18 @@ from rich.text import Text
 
 from queuectl.client import Queue
 from queuectl.engine import make_engine, resolve_url
-from queuectl.errors import QueuectlError
-from queuectl.install import install_queue
+from queuectl.engine.urls import error_text
+from queuectl.errors import QueuectlError, UsageError
+from queuectl.install import install_queue, uninstall_queue
 from queuectl.registry import get_queue
 from queuectl.stats import queue_counts
 
+DEMO_QUEUE = "queuectl_demo"
 PRODUCER_BATCH = 20
 DRAIN_SECONDS = 10.0
 STARTUP_TIMEOUT_S = 120.0  # spawned processes may start slowly on a loaded machine
+REPORT_TIMEOUT_S = 60.0  # consumers hand over their wait samples after draining
+TICK_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,15 @@ def _producer(
                     stop.wait(ahead)
 
 
+def _work(payload: str) -> None:
+    """The consumers' "work": read the order. Any payload is fine: an item that is not an
+    order (not JSON, or not an object) is completed like the others."""
+    try:
+        json.loads(payload)
+    except ValueError:
+        pass
+
+
 def _consumer(
     url: str, queue: str, stop: mp.Event, completed: Synchronized, batch: int, waits: mp.Queue,
     ready: Synchronized, go: mp.Event,
@@ -84,7 +106,7 @@ def _consumer(
         while True:
             with q.processing(batch, lease=30) as messages:
                 for m in messages:
-                    json.loads(m.payload)  # the "work": parse the order
+                    _work(m.payload)
                     samples.append((m.dequeued_at - m.enqueued_at).total_seconds())
             if messages:
                 with completed.get_lock():
@@ -97,20 +119,57 @@ def _consumer(
     waits.put(samples)
 
 
-def _wait_for_workers(procs: list, ready: Synchronized, timeout: float = STARTUP_TIMEOUT_S) -> None:
+def _reporting(target: Callable[..., None], url: str, errors: mp.Queue, *args: object) -> None:
+    """A demo process: runs `target`; a failure becomes one line (no password) on `errors`
+    and exit code 1, instead of a traceback on the user's terminal."""
+    try:
+        target(url, *args)
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the demo itself says so
+        sys.exit(130)
+    except BaseException as exc:
+        errors.put(f"{mp.current_process().name}: {error_text(exc, url)}")
+        errors.close()
+        errors.join_thread()
+        sys.exit(1)
+
+
+def _check_alive(procs: list, errors: mp.Queue) -> None:
+    """One line naming the first demo process that died (and why, when it could say), if any."""
+    dead = [p for p in procs if p.exitcode not in (None, 0)]
+    if not dead:
+        return
+    try:
+        reason = errors.get(timeout=1.0)  # its line may still be in the pipe
+    except queue_module.Empty:
+        reason = f"{dead[0].name} exited with code {dead[0].exitcode}"
+    raise QueuectlError(f"demo stopped: {reason}")
+
+
+def _wait_for_workers(procs: list, ready: Synchronized, errors: mp.Queue, timeout: float = STARTUP_TIMEOUT_S) -> None:
     """Every process connected to the queue, or a clear error (one died, or too slow)."""
     deadline = time.monotonic() + timeout
     while ready.value < len(procs):
-        dead = [p for p in procs if p.exitcode is not None]
-        if dead:
-            for p in procs:
-                p.kill()
-            raise QueuectlError(f"{len(dead)} demo process(es) failed to start (exit codes {[p.exitcode for p in dead]})")
+        _check_alive(procs, errors)
         if time.monotonic() > deadline:
-            for p in procs:
-                p.kill()
             raise QueuectlError(f"demo processes did not connect within {timeout:.0f}s")
         time.sleep(0.05)
+
+
+def _collect_waits(procs: list, waits: mp.Queue, errors: mp.Queue, consumers: int) -> list[float]:
+    """The consumers' wait samples, each handed over once it drained; a dead process or a
+    consumer that does not finish is a one-line error, not a wait on a queue that stays empty."""
+    samples: list[float] = []
+    received = 0
+    deadline = time.monotonic() + REPORT_TIMEOUT_S
+    while received < consumers:
+        try:
+            samples.extend(waits.get(timeout=TICK_S))
+            received += 1
+        except queue_module.Empty:
+            _check_alive(procs, errors)
+            if time.monotonic() > deadline:
+                raise QueuectlError(f"demo consumers did not finish within {REPORT_TIMEOUT_S:.0f}s of the end") from None
+    return samples
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -135,7 +194,7 @@ def _live_table(elapsed: float, seconds: float, enq: int, done: int, counts: dic
 def run_demo(
     url: str | None,
     *,
-    queue: str = "orders",
+    queue: str = DEMO_QUEUE,
     seconds: float = 20.0,
     producers: int = 2,
     consumers: int = 2,
@@ -143,7 +202,8 @@ def run_demo(
     rate: float = 2000.0,
     console: Console | None = None,
 ) -> DemoSummary:
-    """Run the demo and print its live view and summary on `console`."""
+    """Run the demo on a queue it installs (`queue` must not exist) and uninstalls at the end;
+    print its live view and summary on `console`."""
     if (not 0.5 <= seconds <= 3600 or not 1 <= producers <= 64 or not 1 <= consumers <= 64 or not 1 <= batch <= 10000
             or not 0 <= rate <= 1_000_000):  # `not` so that nan fails too
         raise QueuectlError(
@@ -153,24 +213,49 @@ def run_demo(
     resolved = resolve_url(url)
     engine = make_engine(resolved)
     with engine.connect() as conn:
-        if get_queue(conn, queue) is None:
-            install_queue(engine, queue)
-            console.print(Text.assemble("installed queue ", (queue, "bold")))
+        existing = get_queue(conn, queue)
+    if existing is not None:
+        engine.dispose()
+        raise UsageError(
+            f"queue {queue!r} exists: the demo installs a queue of its own and removes it after; give another "
+            f"--queue, or remove this one (a demo's that was killed) with `queuectl uninstall {queue} --yes`"
+        )
+    install_queue(engine, queue)
+    console.print(Text.assemble("installed queue ", (queue, "bold"), " for the demo (uninstalled when it ends)"))
+    procs: list = []
+    try:
+        return _run(engine, resolved, queue, seconds, producers, consumers, batch, rate, console, procs)
+    finally:
+        for p in procs:
+            if p.pid is None:  # never started
+                continue
+            if p.exitcode is None:
+                p.kill()
+            p.join(timeout=10)
+        uninstall_queue(engine, queue)
+        engine.dispose()
 
+
+def _run(engine, url: str, queue: str, seconds: float, producers: int, consumers: int, batch: int, rate: float,
+         console: Console, procs: list) -> DemoSummary:  # fmt: skip
+    """The demo's processes and live view; `procs` is filled so the caller can stop them."""
     ctx = mp.get_context("spawn")
     stop, drain, go = ctx.Event(), ctx.Event(), ctx.Event()
     enqueued, completed, ready = ctx.Value("q", 0), ctx.Value("q", 0), ctx.Value("i", 0)
     waits: mp.Queue = ctx.Queue()
-    procs = [
-        ctx.Process(target=_producer, args=(resolved, queue, stop, enqueued, rate / producers, i, ready, go), daemon=True)
+    errors: mp.Queue = ctx.Queue()
+    procs += [
+        ctx.Process(target=_reporting, args=(_producer, url, errors, queue, stop, enqueued, rate / producers, i, ready, go),
+                    name=f"producer {i + 1}", daemon=True)
         for i in range(producers)
     ] + [
-        ctx.Process(target=_consumer, args=(resolved, queue, drain, completed, batch, waits, ready, go), daemon=True)
-        for _ in range(consumers)
+        ctx.Process(target=_reporting, args=(_consumer, url, errors, queue, drain, completed, batch, waits, ready, go),
+                    name=f"consumer {i + 1}", daemon=True)
+        for i in range(consumers)
     ]
     for p in procs:
         p.start()
-    _wait_for_workers(procs, ready)
+    _wait_for_workers(procs, ready, errors)
     go.set()
 
     started = time.monotonic()
@@ -178,6 +263,7 @@ def run_demo(
     rates = (0.0, 0.0)
     with engine.connect() as conn, Live(console=console, refresh_per_second=4, transient=False) as live:
         while True:
+            _check_alive(procs, errors)
             now = time.monotonic()
             elapsed = now - started
             enq, done = enqueued.value, completed.value
@@ -193,20 +279,15 @@ def run_demo(
                 drain.set()
             if stop.is_set() and (done >= enq or elapsed >= seconds + DRAIN_SECONDS):
                 break
-            time.sleep(0.25)
+            time.sleep(TICK_S)
         drain.set()
-        samples: list[float] = []
-        for _ in range(consumers):
-            samples.extend(waits.get(timeout=60))
+        samples = _collect_waits(procs, waits, errors, consumers)
         for p in procs:
             p.join(timeout=30)
+        _check_alive(procs, errors)
         elapsed = time.monotonic() - started
         final_counts = queue_counts(conn, queue, "reliable")
-    engine.dispose()
     console.line()
-    failed = [p for p in procs if p.exitcode != 0]
-    if failed:
-        raise QueuectlError(f"{len(failed)} demo process(es) failed (exit codes {[p.exitcode for p in failed]})")
 
     summary = DemoSummary(
         seconds=elapsed,

@@ -198,10 +198,10 @@ def demo(
     consumers: Annotated[int, typer.Option(help="Consumer processes.")] = 2,
     batch: Annotated[int, typer.Option(help="Consumer batch size.")] = 50,
     rate: Annotated[float, typer.Option(help="Target enqueue rate, items/s over all producers (0: unlimited).")] = 2000.0,
-    queue: Annotated[str, typer.Option(help="Queue to use (installed if missing).")] = "orders",
+    queue: Annotated[str, typer.Option(help="Queue the demo installs for its run and uninstalls after (it must not exist).")] = "queuectl_demo",
     url: UrlOption = None,
 ) -> None:
-    """Install queue `orders`, run producers and consumers with a live view, print a summary."""
+    """Install a queue of the demo's own, run producers and consumers with a live view, print a summary, remove the queue."""
     from queuectl.demo import run_demo
 
     validate_queue_name(queue)
