@@ -366,7 +366,10 @@ def test_piped_output_is_plain_text_with_advice_lines(orders, engine, db_url):
     assert result.returncode == 1
     assert "\x1b[" not in text  # no colour codes
     assert not re.search(r"[─━│┃┌┏╭╰═]", text)  # no box drawing
-    assert ": WARNING  (0 critical, 1 warning, " in text.splitlines()[0]
+    counts = re.search(r": WARNING  \((\d+) critical, (\d+) warning, (\d+) info, (\d+) ok\)$", text.splitlines()[0])
+    rep = report(engine)  # the JSON's counts, INFO included (here: no job history yet)
+    assert counts and [int(n) for n in counts.groups()] == [rep.to_dict()["counts"][s] for s in (CRITICAL, WARNING, INFO, OK)]
+    assert rep.to_dict()["counts"][INFO] >= 1
     [line] = advice_lines(result.stdout)
     assert line.startswith("WARNING  queue orders: 1 item(s) hold leases that expired")
     assert re.search(r"^orders\s+reliable\s+3\s+0\s+1\s+0\s+0\s", text, re.MULTILINE)

@@ -48,7 +48,8 @@ def facts(engine: str) -> Facts:
     unread = QueueFacts("stuck", "reliable", probed=False, notes=["could not be read: lock request time out"])
     return Facts(
         generated_at=NOW, server={"database": "app", "server_version": "x", "in_recovery": False,
-                                  "autovacuum_on": True},
+                                  "autovacuum_on": True, "autovacuum_vacuum_threshold": 50,
+                                  "autovacuum_vacuum_scale_factor": 0.2, "autovacuum_naptime_s": 60},
         schema="queuectl", queues=[unread], tables=[table], indexes=[bloated, invalid], sessions=[session],
         replication_slots=[slot], standby_feedback=[], prepared_xacts=[prepared],
         jobs={"available": False, "note": "no job history"}, pgstattuple="installed", notes=[],
@@ -128,3 +129,37 @@ def test_summaries_use_the_engines_words(engine):
     else:
         assert dead == "250k dead / 1,000 live" and "holds the xmin horizon" in session
         assert checks["blockers.replication_slot"].summary.startswith("physical slot, INACTIVE")
+
+
+def _waiting_advice(live: int, dead: int, options: list[str] | None = None, autovacuum_on: bool = True) -> str:
+    """PostgreSQL's advice on dead tuples that no transaction holds back."""
+    f = facts("postgresql")
+    f.sessions, f.prepared_xacts = [], []
+    f.server["autovacuum_on"] = autovacuum_on
+    f.tables[0].update(n_live_tup=live, n_dead_tup=dead, autovacuum_options=options)
+    [line] = [c.advice for c in evaluate(f, HealthOptions()) if c.id == "storage.dead_tuples"]
+    return line
+
+
+def test_dead_tuples_past_the_tables_own_trigger_say_autovacuum_has_not_run_yet():
+    """A queue table vacuums at 1000 dead tuples (scale factor 0): lowering that is no advice."""
+    line = _waiting_advice(1000, 250_000, ["autovacuum_vacuum_threshold=1000", "autovacuum_vacuum_scale_factor=0"])
+    assert line.startswith("orders_meta: 250k dead tuples (100%), never vacuumed: autovacuum has not run on this table "
+                           "since they passed the 1,000 at which it starts here (threshold 1000 + scale_factor 0 x "
+                           "1,000 live tuples, this table's settings); it looks every 60 s")
+    assert "run VACUUM (ANALYZE) queuectl.orders_meta if this cannot wait" in line and "lower" not in line
+
+
+def test_dead_tuples_below_the_servers_trigger_say_to_lower_it():
+    """With the server's 50 + 0.2 x live, 10M live tuples let 2M dead ones pile up before autovacuum."""
+    line = _waiting_advice(10_000_000, 250_000)
+    assert ("autovacuum starts only at 2,000,050 dead tuples here (threshold 50 + scale_factor 0.2 x 10,000,000 "
+            "live tuples, the server's settings): run VACUUM (ANALYZE) queuectl.orders_meta") in line
+    assert line.endswith("if it recurs, lower autovacuum_vacuum_threshold / scale_factor for this table")
+
+
+def test_dead_tuples_with_autovacuum_off_say_so():
+    assert "autovacuum is off on this server: run VACUUM (ANALYZE) queuectl.orders_meta, and turn autovacuum on" in (
+        _waiting_advice(1000, 250_000, autovacuum_on=False))
+    assert "autovacuum is off for this table (autovacuum_enabled=off)" in _waiting_advice(
+        1000, 250_000, ["autovacuum_enabled=false"])

@@ -670,7 +670,7 @@ def _storage_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptio
             else:
                 last = max((d for d in (t["last_vacuum"], t["last_autovacuum"]) if d), default=None)
                 since = "never vacuumed" if last is None else f"last vacuum {fmt_duration((facts.generated_at - last).total_seconds())} ago"
-                advice = words.dead_rows_waiting(t, fmt_count(dead), pct, facts.schema, since)
+                advice = words.dead_rows_waiting(t, fmt_count(dead), pct, facts.schema, since, facts.server)
         checks.append(Check("storage.dead_tuples", "storage", name, status,
                             f"{fmt_count(dead)} {words.dead.split()[0]} / {fmt_count(live)} live", dead, "count", advice))
 

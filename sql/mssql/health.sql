@@ -28,7 +28,8 @@
 -- present in schema sys (so pgstattuple_available is 1 and nothing is ever created).
 -- in_recovery: the database cannot be written (a readable secondary or a read-only
 -- database), PostgreSQL's standby. autovacuum_on: the ghost cleanup task, which runs
--- unless trace flag 661 is set (a SELECT cannot read trace flags: reported as on).
+-- unless trace flag 661 is set (a SELECT cannot read trace flags: reported as on);
+-- PostgreSQL's autovacuum trigger settings have no counterpart (NULL).
 -- server_version_num: major * 10000 + minor * 100 (16.0 -> 160000).
 SELECT DB_NAME()                                                    AS "database",
        CAST(SERVERPROPERTY('ProductVersion') AS nvarchar(128))
@@ -41,7 +42,10 @@ SELECT DB_NAME()                                                    AS "database
        CAST(1 AS bit)                                               AS pgstattuple_available,
        CAST(COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, 'VIEW SERVER STATE'), 0) AS bit)
                                                                     AS sees_all_sessions,
-       CAST(1 AS bit)                                               AS autovacuum_on
+       CAST(1 AS bit)                                               AS autovacuum_on,
+       CAST(NULL AS bigint)                                         AS autovacuum_vacuum_threshold,
+       CAST(NULL AS float)                                          AS autovacuum_vacuum_scale_factor,
+       CAST(NULL AS int)                                            AS autovacuum_naptime_s
 
 -- name: session_limits
 -- A report never waits long for a lock. The value is rendered, not bound: a statement

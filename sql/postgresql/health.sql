@@ -12,7 +12,9 @@
 -- hold it for every database. Prepared transactions hold their own database's tables.
 
 -- name: server
--- The server and this session's powers: version, recovery, pgstattuple, stats visibility.
+-- The server and this session's powers: version, recovery, pgstattuple, stats visibility;
+-- and when autovacuum takes a table that has no settings of its own (it vacuums once dead
+-- tuples pass threshold + scale_factor x live tuples, checking every naptime seconds).
 SELECT current_database()                                   AS database,
        current_setting('server_version')                    AS server_version,
        current_setting('server_version_num')::int           AS server_version_num,
@@ -24,7 +26,12 @@ SELECT current_database()                                   AS database,
        (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
          OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')
                                                             AS sees_all_sessions,
-       current_setting('autovacuum')::boolean               AS autovacuum_on
+       current_setting('autovacuum')::boolean               AS autovacuum_on,
+       current_setting('autovacuum_vacuum_threshold')::bigint AS autovacuum_vacuum_threshold,
+       current_setting('autovacuum_vacuum_scale_factor')::float8
+                                                            AS autovacuum_vacuum_scale_factor,
+       (SELECT setting::int FROM pg_settings WHERE name = 'autovacuum_naptime')
+                                                            AS autovacuum_naptime_s
 
 -- name: session_limits
 -- A report never waits long: bounded statements and lock waits (pgstatindex takes

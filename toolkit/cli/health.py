@@ -258,7 +258,7 @@ def render_parts(report: HealthReport, plain: bool = False, footer: str | None =
                 f"at {d['generated_at'][:19].replace('T', ' ')}: ")
     head.append(d["verdict"], style="" if plain else STYLE[d["verdict"]])
     c = d["counts"]
-    head.append(f"  ({c[CRITICAL]} critical, {c[WARNING]} warning, {c[OK]} ok)")
+    head.append(f"  ({c[CRITICAL]} critical, {c[WARNING]} warning, {c[INFO]} info, {c[OK]} ok)")
 
     queues = _table("Queues", ["queue", "kind", "ready", "scheduled", "processing", "done", "dead",
                                "oldest ready", "stuck", "in/min", "done/min", "status"], plain, right=set(range(2, 11)))

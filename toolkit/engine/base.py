@@ -204,7 +204,8 @@ class AdviceWords:
     def end_session(self, pid: Any) -> str: raise NotImplementedError
     def dead_rows_held(self, name: str, count: str, pct: float, holder: dict[str, Any], duration: Fmt) -> str:
         raise NotImplementedError
-    def dead_rows_waiting(self, t: dict[str, Any], count: str, pct: float, schema: str, since: str) -> str:
+    def dead_rows_waiting(self, t: dict[str, Any], count: str, pct: float, schema: str, since: str,
+                          server: dict[str, Any]) -> str:
         raise NotImplementedError
     def table_bloat(self, t: dict[str, Any], bloat: float, size: str) -> str: raise NotImplementedError
     def invalid_index(self, ix: dict[str, Any], schema: str) -> str: raise NotImplementedError

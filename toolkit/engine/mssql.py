@@ -177,7 +177,8 @@ class MssqlWords(AdviceWords):
                 "transaction, sys.dm_tran_active_snapshot_database_transactions, the version ghosts): "
                 f"commit or end it first (KILL {holder['pid']})")
 
-    def dead_rows_waiting(self, t: dict[str, Any], count: str, pct: float, schema: str, since: str) -> str:
+    def dead_rows_waiting(self, t: dict[str, Any], count: str, pct: float, schema: str, since: str,
+                          server: dict[str, Any]) -> str:
         return (f"{t['table_name']}: {count} ghost records ({pct:.0f}%) wait for the ghost cleanup task (a few "
                 "pages every 5 s, none while trace flag 661 is on): if they keep growing, run queuectl reorganize "
                 f"{t['queue']} (ALTER INDEX ... REORGANIZE removes ghosts as it compacts the pages)")

@@ -299,11 +299,30 @@ class PostgresWords(AdviceWords):
         return (f"{name}: {count} dead tuples ({pct:.0f}%) that VACUUM cannot remove while "
                 f"{self.holder(holder, duration)} holds the xmin horizon: end that transaction first")
 
-    def dead_rows_waiting(self, t: dict[str, Any], count: str, pct: float, schema: str, since: str) -> str:
-        own = ", ".join(t.get("autovacuum_options") or []) or "the server's"
-        return (f"{t['table_name']}: {count} dead tuples ({pct:.0f}%), {since}: run VACUUM (ANALYZE) "
-                f"{schema}.{t['table_name']}; if it recurs, lower autovacuum_vacuum_threshold / scale_factor "
-                f"for this table (its autovacuum settings now: {own})")
+    def dead_rows_waiting(self, t: dict[str, Any], count: str, pct: float, schema: str, since: str,
+                          server: dict[str, Any]) -> str:
+        """What keeps autovacuum from these dead tuples: it is off; they are below the point
+        where it starts (lowering the settings helps); or they are past it and it has not come
+        round yet (lowering them would change nothing)."""
+        name = t["table_name"]
+        head = f"{name}: {count} dead tuples ({pct:.0f}%), {since}"
+        vacuum = f"VACUUM (ANALYZE) {schema}.{name}"
+        own = dict(o.split("=", 1) for o in t.get("autovacuum_options") or [] if not o.startswith("toast."))
+        if not server["autovacuum_on"] or own.get("autovacuum_enabled", "on").lower() in ("off", "false", "no", "0"):
+            where = "on this server" if not server["autovacuum_on"] else "for this table (autovacuum_enabled=off)"
+            return f"{head}, and autovacuum is off {where}: run {vacuum}, and turn autovacuum on"
+        threshold = float(own.get("autovacuum_vacuum_threshold", server["autovacuum_vacuum_threshold"]))
+        scale = float(own.get("autovacuum_vacuum_scale_factor", server["autovacuum_vacuum_scale_factor"]))
+        live = t["n_live_tup"] or 0
+        starts_at = threshold + scale * live
+        settings = (f"threshold {threshold:g} + scale_factor {scale:g} x {live:,} live tuples, "
+                    f"{'this table' if 'autovacuum_vacuum_threshold' in own or 'autovacuum_vacuum_scale_factor' in own else 'the server'}'s settings")
+        if (t["n_dead_tup"] or 0) > starts_at:
+            return (f"{head}: autovacuum has not run on this table since they passed the {starts_at:,.0f} at which it "
+                    f"starts here ({settings}); it looks every {server['autovacuum_naptime_s']} s when a worker is free "
+                    f"(autovacuum_max_workers): run {vacuum} if this cannot wait")
+        return (f"{head}: autovacuum starts only at {starts_at:,.0f} dead tuples here ({settings}): run {vacuum}; "
+                f"if it recurs, lower autovacuum_vacuum_threshold / scale_factor for this table")
 
     def table_bloat(self, t: dict[str, Any], bloat: float, size: str) -> str:
         return (f"table {t['table_name']} ~{bloat:.0f}% bloated ({size} with {bloat:.0f}% free beyond "
