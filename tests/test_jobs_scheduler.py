@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -185,7 +186,11 @@ def test_jobs_cli_list_history_and_manual_runs(db_url, engine, orders: Queue, ca
     archived = run_cli("archive", "orders", "--min-age", "0s", url=db_url)  # once as a real process
     assert archived.returncode == 0 and "moved 2 rows" in archived.stdout.decode(), archived.stderr.decode()
     code, out, _ = cli("inspect", "orders", "--json")
-    assert code == 0 and json.loads(out)["result"]["snapshot"]["ready"] == 1
+    snapshot = json.loads(out)["result"]["snapshot"]
+    assert code == 0 and snapshot["ready"] == 1 and isinstance(snapshot["meta_table_bytes"], int)
+    code, out, _ = cli("inspect", "orders")  # sizes as health shows them, not raw bytes
+    assert code == 0 and re.search(r"meta_table_bytes\s+│\s+\d+\.\d (B|kB|MB)\s", out), out
+    assert str(snapshot["meta_table_bytes"]) not in out
     code, out, _ = cli("reorganize", "orders", "--dry-run")
     assert code == 0 and "dry run" in out
     code, _, err = cli("jobs", "run", "archive", "orders", "-o", "min_age=0s", "-o", "batch=5")

@@ -225,10 +225,14 @@ def reorganize(
 
 
 def _render_inspect(result: Any) -> None:
+    """Sizes in health's human units (the JSON keeps the bytes)."""
+    from queuectl.health import fmt_bytes
+
     table = Table("measure", "value", title=f"health snapshot #{result.snapshot_id} at {result.taken_at:%Y-%m-%d %H:%M:%S}")
     for key, value in result.snapshot.items():
         if key != "details":
-            table.add_row(key, "-" if value is None else str(value))
+            shown = fmt_bytes(value) if key.endswith("_bytes") else "-" if value is None else str(value)
+            table.add_row(key, shown)
     out.print(table)
 
 
