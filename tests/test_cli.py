@@ -143,9 +143,23 @@ def test_install_sql_prints_the_script_and_touches_nothing(db_url, engine):
     result = run_cli("install", "orders", "--sql", url=db_url)
     assert result.returncode == 0
     assert b"CREATE FUNCTION" in result.stdout
+    assert result.stderr == b"" and not result.stdout.startswith(b"-- written without")  # read from the database
     assert schema_objects(engine)["schema"] == 0
     psql = subprocess.run(psql_command(db_url), input=result.stdout, capture_output=True, timeout=60)
     assert psql.returncode == 0, psql.stderr
+
+
+@pytest.mark.slow
+def test_install_sql_without_a_database_says_the_script_is_from_scratch(db_url, orders):
+    """`orders` is installed where the URL points; with no URL the script cannot know that and
+    says so, on stderr and in its first line; with the URL there is nothing to install."""
+    offline = run_cli("install", "orders", "--sql")
+    note = ("written without reading a database (no --url or $QUEUECTL_URL given): this script installs the "
+            "catalog and queue 'orders' from scratch, as on an empty database, whether or not they exist where it runs")
+    assert offline.returncode == 0 and offline.stdout.decode().splitlines()[0] == f"-- {note}"
+    assert [ln for ln in offline.stderr.decode().splitlines() if ln.strip()] == [f"note: {note}"]
+    online = run_cli("install", "orders", "--sql", url=db_url)
+    assert online.returncode == 2 and "already installed: nothing to install" in one_error_line(online)
 
 
 @pytest.mark.slow

@@ -199,15 +199,24 @@ def review_script(
     kind: str = "reliable",
     settings: QueueSettings | None = None,
     schema: str = DEFAULT_SCHEMA,
-) -> str:
+) -> tuple[str, str | None]:
     """`install --sql`: the script for the URL's engine (--url, else $QUEUECTL_URL, else
-    PostgreSQL). It connects only where the engine adapter says a review script starts from
-    the database's state (PostgreSQL); a SQL Server script is complete and made offline."""
+    PostgreSQL), and a note when it was written without reading a database. It connects only
+    where the engine adapter says a review script starts from the database's state
+    (PostgreSQL); a SQL Server script is complete and made offline. A script made without a
+    connection installs from scratch, catalog included, whatever the database holds: its first
+    line is a comment saying so (the note), so a script kept for later still tells."""
     check_not_empty(url)
     resolved = url or os.environ.get(URL_ENV)
     adapter = adapter_for(resolved) if resolved else adapter_for("postgresql")
     engine = make_engine(resolved) if resolved and adapter.review_script_connects else None
-    return install_script(engine, name, kind, settings, schema, dialect=adapter.dialect)
+    script = install_script(engine, name, kind, settings, schema, dialect=adapter.dialect)
+    if engine is not None:
+        return script, None
+    why = ("no --url or $" + URL_ENV + " given") if not resolved else f"{adapter.dialect} scripts are made offline"
+    note = (f"written without reading a database ({why}): this script installs the catalog and queue {name!r} "
+            "from scratch, as on an empty database, whether or not they exist where it runs")
+    return f"-- {note}\n{script}", note
 
 
 def upgrade_queue(engine: Engine, name: str, schema: str = DEFAULT_SCHEMA,

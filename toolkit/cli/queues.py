@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from queuectl.cli.options import QueueArg, SchemaOption, UrlOption, fail, json_flag, out
+from queuectl.cli.options import QueueArg, SchemaOption, UrlOption, fail, json_flag, out, print_error
 from queuectl.defaults import DEFAULT_MAX_PAYLOAD_BYTES, INSTALL_LOCK_WAIT_S
 from queuectl.engine import make_engine
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
@@ -51,7 +51,10 @@ def install(
         max_payload_bytes=max_payload_bytes,
     ))
     if sql:
-        sys.stdout.write(review_script(url, name, kind, settings, schema))
+        script, note = review_script(url, name, kind, settings, schema)
+        sys.stdout.write(script)
+        if note:
+            print_error(note, prefix="note")
         return
     info = install_queue(make_engine(url), name, kind, settings, schema, lock_wait=lock_wait)
     out.print(Text.assemble("installed queue ", (info.name, "bold"),
