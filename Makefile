@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test check reliability imports graph bytecode venv venv-test postgres jdbc clean
+.PHONY: demo test check pipeline reliability imports graph bytecode venv venv-test venv-spark postgres jdbc clean
 
 demo: venv postgres
 	$(BIN)/queuectl demo
@@ -19,6 +19,20 @@ TEST_WORKERS ?= 2
 test: venv-test postgres jdbc bytecode
 	@$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
+
+# The pipeline on the embedded server: the spark extra in the venv, the JDBC jar, a demo run
+# whose queue (PIPELINE_QUEUE) is kept and archived (only when that queue is not there yet),
+# then export to PIPELINE_DIR/lake and the report with its charts in PIPELINE_DIR/report.
+PIPELINE_DIR ?= .pipeline
+PIPELINE_QUEUE ?= pipeline_demo
+PIPELINE_DEMO_SECONDS ?= 60
+
+pipeline: venv-spark postgres jdbc
+	@if ! $(BIN)/queuectl list --json | grep -q '"name": "$(PIPELINE_QUEUE)"'; then \
+	  $(BIN)/queuectl demo --queue $(PIPELINE_QUEUE) --seconds $(PIPELINE_DEMO_SECONDS) --keep && \
+	  $(BIN)/queuectl archive $(PIPELINE_QUEUE) --min-age 0s; fi
+	$(BIN)/queuectl pipeline export $(PIPELINE_QUEUE) --lake $(PIPELINE_DIR)/lake
+	$(BIN)/queuectl pipeline report --lake $(PIPELINE_DIR)/lake --out $(PIPELINE_DIR)/report
 
 # The fast subset for a change in progress: no test marked slow, none that needs Spark, not
 # the fault suite (each of its scenarios loads the machine for tens of seconds).
@@ -53,6 +67,7 @@ bytecode:
 
 venv: $(VENV)/.installed-base
 venv-test: $(VENV)/.installed-test
+venv-spark: $(VENV)/.installed-spark
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +79,10 @@ $(VENV)/.installed-base: pyproject.toml | $(VENV)/bin/python
 
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
 	$(BIN)/python -m pip install --quiet -e '.[test,mssql,spark]'
+	touch $@ $(VENV)/.installed-base $(VENV)/.installed-spark
+
+$(VENV)/.installed-spark: pyproject.toml | $(VENV)/bin/python
+	$(BIN)/python -m pip install --quiet -e '.[spark]'
 	touch $@ $(VENV)/.installed-base
 
 # The embedded server needs PostgreSQL's server binaries (Debian's postgresql package, or
@@ -79,9 +98,11 @@ postgres:
 	fi
 
 # The pipeline's Spark JDBC reads need PostgreSQL's JDBC driver jar (no Maven repository is
-# reachable): Debian's libpostgresql-jdbc-java, installed here only when missing and as root.
-jdbc:
-	@if [ -n "$$QUEUECTL_JDBC_JAR" ] || ls /usr/share/java/postgresql*.jar >/dev/null 2>&1; then exit 0; fi; \
+# reachable). Looked for where the pipeline itself looks ($QUEUECTL_JDBC_JAR, /usr/share/java,
+# ~/.m2: queuectl.pipeline.jdbc.find_jdbc_jar); only when none is there, Debian's
+# libpostgresql-jdbc-java is installed, as root.
+jdbc: venv
+	@if $(BIN)/python -c "from queuectl.pipeline.jdbc import find_jdbc_jar; find_jdbc_jar('postgresql')" 2>/dev/null; then exit 0; fi; \
 	if [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then \
 	  echo "installing the PostgreSQL JDBC driver (apt-get install libpostgresql-jdbc-java)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java >/dev/null; \

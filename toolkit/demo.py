@@ -3,7 +3,8 @@ view of depth and rates, then a summary. Waits are measured between the server's
 enqueue and dequeue timestamps, so no clock skew enters them.
 
 The demo installs a queue of its own (`queuectl_demo`; it refuses one that exists, so it
-never writes into a user's queue) and uninstalls it when it ends, however it ends. A
+never writes into a user's queue) and uninstalls it when it ends, however it ends (unless
+asked to keep it, e.g. as history for the pipeline). A
 demo process that fails reports one line and the demo stops at the next tick of its live
 view with that line, rather than waiting for results that will not come.
 """
@@ -200,10 +201,11 @@ def run_demo(
     consumers: int = 2,
     batch: int = 50,
     rate: float = 2000.0,
+    keep: bool = False,
     console: Console | None = None,
 ) -> DemoSummary:
-    """Run the demo on a queue it installs (`queue` must not exist) and uninstalls at the end;
-    print its live view and summary on `console`."""
+    """Run the demo on a queue it installs (`queue` must not exist) and uninstalls at the end
+    (with `keep`, leaves in place); print its live view and summary on `console`."""
     if (not 0.5 <= seconds <= 3600 or not 1 <= producers <= 64 or not 1 <= consumers <= 64 or not 1 <= batch <= 10000
             or not 0 <= rate <= 1_000_000):  # `not` so that nan fails too
         raise QueuectlError(
@@ -221,7 +223,8 @@ def run_demo(
             f"--queue, or remove this one (a demo's that was killed) with `queuectl uninstall {queue} --yes`"
         )
     install_queue(engine, queue)
-    console.print(Text.assemble("installed queue ", (queue, "bold"), " for the demo (uninstalled when it ends)"))
+    console.print(Text.assemble("installed queue ", (queue, "bold"), " for the demo",
+                                " (kept when it ends)" if keep else " (uninstalled when it ends)"))
     procs: list = []
     try:
         return _run(engine, resolved, queue, seconds, producers, consumers, batch, rate, console, procs)
@@ -232,7 +235,8 @@ def run_demo(
             if p.exitcode is None:
                 p.kill()
             p.join(timeout=10)
-        uninstall_queue(engine, queue)
+        if not keep:
+            uninstall_queue(engine, queue)
         engine.dispose()
 
 

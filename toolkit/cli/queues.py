@@ -202,6 +202,7 @@ def demo(
     batch: Annotated[int, typer.Option(help="Consumer batch size.")] = 50,
     rate: Annotated[float, typer.Option(help="Target enqueue rate, items/s over all producers (0: unlimited).")] = 2000.0,
     queue: Annotated[str, typer.Option(help="Queue the demo installs for its run and uninstalls after (it must not exist).")] = "queuectl_demo",
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the queue and its items afterwards (e.g. for `queuectl archive` and the pipeline).")] = False,
     url: UrlOption = None,
 ) -> None:
     """Install a queue of the demo's own, run producers and consumers with a live view, print a summary, remove the queue."""
@@ -209,7 +210,8 @@ def demo(
 
     validate_queue_name(queue)
     summary = run_demo(
-        url, queue=queue, seconds=seconds, producers=producers, consumers=consumers, batch=batch, rate=rate, console=out
+        url, queue=queue, seconds=seconds, producers=producers, consumers=consumers, batch=batch, rate=rate, keep=keep,
+        console=out,
     )
     if summary.completed == 0:
         fail("the demo completed no items", code=1)

@@ -1,12 +1,14 @@
 """The Spark side: one SparkSession per process, local by default or on a given cluster.
 
-PySpark is an optional extra (`pip install 'queuectl[spark]'`); importing this module
-without it gives a one-line error saying so.
+PySpark and matplotlib are an optional extra (`spark`); without them the pipeline stops
+with a one-line error naming the command that installs them for this interpreter.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 from pathlib import Path
 
 from queuectl.errors import UsageError
@@ -16,13 +18,22 @@ MASTER_ENV = "QUEUECTL_SPARK_MASTER"
 APP_NAME = "queuectl-pipeline"
 
 
+def install_command() -> str:
+    """How to add the spark extra to the running interpreter: from the checkout it runs from
+    (an editable install: `make venv-spark` there), else from the package index."""
+    checkout = Path(__file__).resolve().parents[2]  # toolkit/pipeline/spark.py in a checkout
+    pip = f"{shlex.quote(sys.executable)} -m pip install"
+    if (checkout / "pyproject.toml").is_file() and (checkout / "toolkit").is_dir():
+        return f"make venv-spark (in {checkout}), or {pip} -e {shlex.quote(f'{checkout}[spark]')}"
+    return f"{pip} 'queuectl[spark]'"
+
+
 def require_pyspark():
     try:
+        import matplotlib  # noqa: F401  (the report's charts)
         import pyspark
-    except ImportError:
-        raise UsageError(
-            "the pipeline needs PySpark and matplotlib: pip install 'queuectl[spark]'"
-        ) from None
+    except ImportError as exc:
+        raise UsageError(f"the pipeline needs the spark extra ({exc.name} is missing): {install_command()}") from None
     return pyspark
 
 
