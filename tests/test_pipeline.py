@@ -30,6 +30,8 @@ from queuectl.locks import Lock  # noqa: E402
 from queuectl.names import QueueNames  # noqa: E402
 from queuectl.pipeline import Lake, build_report, export_history, purge_exported  # noqa: E402
 from queuectl.pipeline import jdbc as jdbc_module  # noqa: E402
+from queuectl.pipeline import report as report_module  # noqa: E402
+from queuectl.pipeline import spark as spark_module  # noqa: E402
 from queuectl.pipeline.jdbc import JdbcDriver, find_jdbc_jar, jdbc_target  # noqa: E402
 from queuectl.pipeline.spark import get_session  # noqa: E402
 from queuectl.pipeline.standalone import StandaloneCluster  # noqa: E402
@@ -344,8 +346,59 @@ def test_report_percentiles_and_counts_agree_with_the_database(spark, engine, or
         data = (out / chart).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, chart
 
+    series = report.queues["orders"]["series"]  # the charts' step: from the span (just over 6 h)
+    assert series["step_s"] == 300 and written["step_s"] == 300
+    assert sum(p["completed"] for p in series["points"]) == summary["completed"]
+    first, last = (datetime.fromisoformat(summary[k]) for k in ("first_finished", "last_finished"))
+    for p in series["points"]:  # per second of the step's part between the first and last finish
+        start = datetime.fromisoformat(p["at"])
+        covered = (min(start + timedelta(seconds=300), last) - max(start, first)).total_seconds()
+        assert p["throughput_per_s"] == pytest.approx(p["completed"] / covered)
+    assert series["points"][0]["throughput_per_s"] == pytest.approx(summary["throughput_per_s"], rel=0.2)
+
     later = build_report(str(lake), since="2025-03-02")
     assert later.queues == {}  # every item finished on 2025-03-01
+
+
+def test_chart_step_follows_the_historys_span():
+    assert [report_module.step_seconds(s) for s in (20, 180, 3600, 86400, 30 * 86400, 10**9)] == [
+        1, 5, 30, 900, 21600, 604800]
+    assert [report_module.step_label(s) for s in (5, 900, 3600, 21600, 86400)] == ["5 s", "15 min", "1 h", "6 h", "1 day"]
+
+
+def _short_run(points: int, attempts: dict[str, int]) -> dict:
+    """A report's queue as compute() gives it: `points` steps of 5 s, the given attempts."""
+    start = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
+    pcts = {"p50": 0.01, "p90": 0.05, "p99": 2.0}
+    return {"summary": {"completed": 900 * points, "throughput_per_s": 180.0, "attempts": attempts},
+            "series": {"step_s": 5, "points": [
+                {"at": (start + timedelta(seconds=5 * i)).isoformat(), "completed": 900, "dead": 0,
+                 "throughput_per_s": 180.0, "wait_s": pcts, "processing_s": pcts} for i in range(points)]}}
+
+
+def test_charts_of_a_short_run_show_points_on_a_readable_axis_and_rare_retries(tmp_path, monkeypatch):
+    """One point is drawn with a marker on an axis of seconds around it (not an empty axis in
+    years); attempts have integer ticks, each bar's count, and a log axis for 3 retries in 40k."""
+    import matplotlib.dates as mdates
+
+    figures = []
+    save = report_module._save
+    monkeypatch.setattr(report_module, "_save", lambda fig, path, plt: (figures.append(fig), save(fig, path, plt))[1])
+    written = report_module.draw_charts({"q": _short_run(1, {"1": 40_000, "2": 3})}, tmp_path)
+    assert [Path(w).name for w in written] == list(report_module.CHARTS)
+    throughput, latency, attempts = figures
+    [ax] = throughput.axes
+    [line] = ax.get_lines()
+    assert line.get_marker() == "o" and len(line.get_xdata()) == 1
+    low, high = ax.get_xlim()
+    assert (high - low) * 86400 == pytest.approx(10)  # a step either side of the point, in days
+    assert all(ln.get_marker() in ("o", "s", "^") for a in latency.axes for ln in a.get_lines())
+    assert latency.axes[0].get_yscale() == "log"  # p99 2 s beside p50 10 ms
+    [bars] = attempts.axes
+    assert bars.get_yscale() == "log"
+    assert list(bars.get_xticks()) == [1, 2, 3]  # whole attempts, 1-3 at least
+    assert [label.get_text() for label in bars.texts] == ["40,000", "3"]
+    assert mdates.num2date(low).year == 2025
 
 
 def test_report_on_an_empty_lake_is_a_usage_error(spark, tmp_path):
@@ -410,6 +463,29 @@ def test_missing_jdbc_jar_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.delenv("QUEUECTL_JDBC_JAR", raising=False)
     with pytest.raises(UsageError, match="apt-get install libpostgresql-jdbc-java"):
         find_jdbc_jar("postgresql")
+
+
+def test_without_pyspark_the_error_names_the_command_that_works_from_this_checkout(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # import pyspark raises ImportError
+    with pytest.raises(UsageError) as caught:
+        spark_module.require_pyspark()
+    root = Path(__file__).resolve().parents[1]
+    assert str(caught.value) == (f"the pipeline needs the spark extra (pyspark is missing): make venv-spark (in {root}), "
+                                 f"or {sys.executable} -m pip install -e '{root}[spark]'")
+
+
+def test_make_finds_the_jdbc_jar_where_the_pipeline_does_and_runs_the_pipeline():
+    """`make jdbc` asks the pipeline's own finder (~/.m2 included) before installing a jar;
+    `make pipeline` installs the spark extra, then exports and reports."""
+    root = Path(__file__).resolve().parents[1]
+    jdbc = subprocess.run(["make", "-n", "-B", "jdbc"], cwd=root, capture_output=True, text=True, timeout=60)
+    finder, install = jdbc.stdout.index("find_jdbc_jar('postgresql')"), jdbc.stdout.index("apt-get install")
+    assert finder < install
+    pipeline = subprocess.run(["make", "-n", "-B", "pipeline", "PIPELINE_DIR=/x"], cwd=root, capture_output=True,
+                              text=True, timeout=60).stdout
+    assert "pip install --quiet -e '.[spark]'" in pipeline
+    assert "queuectl pipeline export pipeline_demo --lake /x/lake" in pipeline
+    assert "queuectl pipeline report --lake /x/lake --out /x/report" in pipeline
 
 
 def test_jdbc_url_keeps_the_password_out_of_the_url():

@@ -138,7 +138,9 @@ def report(
     if _as_json(as_json):
         sys.stdout.write(json.dumps(result.as_dict(), indent=2) + "\n")
         return
-    summary = Table("queue", "enqueued", "completed", "dead", "dead rate", "completed/s", "wait p50/p90/p99 s", "processing p50/p90/p99 s", "attempts", title="Summary")
+    summary = Table("queue", "enqueued", "completed", "dead", "dead rate", "completed/s", "wait p50/p90/p99 s", "processing p50/p90/p99 s", "attempts", title="Summary",
+                    caption="completed/s: from the first finish to the last; the hourly tables divide by the whole hour (3600 s), so a run shorter than an hour shows less there",
+                    caption_justify="left")
     for name, q in result.queues.items():
         s = q["summary"]
         summary.add_row(
@@ -148,7 +150,7 @@ def report(
         )  # fmt: skip
     out.print(summary)
     for name, q in result.queues.items():
-        table = Table("hour (UTC)", "enqueued", "completed", "dead", "dead rate", "completed/s", "wait p50/p90/p99 s", "processing p50/p90/p99 s", title=f"{name}: last {hours} hours")
+        table = Table("hour (UTC)", "enqueued", "completed", "dead", "dead rate", "completed/s of the hour", "wait p50/p90/p99 s", "processing p50/p90/p99 s", title=f"{name}: last {hours} hours")
         for h in q["hours"][-hours:] if hours > 0 else []:
             table.add_row(
                 h["hour"][:16].replace("T", " "), f"{h['enqueued']:,}", f"{h['completed']:,}", f"{h['dead']:,}",
