@@ -198,6 +198,15 @@ def test_demo_runs_and_completes_items(db_url, engine, orders):
         assert queue_counts(conn, "orders", "reliable")["ready"] == 1
 
 
+@pytest.mark.slow
+def test_demo_keep_leaves_its_queue_and_items_for_the_pipeline(db_url, engine):
+    result = run_cli("demo", "--seconds", "1", "--queue", "kept", "--keep", url=db_url, timeout=180)
+    assert result.returncode == 0, result.stderr.decode()
+    assert "installed queue kept for the demo (kept when it ends)" in result.stdout.decode()
+    with engine.connect() as conn:
+        assert queue_counts(conn, "kept", "reliable")["done"] > 0
+
+
 def test_demo_refuses_an_existing_queue(db_url, orders):
     result = run_cli("demo", "--queue", "orders", "--seconds", "1", url=db_url)
     assert result.returncode == 2
