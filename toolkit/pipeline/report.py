@@ -112,16 +112,14 @@ def compute(spark, lake: Lake, since_day: date | None) -> dict[str, dict]:
     finished = rows.where(F.col("finished_at").isNotNull()).withColumn("hour", F.date_trunc("hour", "finished_at"))
     pct = F.array(*(F.lit(p) for p in PERCENTILES))
     timed = F.col("dequeued_at").isNotNull()
-    by_finish = (
-        finished.groupBy("queue", "hour")
-        .agg(
-            F.sum(F.when(F.col("status") == STATUS_DONE, 1).otherwise(0)).alias("completed"),
-            F.sum(F.when(F.col("status") == STATUS_DEAD, 1).otherwise(0)).alias("dead"),
-            F.percentile(F.when(timed, F.col("wait_s")), pct).alias("wait"),
-            F.percentile(F.when(timed, F.col("processing_s")), pct).alias("processing"),
-        )
-        .collect()
+    # What every grouping of finished items computes: counts by outcome, wait and processing percentiles.
+    outcomes = (
+        F.sum(F.when(F.col("status") == STATUS_DONE, 1).otherwise(0)).alias("completed"),
+        F.sum(F.when(F.col("status") == STATUS_DEAD, 1).otherwise(0)).alias("dead"),
+        F.percentile(F.when(timed, F.col("wait_s")), pct).alias("wait"),
+        F.percentile(F.when(timed, F.col("processing_s")), pct).alias("processing"),
     )
+    by_finish = finished.groupBy("queue", "hour").agg(*outcomes).collect()
     enqueued_rows = rows.withColumn("hour", F.date_trunc("hour", "enqueued_at"))
     if since_day is not None:
         enqueued_rows = enqueued_rows.where(F.to_date("enqueued_at") >= F.lit(since_day))
@@ -131,10 +129,7 @@ def compute(spark, lake: Lake, since_day: date | None) -> dict[str, dict]:
         finished.groupBy("queue")
         .agg(
             F.count(F.lit(1)).alias("finished"),
-            F.sum(F.when(F.col("status") == STATUS_DONE, 1).otherwise(0)).alias("completed"),
-            F.sum(F.when(F.col("status") == STATUS_DEAD, 1).otherwise(0)).alias("dead"),
-            F.percentile(F.when(timed, F.col("wait_s")), pct).alias("wait"),
-            F.percentile(F.when(timed, F.col("processing_s")), pct).alias("processing"),
+            *outcomes,
             F.min("finished_at").alias("first"),
             F.max("finished_at").alias("last"),
         )
@@ -147,16 +142,7 @@ def compute(spark, lake: Lake, since_day: date | None) -> dict[str, dict]:
         return result
     step = step_seconds((max(lasts) - min(firsts)).total_seconds())
     at = F.timestamp_seconds(F.floor(F.unix_micros("finished_at") / F.lit(step * 1_000_000)) * F.lit(step))
-    by_step = (
-        finished.withColumn("at", at).groupBy("queue", "at")
-        .agg(
-            F.sum(F.when(F.col("status") == STATUS_DONE, 1).otherwise(0)).alias("completed"),
-            F.sum(F.when(F.col("status") == STATUS_DEAD, 1).otherwise(0)).alias("dead"),
-            F.percentile(F.when(timed, F.col("wait_s")), pct).alias("wait"),
-            F.percentile(F.when(timed, F.col("processing_s")), pct).alias("processing"),
-        )
-        .collect()
-    )
+    by_step = finished.withColumn("at", at).groupBy("queue", "at").agg(*outcomes).collect()
     spans = {r["queue"]: (r["first"], r["last"]) for r in totals if r["first"]}
     for queue in result:
         result[queue]["series"] = {"step_s": step, "points": []}
