@@ -226,7 +226,7 @@ def reorganize(
 
 def _render_inspect(result: Any) -> None:
     """Sizes in health's human units (the JSON keeps the bytes)."""
-    from queuectl.health import fmt_bytes
+    from queuectl.thresholds import fmt_bytes
 
     table = Table("measure", "value", title=f"health snapshot #{result.snapshot_id} at {result.taken_at:%Y-%m-%d %H:%M:%S}")
     for key, value in result.snapshot.items():
