@@ -7,12 +7,18 @@ URL must allow CREATE DATABASE.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import re
+import select
 import shutil
 import subprocess
+import struct
 import sys
 import tempfile
+import termios
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -152,21 +158,47 @@ def run_cli(
     input: bytes | None = None,
     timeout: float = 120,
     env_extra: dict[str, str] | None = None,
+    columns: int = 200,
+    tty: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Run `queuectl ARGS` in a subprocess, as a user would."""
+    """Run `queuectl ARGS` in a subprocess, as a user would, `columns` wide. With `tty` its
+    stdout is a pseudo-terminal of that width (colours and all, as a user sees it), read
+    back into .stdout; stdin and stderr stay pipes."""
     env = dict(os.environ)
     env.update(env_extra or {})
     env.pop("QUEUECTL_URL", None)
     if url is not None:
         env["QUEUECTL_URL"] = url
-    env["COLUMNS"] = "200"
-    return subprocess.run(
-        [sys.executable, "-m", "queuectl.cli", *args],
-        input=input,
-        capture_output=True,
-        env=env,
-        timeout=timeout,
-    )
+    env["COLUMNS"] = str(columns)
+    command = [sys.executable, "-m", "queuectl.cli", *args]
+    if not tty:
+        return subprocess.run(command, input=input, capture_output=True, env=env, timeout=timeout)
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    env["TERM"] = "xterm-256color"
+    env.pop("NO_COLOR", None)
+    stdin = subprocess.DEVNULL if input is None else subprocess.PIPE
+    with subprocess.Popen(command, stdin=stdin, stdout=follower, stderr=subprocess.PIPE, env=env) as proc:
+        os.close(follower)
+        if input is not None:
+            proc.stdin.write(input)
+            proc.stdin.close()
+        shown = bytearray()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:  # read while it runs: a full pseudo-terminal would block it
+            if not select.select([leader], [], [], 1.0)[0]:
+                continue
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the process closed its end
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(leader)
+        errors = proc.stderr.read()
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    return subprocess.CompletedProcess(command, proc.returncode, bytes(shown).replace(b"\r\n", b"\n"), errors)
 
 
 @contextmanager

@@ -20,7 +20,7 @@ def db_start() -> None:
 
     server = EmbeddedServer()
     server.ensure_running()
-    out.print(f"embedded PostgreSQL running: {mask_url(server.url())}")
+    out.print(f"embedded PostgreSQL running: {mask_url(server.url())}", soft_wrap=True)  # a URL never wraps
 
 
 @app.command("stop")
@@ -42,7 +42,7 @@ def db_status(as_json: JsonOption = False) -> None:
         sys.stdout.write(json.dumps(status, default=str) + "\n")
     else:
         for key, value in status.items():
-            out.print(f"{key:12} {value}", highlight=False)
+            out.print(f"{key:12} {value}", highlight=False, soft_wrap=True)  # its url and data dir never wrap
     if not status.get("running"):
         raise typer.Exit(1)
 

@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from queuectl.cli.options import SchemaOption, UrlOption, database_errors, json_flag, make_console, print_error
+from queuectl.cli.options import (
+    Fitted, SchemaOption, UrlOption, database_errors, json_flag, make_console, make_table, print_error,
+)
 from queuectl.engine import backoff_pause, make_engine
 from queuectl.engine.urls import URL_ENV, error_text, first_line, hide_secrets, mask_url
 from queuectl.errors import ConnectionFailed, QueuectlError
@@ -230,12 +231,9 @@ def _status(status: str, plain: bool) -> Text:
     return Text(status, style="" if plain else STYLE[status])
 
 
-def _table(title: str, columns: list[str], plain: bool, right: set[int] = frozenset()) -> Table:
-    table = Table(title=title, title_justify="left", box=None if plain else box.SIMPLE_HEAD,
-                  show_edge=False, pad_edge=False, title_style="" if plain else "bold")
-    for i, name in enumerate(columns):
-        table.add_column(name, justify="right" if i in right else "left", no_wrap=True)
-    return table
+def _table(title: str, columns: list[str], plain: bool, right: set[int] = frozenset(),
+           wrap: dict[int, int] | None = None) -> Table:
+    return make_table(columns, title=title, right=right, wrap=wrap, plain=plain)
 
 
 def _worst_for(report: HealthReport, section: str, obj: str) -> str:
@@ -293,7 +291,7 @@ def render_parts(report: HealthReport, plain: bool = False, footer: str | None =
                             fmt_count(ix["scans"]), _status(_worst_for(report, "storage", ix["index"]), plain))
         parts.append(indexes)
 
-    blockers = _table("Cleanup blockers", ["what", "status", "finding"], plain)
+    blockers = _table("Cleanup blockers", ["what", "status", "finding"], plain, wrap={2: 30})
     for check in report.checks:
         if check.section == "blockers":
             blockers.add_row(check.object, _status(check.status, plain), check.summary)
@@ -332,7 +330,7 @@ def _spaced(parts: list[RenderableType]) -> list[RenderableType]:
     for part in parts:
         if out and isinstance(part, Table):
             out.append(Text(""))
-        out.append(part)
+        out.append(Fitted(part) if isinstance(part, Table) else part)  # no cell cut at any width
     return out
 
 

@@ -29,7 +29,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from queuectl.cli.options import DataFormatter, JobQueueArg as QueueArg, SchemaOption, UrlOption, err, json_flag, out, print_error
+from queuectl.cli.options import (
+    DataFormatter, Fitted, JobQueueArg as QueueArg, SchemaOption, UrlOption, err, json_flag, make_table, out, print_error,
+)
 from queuectl.engine import make_engine
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 
@@ -175,8 +177,8 @@ def _pct(v: float | None) -> str:
 
 def _render_reorganize(result: Any) -> None:
     title = "reorganize (dry run: nothing changed)" if result.dry_run else "reorganize"
-    table = Table("table", "index", "size before", "size after", "leaf density", "fragmentation", "bloat", "decision",
-                  "action", title=title)
+    table = make_table(("table", "index", "size before", "size after", "leaf density", "fragmentation", "bloat",
+                        "decision", "action"), title=title, right=range(2, 7), wrap={7: 16, 8: 16})
     for i in result.indexes:
         b, a = i.before, i.after
         table.add_row(
@@ -185,7 +187,7 @@ def _render_reorganize(result: Any) -> None:
             _pct(b.leaf_fragmentation), _pct(b.bloat_pct) + (f" -> {_pct(a.bloat_pct)}" if a and a.bloat_pct is not None else ""),
             i.decision, (i.action or "") + (f" ({i.error})" if i.error else ""),
         )
-    out.print(table)
+    out.print(Fitted(table))
     for entry in result.leftovers:
         out.print(f"leftover index {entry['index']} ({_mb(entry['bytes'])}): {entry['action']}"
                   + (f" ({entry['error']})" if entry.get("error") else ""), highlight=False)
@@ -284,12 +286,13 @@ def jobs_list(config: ConfigOption = None, url: UrlOption = None, as_json: JsonO
     if not rows:
         out.print(f"no jobs: no queues installed in schema {settings.schema}")
         return
-    table = Table("job", "queue", "trigger", "last run", "outcome", "rows", "next run")
+    table = make_table(("job", "queue", "trigger", "last run", "outcome", "rows", "next run"), right=(5,),
+                       wrap={2: 9, 3: 10, 6: 10})
     for r in rows:
         next_run = Text("never (see below)", style="yellow") if r["problem"] else _when(r["next_run"])
         table.add_row(r["job"], r["queue"], r["trigger"], _when(r["last_started"]), r["last_outcome"] or "-",
                       "-" if r["last_rows"] is None else f"{r['last_rows']:,}", next_run)
-    out.print(table)
+    out.print(Fitted(table))
     for r in rows:
         if r["problem"]:
             out.print(Text.assemble(("warning:", "yellow"), " ", r["problem"]), soft_wrap=True)
@@ -319,13 +322,14 @@ def jobs_history(
     if as_json:
         sys.stdout.write(json.dumps(runs, default=str, indent=2) + "\n")
         return
-    table = Table("id", "job", "queue", "started", "seconds", "outcome", "rows", "runner", "error / summary")
+    table = make_table(("id", "job", "queue", "started", "seconds", "outcome", "rows", "runner", "error / summary"),
+                       right=(0, 4, 6), wrap={3: 10, 8: 30})
     for r in runs:
         style = {"failed": "red", "abandoned": "yellow", "running": "cyan"}.get(r["outcome"], "")
         table.add_row(str(r["id"]), r["job"], r["queue"], _when(r["started_at"]), f"{r['seconds']:.2f}",
                       Text(r["outcome"], style=style), "-" if r["rows"] is None else f"{r['rows']:,}",
                       f"{r['runner_host']}:{r['runner_pid']}", r["error"] or r["summary"] or "")
-    out.print(table)
+    out.print(Fitted(table))
 
 
 @jobs_app.command("run")

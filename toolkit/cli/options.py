@@ -13,16 +13,21 @@ This module imports no other module of queuectl.cli, so every command module can
 
 from __future__ import annotations
 
+import copy
 import ctypes
+import dataclasses
 import logging
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console, ConsoleOptions, RenderableType
+from rich import box
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.segment import Segment
+from rich.table import Column, Table
 from rich.text import Text
 
 from queuectl.engine.urls import MASK, PASSWORD_FILE_ENV, URL_ENV, hide_secrets
@@ -68,6 +73,72 @@ def print_error(message: str, prefix: str = "error", console: Console | None = N
     """One line, `<prefix>: <message>`, on stderr (or `console`); the message printed as it is."""
     line = Text.assemble((f"{prefix}:", "bold red"), " ", message)
     (console or err).print(line, highlight=False, soft_wrap=True)
+
+
+def make_table(columns: Iterable[str], *, title: str | None = None, right: Iterable[int] = (),
+               wrap: Mapping[int, int] | None = None, plain: bool = False) -> Table:
+    """A table of queuectl's look: a rule under the header, no frame, columns two spaces apart,
+    the columns numbered in `right` right-aligned. Cells stay whole (names, numbers), but in the
+    columns `wrap` maps to their narrowest readable width (a time may put its date over its
+    hour, a sentence needs room for a few words a line), which wrap between words. Print it
+    through Fitted, which keeps to that at any width."""
+    right, wrap = set(right), dict(wrap or {})
+    table = Table(title=title, title_justify="left", box=None if plain else box.SIMPLE_HEAD, show_edge=False,
+                  pad_edge=False, padding=(0, 1) if plain else (0, 1, 0, 0), title_style="" if plain else "bold")
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="right" if i in right else "left", no_wrap=i not in wrap, min_width=wrap.get(i))
+    return table
+
+
+class Fitted:
+    """A table laid out for the width it is printed at, so no cell is cut short (an ellipsis)
+    or split inside a word, at 80 columns as at 200.
+
+    Cells of a no_wrap column stay on one line, other cells may wrap between words down to the
+    column's min_width, headers too ("size before" over two lines). When the columns fit that
+    way, each gets a width that holds it (rich alone shrinks the widest column first, and cuts a
+    name where another column had room to spare); when they do not, each row is printed as a
+    block of `column  value` lines, which no width cuts."""
+
+    def __init__(self, table: Table):
+        self.table = table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.layout(console, options.max_width)
+
+    def layout(self, console: Console, width: int) -> RenderableType:
+        table = self.table
+        wide = console.options.update_width(1 << 16)
+        least, most = [], []
+        for column in table.columns:
+            header = Measurement.get(console, wide, column.header)
+            cells = [Measurement.get(console, wide, cell) for cell in column.cells]
+            most.append(max([header.maximum, *(c.maximum for c in cells)]))
+            readable = min(column.min_width or 0, most[-1])
+            least.append(max([readable, header.minimum, *(c.maximum if column.no_wrap else c.minimum for c in cells)]))
+        laid = copy.copy(table)
+        laid.columns = [dataclasses.replace(column, min_width=None, no_wrap=False) for column in table.columns]
+        room = width - (Measurement.get(console, wide, laid).maximum - sum(most))  # less padding and rules
+        if sum(least) > room:
+            return self._blocks()
+        spare = room - sum(least)
+        for i in sorted(range(len(least)), key=lambda i: most[i] - least[i]):  # unfold as many columns as can be
+            laid.columns[i].width = least[i] + min(most[i] - least[i], spare)
+            spare -= laid.columns[i].width - least[i]
+        return laid
+
+    def _blocks(self) -> RenderableType:
+        table = self.table
+        parts: list[RenderableType] = []
+        if table.title:
+            parts.append(Text(str(table.title), style=table.title_style or ""))
+        cells = [list(column.cells) for column in table.columns]
+        for row in range(table.row_count):
+            block = Table.grid(Column(no_wrap=True), Column(), padding=(0, 2))
+            for column, values in zip(table.columns, cells):
+                block.add_row(Text(str(column.header), style="bold" if table.title_style else ""), values[row])
+            parts.extend([block, Text("")] if row < table.row_count - 1 else [block])
+        return Group(*parts)
 
 
 def database_errors() -> tuple[type[BaseException], ...]:

@@ -7,10 +7,9 @@ import sys
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
-from queuectl.cli.options import QueueArg, SchemaOption, UrlOption, fail, json_flag, out, print_error
+from queuectl.cli.options import Fitted, QueueArg, SchemaOption, UrlOption, fail, json_flag, make_table, out, print_error
 from queuectl.defaults import DEFAULT_MAX_PAYLOAD_BYTES, INSTALL_LOCK_WAIT_S
 from queuectl.engine import make_engine
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
@@ -106,14 +105,14 @@ def list_(
     if not rows:
         out.print(f"no queues installed in schema {schema} (try `queuectl install orders`)")
         return
-    table = Table("queue", "kind", "version", "ready", "scheduled", "processing", "done", "dead")
+    table = make_table(("queue", "kind", "version", "ready", "scheduled", "processing", "done", "dead"), right=range(3, 8))
     for row in rows:
         c = row["counts"]
         table.add_row(
             row["name"], row["kind"], row["schema_version"],
             *(f"{c[k]:,}" for k in ("ready", "scheduled", "processing", "done", "dead")),
         )
-    out.print(table)
+    out.print(Fitted(table))
 
 
 @app.command()
