@@ -86,3 +86,70 @@ def test_tables_and_the_health_report_stay_readable_at_80_columns(db_url, engine
                                   *(t["table"] for t in report["storage"]["tables"]),
                                   *(i["index"] for i in report["storage"]["indexes"])])
     assert "Queues" in on_terminal and "Indexes" in on_terminal
+
+
+def _command_paths() -> list[list[str]]:
+    """Every group and command of the app, as the words that name it (the app itself: [])."""
+    from typer.main import get_command
+
+    from queuectl.cli import app
+
+    paths, todo = [], [([], get_command(app))]
+    while todo:
+        path, command = todo.pop()
+        paths.append(path)
+        todo += [([*path, name], sub) for name, sub in getattr(command, "commands", {}).items()]
+    return paths
+
+
+@pytest.mark.slow
+def test_every_help_names_parameters_as_command_lines_do():
+    """No Python annotation in --help (`<str>`, `<bool>`, `<float range>`) nor a required argument
+    in braces in its usage line (`{name}`): NAME, [NAME]..., TEXT, INTEGER, choices, flags bare."""
+    from typer.testing import CliRunner
+
+    from queuectl.cli import app
+
+    runner = CliRunner()
+    paths = _command_paths()
+    assert len(paths) > 30 and ["jobs", "history"] in paths and ["db", "url"] in paths
+    helps = {}
+    for path in paths:
+        result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (path, result.output)
+        helps[" ".join(path)] = result.output
+        usage = next(line for line in result.output.splitlines() if "Usage:" in line)
+        assert "{" not in usage and "<" not in usage, (path, usage)
+        assert not re.findall(r"<(?:str|bool|int|float|list|Path|datetime|[a-z]+\|)[^>]*>", result.output), (path, result.output)
+    assert "queuectl install [OPTIONS] NAME " in helps["install"]
+    assert "queuectl uninstall [OPTIONS] [NAME] " in helps["uninstall"]
+    assert "queuectl health [OPTIONS] [NAMES]... " in helps["health"]
+    assert re.search(r"--max-attempts +INTEGER +Attempts", helps["install"])
+    assert re.search(r"--strict +fifo only", helps["install"])  # a flag takes no value: no label
+    assert re.search(r"--lock-wait +FLOAT \[x>=0\] +Seconds", helps["install"])
+    assert "[text|json|openmetrics|prometheus]" in helps["health"]
+    assert "preallocated slots [default: 65536]." in helps["install"]  # not taken for a markup tag
+
+
+@pytest.mark.slow
+def test_version_and_shell_completion():
+    """--version answers from the package without loading the library; Typer's completion
+    installs and completes commands."""
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    shown_version = run_cli("--version")
+    assert shown_version.returncode == 0 and shown_version.stdout.decode() == f"queuectl {version('queuectl')}\n"
+    probe = ("import sys\nsys.argv = ['queuectl', '--version']\nfrom queuectl.cli import main\ntry:\n    main()\n"
+             "except SystemExit:\n    pass\nprint(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'psycopg')"
+             " or m.startswith(('queuectl.client', 'queuectl.health', 'queuectl.jobs', 'queuectl.engine.postgresql'))))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60)
+    assert loaded.stdout.decode().splitlines() == ["queuectl 0.1.0", "[]"], loaded.stderr.decode()
+
+    helped = run_cli("--help").stdout.decode()
+    assert "--install-completion" in helped and "--show-completion" in helped and "--version" in helped
+    script = run_cli("--show-completion", "bash", env_extra={"SHELL": "/bin/bash"})
+    assert script.returncode == 0 and "complete -o default -F _queuectl_completion queuectl" in script.stdout.decode()
+    completed = run_cli(env_extra={"_QUEUECTL_COMPLETE": "complete_bash", "COMP_WORDS": "queuectl jobs hi", "COMP_CWORD": "2"})
+    assert completed.returncode == 0 and completed.stdout.split() == [b"history"]

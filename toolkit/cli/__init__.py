@@ -11,6 +11,7 @@ command module imports this one.
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
@@ -21,10 +22,29 @@ from queuectl.errors import QueuectlError
 app = typer.Typer(
     name="queuectl",
     help="Work queues as tables in the database you already run: install, use, and keep them healthy.",
+    cls=options.HelpGroup,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # Typer's --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_show_locals=False,  # locals may hold connection strings
 )
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from queuectl import __version__  # the package's own module only: no library is loaded
+
+        options.out.print(f"queuectl {__version__}", highlight=False)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option("--version", help="Print queuectl's version and exit.", is_eager=True,
+                                          callback=_print_version)] = False,
+) -> None:
+    pass  # the options of `queuectl` itself, before any command
+
+
 # In the order `queuectl --help` lists them. A group's Typer without a name adds its
 # commands at the top level (install, health, archive...); a named one is a subcommand (db, jobs...).
 for group in (queues.app, health.app, jobs.app, grant.app, worker.app, kinds.app, bench.app,
@@ -50,7 +70,7 @@ def main() -> None:
         options.print_error(f"the password in this command line stays visible to other users (ps): give it in "
                             f"${URL_ENV}, ${PASSWORD_FILE_ENV} or libpq's PGPASSFILE instead", prefix="warning")
     try:
-        code = app(standalone_mode=False)
+        code = app(prog_name="queuectl", standalone_mode=False)  # also as `python -m queuectl.cli`: usage, completion
     except QueuectlError as exc:
         options.print_error(str(exc))
         sys.exit(2)

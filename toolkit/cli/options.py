@@ -24,6 +24,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich import box
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.measure import Measurement
 from rich.segment import Segment
@@ -173,6 +174,70 @@ def json_flag(help: str = "Print JSON.") -> Any:
 
 
 JsonOption = json_flag()
+
+
+# -- --help ----------------------------------------------------------------------------------------
+
+# Since 0.27 Typer labels each parameter by its Python annotation (`<str>`, `<bool>`, `<float range>`)
+# and puts a required argument's name in braces in the usage line (`install [OPTIONS] {name}`).
+# queuectl's help keeps the convention of click and of most command lines: NAME in the usage
+# (optional: [NAME]), a value option labelled by what it takes (TEXT, INTEGER, FLOAT or its
+# choices), a flag by nothing.
+_TYPE_LABELS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "bool": "BOOLEAN", "Path": "PATH"}
+
+
+class _Argument(TyperArgument):
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+
+class _Option(TyperOption):
+    def display_type_rich(self, ctx: Any) -> str | None:
+        if self.metavar is not None or self.is_flag or self.count:
+            return super().display_type_rich(ctx) if self.metavar is not None else None
+        label = str(super().display_type_rich(ctx)).removeprefix("<").replace(">", "", 1)
+        if "|" in label:
+            return f"[{label}]"
+        label = re.sub(r"^list\[(.*)\]| range", r"\1", label)
+        return _TYPE_LABELS.get(label, label.upper())
+
+
+def _plain_help(params: list[Any]) -> list[Any]:
+    for param in params:
+        if type(param) is TyperArgument:
+            param.__class__ = _Argument
+            param.metavar = param.metavar or param.name.upper()
+        elif type(param) is TyperOption:
+            param.__class__ = _Option
+    return params
+
+
+class _Command(TyperCommand):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain_help(super().get_params(ctx))  # its own, --help and Typer's completion options
+
+
+class HelpGroup(TyperGroup):
+    """The app's group: its commands, its groups' and its own show their parameters in --help
+    and usage lines as the comment above says."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        groups: list[TyperGroup] = [self]
+        while groups:
+            for command in groups.pop().commands.values():
+                if type(command) is TyperGroup:
+                    command.__class__ = HelpGroup
+                    groups.append(command)
+                elif type(command) is TyperCommand:
+                    command.__class__ = _Command
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain_help(super().get_params(ctx))
 
 
 # -- the process's own command line ---------------------------------------------------------------

@@ -27,7 +27,7 @@ def install(
     name: QueueArg,
     kind: Annotated[str, typer.Option(help="Queue kind: reliable, heap, fifo, stack, pending, watermark or ring.")] = "reliable",
     strict: Annotated[bool, typer.Option("--strict", help="fifo only: consumers wait for each other, so order holds across rollbacks.")] = False,
-    size: Annotated[Optional[int], typer.Option(help="ring only: number of preallocated slots [default: 65536].", show_default=False)] = None,
+    size: Annotated[Optional[int], typer.Option(help="ring only: number of preallocated slots \\[default: 65536].", show_default=False)] = None,
     sql: Annotated[bool, typer.Option("--sql", help="Print the exact SQL script for review; change nothing.")] = False,
     max_attempts: Annotated[int, typer.Option(help="Attempts before an item goes DEAD.")] = 5,
     lease: Annotated[int, typer.Option(help="Default lease in seconds.")] = 30,
