@@ -153,3 +153,23 @@ def test_version_and_shell_completion():
     assert script.returncode == 0 and "complete -o default -F _queuectl_completion queuectl" in script.stdout.decode()
     completed = run_cli(env_extra={"_QUEUECTL_COMPLETE": "complete_bash", "COMP_WORDS": "queuectl jobs hi", "COMP_CWORD": "2"})
     assert completed.returncode == 0 and completed.stdout.split() == [b"history"]
+
+
+def test_a_misspelt_queue_name_suggests_the_installed_one(db_url, engine, orders, capsys, monkeypatch):
+    """Every command that reaches a queue names the nearest installed queue; with none near,
+    it still says how to install the one asked for."""
+    from jobs_helpers import invoke
+
+    install_queue(engine, "ticks", "watermark")
+    for args in (["enqueue", "ordrs", "x"], ["dequeue", "ordrs"], ["worker", "ordres", "--handler", "json:loads"],
+                 ["archive", "ordrs"], ["jobs", "run", "inspect", "ordrs"], ["grant", "ordrs", "--producer", "p"],
+                 ["upgrade", "ordrs"], ["uninstall", "ordrs", "--yes"], ["correct-watermark", "tick"]):
+        code, out, err = invoke(capsys, monkeypatch, *args, url=db_url)
+        asked = next(word for word in args if word in ("ordrs", "ordres", "tick"))
+        meant = "ticks" if asked == "tick" else "orders"
+        assert (code, out) == (2, ""), (args, out, err)
+        assert err.strip() == f"error: queue {asked!r} is not installed in schema 'queuectl' (did you mean {meant!r}?)", args
+    code, _, err = invoke(capsys, monkeypatch, "health", "ordrs", "zzz", url=db_url)
+    assert code == 3 and err.strip() == "error: queue(s) not installed in schema 'queuectl': ordrs (did you mean 'orders'?), zzz"
+    code, _, err = invoke(capsys, monkeypatch, "enqueue", "invoices", "x", url=db_url)
+    assert code == 2 and err.strip() == "error: queue 'invoices' is not installed in schema 'queuectl': run `queuectl install invoices`"

@@ -36,7 +36,7 @@ from queuectl.engine.base import AdviceWords
 from queuectl.engine.urls import first_line, mask_url
 from queuectl.errors import UsageError
 from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident, validate_queue_name, validate_schema_name
-from queuectl.registry import list_queues
+from queuectl.registry import did_you_mean, list_queues
 from queuectl.sqlfiles import render
 from queuectl.stats import STATUS_CODES
 from queuectl.thresholds import (
@@ -355,7 +355,8 @@ def _select_queues(conn: Connection, schema: str, names: Sequence[str] | None) -
     by_name = {q.name: q for q in installed}
     missing = [n for n in names if n not in by_name]
     if missing:
-        raise UsageError(f"queue(s) not installed in schema {schema!r}: {', '.join(missing)}")
+        named = [f"{n} ({meant})" if (meant := did_you_mean(n, by_name)) else n for n in missing]
+        raise UsageError(f"queue(s) not installed in schema {schema!r}: {', '.join(named)}")
     return [by_name[n] for n in dict.fromkeys(names)]
 
 

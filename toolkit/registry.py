@@ -7,6 +7,9 @@ jobs and health. A call path reads it once and passes the QueueInfo on.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -36,10 +39,18 @@ def get_queue(conn: Connection, name: str, schema: str = DEFAULT_SCHEMA) -> Queu
 def require_queue(conn: Connection, name: str, schema: str = DEFAULT_SCHEMA) -> QueueInfo:
     info = get_queue(conn, name, schema)
     if info is None:
-        raise NotInstalledError(
-            f"queue {name!r} is not installed in schema {schema!r}: run `queuectl install {name}`"
-        )
+        installed = [queue.name for queue in list_queues(conn, schema)]  # read only to say what was meant
+        raise NotInstalledError(f"queue {name!r} is not installed in schema {schema!r}"
+                                + (f" ({meant})" if (meant := did_you_mean(name, installed)) else
+                                   f": run `queuectl install {name}`"))
     return info
+
+
+def did_you_mean(name: str, installed: Iterable[str]) -> str | None:
+    """"did you mean 'orders'?" for a misspelt queue name ('ordrs', 'order', 'ordres'): the
+    installed names closest to it (difflib's ratio of at least 0.6), or None when none is."""
+    close = difflib.get_close_matches(name, list(installed), n=2, cutoff=0.6)
+    return "did you mean " + " or ".join(repr(found) for found in close) + "?" if close else None
 
 
 def list_queues(conn: Connection, schema: str = DEFAULT_SCHEMA) -> list[QueueInfo]:
