@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import re
 import shutil
 import socket
 import stat
@@ -157,9 +158,10 @@ def test_cli_uses_the_embedded_server_when_no_url_is_given(home: Path):
     assert installed.returncode == 0, installed.stderr.decode()
     assert run_cli("enqueue", "orders", "hello", env_extra=env).returncode == 0
 
-    url = run_cli("db", "url", env_extra=env)
+    url = run_cli("db", "url", env_extra=env, columns=40)  # narrower than the URL: it still never wraps
     assert url.returncode == 0
     assert sa.engine.make_url(url.stdout.decode().strip()) == sa.engine.make_url(EmbeddedServer(home).url())
+    assert url.stdout.decode().count("\n") == 1
     assert scalar(EmbeddedServer(home).url(), "SELECT count(*) FROM queuectl.orders_meta") == 1
 
     status = run_cli("db", "status", "--json", env_extra=env)
@@ -169,7 +171,11 @@ def test_cli_uses_the_embedded_server_when_no_url_is_given(home: Path):
     stopped = run_cli("db", "status", env_extra=env)
     assert stopped.returncode == 1 and "False" in stopped.stdout.decode()
 
-    assert run_cli("db", "start", env_extra=env).returncode == 0
+    started = run_cli("db", "start", env_extra=env, columns=40)
+    assert started.returncode == 0
+    assert started.stdout.decode() == f"embedded PostgreSQL running: {url.stdout.decode()}"  # one line, copy-paste whole
+    on_terminal = run_cli("db", "start", env_extra=env, columns=40, tty=True).stdout.decode()
+    assert url.stdout.decode().strip() in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", on_terminal)
     listed = run_cli("list", "--json", env_extra=env)
     assert listed.returncode == 0
     assert [q["name"] for q in json.loads(listed.stdout)] == ["orders"]
