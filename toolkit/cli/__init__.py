@@ -38,7 +38,7 @@ def _print_version(asked: bool) -> None:
 
 
 @app.callback()
-def _options(
+def _app_options(
     version: Annotated[bool, typer.Option("--version", help="Print queuectl's version and exit.", is_eager=True,
                                           callback=_print_version)] = False,
 ) -> None:

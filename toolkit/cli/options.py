@@ -24,12 +24,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich import box
-from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.measure import Measurement
 from rich.segment import Segment
 from rich.table import Column, Table
 from rich.text import Text
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from queuectl.engine.urls import MASK, PASSWORD_FILE_ENV, URL_ENV, hide_secrets
 
@@ -197,8 +197,10 @@ class _Argument(TyperArgument):
 
 class _Option(TyperOption):
     def display_type_rich(self, ctx: Any) -> str | None:
-        if self.metavar is not None or self.is_flag or self.count:
-            return super().display_type_rich(ctx) if self.metavar is not None else None
+        if self.metavar is not None:
+            return self.metavar
+        if self.is_flag or self.count:
+            return None
         label = str(super().display_type_rich(ctx)).removeprefix("<").replace(">", "", 1)
         if "|" in label:
             return f"[{label}]"
@@ -207,6 +209,9 @@ class _Option(TyperOption):
 
 
 def _plain_help(params: list[Any]) -> list[Any]:
+    # Typer makes its parameters (and --help, the completion options) itself, of its own classes:
+    # each becomes, in place, the subclass above that renders it (the same object, state and
+    # parsing; only the help text differs).
     for param in params:
         if type(param) is TyperArgument:
             param.__class__ = _Argument
