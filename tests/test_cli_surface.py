@@ -80,6 +80,10 @@ def test_tables_and_the_health_report_stay_readable_at_80_columns(db_url, engine
     assert_readable(shown(run_cli("reorganize", "orders", "--dry-run", "--min-pages", "0", url=db_url, columns=80)),
                     [v for i in reorganized["result"]["indexes"] for v in (i["table"], i["index"], i["decision"])])
 
+    snapshot = json.loads(run_cli("inspect", "orders", "--json", url=db_url).stdout)["result"]["snapshot"]
+    assert_readable(shown(run_cli("inspect", "orders", url=db_url, columns=80)),
+                    [k for k in snapshot if k != "details"])
+
     report = json.loads(run_cli("health", "--json", url=db_url).stdout)
     on_terminal = shown(run_cli("health", url=db_url, columns=80, tty=True))
     assert_readable(on_terminal, [*(v for q in report["queues"] for v in (q["name"], q["kind"])),

@@ -26,7 +26,6 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from queuectl.cli.options import (
@@ -230,12 +229,13 @@ def _render_inspect(result: Any) -> None:
     """Sizes in health's human units (the JSON keeps the bytes)."""
     from queuectl.thresholds import fmt_bytes
 
-    table = Table("measure", "value", title=f"health snapshot #{result.snapshot_id} at {result.taken_at:%Y-%m-%d %H:%M:%S}")
+    table = make_table(("measure", "value"), wrap={1: 20},
+                       title=f"health snapshot #{result.snapshot_id} at {result.taken_at:%Y-%m-%d %H:%M:%S}")
     for key, value in result.snapshot.items():
         if key != "details":
             shown = fmt_bytes(value) if key.endswith("_bytes") else "-" if value is None else str(value)
             table.add_row(key, shown)
-    out.print(table)
+    out.print(Fitted(table))
 
 
 @app.command()
