@@ -161,5 +161,5 @@ def test_dead_tuples_below_the_servers_trigger_say_to_lower_it():
 def test_dead_tuples_with_autovacuum_off_say_so():
     assert "autovacuum is off on this server: run VACUUM (ANALYZE) queuectl.orders_meta, and turn autovacuum on" in (
         _waiting_advice(1000, 250_000, autovacuum_on=False))
-    assert "autovacuum is off for this table (autovacuum_enabled=off)" in _waiting_advice(
+    assert "autovacuum is off for this table (autovacuum_enabled=false)" in _waiting_advice(
         1000, 250_000, ["autovacuum_enabled=false"])

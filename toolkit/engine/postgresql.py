@@ -306,11 +306,12 @@ class PostgresWords(AdviceWords):
         round yet (lowering them would change nothing)."""
         name = t["table_name"]
         head = f"{name}: {count} dead tuples ({pct:.0f}%), {since}"
-        vacuum = f"VACUUM (ANALYZE) {schema}.{name}"
+        run_vacuum = f"run VACUUM (ANALYZE) {schema}.{name}"  # advice to read, not a statement queuectl sends
         own = dict(o.split("=", 1) for o in t.get("autovacuum_options") or [] if not o.startswith("toast."))
         if not server["autovacuum_on"] or own.get("autovacuum_enabled", "on").lower() in ("off", "false", "no", "0"):
-            where = "on this server" if not server["autovacuum_on"] else "for this table (autovacuum_enabled=off)"
-            return f"{head}, and autovacuum is off {where}: run {vacuum}, and turn autovacuum on"
+            where = ("on this server" if not server["autovacuum_on"]
+                     else f"for this table (autovacuum_enabled={own['autovacuum_enabled']})")
+            return f"{head}, and autovacuum is off {where}: {run_vacuum}, and turn autovacuum on"
         threshold = float(own.get("autovacuum_vacuum_threshold", server["autovacuum_vacuum_threshold"]))
         scale = float(own.get("autovacuum_vacuum_scale_factor", server["autovacuum_vacuum_scale_factor"]))
         live = t["n_live_tup"] or 0
@@ -320,8 +321,8 @@ class PostgresWords(AdviceWords):
         if (t["n_dead_tup"] or 0) > starts_at:
             return (f"{head}: autovacuum has not run on this table since they passed the {starts_at:,.0f} at which it "
                     f"starts here ({settings}); it looks every {server['autovacuum_naptime_s']} s when a worker is free "
-                    f"(autovacuum_max_workers): run {vacuum} if this cannot wait")
-        return (f"{head}: autovacuum starts only at {starts_at:,.0f} dead tuples here ({settings}): run {vacuum}; "
+                    f"(autovacuum_max_workers): {run_vacuum} if this cannot wait")
+        return (f"{head}: autovacuum starts only at {starts_at:,.0f} dead tuples here ({settings}): {run_vacuum}; "
                 f"if it recurs, lower autovacuum_vacuum_threshold / scale_factor for this table")
 
     def table_bloat(self, t: dict[str, Any], bloat: float, size: str) -> str:
