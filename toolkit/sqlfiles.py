@@ -17,6 +17,7 @@ not changed on that engine since the revision).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 
@@ -63,7 +64,7 @@ def section(engine: str, file: str, name: str) -> str:
         raise QueuectlError(f"sql/{engine}/{file}.sql has no section {name!r}") from None
 
 
-def render(engine: str, file: str, name: str, values: dict[str, str | int]) -> str:
+def render(engine: str, file: str, name: str, values: Mapping[str, str | int]) -> str:
     """The section's SQL with every {{placeholder}} filled; a missing value is an error."""
     template = section(engine, file, name)
 

@@ -364,7 +364,8 @@ class _HandlerProcess:
         try:
             conn.send(message)
             if conn in mp_connection.wait([conn, process.sentinel]):
-                return conn.recv()
+                outcome: str | None = conn.recv()  # the handler's error text, None when it returned
+                return outcome
         except (EOFError, OSError):  # the pipe broke: the process is gone
             pass
         process.join()
@@ -851,7 +852,7 @@ class Worker:
     def _install_signal_handlers(self) -> dict[int, Any]:
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
             return {}
-        previous = {}
+        previous: dict[int, Any] = {}
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous[signum] = signal.signal(signum, self._on_signal)
         return previous
@@ -956,7 +957,8 @@ def resolve_handler(spec: str) -> Handler:
             raise UsageError(f"--handler {spec!r}: {module_name} has no attribute {attr!r}") from None
     if not callable(target):
         raise UsageError(f"--handler {spec!r}: {attr} is a {type(target).__name__}, not a function")
-    return target
+    handler: Handler = target
+    return handler
 
 
 def _one_line(exc: BaseException) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -187,7 +187,8 @@ class KindQueue(KindCalls):
     @property
     def backend_pid(self) -> int:
         """The server process serving this client's session (for diagnostics and benches)."""
-        return self._conn.connection.dbapi_connection.info.backend_pid
+        dbapi: Any = self._conn.connection.dbapi_connection  # psycopg's, whose info knows it
+        return int(dbapi.info.backend_pid)
 
     def _execute(self, key: str, params: dict[str, Any]) -> Any:
         """The call's result: keys(), all(), scalar_one() and scalars() on every call;
@@ -259,7 +260,7 @@ class KindQueue(KindCalls):
         if self._owns_engine:
             self.engine.dispose()
 
-    def __enter__(self) -> "KindQueue":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -465,7 +466,7 @@ class RingQueue(RingCalls, KindQueue):
         self.released: list[ReleasedClaim] = []  # what close() gave up (its release())
         super().__init__(url_or_engine, name, schema=schema, info=info)
 
-    def enqueue(  # type: ignore[override]
+    def enqueue(
         self,
         payload: bytes | str,
         *,
@@ -479,7 +480,7 @@ class RingQueue(RingCalls, KindQueue):
         """Push one message; returns its id (its position). QueueFullError when full."""
         return self._run(self._enqueue_call(payload, headers, priority, delay, title, due_at, timeout))
 
-    def enqueue_many(  # type: ignore[override]
+    def enqueue_many(
         self,
         payloads: Iterable[bytes | str],
         *,
@@ -489,7 +490,7 @@ class RingQueue(RingCalls, KindQueue):
         """Push many messages in one statement; QueueFullError (with .enqueued) if not all fit."""
         return self._run(self._enqueue_many_call(payloads, headers, timeout))
 
-    def dequeue(self, n: int = 1, *, timeout: float = 0.0) -> list[Item]:  # type: ignore[override]
+    def dequeue(self, n: int = 1, *, timeout: float = 0.0) -> list[Item]:
         """Pop up to n messages in position order, waiting up to `timeout` s for the first."""
         return self._run(self._dequeue_call(n, timeout))
 
@@ -521,8 +522,10 @@ CLIENTS: dict[str, type[KindQueue]] = {
 
 def open_queue(url_or_engine: str | Engine | None, name: str, *, schema: str = DEFAULT_SCHEMA) -> Queue | KindQueue:
     """The client for an installed queue, whatever its kind (Queue for reliable queues)."""
-    owns_engine = not isinstance(url_or_engine, Engine)
-    engine = make_engine(url_or_engine, pool_size=1) if owns_engine else url_or_engine
+    if isinstance(url_or_engine, Engine):
+        engine, owns_engine = url_or_engine, False
+    else:
+        engine, owns_engine = make_engine(url_or_engine, pool_size=1), True
     try:
         with engine.connect() as conn:
             info = require_queue(conn, name, schema)

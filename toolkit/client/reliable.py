@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Self
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -74,12 +74,12 @@ class Queue:
         self._calls = ReliableCalls(self._adapter, self.names.queue, self.worker, self.info)
         self._sql = self._statements(self._adapter.sql_dir)
 
-    def _statements(self, engine_dir: str) -> dict[str, Callable[[sa.Connection, dict], Any]]:
+    def _statements(self, engine_dir: str) -> dict[str, Callable[[sa.Connection, dict[str, Any]], Any]]:
         # All at once: whether they run on the driver connection is decided when the
         # client is created (Adapter.client_statement), not at a call's first use.
         return {key: self._statement(engine_dir, key) for key in RELIABLE_CALLS}
 
-    def _statement(self, engine_dir: str, key: str) -> Callable[[sa.Connection, dict], Any]:
+    def _statement(self, engine_dir: str, key: str) -> Callable[[sa.Connection, dict[str, Any]], Any]:
         return self._adapter.client_statement(self.engine, self._clause(engine_dir, key))
 
     def _clause(self, engine_dir: str, key: str) -> sa.TextClause:
@@ -137,7 +137,7 @@ class Queue:
     def nack(
         self,
         items: Iterable[int | Message],
-        error: str | None = None,
+        error: str | BaseException | None = None,
         *,
         base_delay: float | None = None,
         max_delay: float | None = None,
@@ -229,10 +229,11 @@ class Queue:
         while True:
             sent = False
             try:
-                if self._conn is None or self._conn.invalidated or self._conn.closed:
-                    self._reconnect()
+                conn = self._conn
+                if conn is None or conn.invalidated or conn.closed:
+                    conn = self._reconnect()
                 sent = True
-                return call.fetch(self._sql[call.key](self._conn, call.params))
+                return call.fetch(self._sql[call.key](conn, call.params))
             except sa.exc.DBAPIError as exc:
                 if not self._lost_connection(exc, sent):
                     refused = refusal(self._adapter, call, self.name, exc, self._reason(exc))
@@ -259,17 +260,17 @@ class Queue:
         conn, self._conn = self._conn, None
         discard_connection(conn)
 
-    def _reconnect(self) -> None:
+    def _reconnect(self) -> sa.Connection:
         self._drop_connection()
-        self._conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        self._conn = conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        return conn
 
     # -- looking ---------------------------------------------------------------------
 
     def counts(self) -> dict[str, int]:
         """Items by status: ready, scheduled, processing, done, dead."""
-        if self._conn is None:
-            self._reconnect()
-        return queue_counts(self._conn, self.name, self.info.kind, self.names.schema)
+        conn = self._conn if self._conn is not None else self._reconnect()
+        return queue_counts(conn, self.name, self.info.kind, self.names.schema)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -277,7 +278,7 @@ class Queue:
         if self._owns_engine:
             self.engine.dispose()
 
-    def __enter__(self) -> "Queue":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
