@@ -207,3 +207,45 @@ def test_a_worker_killed_with_sigkill_takes_its_handler_processes_with_it(db_url
     worker.wait()
     wait_until(lambda: not any(_alive(pid) for pid in handlers), timeout=15, what="the handler processes to end")
     assert not handled(engine)
+
+
+@pytest.mark.slow
+def test_the_asyncio_worker_settles_a_refused_ack_by_the_same_rules(db_url, engine, caplog):
+    """One Settlements for both workers: the asyncio worker's refused ack is sent again alone,
+    then charged with a fixed reason, until the item is DEAD; its neighbours are acked once."""
+    import asyncio
+
+    from queuectl.asyncworker import AsyncWorker
+    from queuectl.client.aio import open_async_queue
+
+    install(engine, max_attempts=2, backoff_base_seconds=0)
+    caplog.set_level(logging.INFO, logger="queuectl.worker")
+    seen: collections.Counter[str] = collections.Counter()
+
+    async def handler(message) -> None:
+        seen[message.text] += 1
+
+    async def run():
+        queue = await open_async_queue(db_url, "orders")
+        good = [f"item {i}" for i in range(5)]
+        await queue.enqueue_many(good[:2])
+        bad = await queue.enqueue("unackable", title="unackable")
+        await queue.enqueue_many(good[2:])
+        worker = AsyncWorker(queue, handler, concurrency=2, batch=10, lease=5, poll_interval=0.2, handle_signals=False)
+        task = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + 30
+        while statuses(engine)["unackable"][0] != 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        worker.stop()
+        stats = await task
+        await queue.close()
+        return good, bad, stats
+
+    good, bad, stats = asyncio.run(run())
+    assert seen == collections.Counter(good + ["unackable"] * 2)  # its max attempts, no more
+    final = statuses(engine)
+    assert all(final[text] == (2, 1, None) for text in good)  # acked once, never charged for the bad ack
+    status, attempts, error = final["unackable"]
+    assert (status, attempts) == (3, 2) and error.startswith("the handler succeeded but its ack failed")
+    assert len(lines_about(caplog.text, bad, f"acks of item {bad} are refused here")) >= 6
+    assert (stats.processed, stats.dead) == (5, 1)

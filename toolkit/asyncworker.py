@@ -22,9 +22,10 @@ Leases and outcomes
     Every `heartbeat_fraction` of the lease the loop extends the leases of every item it
     holds; an item whose lease was lost is not started. Successes are acked together, each
     distinct error is one nack with the error's text (so the queue's backoff applies). A
-    settling call refused on a live connection is sent again, alone per item, up to
-    SETTLE_TRIES times SETTLE_RETRY_PAUSE apart; then the item is released, and if that
-    fails too it is left to its lease (`unsettled`).
+    settling call refused on a live connection follows the blocking worker's rules
+    (queuectl.worker, "Settling", one Settlements for both): sent again alone per item, then
+    a nack with a fixed reason (the attempt is charged), then a release, then left to its
+    lease (`unsettled`).
 
 Stopping
     SIGTERM or SIGINT (or stop()): stop claiming, release claimed items no handler has
@@ -44,7 +45,6 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from queuectl.arguments import schema_revision_number
@@ -54,8 +54,7 @@ from queuectl.messages import Message
 from queuectl.sqlfiles import render
 from queuectl.storable import diagnostic_text
 from queuectl.worker import (
-    IN_FLIGHT_FIRST_WAIT, SETTLE_RETRY_PAUSE, SETTLE_TRIES, WAIT_REGISTRATION_REVISION, PollBackoff, WorkerStats,
-    loop_settings,
+    IN_FLIGHT_FIRST_WAIT, WAIT_REGISTRATION_REVISION, PollBackoff, Settlements, WorkerStats, loop_settings,
 )
 
 AsyncHandler = Callable[[Message], Awaitable[Any] | Any]
@@ -113,16 +112,6 @@ class _AsyncListener:
             pass
 
 
-@dataclass
-class _Outcome:
-    """A finished item whose outcome is still to be recorded."""
-
-    error: str | None  # the handler's error text; None when it succeeded
-    tries: int = 0
-    due: float = 0.0
-    release: bool = False  # give it back (not started, or its outcome could not be recorded)
-
-
 class AsyncWorker:
     """Run `await handler(message)` on every item of a reliable queue (an AsyncQueue) as it
     arrives; see the module docstring. Runs once, on the event loop that awaits run()."""
@@ -149,7 +138,7 @@ class AsyncWorker:
         self._work: asyncio.Queue[Message] = asyncio.Queue()
         self._held: dict[int, Message] = {}
         self._lost: set[int] = set()
-        self._finished: dict[int, _Outcome] = {}
+        self._settlements = Settlements()  # finished items whose outcome is still to be recorded
         self._running: set[asyncio.Task[None]] = set()
         self._listener: _AsyncListener | None = None
         self._listener_retry_at = 0.0
@@ -252,8 +241,8 @@ class AsyncWorker:
             deadlines = [self._next_log, next_poll if not look else math.inf]
             if self._held and self.heartbeat_every is not None:
                 deadlines.append(self._next_heartbeat)
-            if self._finished:
-                deadlines.append(min(outcome.due for outcome in self._finished.values()))
+            if self._settlements.pending:
+                deadlines.append(self._settlements.next_due())
             if self.notify and self._listener is None:
                 deadlines.append(self._listener_retry_at)
             if await self._wait(max(0.0, min(deadlines) - time.monotonic())):
@@ -305,8 +294,7 @@ class AsyncWorker:
         return count > 0
 
     def _finished_pending(self) -> bool:
-        now = time.monotonic()
-        return any(outcome.due <= now for outcome in self._finished.values())
+        return self._settlements.next_due() <= time.monotonic()
 
     async def _open_listener(self) -> bool:
         try:
@@ -374,69 +362,52 @@ class AsyncWorker:
             if error is not None:
                 log.warning("item %d failed (attempt %d of %d): %s", message.id, message.attempts,
                             message.max_attempts, error)
-            self._finished[message.id] = _Outcome(error)
+            self._settlements.add(message.id, error)
             self._wake.set()
 
     # -- outcomes, heartbeats --------------------------------------------------------------
 
     async def _settle(self) -> None:
-        """Record finished items: one ack for the successes, one nack per distinct error, one
-        release for what is given back; a refused call's items are sent again alone."""
-        now = time.monotonic()
-        calls: dict[tuple[bool, str | None, int], list[int]] = {}
-        for item_id, outcome in self._finished.items():
-            if outcome.due <= now:
-                key = (outcome.release, outcome.error, item_id if outcome.tries else 0)
-                calls.setdefault(key, []).append(item_id)
-        for (release, error, _alone), ids in calls.items():
+        """Record finished items as the blocking worker does (queuectl.worker, "Settling"): one
+        ack for the successes, one nack per distinct error, one release for what is given back;
+        a refused call's items are sent again alone, then charged, then released, then left."""
+        for (step, text, _alone), ids in self._settlements.due(time.monotonic()).items():
             try:
-                await self._record(release, error, ids)
+                await self._record(step, ids, text)
             except ConnectionFailed:
                 raise
             except Exception as exc:  # refused on a live connection: the items are still held
-                self._record_failed(release, ids, exc)
+                if isinstance(exc, StatementCanceled):
+                    self.stats.canceled += 1
+                if self._settlements.failed(step, ids, exc, self.lease):
+                    self._forget(ids)
+                    self.stats.unsettled += len(ids)
 
-    async def _record(self, release: bool, error: str | None, ids: list[int]) -> None:
-        if release:
+    async def _record(self, step: str, ids: list[int], text: str | None) -> None:
+        """One call: ack (step "outcome", no error text), nack with `text`, or release."""
+        if step == "release":
             released = await self.queue.release(ids)
             self.stats.released += released
             self.stats.lost += len(ids) - released
             self._forget(ids)
             await self._announce_released()
-        elif error is None:
+        elif text is None:
             acked = await self.queue.ack(ids)
             self._forget(ids)
             self.stats.processed += acked
             self.stats.lost += len(ids) - acked
         else:
-            statuses = await self.queue.nack(ids, error)
+            statuses = await self.queue.nack(ids, text)
             self._forget(ids)
             self.stats.failed += len(statuses)
             self.stats.dead += sum(1 for status in statuses.values() if status == "dead")
             self.stats.lost += len(ids) - len(statuses)
 
-    def _record_failed(self, release: bool, ids: list[int], exc: Exception) -> None:
-        if isinstance(exc, StatementCanceled):
-            self.stats.canceled += 1
-        tries = self._finished[ids[0]].tries + 1
-        if release:
-            log.warning("release of item(s) %s failed: %s; leaving them to their lease", ids, first_line(exc))
-            self._forget(ids)
-            self.stats.unsettled += len(ids)
-            return
-        giving_back = tries >= SETTLE_TRIES
-        log.warning("settling item(s) %s failed (try %d of %d): %s; %s", ids, tries, SETTLE_TRIES, first_line(exc),
-                    "releasing them" if giving_back else "sending again")
-        due = time.monotonic() + min(SETTLE_RETRY_PAUSE, self.lease / 10)
-        for item_id in ids:
-            outcome = self._finished[item_id]
-            outcome.tries, outcome.due, outcome.release = tries, 0.0 if giving_back else due, giving_back
-
     def _forget(self, ids: list[int]) -> None:
         for item_id in ids:
             self._held.pop(item_id, None)
             self._lost.discard(item_id)
-            self._finished.pop(item_id, None)
+            self._settlements.pending.pop(item_id, None)
 
     async def _heartbeat_if_due(self) -> None:
         if self.heartbeat_every is None:
@@ -493,7 +464,7 @@ class AsyncWorker:
             log.info("stopping: releasing %d unstarted item(s), waiting for %d in handlers", len(unstarted),
                      len(self._held) - len(unstarted))
         for item_id in unstarted:
-            self._finished[item_id] = _Outcome(None, release=True)
+            self._settlements.add(item_id, None, release=True)
         timeout = self.shutdown_timeout
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         try:
@@ -507,7 +478,7 @@ class AsyncWorker:
                         pass
                 await self._settle()
                 await self._heartbeat_if_due()
-                if self._held and not self._running and self._work.empty() and not self._finished:
+                if self._held and not self._running and self._work.empty() and not self._settlements.pending:
                     break  # what is left was lost to another consumer's lease
         except ConnectionFailed as exc:
             log.warning("could not settle every item while stopping (%s)", exc)

@@ -107,7 +107,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from multiprocessing import connection as mp_connection
 from multiprocessing import get_context
@@ -253,6 +253,73 @@ class _Settlement:
                     else "the handler failed but its error could not be recorded")
             return f"{done} ({self.failure}); see the worker's log"
         return None
+
+
+class Settlements:
+    """Held items whose outcome is still to be recorded, and what follows when a recording
+    call fails (see "Settling" above). It sends nothing: the blocking and the asyncio worker
+    make the calls it names, and tell it how each went."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, _Settlement] = {}
+        self._given_back: set[int] = set()  # items released because their outcome could not be recorded
+
+    def add(self, item_id: int, error: str | None, *, release: bool = False) -> None:
+        """A finished item (`error`: the handler's error text, None when it succeeded), or
+        with `release` one given back unstarted."""
+        self.pending[item_id] = _Settlement(error, step="release") if release else _Settlement(error)
+
+    def due(self, now: float) -> dict[tuple[str, str | None, int], list[int]]:
+        """The calls to send now, (step, error text, item id when sent alone) -> item ids:
+        first sends go together (one ack, one nack per distinct error, one release); an item
+        whose call failed is sent alone, so an item the server refuses holds back no other."""
+        calls: dict[tuple[str, str | None, int], list[int]] = {}
+        for item_id, settlement in self.pending.items():
+            if settlement.due <= now:
+                key = (settlement.step, settlement.text(), item_id if settlement.failure else 0)
+                calls.setdefault(key, []).append(item_id)
+        return calls
+
+    def next_due(self) -> float:
+        """When the next call is due (a retry waits a short pause); inf when none is pending."""
+        return min((settlement.due for settlement in self.pending.values()), default=math.inf)
+
+    def discard(self, ids: Iterable[int]) -> None:
+        for item_id in ids:
+            self.pending.pop(item_id, None)
+
+    def failed(self, step: str, ids: list[int], exc: Exception, lease: float) -> bool:
+        """A call of `step` for `ids` failed: log it (one line) and choose each item's next
+        step. True when the items are given up (left to their lease, counted unsettled)."""
+        first = self.pending[ids[0]]
+        call = {"outcome": "ack" if first.error is None else "nack", "charge": "fallback nack",
+                "release": "release"}[step]
+        tries = first.tries + 1
+        if step == "outcome" and tries < SETTLE_TRIES:
+            pause = min(SETTLE_RETRY_PAUSE, lease / 10)
+            then = f"sending {'each' if len(ids) > 1 else 'it'} again in {pause:g}s"
+            next_step, due = step, time.monotonic() + pause
+        elif step == "outcome":
+            then = "recording a failed attempt with a fixed reason instead"
+            next_step, due = "charge", 0.0
+        elif step == "charge" and ids[0] not in self._given_back:
+            then = "releasing it (its attempt is given back)"
+            next_step, due = "release", 0.0
+            self._given_back.add(ids[0])
+        else:
+            then = ("giving up: it stays leased to this worker until its lease expires, then comes back "
+                    "with this attempt charged")
+            next_step, due = "", 0.0
+        log.warning("%s of item(s) %s failed%s: %s; %s", call, ids,
+                    f" (try {tries} of {SETTLE_TRIES})" if step == "outcome" else "", first_line(exc), then)
+        for item_id in ids:
+            settlement = self.pending[item_id]
+            settlement.failure = type(exc).__name__
+            settlement.tries = tries if next_step == step else 0
+            settlement.step, settlement.due = next_step, due
+        if not next_step:
+            self.discard(ids)
+        return not next_step
 
 
 class _Listener:
@@ -455,8 +522,7 @@ class Worker:
         self._done: queue_mod.SimpleQueue[tuple[int, str | None, bool]] = queue_mod.SimpleQueue()
         self._held: dict[int, Message] = {}  # claimed and not yet acked/nacked/released (control thread only)
         self._lost: set[int] = set()  # held items whose lease a heartbeat found gone
-        self._unsettled: dict[int, _Settlement] = {}  # held items whose outcome is still to be recorded
-        self._given_back: set[int] = set()  # items released because their outcome could not be recorded
+        self._settlements = Settlements()  # held items whose outcome is still to be recorded
         self._listener: _Listener | None = None
         self._listener_retry_at = 0.0
         self._registered = False  # the listener session holds the queue's "waiting" registration
@@ -579,7 +645,7 @@ class Worker:
                 deadlines.append(next_poll)
             if self._held and self.heartbeat_every is not None:
                 deadlines.append(self._next_heartbeat)
-            if self._unsettled:
+            if self._settlements.pending:
                 deadlines.append(self._next_settle())
             if self.notify and self._listener is None:
                 deadlines.append(self._listener_retry_at)
@@ -694,17 +760,11 @@ class Worker:
             except queue_mod.Empty:
                 break
             if ran:
-                self._unsettled[item_id] = _Settlement(error)
+                self._settlements.add(item_id, error)
             else:
                 self._forget([item_id])
                 self.stats.lost += 1
-        now = time.monotonic()
-        calls: dict[tuple[str, str | None, int], list[int]] = {}
-        for item_id, settlement in self._unsettled.items():
-            if settlement.due <= now:
-                key = (settlement.step, settlement.text(), item_id if settlement.failure else 0)
-                calls.setdefault(key, []).append(item_id)
-        for (step, text, _alone), ids in calls.items():
+        for (step, text, _alone), ids in self._settlements.due(time.monotonic()).items():
             try:
                 self._record(step, ids, text)
             except ConnectionFailed:  # the client gave up reconnecting: the worker stops
@@ -733,48 +793,22 @@ class Worker:
             self.stats.lost += len(ids) - len(statuses)
 
     def _record_failed(self, step: str, ids: list[int], exc: Exception) -> None:
-        """A settling call failed: log it (one line) and choose each item's next step."""
+        """A settling call failed: Settlements chooses each item's next step."""
         if isinstance(exc, StatementCanceled):
             self.stats.canceled += 1
-        first = self._unsettled[ids[0]]
-        call = {"outcome": "ack" if first.error is None else "nack", "charge": "fallback nack",
-                "release": "release"}[step]
-        tries = first.tries + 1
-        if step == "outcome" and tries < SETTLE_TRIES:
-            pause = min(SETTLE_RETRY_PAUSE, self.lease / 10)
-            then = f"sending {'each' if len(ids) > 1 else 'it'} again in {pause:g}s"
-            next_step, due = step, time.monotonic() + pause
-        elif step == "outcome":
-            then = "recording a failed attempt with a fixed reason instead"
-            next_step, due = "charge", 0.0
-        elif step == "charge" and ids[0] not in self._given_back:
-            then = "releasing it (its attempt is given back)"
-            next_step, due = "release", 0.0
-            self._given_back.add(ids[0])
-        else:
-            then = ("giving up: it stays leased to this worker until its lease expires, then comes back "
-                    "with this attempt charged")
-            next_step, due = "", 0.0
-        log.warning("%s of item(s) %s failed%s: %s; %s", call, ids,
-                    f" (try {tries} of {SETTLE_TRIES})" if step == "outcome" else "", first_line(exc), then)
-        for item_id in ids:
-            settlement = self._unsettled[item_id]
-            settlement.failure = type(exc).__name__
-            settlement.tries = tries if next_step == step else 0
-            settlement.step, settlement.due = next_step, due
-        if not next_step:
+        if self._settlements.failed(step, ids, exc, self.lease):
             self._forget(ids)
             self.stats.unsettled += len(ids)
 
     def _next_settle(self) -> float:
         """When the next settling call is due (a retry waits a short pause)."""
-        return min((settlement.due for settlement in self._unsettled.values()), default=math.inf)
+        return self._settlements.next_due()
 
     def _forget(self, ids: list[int]) -> None:
         for item_id in ids:
             self._held.pop(item_id, None)
             self._lost.discard(item_id)
-            self._unsettled.pop(item_id, None)
+            self._settlements.pending.pop(item_id, None)
 
     def _heartbeat_if_due(self) -> None:
         if self.heartbeat_every is None:
@@ -881,7 +915,7 @@ class Worker:
             log.info("stopping: releasing %d unstarted item(s), waiting for %d in handlers", len(unstarted),
                      len(self._held) - len(unstarted))
         for item_id in unstarted:
-            self._unsettled[item_id] = _Settlement(None, step="release")
+            self._settlements.add(item_id, None, release=True)
         try:
             self._settle()
             deadline = math.inf if self.shutdown_timeout is None else time.monotonic() + self.shutdown_timeout
