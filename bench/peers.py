@@ -1,5 +1,10 @@
 """Scenario `peers`: the same full cycle on PgQueuer and Procrastinate beside queuectl.
 
+queuectl runs twice in each repeat, one client right after the other: the blocking Queue
+(the `kinds` scenario's worker processes) and the asyncio AsyncQueue, whose processes run
+the same producer and consumer loops awaited (enqueue_many; dequeue, then ack). Their
+quotient is taken per repeat.
+
 Each repeat also measures the SQL ceiling of queuectl's own full cycle: the statements
 its client sends, driven by pgbench at the same batch and client count, with no Python
 (BenchRun.sql_cycle, as the `kinds` scenario's full-cycle ceiling). A target line says
@@ -26,6 +31,7 @@ import struct
 import time
 import traceback
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -36,8 +42,10 @@ from sqlalchemy.engine import make_url
 from queuectl.bench.core import BenchRun, ratio, scenario, stat, unavailable_once
 from queuectl.bench.drivers import bench_sql, driver_for
 from queuectl.bench.pgbench import PgbenchUnavailable
-from queuectl.bench.workers import BACKLOG_PAUSE_SECONDS, LATENCY_SAMPLE, WARMUP_CALLS, Backlog, payload_pool
-from queuectl.names import quote_ident
+from queuectl.bench.workers import (
+    BACKLOG_PAUSE_SECONDS, EMPTY_POLL_SECONDS, LATENCY_SAMPLE, WARMUP_CALLS, Backlog, payload_pool,
+)
+from queuectl.names import QueueNames, quote_ident
 
 STAMP = struct.Struct("<d")
 PEERS_DATABASE = "queuectl_bench_peers"
@@ -47,6 +55,8 @@ PGQUEUER_BATCHES = (10, 100)
 PROCRASTINATE_CONCURRENCY = (1, 10)
 # The goal: queuectl's full cycle at this many times the faster peer's best.
 PEER_FACTOR_GOAL = 5.0
+# queuectl's own subjects: the blocking client and the asyncio one (run through peer_worker)
+SYNC, ASYNCIO = "queuectl", "queuectl-asyncio"
 
 
 @dataclass(frozen=True)
@@ -55,9 +65,11 @@ class PeerSpec:
     dsn: str
     role: str
     batch: int  # messages per enqueue call
-    setting: int  # PgQueuer: dequeue batch_size; Procrastinate: worker concurrency
+    setting: int  # PgQueuer: dequeue batch_size; Procrastinate: worker concurrency; queuectl: dequeue n
     payload_bytes: int
     seed: int
+    queue: str = ""  # queuectl's asyncio subject: the bench queue and its schema
+    schema: str = ""
 
 
 def peer_worker(spec: PeerSpec, ready: Any, go: Any, stop: Any, results: Any, backlog: Backlog) -> None:
@@ -72,7 +84,7 @@ def peer_worker(spec: PeerSpec, ready: Any, go: Any, stop: Any, results: Any, ba
             ready.put(os.getpid())
 
     try:
-        main = {"pgqueuer": _pgqueuer, "procrastinate": _procrastinate}[spec.peer]
+        main = {"pgqueuer": _pgqueuer, "procrastinate": _procrastinate, ASYNCIO: _queuectl_asyncio}[spec.peer]
         report.update(asyncio.run(main(spec, signal_ready, go, stop, backlog)))
     except BaseException as exc:
         report["error"] = f"{spec.peer}: {type(exc).__name__}: {exc}"
@@ -98,13 +110,17 @@ class _Tally:
         self.counting = True
 
     def handled(self, sent_at: float) -> None:
+        self.handled_batch((sent_at,))
+
+    def handled_batch(self, sent_at: Sequence[float]) -> None:
+        """A batch handled at once (its send times): one clock read, one backlog update."""
         if self.backlog is not None:
-            self.backlog.add(1)
+            self.backlog.add(len(sent_at))
         if self.counting:
             now = time.time()
-            self.count += 1
+            self.count += len(sent_at)
             self.t_end = now
-            self.latencies.append(now - sent_at)
+            self.latencies.extend(now - t for t in sent_at)
 
     def report(self, seed: int) -> dict[str, Any]:
         sample = list(self.latencies)
@@ -143,6 +159,55 @@ async def _produce(spec: PeerSpec, send: Any, signal_ready: Any, go: Any, stop: 
         count += spec.batch
         t_end = time.time()
     return {"count": count, "t_start": t_start, "t_end": t_end}
+
+
+# -- queuectl's asyncio client -------------------------------------------------------------
+
+
+async def _queuectl_asyncio(spec: PeerSpec, signal_ready: Any, go: Any, stop: Any, backlog: Backlog) -> dict[str, Any]:
+    """The blocking subject's loops (queuectl.bench.workers), awaited on AsyncQueue: producers
+    enqueue_many a batch per call, consumers dequeue a batch and ack it, counting it (and its
+    send -> ack latency) once the ack has returned, and pausing EMPTY_POLL_SECONDS on an
+    empty take. Warm-up as there: WARMUP_CALLS calls of each, not counted."""
+    from queuectl.bench.drivers import LEASE_SECONDS
+    from queuectl.client.aio import AsyncQueue
+
+    queue = await AsyncQueue.open(spec.dsn, spec.queue, schema=spec.schema)
+    try:
+        if spec.role == "producer":
+            pool, rng = _payloads(spec)
+
+            async def send() -> None:
+                stamp = STAMP.pack(time.time())
+                start = rng.randrange(len(pool) - spec.batch)
+                payloads = [stamp + p[8:] for p in pool[start:start + spec.batch]]
+                if spec.batch == 1:
+                    await queue.enqueue(payloads[0])
+                else:
+                    await queue.enqueue_many(payloads)
+
+            return await _produce(spec, send, signal_ready, go, stop, backlog)
+
+        tally = _Tally(backlog)
+        unpack = STAMP.unpack_from
+        for _ in range(WARMUP_CALLS):  # prepares the dequeue and the ack (psycopg: at the 5th execution)
+            messages = await queue.dequeue(spec.setting, lease=LEASE_SECONDS)
+            if messages:
+                await queue.ack(messages)
+            tally.handled_batch([0.0] * len(messages))  # the backlog only: not counting yet
+        signal_ready()
+        await _wait(go)
+        tally.start()
+        while not stop.is_set():
+            messages = await queue.dequeue(spec.setting, lease=LEASE_SECONDS)
+            if not messages:
+                await asyncio.sleep(EMPTY_POLL_SECONDS)
+                continue
+            await queue.ack(messages)
+            tally.handled_batch([unpack(m.payload)[0] for m in messages])
+        return tally.report(spec.seed)
+    finally:
+        await queue.close()
 
 
 # -- PgQueuer -----------------------------------------------------------------------------
@@ -283,7 +348,8 @@ def _version(module: str) -> str:
         return "?"
 
 
-@scenario("peers", "full cycle: queuectl reliable and its SQL ceiling beside PgQueuer and Procrastinate, equal processes",
+@scenario("peers", "full cycle: queuectl reliable (blocking and asyncio clients) and its SQL ceiling beside "
+                   "PgQueuer and Procrastinate, equal processes",
           ("producers", "consumers", "batch", "payload_bytes", "seconds", "backlog"))
 def peers(run: BenchRun) -> dict[str, Any]:
     o = run.options
@@ -305,13 +371,26 @@ def peers(run: BenchRun) -> dict[str, Any]:
             unavailable.append({"subject": peer, "reason": reason})
         else:
             ready_peers[peer] = settings
-    series: dict[tuple[str, int], dict[str, list[Any]]] = {("queuectl", B): {"rate": [], "p50": [], "p99": []}}
+    series: dict[tuple[str, int], dict[str, list[Any]]] = {
+        (SYNC, B): {"rate": [], "p50": [], "p99": []}, (ASYNCIO, B): {"rate": [], "p50": [], "p99": []},
+    }
     for peer, settings in ready_peers.items():
         for s in settings:
             series[(peer, s)] = {"rate": [], "p50": [], "p99": []}
     sql_rates: list[float | None] = []  # the SQL ceiling, one per repeat, measured beside queuectl's run
     steps = o.repeat * (len(series) + 1)
     failed: set[str] = set()
+
+    def on_bench_queue(target: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """A run of queuectl's own on the bench queue, emptied before and after."""
+        with run.engine.connect() as conn:
+            driver.reset(conn, names)
+        try:
+            return target(*args, **kwargs)
+        finally:
+            with run.engine.connect() as conn:
+                driver.reset(conn, names)
+
     with run.reporter.scenario("peers", steps) as rep:
         for r in range(o.repeat):
             rep.step(f"repeat {r + 1}: queuectl SQL via pgbench ({P + C} clients)")
@@ -323,13 +402,15 @@ def peers(run: BenchRun) -> dict[str, Any]:
             rep.done()
             for (subject, setting), m in series.items():
                 rep.step(f"repeat {r + 1}: {subject} (setting {setting})")
-                if subject == "queuectl":
-                    with run.engine.connect() as conn:
-                        driver.reset(conn, names)
-                    res = run.python_phase(kind, names, "cycle", batch=B, payload_bytes=o.payload_bytes,
-                                           producers=P, consumers=C, seconds=o.seconds)
-                    with run.engine.connect() as conn:
-                        driver.reset(conn, names)
+                if subject == SYNC:
+                    res = on_bench_queue(run.python_phase, kind, names, "cycle", batch=B, payload_bytes=o.payload_bytes,
+                                         producers=P, consumers=C, seconds=o.seconds)
+                elif subject == ASYNCIO:  # the same loops, processes and queue as SYNC, right after it
+                    ours = dict(dsn=run.url, batch=B, setting=setting, payload_bytes=o.payload_bytes,
+                                queue=names.queue, schema=names.schema)
+                    specs = [PeerSpec(subject, role="producer", seed=1000 + i, **ours) for i in range(P)]
+                    specs += [PeerSpec(subject, role="consumer", seed=2000 + i, **ours) for i in range(C)]
+                    res = on_bench_queue(run.run_processes, peer_worker, specs, "cycle", o.seconds)
                 elif subject in failed:
                     res = {"rate": None, "p50_ms": None, "p99_ms": None}
                 else:
@@ -350,43 +431,43 @@ def peers(run: BenchRun) -> dict[str, Any]:
     _drop_database(run)
     rows = []
     best: dict[str, tuple[float, int]] = {}
-    ours_share = stat([ratio(a, b) for a, b in zip(series[("queuectl", B)]["rate"], sql_rates)])
+    sync_rates, async_rates = series[(SYNC, B)]["rate"], series[(ASYNCIO, B)]["rate"]
     for (subject, setting), m in series.items():
         rate = stat(m["rate"])
-        if subject != "queuectl" and rate["median"] is not None:
+        ours_row = subject in (SYNC, ASYNCIO)
+        if not ours_row and rate["median"] is not None:
             if subject not in best or rate["median"] > best[subject][0]:
                 best[subject] = (rate["median"], setting)
-        label = f"queuectl {kind}" if subject == "queuectl" else f"{subject} {_version(subject)}"
-        setting_name = "batch" if subject == "queuectl" else PEERS[subject][2]
-        ours_row = subject == "queuectl"
+        label = {SYNC: f"queuectl {kind}", ASYNCIO: f"queuectl {kind} asyncio"}.get(subject)
+        setting_name = "batch" if ours_row else PEERS[subject][2]
+        metrics: dict[str, Any] = {}
+        if subject == ASYNCIO:  # the asyncio client over the blocking one, repeat by repeat
+            metrics["vs_sync"] = stat([ratio(a, b) for a, b in zip(async_rates, sync_rates)])
+        elif not ours_row:
+            metrics["queuectl_x"] = stat([ratio(a, b) for a, b in zip(sync_rates, m["rate"])])
+            metrics["asyncio_x"] = stat([ratio(a, b) for a, b in zip(async_rates, m["rate"])])
+            # the most any client of queuectl's statements could be over this peer, repeat by repeat
+            metrics["sql_ceiling_x"] = stat([ratio(a, b) for a, b in zip(sql_rates, m["rate"])])
         rows.append({
-            "subject": label, "phase": "full-cycle",
+            "subject": label or f"{subject} {_version(subject)}", "phase": "full-cycle",
             "params": {"batch": B, "setting": f"{setting_name} {setting}", "producers": P, "consumers": C,
                        "payload_bytes": o.payload_bytes, "clients": P + C},
             "rate": rate,
             "ceiling": {"name": "same SQL via pgbench (producers+consumers clients)", "rate": stat(sql_rates)}
             if ours_row else None,
-            "fraction_of_ceiling": ours_share if ours_row else None,
-            "latency_ms": {"p50": stat(m["p50"]), "p99": stat(m["p99"])}, "metrics": {},
+            "fraction_of_ceiling": stat([ratio(a, b) for a, b in zip(m["rate"], sql_rates)]) if ours_row else None,
+            "latency_ms": {"p50": stat(m["p50"]), "p99": stat(m["p99"])}, "metrics": metrics,
         })
-    ours = stat(series[("queuectl", B)]["rate"])["median"]
+    ours = stat(sync_rates)["median"]
     ceiling = stat(sql_rates)["median"]
     fastest = max(best.items(), key=lambda kv: kv[1][0]) if best else None
-    for row in rows:
-        if not row["subject"].startswith("queuectl"):
-            peer_rates = _rates(series, row)
-            if ours:
-                row["metrics"]["queuectl_x"] = stat([ratio(a, b) for a, b in zip(series[("queuectl", B)]["rate"],
-                                                                                 peer_rates)])
-            # the most any client of queuectl's statements could be over this peer, repeat by repeat
-            row["metrics"]["sql_ceiling_x"] = stat([ratio(a, b) for a, b in zip(sql_rates, peer_rates)])
     targets = [{
         "name": f"queuectl reliable (batch {B}, {P}P+{C}C) vs the faster peer at its best setting"
                 + (f" ({fastest[0]} at {PEERS[fastest[0]][2]} {fastest[1][1]})" if fastest else ""),
         "value": ratio(ours, fastest[1][0]) if fastest else None,
         "threshold": PEER_FACTOR_GOAL,
         "met": (ratio(ours, fastest[1][0]) >= PEER_FACTOR_GOAL) if fastest and ours else None,
-    }, reach_target(fastest, ceiling, ours, ours_share["median"], B, P + C)]
+    }, reach_target(fastest, ceiling, ours, rows[0]["fraction_of_ceiling"]["median"], B, P + C)]
     return {
         "name": "peers",
         "description": "full cycle (enqueue -> dequeue -> complete), equal producer and consumer processes",
@@ -397,12 +478,16 @@ def peers(run: BenchRun) -> dict[str, Any]:
             f"every system's producers pause while more than {o.backlog:,} jobs wait (--backlog)",
             "peers count a job when its handler runs, before the peer records completion; queuectl counts "
             "after its ack commits; peers' latency is send -> handler, queuectl's send -> ack returned",
-            f"SQL ceiling (queuectl row): the statements queuectl's client sends, from pgbench -M prepared at "
+            "queuectl reliable asyncio: AsyncQueue in the same processes, loops and queue as the blocking "
+            "client (producers enqueue_many, consumers dequeue then ack), right after it in each repeat; "
+            "'x sync' is its rate over the blocking client's in the same repeat, 'asyncio x' its rate over each peer",
+            f"SQL ceiling (queuectl rows): the statements queuectl's client sends, from pgbench -M prepared at "
             f"{P + C} clients that each enqueue a batch of {B}, then dequeue and ack one, measured in each repeat "
             "just before queuectl's run; 'ceiling x' is that ceiling over each peer, the most any client of "
             "queuectl's statements could be ahead of it at this batch and client count on this machine",
         ],
-        "display_metrics": [["queuectl x", "queuectl_x"], ["ceiling x", "sql_ceiling_x"]],
+        "display_metrics": [["queuectl x", "queuectl_x"], ["asyncio x", "asyncio_x"], ["x sync", "vs_sync"],
+                            ["ceiling x", "sql_ceiling_x"]],
         "ceilings": [],
         "rows": rows,
         "targets": targets,
@@ -438,12 +523,6 @@ def reach_target(
             verdict += f"; queuectl's client is at {ours:,.0f} msg/s, {share:.0%} of the ceiling"
         target["verdict"] = verdict
     return target
-
-
-def _rates(series: dict[tuple[str, int], dict[str, list[Any]]], row: dict[str, Any]) -> list[Any]:
-    subject = row["subject"].split()[0]
-    setting = int(row["params"]["setting"].split()[-1])
-    return series[(subject, setting)]["rate"]
 
 
 def _fresh_database(run: BenchRun) -> str:

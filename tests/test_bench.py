@@ -299,12 +299,18 @@ def test_tiny_peers_run_shows_the_sql_ceiling_of_queuectls_own_full_cycle(db_url
         "--seconds", "1", "--repeat", "1",
     )
     sc = result["scenario"]
-    ours, peers = sc["rows"][0], sc["rows"][1:]
-    assert ours["subject"] == "queuectl reliable"
+    ours, aio, peers = sc["rows"][0], sc["rows"][1], sc["rows"][2:]
+    assert ours["subject"] == "queuectl reliable" and aio["subject"] == "queuectl reliable asyncio"
     # the same statements under pgbench, at the same batch and client count, in the same run
     rate, ceiling = ours["rate"]["median"], ours["ceiling"]["rate"]["median"]
     assert rate > 0 and ceiling > 0
     assert ours["fraction_of_ceiling"]["median"] == pytest.approx(rate / ceiling)
+    # the asyncio client, measured in the same repeat, beside the same ceiling; its quotient over the blocking one
+    aio_rate = aio["rate"]["median"]
+    assert aio_rate > 0 and aio["params"] == ours["params"] and aio["ceiling"] == ours["ceiling"]
+    assert aio["metrics"]["vs_sync"]["median"] == pytest.approx(aio_rate / rate)
+    assert aio["fraction_of_ceiling"]["median"] == pytest.approx(aio_rate / ceiling)
+    assert 0 < aio["latency_ms"]["p50"]["median"] <= aio["latency_ms"]["p99"]["median"]
     pgbench = result["commands"]["sql full-cycle"]
     assert pgbench[pgbench.index("-c") + 1] == "2"  # producers + consumers clients
     assert not any(u["subject"] == "sql reliable" for u in sc["unavailable"])
@@ -318,6 +324,7 @@ def test_tiny_peers_run_shows_the_sql_ceiling_of_queuectls_own_full_cycle(db_url
     for peer in measured:
         assert peer["ceiling"] is None
         assert peer["metrics"]["sql_ceiling_x"]["median"] == pytest.approx(ceiling / peer["rate"]["median"])
+        assert peer["metrics"]["asyncio_x"]["median"] == pytest.approx(aio_rate / peer["rate"]["median"])
     fastest = max(p["rate"]["median"] for p in measured)
     assert reach["value"] == pytest.approx(ceiling / fastest)
     assert reach["met"] is (reach["value"] >= 5.0)
