@@ -45,7 +45,7 @@ from queuectl.bench.pgbench import PgbenchUnavailable
 from queuectl.bench.workers import (
     BACKLOG_PAUSE_SECONDS, EMPTY_POLL_SECONDS, LATENCY_SAMPLE, WARMUP_CALLS, Backlog, payload_pool,
 )
-from queuectl.names import QueueNames, quote_ident
+from queuectl.names import quote_ident
 
 STAMP = struct.Struct("<d")
 PEERS_DATABASE = "queuectl_bench_peers"
@@ -194,7 +194,7 @@ async def _queuectl_asyncio(spec: PeerSpec, signal_ready: Any, go: Any, stop: An
             messages = await queue.dequeue(spec.setting, lease=LEASE_SECONDS)
             if messages:
                 await queue.ack(messages)
-            tally.handled_batch([0.0] * len(messages))  # the backlog only: not counting yet
+            backlog.add(len(messages))
         signal_ready()
         await _wait(go)
         tally.start()
