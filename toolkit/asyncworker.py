@@ -407,7 +407,7 @@ class AsyncWorker:
         for item_id in ids:
             self._held.pop(item_id, None)
             self._lost.discard(item_id)
-            self._settlements.pending.pop(item_id, None)
+        self._settlements.discard(ids)
 
     async def _heartbeat_if_due(self) -> None:
         if self.heartbeat_every is None:

@@ -290,7 +290,8 @@ class Settlements:
 
     def failed(self, step: str, ids: list[int], exc: Exception, lease: float) -> bool:
         """A call of `step` for `ids` failed: log it (one line) and choose each item's next
-        step. True when the items are given up (left to their lease, counted unsettled)."""
+        step. True when the items are given up: the caller forgets them (discard) and leaves
+        them to their lease, counted unsettled."""
         first = self.pending[ids[0]]
         call = {"outcome": "ack" if first.error is None else "nack", "charge": "fallback nack",
                 "release": "release"}[step]
@@ -317,8 +318,6 @@ class Settlements:
             settlement.failure = type(exc).__name__
             settlement.tries = tries if next_step == step else 0
             settlement.step, settlement.due = next_step, due
-        if not next_step:
-            self.discard(ids)
         return not next_step
 
 
@@ -808,7 +807,7 @@ class Worker:
         for item_id in ids:
             self._held.pop(item_id, None)
             self._lost.discard(item_id)
-            self._settlements.pending.pop(item_id, None)
+        self._settlements.discard(ids)
 
     def _heartbeat_if_due(self) -> None:
         if self.heartbeat_every is None:
