@@ -106,12 +106,18 @@ def _client(url: str, queue: str, kind: str) -> Any:
     return open_queue(url, queue)
 
 
-def _producer(url: str, queue: str, o: Options, index: int, counts: Any, go: Any, stop: Any) -> None:
+def _start(ready: Any, go: Any) -> None:
+    """Say this process is set up (imports done, client made), then wait for the start."""
+    ready.release()
+    go.wait()
+
+
+def _producer(url: str, queue: str, o: Options, index: int, counts: Any, ready: Any, go: Any, stop: Any) -> None:
     from queuectl.client import QueueFullError
 
     payloads = [os.urandom(o.payload_bytes) for _ in range(o.batch)]
     with _client(url, queue, o.kind) as q:
-        go.wait()
+        _start(ready, go)
         while not stop.is_set():
             depth = o.backlog + sum(counts[: o.producers]) - sum(counts[o.producers:])
             if depth > o.backlog:
@@ -125,11 +131,11 @@ def _producer(url: str, queue: str, o: Options, index: int, counts: Any, go: Any
 
 
 def _consumer(url: str, queue: str, o: Options, index: int, counts: Any, calls: Any, call_seconds: Any,
-              go: Any, stop: Any) -> None:
+              ready: Any, go: Any, stop: Any) -> None:
     slot = index - o.producers
     pace = o.consumers / o.rate if o.rate > 0 else 0.0  # seconds per message for this consumer
     with _client(url, queue, o.kind) as q:
-        go.wait()
+        _start(ready, go)
         due = time.monotonic()
         while not stop.is_set():
             t0 = time.perf_counter()
@@ -151,14 +157,14 @@ def _consumer(url: str, queue: str, o: Options, index: int, counts: Any, calls: 
                     due = time.monotonic()  # behind: do not build up credit
 
 
-def _archiver(url: str, queue: str, o: Options, go: Any, stop: Any) -> None:
+def _archiver(url: str, queue: str, o: Options, ready: Any, go: Any, stop: Any) -> None:
     from queuectl.engine import make_engine
     from queuectl.jobs.archive import ArchiveConfig, run_continuous
 
     engine = make_engine(url)
     config = ArchiveConfig(batch=1000, min_age=o.archive_min_age, history_retention=o.retention,
                            purge_every=o.purge_every, idle_delay=1.0)
-    go.wait()
+    _start(ready, go)
     try:
         run_continuous(engine, queue, config, stop=stop)
     finally:
@@ -209,20 +215,25 @@ def _run_side(engine: sa.Engine, url: str, name: str, o: Options) -> dict[str, A
     names = QueueNames(name)
     qualified = {role: names.qualified(role) for role in tables(o.kind)}
     ctx = mp.get_context("spawn")
-    go, stop = ctx.Event(), ctx.Event()
+    ready, go, stop = ctx.Semaphore(0), ctx.Event(), ctx.Event()
     counts = ctx.Array("q", o.producers + o.consumers, lock=False)
     calls = ctx.Array("q", o.consumers, lock=False)
     call_seconds = ctx.Array("d", o.consumers, lock=False)
-    procs = [ctx.Process(target=_producer, args=(url, name, o, i, counts, go, stop)) for i in range(o.producers)]
-    procs += [ctx.Process(target=_consumer, args=(url, name, o, o.producers + i, counts, calls, call_seconds, go, stop))
+    procs = [ctx.Process(target=_producer, args=(url, name, o, i, counts, ready, go, stop)) for i in range(o.producers)]
+    procs += [ctx.Process(target=_consumer, args=(url, name, o, o.producers + i, counts, calls, call_seconds, ready, go, stop))
               for i in range(o.consumers)]
     if o.kind == "reliable":
-        procs.append(ctx.Process(target=_archiver, args=(url, name, o, go, stop)))
+        procs.append(ctx.Process(target=_archiver, args=(url, name, o, ready, go, stop)))
     for p in procs:
         p.start()
     samples: list[dict[str, Any]] = []
     try:
-        time.sleep(1.0)  # let them connect (as notify_cost does)
+        set_up, deadline = 0, time.monotonic() + 120
+        while set_up < len(procs):  # every process set up before the clock starts, however loaded the machine
+            if ready.acquire(timeout=0.5):
+                set_up += 1
+            elif time.monotonic() > deadline or any(not p.is_alive() for p in procs):
+                raise RuntimeError(f"a worker process of the autovacuum probe on {name} did not start")
         go.set()
         started = time.monotonic()
         last = (started, 0, 0, 0.0)
