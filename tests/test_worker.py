@@ -192,6 +192,9 @@ def test_notifications_dropped_mid_run_every_item_is_still_processed(engine, ord
     running = Running(Worker(orders, handler, concurrency=2, batch=5, poll_interval=0.3))
     expected: list[str] = []
     try:
+        # registered first (LISTEN, nothing in flight): otherwise a worker slow to start finds the
+        # first items by its poll and none of them is announced
+        wait_until(lambda: waiting_sessions(engine) == 1, what="the registration")
         with Queue(engine, "orders") as producer:
             for i in range(20):
                 expected.append(producer_item := f"before {i}")
