@@ -18,6 +18,7 @@ import struct
 import sys
 import tempfile
 import termios
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -172,9 +173,12 @@ def run_cli(
     columns: int = 200,
     tty: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Run `queuectl ARGS` in a subprocess, as a user would, `columns` wide. With `tty` its
-    stdout is a pseudo-terminal of that width (colours and all, as a user sees it), read
-    back into .stdout; stdin and stderr stay pipes."""
+    """Run `queuectl ARGS` as a process of its own, as a user would, `columns` wide. With `tty`
+    its stdout is a pseudo-terminal of that width (colours and all, as a user sees it), read
+    back into .stdout; stdin and stderr stay pipes (stdin reads `input`, or nothing).
+    The process is a fork of this test process's CLI fork server (tests/cli_forkserver.py:
+    the libraries imported once, queuectl itself imported by each command), or a new
+    interpreter when the command's environment changes how an interpreter starts."""
     env = dict(os.environ)
     env.update(env_extra or {})
     env.pop("QUEUECTL_URL", None)
@@ -182,34 +186,107 @@ def run_cli(
         env["QUEUECTL_URL"] = url
     env["COLUMNS"] = str(columns)
     command = [sys.executable, "-m", "queuectl.cli", *args]
-    if not tty:
-        return subprocess.run(command, input=input, capture_output=True, env=env, timeout=timeout)
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    env["TERM"] = "xterm-256color"
-    env.pop("NO_COLOR", None)
-    stdin = subprocess.DEVNULL if input is None else subprocess.PIPE
-    with subprocess.Popen(command, stdin=stdin, stdout=follower, stderr=subprocess.PIPE, env=env) as proc:
-        os.close(follower)
-        if input is not None:
-            proc.stdin.write(input)
-            proc.stdin.close()
-        shown = bytearray()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:  # read while it runs: a full pseudo-terminal would block it
-            if not select.select([leader], [], [], 1.0)[0]:
-                continue
+    if tty:
+        env["TERM"] = "xterm-256color"
+        env.pop("NO_COLOR", None)
+    started: list[int] = []  # the descriptors the command got; ours to close once it has them
+    readers: dict[int, bytearray] = {}
+    if tty:
+        leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+        readers[leader] = bytearray()
+        out = leader
+        started.append(follower)
+    else:
+        out, follower = os.pipe()
+        readers[out] = bytearray()
+        started.append(follower)
+    err_r, err_w = os.pipe()
+    readers[err_r] = bytearray()
+    started.append(err_w)
+    if input is None:
+        stdin_r, stdin_w = os.open(os.devnull, os.O_RDONLY), None
+    else:
+        stdin_r, stdin_w = os.pipe()
+    started.insert(0, stdin_r)
+    server = _cli_forkserver()
+    try:
+        if server is not None and server.serves(env):
+            child = server.run(list(args), env, (stdin_r, follower, err_w))
+        else:
+            child = subprocess.Popen(command, stdin=stdin_r, stdout=follower, stderr=err_w, env=env)
+    finally:
+        for fd in started:
+            os.close(fd)
+    deadline = time.monotonic() + timeout
+    stdin = [stdin_w]
+    try:
+        _communicate(readers, stdin, input or b"", deadline)
+        returncode = child.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except (TimeoutError, subprocess.TimeoutExpired):
+        child.kill()
+        child.wait()
+        raise subprocess.TimeoutExpired(command, timeout, bytes(readers[out]), bytes(readers[err_r])) from None
+    finally:
+        for fd in (*readers, *(fd for fd in stdin if fd is not None)):
+            os.close(fd)
+    shown = bytes(readers[out])
+    if tty:
+        shown = shown.replace(b"\r\n", b"\n")
+    return subprocess.CompletedProcess(command, returncode, shown, bytes(readers[err_r]))
+
+
+def _communicate(readers: dict[int, bytearray], stdin: list[int | None], data: bytes, deadline: float) -> None:
+    """Feed `data` to the command's stdin (stdin[0], closed and set to None once all is
+    written) and read every reader to its end (EOF, or EIO from a pseudo-terminal whose other
+    end closed), all at once, so a full pipe never blocks the command; TimeoutError at the
+    deadline."""
+    open_readers = set(readers)
+    sent = 0
+    stdin_w = stdin[0]
+    if stdin_w is not None:
+        os.set_blocking(stdin_w, False)
+    while open_readers or stdin_w is not None:
+        if stdin_w is not None and sent >= len(data):
+            os.close(stdin_w)
+            stdin[0] = stdin_w = None
+            continue
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        writers = [stdin_w] if stdin_w is not None else []
+        readable, writable, _ = select.select(list(open_readers), writers, [], min(left, 1.0))
+        for fd in readable:
             try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # EIO: the process closed its end
-                break
-            if not chunk:
-                break
-            shown += chunk
-        os.close(leader)
-        errors = proc.stderr.read()
-        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    return subprocess.CompletedProcess(command, proc.returncode, bytes(shown).replace(b"\r\n", b"\n"), errors)
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: the pseudo-terminal's other end is closed
+                chunk = b""
+            if chunk:
+                readers[fd] += chunk
+            else:
+                open_readers.discard(fd)
+        if writable and stdin_w is not None:
+            try:
+                sent += os.write(stdin_w, data[sent:sent + 65536])
+            except BrokenPipeError:
+                sent = len(data)
+
+
+_FORKSERVER: list = []
+_FORKSERVER_LOCK = threading.Lock()
+
+
+def _cli_forkserver():
+    """This test process's CLI fork server, started on first use (None where it cannot run:
+    QUEUECTL_TEST_NO_FORKSERVER=1 runs every command in a new interpreter)."""
+    if os.environ.get("QUEUECTL_TEST_NO_FORKSERVER") == "1":
+        return None
+    with _FORKSERVER_LOCK:
+        if not _FORKSERVER or _FORKSERVER[0][0] != os.getpid():
+            from cli_forkserver import ForkServer
+
+            _FORKSERVER[:] = [(os.getpid(), ForkServer())]
+        return _FORKSERVER[0][1]
 
 
 @contextmanager
