@@ -1,5 +1,5 @@
 """What the lab's probes share beyond the product bench: their own SQL (sql/probes.sql
-beside them) and autovacuum_off, a set-up step only probes take. Imported by the probes as
+beside them, or a probe's own sql/<name>.sql) and autovacuum_off, a set-up step only probes take. Imported by the probes as
 `lab_helpers` (they run as `python bench/lab/<probe>.py`, which puts this folder first on
 sys.path)."""
 
@@ -12,21 +12,26 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
-PROBES_SQL = Path(__file__).resolve().parent / "sql" / "probes.sql"
+SQL_DIR = Path(__file__).resolve().parent / "sql"
 _HEADER = re.compile(r"^-- name: (\w+)$", re.MULTILINE)
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 
 
 @cache
-def _probe_sections() -> dict[str, str]:
-    parts = _HEADER.split(PROBES_SQL.read_text("utf-8"))
+def _sections(stem: str) -> dict[str, str]:
+    parts = _HEADER.split((SQL_DIR / f"{stem}.sql").read_text("utf-8"))
     return dict(zip(parts[1::2], parts[2::2]))
 
 
-def probe_sql(section: str, values: dict[str, str | int]) -> str:
-    """A section of sql/probes.sql, its {{placeholders}} filled from quoted names or ints
+def lab_sql(stem: str, section: str, values: dict[str, str | int]) -> str:
+    """A section of sql/<stem>.sql, its {{placeholders}} filled from quoted names or ints
     (QueueNames.template_values(), names.qualified(), int())."""
-    return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), _probe_sections()[section]).strip() + "\n"
+    return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), _sections(stem)[section]).strip() + "\n"
+
+
+def probe_sql(section: str, values: dict[str, str | int]) -> str:
+    """A section of sql/probes.sql (lab_sql's rules)."""
+    return lab_sql("probes", section, values)
 
 
 def autovacuum_off(engine: Engine, tables: Sequence[str]) -> None:
