@@ -356,29 +356,36 @@ BEGIN
 END
 $fn$;
 
--- Copy the finished rows of the oldest sealed epoch to history ahead of its truncate,
--- without its lock (DONE and DEAD rows never change again), so the truncate copies only
--- what finished since. Returns the rows copied, or NULL when no sealed epoch waits.
-CREATE FUNCTION {{s}}.rot_precopy() RETURNS bigint
+-- Copy the DONE/DEAD rows of a slot, with their payloads, to history, those not there yet.
+CREATE FUNCTION {{s}}.archive_slot(p_slot smallint) RETURNS bigint
 LANGUAGE plpgsql AS $fn$
 DECLARE
-    st record := {{s}}.rot_state();
-    v_slot smallint;
     v_copied bigint;
 BEGIN
-    IF st.truncated + 1 > st.sealed THEN
-        RETURN NULL;
-    END IF;
-    v_slot := ((st.truncated + 1) % {{k}})::smallint;
     INSERT INTO {{s}}.history (id, priority, due_at, status, title, attempts, max_attempts, lease_owner,
                                enqueued_at, dequeued_at, finished_at, last_error, payload, headers)
     SELECT m.id, m.priority, m.due_at, m.status, m.title, m.attempts, m.max_attempts, m.lease_owner,
            m.enqueued_at, m.dequeued_at, m.finished_at, m.last_error, d.payload, d.headers
     FROM {{s}}.meta m JOIN {{s}}.data d ON d.id = m.id AND d.gen = m.gen
-    WHERE m.gen = v_slot AND m.status >= 2
-    ON CONFLICT (id) DO NOTHING;
+    WHERE m.gen = p_slot AND m.status >= 2
+      AND NOT EXISTS (SELECT 1 FROM {{s}}.history h WHERE h.id = m.id);
     GET DIAGNOSTICS v_copied = ROW_COUNT;
     RETURN v_copied;
+END
+$fn$;
+
+-- Archive the oldest sealed epoch's finished rows ahead of its truncate, without its lock
+-- (DONE and DEAD rows never change again), so the truncate copies only what finished
+-- since. Returns the rows copied, or NULL when no sealed epoch waits.
+CREATE FUNCTION {{s}}.rot_precopy() RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    st record := {{s}}.rot_state();
+BEGIN
+    IF st.truncated + 1 > st.sealed THEN
+        RETURN NULL;
+    END IF;
+    RETURN {{s}}.archive_slot(((st.truncated + 1) % {{k}})::smallint);
 END
 $fn$;
 
@@ -409,14 +416,7 @@ BEGIN
                    {{s_lit}}, 'meta_' || v_slot, {{s_lit}}, 'data_' || v_slot);
     t1 := clock_timestamp();
     lock_ms := extract(epoch FROM t1 - t0) * 1000;
-    INSERT INTO {{s}}.history (id, priority, due_at, status, title, attempts, max_attempts, lease_owner,
-                               enqueued_at, dequeued_at, finished_at, last_error, payload, headers)
-    SELECT m.id, m.priority, m.due_at, m.status, m.title, m.attempts, m.max_attempts, m.lease_owner,
-           m.enqueued_at, m.dequeued_at, m.finished_at, m.last_error, d.payload, d.headers
-    FROM {{s}}.meta m JOIN {{s}}.data d ON d.id = m.id AND d.gen = m.gen
-    WHERE m.gen = v_slot AND m.status >= 2
-      AND NOT EXISTS (SELECT 1 FROM {{s}}.history h WHERE h.id = m.id);
-    GET DIAGNOSTICS copied = ROW_COUNT;
+    copied := {{s}}.archive_slot(v_slot);
     copy_ms := extract(epoch FROM clock_timestamp() - t1) * 1000;
     INSERT INTO {{s}}.data (gen, id, payload, headers)
     SELECT v_cur, d.id, d.payload, d.headers
