@@ -195,7 +195,7 @@ def rotate_once(conn: psycopg.Connection, q: Callable[[str], str], period: int, 
         if row is None or row[0] is None:
             break
         conn.execute(q("rot_mark"), ("truncated", row[0]))
-        log.append({"t": t, "t_end": time.monotonic(), "what": "truncate", "epoch": row[0], "copied": row[1],
+        log.append({"t": t, "what": "truncate", "epoch": row[0], "copied": row[1],
                     "moved": row[2], "lock_ms": row[3], "work_ms": row[4], "copy_ms": row[5], "truncate_ms": row[6],
                     "ms": (time.monotonic() - t) * 1000})
     t = time.monotonic()
@@ -371,8 +371,11 @@ def run_design(url: str, design: Any, phases: list[tuple[str, float]], rate: flo
             th.join(timeout=30)
         side.close()
         design.teardown()
-    return {"design": design.label, "samples": samples, "log": [{**e, "t": e["t"] - start} for e in log],
-            "stalls": stalls(sh.calls, log), "errors": sh.errors[:20]}
+    # the JSON keeps rotation steps; timeouts and archive passes as counts (stalls, archive_passes)
+    archive = [e for e in log if e["what"] == "archive"]
+    return {"design": design.label, "samples": samples, "stalls": stalls(sh.calls, log), "errors": sh.errors[:20],
+            "log": [{**e, "t": e["t"] - start} for e in log if e["what"] not in ("archive", "truncate_timeout")],
+            **({"archive_passes": {"count": len(archive), "rows": sum(e["rows"] for e in archive)}} if archive else {})}
 
 
 def stalls(calls: list[tuple[float, float, str]], log: list[dict[str, Any]]) -> dict[str, Any]:
