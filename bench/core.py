@@ -44,7 +44,11 @@ WORKER_STOP_TIMEOUT = 120.0
 COMMIT_TABLE = "bench_commit"
 # The comparisons the targets are set for: full cycles at batch 100, the split at batch 10, ghosts one
 # item per dequeue call, the ring's soak at batch 10.
-DEFAULT_BATCH = {"split": 10, "ghosts": 1, "ring": 10}
+DEFAULT_BATCH = {"split": 10, "ghosts": 1, "ring": 10, "sustained": 10}
+# The sustained scenario offers a modest fixed rate from few processes (the table it is read against).
+DEFAULT_PRODUCERS = {"sustained": 2}
+DEFAULT_CONSUMERS = {"sustained": 2}
+HOLDS = ("none", "snapshot", "idle-in-transaction", "both")
 DEFAULT_ROWS = {"ghosts": [30_000, 60_000]}
 DEFAULT_BATCHES = {"ring": [1, 10, 100]}
 DEFAULT_SIZES = {"split": [300, 1024, 4096, 16384]}
@@ -53,8 +57,8 @@ DEFAULT_SIZES = {"split": [300, 1024, 4096, 16384]}
 @dataclass
 class BenchOptions:
     kinds: list[str] = field(default_factory=lambda: ["reliable"])
-    producers: int = 4
-    consumers: int = 4
+    producers: int | None = None  # None: the scenario's default (DEFAULT_PRODUCERS, else 4)
+    consumers: int | None = None  # None: the scenario's default (DEFAULT_CONSUMERS, else 4)
     batch: int | None = None  # None: the scenario's default (DEFAULT_BATCH)
     payload_bytes: int = 300
     seconds: float = 10.0
@@ -69,11 +73,20 @@ class BenchOptions:
     sizes: list[int] | None = None  # split: payload sizes compared; None: the scenario's default
     soak: float = 0.0  # ring: seconds of soak per design (0: no soak)
     payload_content: str = "random"  # split: "random" (incompressible) or "json" (pglz compresses it ~3x)
+    minutes: float = 1.5  # sustained: the measured window of each run
+    hold: str = "both"  # sustained: what another session holds open during a run (HOLDS)
+    rate: float | None = None  # sustained: offered msgs/s across producers; None: half the calibrated maximum
+    interval: float = 5.0  # sustained: seconds between samples
+    plots: str | None = None  # sustained: PNGs are written as <plots>-<kind>.png; None: none
     # the options the user gave (the command line's names without "--"); each must be read
     # by the chosen scenario (SCENARIO_OPTIONS), so none is silently ignored
     given: frozenset[str] = frozenset()
 
     def validate(self) -> "BenchOptions":
+        if self.producers is None:
+            self.producers = DEFAULT_PRODUCERS.get(self.scenario, 4)
+        if self.consumers is None:
+            self.consumers = DEFAULT_CONSUMERS.get(self.scenario, 4)
         if self.batch is None:
             self.batch = DEFAULT_BATCH.get(self.scenario, 100)
         if self.rows is None:
@@ -99,6 +112,10 @@ class BenchOptions:
              "--sizes must be payload sizes from 8 to 65536 bytes (each design is filled with at least 1,000)"),
             (0 <= self.soak <= 86_400, "--soak must be 0 (none) to 86400 seconds"),
             (self.payload_content in PAYLOAD_CONTENTS, f"--payload-content must be one of {', '.join(PAYLOAD_CONTENTS)}"),
+            (0.01 <= self.minutes <= 1440, "--minutes must be 0.01-1440"),
+            (self.hold in HOLDS, f"--hold must be one of {', '.join(HOLDS)}"),
+            (self.rate is None or 1 <= self.rate <= 1_000_000, "--rate must be 1-1000000 messages/s"),
+            (0.2 <= self.interval <= 600, "--interval must be 0.2-600 seconds"),
         ]
         for ok, message in checks:
             if not ok:
@@ -291,17 +308,17 @@ class BenchRun:
                       for i in range(consumers)]
         return self.run_processes(run_worker, specs, mode, seconds)
 
-    def run_processes(self, target: Callable[..., None], specs: Sequence[Any], mode: str, seconds: float) -> dict[str, Any]:
+    def run_workers(self, target: Callable[..., None], specs: Sequence[Any], seconds: float, *, mode: str,
+                    limit: int = 0, on_go: Callable[[float], None] | None = None) -> tuple[float, list[dict[str, Any]]]:
         """Start one process per spec (each calls target(spec, ready, go, stop, results,
-        backlog)), start them together, stop them after `seconds` (or when all drained), and
-        sum up. Producers come first in `specs`; in a full cycle they keep the backlog under
-        --backlog, so the cycle is measured at a steady state, as its pgbench twin runs."""
+        backlog)), let them go together once all are ready (on_go(t_go) is called just
+        before), stop them after `seconds` (or when all reported), and return the start
+        time and every worker's report. A failed or missing worker fails the run."""
         ctx = self.ctx
         ready, results = ctx.Queue(), ctx.Queue()
         go, stop = ctx.Event(), ctx.Event()
         slots = ctx.Array("q", len(specs), lock=False)
         producers = sum(1 for s in specs if s.role == "producer")
-        limit = int(self.options.backlog or 0) if mode == "cycle" else 0
         procs = [
             ctx.Process(target=target, args=(s, ready, go, stop, results, Backlog(slots, producers, limit, i)), daemon=True)
             for i, s in enumerate(specs)
@@ -322,6 +339,8 @@ class BenchRun:
                     if any(not p.is_alive() and p.exitcode not in (0, None) for p in procs):
                         break
             t_go = time.time()
+            if on_go is not None:
+                on_go(t_go)
             go.set()
             end = t_go + seconds
             while time.time() < end and len(reports) < len(procs):
@@ -352,6 +371,15 @@ class BenchRun:
             raise QueuectlError(f"bench {mode} worker failed: {errors[0]['error']}")
         if len(reports) < len(procs):
             raise QueuectlError(f"{len(procs) - len(reports)} bench worker(s) died without a report")
+        return t_go, reports
+
+    def run_processes(self, target: Callable[..., None], specs: Sequence[Any], mode: str, seconds: float) -> dict[str, Any]:
+        """Start one process per spec (each calls target(spec, ready, go, stop, results,
+        backlog)), start them together, stop them after `seconds` (or when all drained), and
+        sum up. Producers come first in `specs`; in a full cycle they keep the backlog under
+        --backlog, so the cycle is measured at a steady state, as its pgbench twin runs."""
+        limit = int(self.options.backlog or 0) if mode == "cycle" else 0
+        t_go, reports = self.run_workers(target, specs, seconds, mode=mode, limit=limit)
         counted_role = "producer" if mode == "enqueue" else "consumer"
         counted = [r for r in reports if r["role"] == counted_role]
         total = sum(r["count"] for r in counted)

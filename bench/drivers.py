@@ -531,6 +531,8 @@ class KindQueueDriver:
         return None
 
     def tables(self, names: QueueNames) -> list[str]:
+        if self.name == "watermark":
+            return [names.table("items"), names.table("watermark")]
         return [names.table("ring" if self.name == "ring" else "items")]
 
 
@@ -561,3 +563,4 @@ register(OneTableDriver(), user_kind=False)
 register(LeanDriver(), user_kind=False)
 register(KindQueueDriver("fifo", "lax FIFO (one table, INSERT / DELETE ... RETURNING) via queuectl.client"))
 register(KindQueueDriver("ring", "ring buffer (preallocated slots, UPDATE only) via queuectl.client"))
+register(KindQueueDriver("watermark", "FIFO whose dequeue starts at a low watermark (one table) via queuectl.client"))

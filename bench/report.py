@@ -48,7 +48,9 @@ def render(result: dict[str, Any], console: Console) -> None:
         for c in sc["ceilings"]:
             t.add_row(c["name"], str(c["clients"]), _num(_med(c["rate"])))
         console.print(t)
-    if sc.get("rows"):
+    if sc.get("sustained"):
+        console.print(sustained_table(sc))
+    elif sc.get("rows"):
         console.print(rows_table(sc))
     if sc.get("targets"):
         t = Table(title="targets", title_justify="left")
@@ -123,6 +125,47 @@ def soak_table(design: str, soak: dict[str, Any]) -> Table:
     return t
 
 
+HOLD_LABEL = {"none": "none", "snapshot": "snapshot", "idle-in-transaction": "idle-in-tx"}
+# (header, summary key or a function of the run): the console table, then the Markdown one
+SUSTAINED_CONSOLE = ("kind", "hold", "done/s", "x clean", "backlog /min", "p99 ms", "dead rows", "MB", "refused")
+SUSTAINED_MARKDOWN = ("kind", "hold", "done/s", "x clean", "backlog /min", "p50 ms", "p99 ms", "dead rows",
+                      "MB start->end", "refused")
+
+
+def _sustained_cells(run: dict[str, Any], columns: tuple[str, ...]) -> list[str]:
+    """One sustained run's summary, in the given columns."""
+    s = run["summary"]
+    ratio_, start, end = s["held_over_clean"], s["total_bytes_start"], s["total_bytes_end"]
+    p99 = s["latency_p99_ms"]
+    cells = {
+        "kind": run["kind"], "hold": HOLD_LABEL[run["hold"]], "done/s": _num(s["completed_per_s"]),
+        "x clean": "-" if ratio_ is None else f"{ratio_:.2f}x", "backlog /min": _num(s["backlog_slope_per_min"]),
+        "p50 ms": _num(s["latency_p50_ms"], 1), "p99 ms": _num(p99, 1 if p99 is not None and p99 < 100 else 0),
+        "dead rows": _num(s["dead_rows_end"]), "MB": "-" if end is None else f"{end / 1_048_576:.1f}",
+        "MB start->end": "-" if start is None or end is None else f"{start / 1_048_576:.1f} -> {end / 1_048_576:.1f}",
+        "refused": _num(s["refused"]),
+    }
+    return [cells[c] for c in columns]
+
+
+def sustained_table(sc: dict[str, Any]) -> Table:
+    """The sustained runs, one line each, within 80 columns (size: at the end of the run)."""
+    su = sc["sustained"]
+    seconds = su["runs"][0]["seconds"] if su["runs"] else 0
+    t = Table(title=f"sustained: {su['offered_rate']:,.0f} msgs/s offered, {seconds:g} s per run",
+              title_justify="left", box=None, padding=(0, 1), pad_edge=False, header_style="bold")
+    for col in SUSTAINED_CONSOLE:
+        t.add_column(col, justify="left" if col in ("kind", "hold") else "right", no_wrap=col in ("kind", "hold"))
+    for run in su["runs"]:
+        t.add_row(*_sustained_cells(run, SUSTAINED_CONSOLE))
+    return t
+
+
+def sustained_markdown(sc: dict[str, Any]) -> list[str]:
+    lines = ["| " + " | ".join(SUSTAINED_MARKDOWN) + " |", "|---|---|" + "---:|" * (len(SUSTAINED_MARKDOWN) - 2)]
+    return lines + ["| " + " | ".join(_sustained_cells(run, SUSTAINED_MARKDOWN)) + " |" for run in sc["sustained"]["runs"]]
+
+
 def rows_table(sc: dict[str, Any]) -> Table:
     """One line per measured row; a scenario names the extra metrics worth a column."""
     extra = sc.get("display_metrics", [])
@@ -180,8 +223,11 @@ def markdown(result: dict[str, Any]) -> str:
     extra = sc.get("display_metrics", [])
     head = ["subject", "phase", "batch", "P+C", "bytes", "msgs/s", "repeats", "SQL ceiling", "share", "p50 ms", "p99 ms"]
     head += [name for name, _ in extra]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in sc.get("rows", []):
+    if sc.get("sustained"):
+        lines += sustained_markdown(sc)
+    else:
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in [] if sc.get("sustained") else sc.get("rows", []):
         p, lat, ceiling = row["params"], row.get("latency_ms") or {}, row.get("ceiling") or {}
         cells = [
             _subject(row), row["phase"], str(p.get("batch", "-")),

@@ -10,6 +10,8 @@ ghosts one consumer drains --rows items, naive fifo vs watermark, with and witho
        snapshot (bench/ghosts.py).
 ring   the ring buffer vs a one-table insert/delete queue per batch size, with a ledger
        check and an optional --soak of sizes and HOT updates over time (bench/ring.py).
+sustained  each --kind at a fixed offered rate for --minutes, clean and with the xmin
+       horizon held (--hold), sampled over time, with PNG plots (bench/sustained.py).
 """
 
 from __future__ import annotations
@@ -189,3 +191,4 @@ from queuectl.bench import peers as _peers  # noqa: E402,F401
 from queuectl.bench import split as _split  # noqa: E402,F401
 from queuectl.bench import ghosts as _ghosts  # noqa: E402,F401
 from queuectl.bench import ring as _ring  # noqa: E402,F401
+from queuectl.bench import sustained as _sustained  # noqa: E402,F401

@@ -358,3 +358,63 @@ ORDER BY 1
 -- name: ring_pops
 -- Positions handed out to pops so far: the ring has gone round once when this reaches its size.
 SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END AS pops FROM {{pop_seq}} s
+
+-- name: sustained_tables
+-- One sample of all of a queue's tables (`queuectl bench --scenario sustained`): dead row
+-- versions not yet removed, total size (heap, indexes, TOAST) and autovacuum runs so far.
+-- :tables are every table name the queue's kind may own; those that do not exist are
+-- simply not in the view.
+SELECT coalesce(sum(s.n_dead_tup), 0) AS dead_rows,
+       coalesce(sum(pg_total_relation_size(s.relid)), 0) AS total_bytes,
+       coalesce(sum(s.autovacuum_count), 0) AS autovacuum_runs
+FROM pg_stat_user_tables s
+WHERE s.schemaname = :schema AND s.relname = ANY (CAST(:tables AS text[]))
+
+-- name: bystander_create
+-- The sustained scenario's bystander: a table of ordinary rows in its own schema, unrelated
+-- to any queue, whose range query is timed while the queues run.
+CREATE SCHEMA IF NOT EXISTS {{bystander_schema}};
+
+CREATE TABLE IF NOT EXISTS {{bystander}} (
+    id     bigint PRIMARY KEY,
+    amount bigint NOT NULL,
+    note   text   NOT NULL
+)
+
+-- name: bystander_rows
+-- Rows the bystander holds (its ids run from 1 without gaps).
+SELECT coalesce(max(id), 0) FROM {{bystander}}
+
+-- name: bystander_fill
+-- Rows :first to :last of the bystander.
+INSERT INTO {{bystander}} (id, amount, note)
+SELECT g, g % 1000, md5(CAST(g AS text)) FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS g
+
+-- name: bystander_analyze
+-- Statistics and visibility map for the freshly filled bystander, as a live table has.
+VACUUM (ANALYZE) {{bystander}}
+
+-- name: bystander_query
+-- The timed bystander query: a sum over a range of the primary key, as a report would read.
+SELECT sum(amount) FROM {{bystander}} WHERE id BETWEEN :low AND :low + 9999
+
+-- name: hold_snapshot
+-- In a REPEATABLE READ transaction, read a table unrelated to the queues: the snapshot is
+-- taken (a BEGIN alone takes none) and kept to the transaction's end, while no lock is
+-- held on any queue table.
+SELECT count(*) FROM (SELECT 1 FROM {{bystander}} LIMIT 1) AS one
+
+-- name: hold_xid
+-- The other common holder: a transaction that was given an id and then sits idle.
+SELECT txid_current()
+
+-- name: holder_horizon
+-- What a session holds back: its snapshot's xmin, else its own transaction id, and how
+-- many transactions old that is now.
+SELECT CAST(coalesce(backend_xmin, backend_xid) AS text) AS horizon,
+       age(coalesce(backend_xmin, backend_xid)) AS age
+FROM pg_stat_activity WHERE pid = :pid
+
+-- name: next_xid
+-- The next transaction id to be given out (assigns none itself).
+SELECT CAST(pg_snapshot_xmax(pg_current_snapshot()) AS text)

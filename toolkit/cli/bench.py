@@ -20,12 +20,14 @@ app = typer.Typer()
 def bench(
     ctx: typer.Context,
     kind: Annotated[
-        Optional[list[str]], typer.Option("--kind", help="Queue kind to measure (repeatable). Default: reliable.")
+        Optional[list[str]],
+        typer.Option("--kind", "--kinds", help="Queue kind to measure (repeatable, or comma-separated). Default: reliable."),
     ] = None,
-    producers: Annotated[int, typer.Option(help="Producer processes.")] = 4,
-    consumers: Annotated[int, typer.Option(help="Consumer processes.")] = 4,
+    producers: Annotated[Optional[int], typer.Option(help="Producer processes. Default: 4 (sustained: 2).")] = None,
+    consumers: Annotated[Optional[int], typer.Option(help="Consumer processes. Default: 4 (sustained: 2).")] = None,
     batch: Annotated[
-        Optional[int], typer.Option(help="Messages per enqueue and per dequeue call. Default: 100 (split: 10).")
+        Optional[int],
+        typer.Option(help="Messages per enqueue and per dequeue call. Default: 100 (split, ring, sustained: 10)."),
     ] = None,
     payload_bytes: Annotated[int, typer.Option(help="Payload size in bytes (random, incompressible).")] = 300,
     payload_content: Annotated[
@@ -36,7 +38,7 @@ def bench(
     seconds: Annotated[float, typer.Option(help="Length of each measured phase.")] = 10.0,
     repeat: Annotated[int, typer.Option(help="Repeats; medians are reported.")] = 3,
     scenario: Annotated[
-        str, typer.Option(help="kinds (default), peers, split, ghosts, ring; see the README's bench section.")
+        str, typer.Option(help="kinds (default), peers, split, ghosts, ring, sustained; see the README's bench section.")
     ] = "kinds",
     rows: Annotated[
         Optional[str], typer.Option(help="ghosts: queue sizes to drain, comma-separated. Default: 30000,60000.")
@@ -56,6 +58,28 @@ def bench(
         typer.Option(help="Full cycle: producers pause above this many waiting messages (0: never). "
                      "Default: max(2000, 10 x consumers x batch)."),
     ] = None,
+    minutes: Annotated[
+        float,
+        typer.Option(help="sustained: the measured window of each run, in minutes (the same for clean and held)."),
+    ] = 1.5,
+    hold: Annotated[
+        str,
+        typer.Option(help="sustained: what another session holds open during a run. none; snapshot: a REPEATABLE "
+                     "READ snapshot (taken by reading an unrelated table); idle-in-transaction: a transaction "
+                     "id, then idle; both: a clean run, then a snapshot run, kind by kind."),
+    ] = "both",
+    rate: Annotated[
+        Optional[float],
+        typer.Option(help="sustained: messages/s the producers offer together, at a fixed pace. Default: half "
+                     "the slowest kind's maximum, found by a short full-speed run of each kind first."),
+    ] = None,
+    interval: Annotated[float, typer.Option(help="sustained: seconds between two samples.")] = 5.0,
+    plots: Annotated[
+        Optional[Path],
+        typer.Option(help="sustained: folder for the PNG plots (sustained-<kind>.png). Default: beside the --json "
+                     "file (<its name>-<kind>.png); none without either. Needs matplotlib "
+                     "(pip install 'queuectl[bench]')."),
+    ] = None,
     json_file: Annotated[
         Optional[Path], typer.Option("--json", help="Also write the result as JSON to this file ('-': stdout).")
     ] = None,
@@ -72,16 +96,26 @@ def bench(
     named bench_<kind> and are emptied between phases; do not point this at a busy server.
     An option the chosen scenario does not read (e.g. --sizes with --scenario ring) is a
     usage error, not silently ignored.
+
+    --scenario sustained asks whether a queue keeps up over time when something holds
+    the database's cleanup back (a long report, a forgotten open transaction): producers
+    offer a steady rate, consumers take and acknowledge, and every few seconds it records
+    how many messages were done, how many wait, how long each took from enqueue to ack,
+    how many dead row versions the queue's tables carry and how big they are, how often
+    autovacuum ran, whether producers were turned away, and how long an unrelated query
+    on another table takes meanwhile, first with nothing held, then with the hold.
     """
     from queuectl.bench import BenchOptions, render, run_bench
 
     out = make_console() if sys.stdout.isatty() else make_console(width=200)  # tables stay readable in files
+    kinds = [k.strip() for value in kind or ["reliable"] for k in value.split(",") if k.strip()]
     options = BenchOptions(
-        kinds=kind or ["reliable"], producers=producers, consumers=consumers, batch=batch,
+        kinds=kinds, producers=producers, consumers=consumers, batch=batch,
         payload_bytes=payload_bytes, seconds=seconds, repeat=repeat, scenario=scenario, url=url,
         schema=schema, pgbench=not no_pgbench, backlog=backlog, rows=_sizes(rows, "--rows"),
         batches=_sizes(batches, "--batches"), sizes=_sizes(sizes, "--sizes"), soak=soak,
-        payload_content=payload_content, given=_given(ctx),
+        payload_content=payload_content, minutes=minutes, hold=hold, rate=rate, interval=interval,
+        plots=_plots_prefix(plots, json_file, scenario), given=_given(ctx),
     )
     result = run_bench(options, console=out, argv=["queuectl", *_masked(sys.argv[1:])])
     text = json.dumps(result, indent=2, default=str) + "\n"
@@ -99,6 +133,16 @@ def _given(ctx: typer.Context) -> frozenset[str]:
     field = {"kind": "kinds", "no_pgbench": "pgbench"}
     return frozenset(field.get(name, name) for name in ctx.params
                      if getattr(ctx.get_parameter_source(name), "name", None) in ("COMMANDLINE", "ENVIRONMENT"))
+
+
+def _plots_prefix(folder: Path | None, json_file: Path | None, scenario: str) -> str | None:
+    """Where the sustained scenario's PNGs go, as a prefix of <prefix>-<kind>.png: in --plots,
+    else beside the --json file and named after it; None when neither is given."""
+    if folder is not None:
+        return str(folder / "sustained")
+    if scenario == "sustained" and json_file is not None and str(json_file) != "-":
+        return str(json_file.with_suffix(""))
+    return None
 
 
 def _sizes(text: str | None, option: str) -> list[int] | None:
