@@ -429,11 +429,14 @@ def test_an_option_the_scenario_does_not_read_is_a_one_line_usage_error(db_url: 
     cases = (
         (("--scenario", "ring", "--sizes", "300"), "--sizes is not used by scenario 'ring' (it is read by: split)"),
         (("--scenario", "split", "--payload-bytes", "4096"),
-         "--payload-bytes is not used by scenario 'split' (it is read by: kinds, peers, ring; the split's payload sizes are --sizes)"),
+         "--payload-bytes is not used by scenario 'split' (it is read by: kinds, peers, ring, sustained; the split's payload sizes are --sizes)"),
         (("--scenario", "ghosts", "--seconds", "3"), "--seconds is not used by scenario 'ghosts'"),
-        (("--scenario", "peers", "--kind", "fifo"), "--kind is not used by scenario 'peers' (it is read by: kinds)"),
+        (("--scenario", "peers", "--kind", "fifo"), "--kind is not used by scenario 'peers' (it is read by: kinds, sustained)"),
         (("--batches", "1,10"), "--batches is not used by scenario 'kinds' (it is read by: ring)"),
         (("--payload-content", "json"), "--payload-content is not used by scenario 'kinds' (it is read by: split)"),
+        (("--minutes", "1"), "--minutes is not used by scenario 'kinds' (it is read by: sustained)"),
+        (("--scenario", "sustained", "--hold", "sometimes"),
+         "--hold must be one of none, snapshot, idle-in-transaction, both"),
     )
     for args, words in cases:
         proc = run_cli("bench", *args, url=db_url)
@@ -450,10 +453,129 @@ def test_every_bench_option_is_read_by_some_scenario() -> None:
     from queuectl.bench.core import COMMON_OPTIONS, SCENARIO_OPTIONS, BenchOptions
 
     BenchOptions().validate()  # registers the built-in scenarios
-    assert set(SCENARIO_OPTIONS) == {"kinds", "peers", "split", "ghosts", "ring"}
+    assert set(SCENARIO_OPTIONS) == {"kinds", "peers", "split", "ghosts", "ring", "sustained"}
     named = set(COMMON_OPTIONS).union(*SCENARIO_OPTIONS.values())
     assert {f.name for f in fields(BenchOptions)} - {"given"} <= named
     assert BenchOptions(scenario="ring", sizes=[300]).validate().sizes == [300]  # given by a caller, not the command line
+
+
+@pytest.mark.slow
+def test_tiny_sustained_run_holds_the_horizon_accounts_for_every_message_and_plots(db_url: str, tmp_path: Path) -> None:
+    """`--scenario sustained`: a clean run then a snapshot run per kind, interleaved, each
+    with its full series; the held runs really held the horizon back while the queue's
+    traffic went past it; every message enqueued was completed or is still in the queue;
+    a PNG per kind beside the JSON."""
+    from queuectl.bench.sustained import SERIES_FIELDS
+
+    result = _run_json(db_url, tmp_path, "--scenario", "sustained", "--kinds", "reliable,ring", "--minutes", "0.03",
+                       "--interval", "1", "--hold", "both", "--rate", "200", "--producers", "1", "--consumers", "1")
+    sc, su = result["scenario"], result["scenario"]["sustained"]
+    runs = su["runs"]
+    assert [(r["kind"], r["hold"]) for r in runs] == [
+        ("reliable", "none"), ("reliable", "snapshot"), ("ring", "none"), ("ring", "snapshot")]
+    assert su["offered_rate"] == 200 and su["rate_source"] == "given" and su["calibration"] == {}
+    for r in runs:
+        assert [s["t"] for s in r["series"]] == [1.0, 2.0] and r["seconds"] == 2.0  # whole intervals
+        for s in r["series"]:
+            assert set(s) == set(SERIES_FIELDS) and s["backlog"] is not None and s["total_bytes"] > 0
+            assert s["offered_per_s"] > 0 and s["bystander_ms"] > 0
+        summary, ledger = r["summary"], r["ledger"]
+        assert summary["completed_per_s"] > 0 and 0 < summary["latency_p50_ms"] <= summary["latency_p99_ms"]
+        # every message enqueued (warm-up included) was completed or is still in the queue
+        assert ledger["enqueued"] > 0 and ledger["enqueued"] == ledger["completed"] + ledger["left"]
+        assert ledger["lost"] == 0 and summary["refused"] == 0
+        if r["hold"] == "none":
+            assert r["holder"] is None and summary["held_over_clean"] is None
+            continue
+        clean = next(c for c in runs if c["kind"] == r["kind"] and c["hold"] == "none")
+        assert summary["held_over_clean"] == pytest.approx(
+            summary["completed_per_s"] / clean["summary"]["completed_per_s"])
+        # the holder kept one horizon for the whole window while the traffic's transactions went past it,
+        # so the dead row versions the run left could not be removed
+        holder = r["holder"]
+        assert holder["mode"] == "snapshot" and holder["horizon_start"] == holder["horizon_end"]
+        assert int(holder["horizon_start"]) <= int(holder["next_xid_start"]) < int(holder["next_xid_end"])
+        assert holder["age_end"] - holder["age_start"] >= int(holder["next_xid_end"]) - int(holder["next_xid_start"]) > 0
+        assert summary["dead_rows_end"] > 0
+    assert [row["metrics"]["held_over_clean"]["median"] for row in sc["rows"]] == [
+        r["summary"]["held_over_clean"] for r in runs]
+    assert sc["targets"][-1]["name"].startswith("messages lost") and sc["targets"][-1]["met"] is True
+    for kind in ("reliable", "ring"):
+        png = tmp_path / f"bench-{kind}.png"
+        assert su["plots"][kind] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_idle_transaction_holds_its_xid_while_others_commit(db_url: str, engine: sa.Engine) -> None:
+    """The sustained scenario's idle-in-transaction hold: the holder's xid stays the horizon
+    while other sessions' transactions go by, and is let go when the hold ends."""
+    from types import SimpleNamespace
+
+    from queuectl.bench.sustained import holding, horizon
+
+    run = SimpleNamespace(engine=engine)
+    with holding(run, "idle-in-transaction") as holder:
+        before = horizon(run, holder)
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            for _ in range(5):
+                conn.exec_driver_sql("SELECT txid_current()")
+        after = horizon(run, holder)
+    assert before["horizon"] == after["horizon"] and after["age"] >= before["age"] + 5
+    with holding(run, "none") as nothing:
+        assert nothing is None
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT backend_xid FROM pg_stat_activity WHERE pid = :p"),
+                            {"p": before["pid"]}).scalar_one_or_none() is None
+
+
+def test_sustained_series_counts_each_interval_and_the_table_fits_80_columns() -> None:
+    """The series from the workers' records: messages by the interval they were completed in
+    (warm-up messages, without a send time, only in the ledger), offers and refusals by the
+    interval of their call, the backlog's trend over the last half; the console table of
+    the widest realistic figures fits 80 columns without cutting a cell."""
+    import math
+    from rich.console import Console
+
+    from queuectl.bench.report import sustained_table
+    from queuectl.bench.sustained import summarise
+
+    t0 = 1000.0
+    producer = {"role": "producer", "warmup_count": 20, "batch": 10, "due": [t0 + 0.1, t0 + 1.1, t0 + 2.5],
+                "sent": [t0 + 0.1, t0 + 1.4, t0 + 2.5], "accepted": [10, 10, 4]}
+    consumer = {"role": "consumer", "warmup_count": 12, "done": [t0 + 0.2] * 3 + [t0 + 1.5] * 10 + [t0 + 2.6] * 4,
+                "latency": [math.nan] * 3 + [0.1] * 10 + [0.1] * 4}
+    samples = [{"k": k, "backlog": b, "dead_rows": 10 * k, "total_bytes": 8192 * (k + 1), "autovacuum_runs": k // 2}
+               for k, b in enumerate([0, 30, 60, 90])]
+    r = summarise(kind="fifo", hold="snapshot", rate=10.0, interval=1.0, count=3, t_go=t0, reports=[producer, consumer],
+                  samples=samples, bystander=[(t0 + 0.5, 2.0), (t0 + 2.2, 4.0), (t0 + 9.0, 99.0)], left=15, holder=None)
+    assert [s["completed_per_s"] for s in r["series"]] == [0.0, 10.0, 4.0]
+    assert [s["offered_per_s"] for s in r["series"]] == [10.0, 10.0, 10.0]
+    assert [s["refused"] for s in r["series"]] == [0, 0, 6] and r["summary"]["refused"] == 6
+    assert [round(s["producer_lag_ms"]) for s in r["series"]] == [0, 300, 0]
+    assert [s["autovacuum_runs"] for s in r["series"]] == [0, 1, 0]
+    assert [s["bystander_ms"] for s in r["series"]] == [2.0, None, 4.0]
+    assert r["summary"]["backlog_slope_per_min"] == pytest.approx(30 * 60)
+    assert r["ledger"] == {"enqueued": 44, "completed": 29, "left": 15, "lost": 0}
+    r["kind"], r["hold"] = "watermark", "idle-in-transaction"
+    r["summary"].update(held_over_clean=0.67, completed_per_s=1345.0, backlog_slope_per_min=-12345.0,
+                        latency_p99_ms=2345.6, dead_rows_end=131957, total_bytes_end=123 * 1048576, refused=12345)
+    console = Console(width=80, record=True)
+    console.print(sustained_table({"sustained": {"offered_rate": 800.0, "runs": [r]}}))
+    lines = console.export_text().splitlines()
+    assert all(len(line) <= 80 for line in lines) and "…" not in "\n".join(lines)
+    assert lines[-1].split() == ["watermark", "idle-in-tx", "1,345", "0.67x", "-12,345", "2,346", "131,957", "123.0",
+                                 "12,345"]
+
+
+def test_sustained_options_are_checked_before_anything_runs() -> None:
+    from queuectl.bench.core import BenchOptions
+    from queuectl.errors import UsageError
+
+    options = BenchOptions(scenario="sustained").validate()
+    assert (options.producers, options.consumers, options.batch, options.hold) == (2, 2, 10, "both")
+    assert BenchOptions().validate().producers == 4  # the other scenarios keep theirs
+    for bad, words in (({"minutes": 0}, "--minutes"), ({"interval": 0.1}, "--interval"), ({"rate": 0}, "--rate")):
+        with pytest.raises(UsageError, match=words):
+            BenchOptions(scenario="sustained", **bad).validate()
 
 
 def test_json_payloads_are_compressed_inline_where_random_ones_go_out_of_line(db_url: str, engine: sa.Engine) -> None:
