@@ -56,7 +56,6 @@ HELD_MODE_OF_BOTH = "snapshot"
 BYSTANDER_SCHEMA = "queuectl_bystander"
 BYSTANDER_TABLE = "accounts"
 BYSTANDER_ROWS = 1_000_000
-BYSTANDER_FILL_CHUNK = 250_000
 BYSTANDER_PAUSE_SECONDS = 0.2  # between two bystander queries
 WARMUP_STAMP = 0.0  # warm-up messages carry no send time: their latency is not counted
 # Targets read against the issue's table: the reliable queue keeps its rate while the
@@ -208,18 +207,21 @@ def bystander_values() -> dict[str, str | int]:
 
 
 def ensure_bystander(run: BenchRun) -> int:
-    """Create and fill the bystander table once (later runs find it filled); its rows."""
+    """Create and fill the bystander table unless an earlier run left it whole; its rows."""
     values = bystander_values()
+    sql = {name: split_statements(bench_sql(name, values)) for name in ("bystander_create", "bystander_fill")}
     with run.engine.begin() as conn:
-        for statement in split_statements(bench_sql("bystander_create", values)):
+        for statement in sql["bystander_create"]:
             conn.exec_driver_sql(statement)
-        have = int(conn.execute(sa.text(bench_sql("bystander_rows", values))).scalar_one())
-        for first in range(have + 1, BYSTANDER_ROWS + 1, BYSTANDER_FILL_CHUNK):
-            last = min(BYSTANDER_ROWS, first + BYSTANDER_FILL_CHUNK - 1)
-            conn.execute(sa.text(bench_sql("bystander_fill", values)), {"first": first, "last": last})
-    if have < BYSTANDER_ROWS:
-        with run.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(sa.text(bench_sql("bystander_analyze", values)))
+        if int(conn.execute(sa.text(bench_sql("bystander_rows", values))).scalar_one()) == BYSTANDER_ROWS:
+            return BYSTANDER_ROWS
+        conn.execute(sa.text(bench_sql("bystander_drop", values)))
+        for statement in sql["bystander_create"]:
+            conn.exec_driver_sql(statement)
+        for statement in sql["bystander_fill"]:
+            conn.execute(sa.text(statement), {"rows": BYSTANDER_ROWS})
+    with run.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text(bench_sql("bystander_analyze", values)))
     return BYSTANDER_ROWS
 
 
