@@ -139,13 +139,18 @@ def _sustained_cells(run: dict[str, Any], columns: tuple[str, ...]) -> list[str]
     p99 = s["latency_p99_ms"]
     cells = {
         "kind": run["kind"], "hold": HOLD_LABEL[run["hold"]], "done/s": _num(s["completed_per_s"]),
-        "x clean": "-" if ratio_ is None else f"{ratio_:.2f}x", "backlog /min": _num(s["backlog_slope_per_min"]),
+        "x clean": "-" if ratio_ is None else f"{ratio_:.2f}x", "backlog /min": _num(_no_minus_zero(s["backlog_slope_per_min"])),
         "p50 ms": _num(s["latency_p50_ms"], 1), "p99 ms": _num(p99, 1 if p99 is not None and p99 < 100 else 0),
         "dead rows": _num(s["dead_rows_end"]), "MB": "-" if end is None else f"{end / 1_048_576:.1f}",
         "MB start->end": "-" if start is None or end is None else f"{start / 1_048_576:.1f} -> {end / 1_048_576:.1f}",
         "refused": _num(s["refused"]),
     }
     return [cells[c] for c in columns]
+
+
+def _no_minus_zero(value: float | None) -> float | None:
+    """A slope that rounds to 0 reads "0", not "-0"."""
+    return None if value is None else (0.0 if round(value) == 0 else value)
 
 
 def sustained_table(sc: dict[str, Any]) -> Table:

@@ -29,12 +29,10 @@ every kind can sustain it when nothing is held: one offered rate for every kind.
 from __future__ import annotations
 
 import math
-import os
 import random
 import statistics
 import threading
 import time
-import traceback
 from array import array
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -46,7 +44,7 @@ from sqlalchemy.engine import Connection
 
 from queuectl.bench.core import BenchRun, _ms, percentile, ratio, scenario, stat
 from queuectl.bench.drivers import bench_sql, driver_for
-from queuectl.bench.workers import STAMP, WARMUP_CALLS, EMPTY_POLL_SECONDS, payload_pool
+from queuectl.bench.workers import STAMP, WARMUP_CALLS, WorkerSpec, consume, payload_pool, pick_batch, run_loop
 from queuectl.errors import UsageError
 from queuectl.names import QUEUE_OBJECT_SUFFIXES, QueueNames, quote_ident
 from queuectl.sqlfiles import split_statements
@@ -78,43 +76,15 @@ def queue_name(kind: str) -> str:
 
 
 @dataclass(frozen=True)
-class PacedSpec:
-    driver: str
-    url: str
-    queue: str
-    schema: str
-    role: str  # "producer" | "consumer"
-    batch: int
-    payload_bytes: int
-    seed: int
+class PacedSpec(WorkerSpec):
     rate: float = 0.0  # producer: messages/s it offers
     phase: float = 0.0  # producer: its first send, as a fraction of its period (producers spread out)
 
 
 def paced_worker(spec: PacedSpec, ready: Any, go: Any, stop: Any, results: Any, backlog: Any) -> None:
-    """Process entry point: warm up, report ready, wait for go, work until stop; every
-    outcome (also a failure) is one dict on `results`. Times are time.time() values."""
-    report: dict[str, Any] = {"role": spec.role, "pid": os.getpid()}
-    session = None
-    try:
-        session = driver_for(spec.driver).open(spec.url, QueueNames(spec.queue, spec.schema))
-        loop = _producer if spec.role == "producer" else _consumer
-        work = loop(session, spec)
-        report["warmup_count"] = next(work)
-        ready.put(os.getpid())
-        go.wait()
-        report.update(work.send(stop))
-    except BaseException as exc:  # reported to the parent, which fails the run with it
-        report["error"] = f"{type(exc).__name__}: {exc}"
-        report["traceback"] = traceback.format_exc(limit=6)
-        ready.put(os.getpid())
-    finally:
-        if session is not None:
-            try:
-                session.close()
-            except Exception:
-                pass
-        results.put(report)
+    """Process entry point (workers.run_loop): times are time.time() values."""
+    loop = _producer if spec.role == "producer" else _consumer
+    run_loop(spec, ready, go, stop, results, lambda session: loop(session, spec))
 
 
 def _producer(session: Any, spec: PacedSpec) -> Iterator[Any]:
@@ -124,11 +94,6 @@ def _producer(session: Any, spec: PacedSpec) -> Iterator[Any]:
     rng = random.Random(spec.seed + 1)
     n = spec.batch
 
-    def batch_at(stamp: float) -> list[bytes]:
-        start = rng.randrange(len(pool))
-        picked = pool[start:start + n] + pool[: max(0, start + n - len(pool))]
-        return [STAMP.pack(stamp) + p[STAMP.size:] for p in picked]
-
     def send(payloads: list[bytes]) -> int:
         try:
             session.enqueue(payloads)
@@ -136,7 +101,7 @@ def _producer(session: Any, spec: PacedSpec) -> Iterator[Any]:
         except QueueFullError as exc:  # the ring stayed full: what got in is in exc.enqueued
             return len(exc.enqueued)
 
-    warm = sum(send(batch_at(WARMUP_STAMP)) for _ in range(WARMUP_CALLS))
+    warm = sum(send(pick_batch(pool, rng, n, WARMUP_STAMP)) for _ in range(WARMUP_CALLS))
     stop = yield warm
     period = n / spec.rate
     t0 = time.time() + spec.phase * period
@@ -148,7 +113,7 @@ def _producer(session: Any, spec: PacedSpec) -> Iterator[Any]:
         if wait > 0 and stop.wait(wait):
             break
         now = time.time()
-        ok = send(batch_at(now))
+        ok = send(pick_batch(pool, rng, n, now))
         due_at.append(due)
         sent_at.append(now)
         accepted.append(ok)
@@ -157,20 +122,16 @@ def _producer(session: Any, spec: PacedSpec) -> Iterator[Any]:
 
 
 def _consumer(session: Any, spec: PacedSpec) -> Iterator[Any]:
-    # A session that `defers_finish` (ack_and_dequeue) acks a batch with its next take: the
-    # batch is done, and its latency taken, when that take returns (as workers._consumer).
-    deferred = bool(getattr(session, "defers_finish", False))
     warm = 0
     for _ in range(WARMUP_CALLS):
         payloads, token = session.take(spec.batch)
         session.finish(token)
         warm += len(payloads)
-    if deferred:
+    if getattr(session, "defers_finish", False):
         session.flush()
     stop = yield warm
     done_at, latency = array("d"), array("d")
     unpack = STAMP.unpack_from
-    held: list[bytes] = []
 
     def done(payloads: list[bytes]) -> None:
         now = time.time()
@@ -179,22 +140,7 @@ def _consumer(session: Any, spec: PacedSpec) -> Iterator[Any]:
             done_at.append(now)
             latency.append(now - sent if sent != WARMUP_STAMP else math.nan)
 
-    while not stop.is_set():
-        payloads, token = session.take(spec.batch)
-        if held:
-            done(held)
-            held = []
-        if not payloads:
-            time.sleep(EMPTY_POLL_SECONDS)
-            continue
-        session.finish(token)
-        if deferred:
-            held = payloads
-        else:
-            done(payloads)
-    if held:
-        session.flush()
-        done(held)
+    consume(session, spec.batch, stop, done)
     yield {"done": done_at, "latency": latency}
 
 

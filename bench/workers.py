@@ -21,6 +21,7 @@ import time
 import traceback
 from array import array
 from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from queuectl.names import QueueNames
@@ -102,18 +103,23 @@ def _json_like(rng: random.Random, size: int) -> bytes:
 
 
 def run_worker(spec: WorkerSpec, ready: Any, go: Any, stop: Any, results: Any, backlog: Backlog) -> None:
-    """Process entry point; every outcome (also a failure) is one dict on `results`."""
+    """Process entry point of the bench's producers and consumers (see run_loop)."""
+    loop = _producer if spec.role == "producer" else _consumer
+    run_loop(spec, ready, go, stop, results, lambda session: loop(session, spec, backlog))
+
+
+def run_loop(spec: Any, ready: Any, go: Any, stop: Any, results: Any, work_of: Callable[[Any], Iterator[Any]]) -> None:
+    """A worker process's life: open a session of spec.driver on its queue, start the work
+    (work_of(session), a generator), which warms up and yields how many messages it handled
+    doing so; report ready, wait for go, send it `stop`, and put what it yields then into the
+    report. Every outcome (also a failure) is one dict on `results`."""
     from queuectl.bench.drivers import driver_for
 
     report: dict[str, Any] = {"role": spec.role, "pid": os.getpid(), "count": 0, "t_start": None, "t_end": None}
     session = None
     try:
-        driver = driver_for(spec.driver)
-        session = driver.open(spec.url, QueueNames(spec.queue, spec.schema))
-        if spec.role == "producer":
-            work = _producer(session, spec, backlog)
-        else:
-            work = _consumer(session, spec, backlog)
+        session = driver_for(spec.driver).open(spec.url, QueueNames(spec.queue, spec.schema))
+        work = work_of(session)
         report["warmup_count"] = next(work)  # warm up
         ready.put(os.getpid())
         go.wait()
@@ -131,16 +137,48 @@ def run_worker(spec: WorkerSpec, ready: Any, go: Any, stop: Any, results: Any, b
         results.put(report)
 
 
+def pick_batch(pool: list[bytes], rng: random.Random, n: int, sent_at: float) -> list[bytes]:
+    """n payloads from the pool (from a random place, wrapping round), each stamped with
+    `sent_at` in its first 8 bytes."""
+    stamp = STAMP.pack(sent_at)
+    start = rng.randrange(len(pool))
+    picked = pool[start:start + n] + pool[: max(0, start + n - len(pool))]
+    return [stamp + p[STAMP.size:] for p in picked]
+
+
+def consume(session: Any, batch: int, stop: Any, done: Callable[[list[bytes]], None], *, drain: bool = False) -> None:
+    """Take and finish batches until `stop` is set (or, draining, the queue is empty), calling
+    done(payloads) once a batch is finished. A session that `defers_finish` (ack_and_dequeue)
+    acks a batch with its next take: the batch is done when that take returns."""
+    deferred = bool(getattr(session, "defers_finish", False))
+    held: list[bytes] = []
+    while not stop.is_set():
+        payloads, token = session.take(batch)
+        if held:
+            done(held)
+            held = []
+        if not payloads:
+            if drain:
+                break
+            time.sleep(EMPTY_POLL_SECONDS)
+            continue
+        session.finish(token)
+        if deferred:
+            held = payloads
+        else:
+            done(payloads)
+    if held:
+        session.flush()
+        done(held)
+
+
 def _producer(session: Any, spec: WorkerSpec, backlog: Backlog):
     pool = payload_pool(spec.payload_bytes, max(64, spec.batch * 4), spec.seed)
     rng = random.Random(spec.seed + 1)
     n = spec.batch
 
     def batch_now() -> list[bytes]:
-        stamp = STAMP.pack(time.time())
-        start = rng.randrange(len(pool))
-        picked = pool[start:start + n] + pool[: max(0, start + n - len(pool))]
-        return [stamp + p[STAMP.size:] for p in picked]
+        return pick_batch(pool, rng, n, time.time())
 
     warm = 0
     if spec.warmup:
@@ -164,9 +202,6 @@ def _producer(session: Any, spec: WorkerSpec, backlog: Backlog):
 
 
 def _consumer(session: Any, spec: WorkerSpec, backlog: Backlog):
-    # A session that `defers_finish` (ack_and_dequeue) acks a batch with its next take:
-    # the batch counts as done, and its latency is taken, when that take returns.
-    deferred = bool(getattr(session, "defers_finish", False))
     warm = 0
     if spec.warmup:
         for _ in range(WARMUP_CALLS):
@@ -175,7 +210,7 @@ def _consumer(session: Any, spec: WorkerSpec, backlog: Backlog):
             session.finish(token)
             backlog.add(len(payloads))
             warm += len(payloads)
-        if deferred:
+        if getattr(session, "defers_finish", False):
             session.flush()
     stop = yield warm
     latencies = array("d")
@@ -183,7 +218,6 @@ def _consumer(session: Any, spec: WorkerSpec, backlog: Backlog):
     t_start = time.time()
     t_end = t_start
     unpack = STAMP.unpack_from
-    held: list[bytes] = []
 
     def done(payloads: list[bytes]) -> None:
         nonlocal count, t_end
@@ -194,24 +228,7 @@ def _consumer(session: Any, spec: WorkerSpec, backlog: Backlog):
         if not spec.drain:
             latencies.extend(now - unpack(p)[0] for p in payloads)
 
-    while not stop.is_set():
-        payloads, token = session.take(spec.batch)
-        if held:
-            done(held)
-            held = []
-        if not payloads:
-            if spec.drain:
-                break
-            time.sleep(EMPTY_POLL_SECONDS)
-            continue
-        session.finish(token)
-        if deferred:
-            held = payloads
-        else:
-            done(payloads)
-    if held:
-        session.flush()
-        done(held)
+    consume(session, spec.batch, stop, done, drain=spec.drain)
     sample = list(latencies)
     if len(sample) > LATENCY_SAMPLE:
         sample = random.Random(spec.seed).sample(sample, LATENCY_SAMPLE)
