@@ -39,7 +39,8 @@ def render(result: dict[str, Any], console: Console) -> None:
         (f"queuectl bench --scenario {sc['name']}", "bold"), f"  {env['cpu_count']} cores, load average "
         f"{_load(env.get('load_average'))} at start, {_load(sc.get('load_average_end'))} at end; PostgreSQL "
         f"{settings.get('server_version', '?')}, synchronous_commit={settings.get('synchronous_commit', '?')}, "
-        f"shared_buffers={settings.get('shared_buffers', '?')}; medians of {result['options']['repeat']} repeat(s)",
+        f"shared_buffers={settings.get('shared_buffers', '?')}"
+        + ("" if sc.get("sustained") else f"; medians of {result['options']['repeat']} repeat(s)"),
     ), highlight=False)
     if sc.get("ceilings"):
         t = Table(title="server ceilings (pgbench, same run)", title_justify="left")
@@ -217,7 +218,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"`{' '.join(result['command'])}`" if result.get("command") else "",
         "",
         f"{env['cpu_count']} cores; load average {_load(env.get('load_average'))} at start, "
-        f"{_load(sc.get('load_average_end'))} at end; medians of {result['options']['repeat']} repeats.",
+        f"{_load(sc.get('load_average_end'))} at end"
+        + ("." if sc.get("sustained") else f"; medians of {result['options']['repeat']} repeats."),
         "",
     ]
     if sc.get("ceilings"):

@@ -60,6 +60,10 @@ WARMUP_STAMP = 0.0  # warm-up messages carry no send time: their latency is not 
 # horizon is pinned; every other kind is reported, and below 0.8x needs a written reason.
 RELIABLE_HELD_OVER_CLEAN = 0.95
 OTHER_HELD_OVER_CLEAN = 0.80
+RELIABLE_P99_HELD_OVER_CLEAN = 2.0
+# "no growth trend": over the last half of a held run the backlog grows by less than 1% of
+# the offered messages per minute (a flat backlog's fit wobbles by a few messages a minute)
+BACKLOG_TREND_SHARE = 0.01
 SERIES_FIELDS = ("t", "completed_per_s", "offered_per_s", "enqueued_per_s", "refused", "producer_lag_ms", "backlog",
                  "latency_p50_ms", "latency_p99_ms", "dead_rows", "total_bytes", "autovacuum_runs", "bystander_ms")
 
@@ -575,6 +579,18 @@ def targets(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         goal = RELIABLE_HELD_OVER_CLEAN if r["kind"] == "reliable" else OTHER_HELD_OVER_CLEAN
         out.append({"name": f"{r['kind']}: completed/s with the horizon held ({r['hold']}) / clean",
                     "value": value, "threshold": goal, "met": value >= goal})
+        if r["kind"] != "reliable":
+            continue
+        growth = ratio(r["summary"]["backlog_slope_per_min"], r["offered_rate"] * 60.0)
+        out.append({"name": f"reliable, hold {r['hold']}: backlog growth a minute over the last half / messages "
+                            "offered a minute",
+                    "value": growth, "threshold": BACKLOG_TREND_SHARE, "comparison": "<=",
+                    "met": None if growth is None else growth <= BACKLOG_TREND_SHARE})
+        clean = clean_of(r, runs)
+        p99 = ratio(r["summary"]["latency_p99_ms"], clean["summary"]["latency_p99_ms"] if clean else None)
+        out.append({"name": f"reliable, hold {r['hold']}: end-to-end p99 / clean p99", "value": p99,
+                    "threshold": RELIABLE_P99_HELD_OVER_CLEAN, "comparison": "<=",
+                    "met": None if p99 is None else p99 <= RELIABLE_P99_HELD_OVER_CLEAN})
     for r in runs:
         if r["kind"] == "ring":
             refused = float(r["summary"]["refused"])
