@@ -77,6 +77,7 @@ class BenchOptions:
     hold: str = "both"  # sustained: what another session holds open during a run (HOLDS)
     rate: float | None = None  # sustained: offered msgs/s across producers; None: half the calibrated maximum
     interval: float = 5.0  # sustained: seconds between samples
+    bystander_rows: int = 1_000_000  # sustained: rows of the unrelated table whose query is timed
     plots: str | None = None  # sustained: PNGs are written as <plots>-<kind>.png; None: none
     # the options the user gave (the command line's names without "--"); each must be read
     # by the chosen scenario (SCENARIO_OPTIONS), so none is silently ignored
@@ -116,6 +117,7 @@ class BenchOptions:
             (self.hold in HOLDS, f"--hold must be one of {', '.join(HOLDS)}"),
             (self.rate is None or 1 <= self.rate <= 1_000_000, "--rate must be 1-1000000 messages/s"),
             (0.2 <= self.interval <= 600, "--interval must be 0.2-600 seconds"),
+            (20_000 <= self.bystander_rows <= 100_000_000, "--bystander-rows must be 20000-100000000"),
         ]
         for ok, message in checks:
             if not ok:

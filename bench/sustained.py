@@ -53,7 +53,6 @@ CALIBRATION_SECONDS = 5.0
 HELD_MODE_OF_BOTH = "snapshot"
 BYSTANDER_SCHEMA = "queuectl_bystander"
 BYSTANDER_TABLE = "accounts"
-BYSTANDER_ROWS = 1_000_000
 BYSTANDER_PAUSE_SECONDS = 0.2  # between two bystander queries
 WARMUP_STAMP = 0.0  # warm-up messages carry no send time: their latency is not counted
 # Targets read against the table: the reliable queue keeps its rate while the
@@ -163,16 +162,17 @@ def ensure_bystander(run: BenchRun) -> int:
     with run.engine.begin() as conn:
         for statement in sql["bystander_create"]:
             conn.exec_driver_sql(statement)
-        if int(conn.execute(sa.text(bench_sql("bystander_rows", values))).scalar_one()) == BYSTANDER_ROWS:
-            return BYSTANDER_ROWS
+        rows = run.options.bystander_rows
+        if int(conn.execute(sa.text(bench_sql("bystander_rows", values))).scalar_one()) == rows:
+            return rows
         conn.execute(sa.text(bench_sql("bystander_drop", values)))
         for statement in sql["bystander_create"]:
             conn.exec_driver_sql(statement)
         for statement in sql["bystander_fill"]:
-            conn.execute(sa.text(statement), {"rows": BYSTANDER_ROWS})
+            conn.execute(sa.text(statement), {"rows": rows})
     with run.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text(bench_sql("bystander_analyze", values)))
-    return BYSTANDER_ROWS
+    return rows
 
 
 class Bystander(threading.Thread):
@@ -193,7 +193,7 @@ class Bystander(threading.Thread):
                 while not self.stopped.is_set():
                     started = time.time()
                     t = time.perf_counter()
-                    conn.execute(stmt, {"low": rng.randrange(1, BYSTANDER_ROWS - 10_000)}).scalar_one()
+                    conn.execute(stmt, {"low": rng.randrange(1, self.run_.options.bystander_rows - 10_000)}).scalar_one()
                     self.timings.append((started, (time.perf_counter() - t) * 1000.0))
                     self.stopped.wait(BYSTANDER_PAUSE_SECONDS)
         except BaseException as exc:  # seen by the parent when it joins
@@ -466,7 +466,7 @@ def plots_available() -> bool:
 
 @scenario("sustained", "each --kind at a fixed offered rate for --minutes, clean and with the horizon held (--hold)",
           ("kinds", "producers", "consumers", "batch", "payload_bytes", "minutes", "hold", "rate", "interval", "plots",
-           "backlog"))
+           "backlog", "bystander_rows"))
 def sustained(run: BenchRun) -> dict[str, Any]:
     o = run.options
     if o.plots and not plots_available():
@@ -476,7 +476,7 @@ def sustained(run: BenchRun) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     steps = (0 if o.rate else len(o.kinds)) + len(o.kinds) * len(holds) + 1
     with run.reporter.scenario("sustained", steps) as rep:
-        rep.step(f"bystander table ({BYSTANDER_ROWS:,} rows)")
+        rep.step(f"bystander table ({o.bystander_rows:,} rows)")
         bystander_rows = ensure_bystander(run)
         rep.done()
         if o.rate is None:

@@ -468,12 +468,14 @@ def test_tiny_sustained_run_holds_the_horizon_accounts_for_every_message_and_plo
     from queuectl.bench.sustained import SERIES_FIELDS
 
     result = _run_json(db_url, tmp_path, "--scenario", "sustained", "--kinds", "reliable,ring", "--minutes", "0.03",
-                       "--interval", "1", "--hold", "both", "--rate", "200", "--producers", "1", "--consumers", "1")
+                       "--interval", "1", "--hold", "both", "--rate", "200", "--producers", "1", "--consumers", "1",
+                       "--bystander-rows", "20000")
     sc, su = result["scenario"], result["scenario"]["sustained"]
     runs = su["runs"]
     assert [(r["kind"], r["hold"]) for r in runs] == [
         ("reliable", "none"), ("reliable", "snapshot"), ("ring", "none"), ("ring", "snapshot")]
     assert su["offered_rate"] == 200 and su["rate_source"] == "given" and su["calibration"] == {}
+    assert su["bystander_rows"] == 20_000
     for r in runs:
         assert [s["t"] for s in r["series"]] == [1.0, 2.0] and r["seconds"] == 2.0  # whole intervals
         for s in r["series"]:
@@ -573,7 +575,8 @@ def test_sustained_options_are_checked_before_anything_runs() -> None:
     options = BenchOptions(scenario="sustained").validate()
     assert (options.producers, options.consumers, options.batch, options.hold) == (2, 2, 10, "both")
     assert BenchOptions().validate().producers == 4  # the other scenarios keep theirs
-    for bad, words in (({"minutes": 0}, "--minutes"), ({"interval": 0.1}, "--interval"), ({"rate": 0}, "--rate")):
+    for bad, words in (({"minutes": 0}, "--minutes"), ({"interval": 0.1}, "--interval"), ({"rate": 0}, "--rate"),
+                         ({"bystander_rows": 10_000}, "--bystander-rows")):
         with pytest.raises(UsageError, match=words):
             BenchOptions(scenario="sustained", **bad).validate()
 

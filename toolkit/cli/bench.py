@@ -74,6 +74,11 @@ def bench(
                      "the slowest kind's maximum, found by a short full-speed run of each kind first."),
     ] = None,
     interval: Annotated[float, typer.Option(help="sustained: seconds between two samples.")] = 5.0,
+    bystander_rows: Annotated[
+        int,
+        typer.Option(help="sustained: rows of the unrelated table (made once, in schema queuectl_bystander) whose "
+                     "range query is timed beside the queues."),
+    ] = 1_000_000,
     plots: Annotated[
         Optional[Path],
         typer.Option(help="sustained: folder for the PNG plots (sustained-<kind>.png). Default: beside the --json "
@@ -115,7 +120,7 @@ def bench(
         schema=schema, pgbench=not no_pgbench, backlog=backlog, rows=_sizes(rows, "--rows"),
         batches=_sizes(batches, "--batches"), sizes=_sizes(sizes, "--sizes"), soak=soak,
         payload_content=payload_content, minutes=minutes, hold=hold, rate=rate, interval=interval,
-        plots=_plots_prefix(plots, json_file, scenario), given=_given(ctx),
+        bystander_rows=bystander_rows, plots=_plots_prefix(plots, json_file, scenario), given=_given(ctx),
     )
     result = run_bench(options, console=out, argv=["queuectl", *_masked(sys.argv[1:])])
     text = json.dumps(result, indent=2, default=str) + "\n"
