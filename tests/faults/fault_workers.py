@@ -23,22 +23,25 @@ def _write(out, **record) -> None:
 
 
 def produce(url: str, producer: int, stop, path: str, oversize_every: int = 0, oversize: int = 0,
-            pause: float = 0.003) -> None:
-    """Enqueue unique payloads (singles and batches of 5), pausing `pause` s between calls, until stop is set.
+            pause: float = 0.003, limit: int = 0, batch: int = 5) -> None:
+    """Enqueue unique payloads (singles and batches of `batch`), pausing `pause` s between calls, until
+    stop is set or, with `limit`, once that many payloads were acknowledged (the last call is cut to fit).
 
     Only enqueues whose call returned are recorded as "ok"; a call that raised
     EnqueueOutcomeUnknown is recorded as "unknown" (it may or may not exist). With
     oversize_every, every so many calls carries one payload of `oversize` bytes (alone,
     or inside a batch); the server must refuse the whole call: recorded as "rejected".
     """
-    n = 0
+    n = acknowledged = 0
     with open(path, "a") as out, Queue(url, QUEUE) as queue:
         _write(out, ev="ready")
-        while not stop.is_set():
+        while not stop.is_set() and not (limit and acknowledged >= limit):
             if n % 2 == 0:
                 payloads = [f"p{producer}-{n}"]
             else:
-                payloads = [f"p{producer}-{n}-{k}" for k in range(5)]
+                payloads = [f"p{producer}-{n}-{k}" for k in range(batch)]
+            if limit:
+                payloads = payloads[:limit - acknowledged]
             if oversize_every and n % oversize_every == oversize_every - 1:
                 payloads[-1] = payloads[-1].ljust(oversize, "x")
             n += 1
@@ -54,12 +57,13 @@ def produce(url: str, producer: int, stop, path: str, oversize_every: int = 0, o
                 _write(out, ev="rejected", payloads=payloads, error=str(exc))
                 continue
             _write(out, ev="ok", items=list(zip(ids, payloads)))
+            acknowledged += len(ids)
             time.sleep(pause)
         _write(out, ev="end", reconnects=queue.reconnects)
 
 
-def consume(url: str, consumer: int, stop, path: str, lease: float) -> None:
-    """Dequeue batches, "work" 1 ms per item, ack; until stop is set.
+def consume(url: str, consumer: int, stop, path: str, lease: float, batch_size: int = 10) -> None:
+    """Dequeue batches of up to `batch_size`, "work" 1 ms per item, ack; until stop is set.
 
     Records the ids it got (before working on them) and the ids it acked (after ack
     returned and said it still held all of them; otherwise the batch as "partial").
@@ -67,7 +71,7 @@ def consume(url: str, consumer: int, stop, path: str, lease: float) -> None:
     with open(path, "a") as out, Queue(url, QUEUE, worker=f"consumer-{consumer}") as queue:
         _write(out, ev="ready")
         while not stop.is_set():
-            batch = queue.dequeue(10, lease=lease)
+            batch = queue.dequeue(batch_size, lease=lease)
             if not batch:
                 time.sleep(0.02)
                 continue

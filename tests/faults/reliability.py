@@ -36,6 +36,10 @@ class Scenario:
 SCENARIOS = {
     "sigkill-consumers": Scenario(
         "test_sigkill_consumers_mid_batch", "SIGKILL of {consumers_killed} consumers mid-batch"),
+    "sigkill-consumers-horizon-pinned": Scenario(
+        "test_sigkill_consumers_with_the_horizon_pinned",
+        "SIGKILL of {consumers_killed} consumers mid-batch, a REPEATABLE READ snapshot held from before the first "
+        "enqueue to the end (`VACUUM` left all {meta_dead_rows_vacuum_left:,} dead meta rows)"),
     "sigkill-cli-worker-threads": Scenario(
         "test_sigkill_cli_worker_mid_batch_threads",
         "SIGKILL of {workers_killed} `queuectl worker --concurrency 4` mid-batch; poison items"),

@@ -1,6 +1,7 @@
 """Fault suite: real producer and consumer processes on a reliable queue while faults hit.
 
-Scenarios: SIGKILL of consumers mid-batch, of `queuectl worker` processes mid-batch (handler
+Scenarios: SIGKILL of consumers mid-batch (also through a 20,000 item run with the xmin horizon
+pinned by a REPEATABLE READ snapshot), of `queuectl worker` processes mid-batch (handler
 threads, and handler processes), of the archiver mid-batch and of the scheduler mid-job;
 handlers that SIGKILL their own process under `queuectl worker --processes`; a PostgreSQL
 fast restart, and an immediate one (crash recovery) under `queuectl worker` processes;
@@ -75,10 +76,13 @@ class Load:
     """Producers and consumers as spawned processes, each with its own ledger file."""
 
     def __init__(self, url: str, tmp: Path, oversize_every: int = 0, oversize: int = 0, consumers: int = CONSUMERS,
-                 producer_pause: float = 0.003):
+                 producer_pause: float = 0.003, items: int = 0, producer_batch: int = 5, consumer_batch: int = 10):
+        """With `items`, the producers stop by themselves once that many enqueues were
+        acknowledged between them (see wait_produced); otherwise they run until finish."""
         self.url, self.tmp = url, tmp
         self.consumer_count = consumers
-        self.producer_options = (oversize_every, oversize, producer_pause)
+        self.producer_options = (oversize_every, oversize, producer_pause, items // PRODUCERS, producer_batch)
+        self.items, self.consumer_batch = items, consumer_batch
         self.stop_producers = SPAWN.Event()
         self.stop_consumers = SPAWN.Event()
         self.producers: list = []
@@ -105,7 +109,8 @@ class Load:
             if len(paths) == expected and all(any(r["ev"] == "ready" for r in _read(p)) for p in paths):
                 return
             live = [*self.producers, *(p for i, p in self.consumers.items() if i not in self.killed)]
-            dead = [p.exitcode for p in live if p.exitcode is not None]
+            # a producer with a share of `items` exits 0 once it has sent them
+            dead = [p.exitcode for p in live if p.exitcode not in (None, 0) or (p.exitcode == 0 and not self.items)]
             assert not dead, f"a load process exited during startup: {dead}"
             assert time.monotonic() < deadline, "load processes did not start within 60 s"
             time.sleep(0.05)
@@ -113,7 +118,8 @@ class Load:
     def add_consumer(self) -> int:
         i = self._next
         self._next += 1
-        p = SPAWN.Process(target=fault_workers.consume, args=(self.url, i, self.stop_consumers, str(self.tmp / f"consumer-{i}.jsonl"), LEASE_S))
+        p = SPAWN.Process(target=fault_workers.consume, args=(self.url, i, self.stop_consumers, str(self.tmp / f"consumer-{i}.jsonl"), LEASE_S,
+                                                             self.consumer_batch))
         p.start()
         self.consumers[i] = p
         return i
@@ -134,6 +140,13 @@ class Load:
         self.consumers[i].join(10)
         self.killed.append(i)
         return i
+
+    def wait_produced(self, timeout: float) -> None:
+        """Until the producers of a load with `items` stopped by themselves, all of them sent."""
+        deadline = time.monotonic() + timeout
+        for p in self.producers:
+            p.join(max(0.0, deadline - time.monotonic()))
+            assert p.exitcode == 0, f"producer did not send its share within {timeout} s (exit code {p.exitcode})"
 
     def finish(self, engine, meta: str) -> None:
         self.stop_producers.set()
@@ -301,6 +314,94 @@ def test_sigkill_consumers_mid_batch(db_url, engine, tmp_path, reliability):
     reliability(summary)
     # every killed consumer held a batch it never acked: those items came back
     assert summary["redelivered_after_lease_expiry"] >= 1
+
+
+PINNED_ITEMS = 20_000  # acknowledged enqueues of the pinned-horizon run, however long they take
+PINNED_KILLS = 4       # consumers SIGKILLed mid-batch, one as each fifth of the items is done
+
+
+def _holder_state(engine, pid: int):
+    """The holding session as the server sees it, and how many transactions back its xmin is."""
+    with engine.connect() as conn:
+        return conn.execute(sa.text(
+            "SELECT state, xact_start, backend_xmin::text AS xmin, age(backend_xmin) AS xmin_age "
+            "FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}).one()
+
+
+def _dead_rows_vacuum_leaves(engine, table: str) -> int:
+    """VACUUM the table, then the dead rows it had to leave (the statistics' n_dead_tup after a
+    vacuum is what it found dead but could not remove: still visible to some snapshot)."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text(f"VACUUM {table}"))
+        return conn.execute(sa.text(
+            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = CAST(:table AS regclass)"),
+            {"table": table}).scalar_one()
+
+
+@pytest.mark.slow
+def test_sigkill_consumers_with_the_horizon_pinned(db_url, engine, tmp_path, reliability):
+    """A REPEATABLE READ snapshot taken before the first enqueue stays open through a 20,000
+    item run with consumers SIGKILLed mid-batch: no dead row of the queue can be removed
+    (what an analytics query or a forgotten idle-in-transaction session does), and still
+    nothing is lost, nothing completed twice, every killed consumer's items come back."""
+    names = _setup(engine)
+    meta, data = names.qualified("meta"), names.qualified("data")
+    with engine.begin() as conn:  # the held transaction reads this, nothing of the queue's
+        conn.execute(sa.text("CREATE TABLE report_source AS SELECT generate_series(1, 1000) AS n"))
+    holder = engine.connect().execution_options(isolation_level="REPEATABLE READ")
+    try:
+        assert holder.execute(sa.text("SELECT count(*) FROM report_source")).scalar_one() == 1000
+        holder_pid = holder.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        pinned = _holder_state(engine, holder_pid)
+        assert pinned.state == "idle in transaction" and pinned.xmin is not None, pinned
+        load = Load(db_url, tmp_path, items=PINNED_ITEMS, producer_batch=20, consumer_batch=20)
+        load.start()
+        try:
+            for k in range(1, PINNED_KILLS + 1):
+                deadline = time.monotonic() + 300
+                while True:
+                    with engine.connect() as conn:
+                        done = conn.execute(sa.text(f"SELECT count(*) FROM {meta} WHERE status = 2")).scalar_one()
+                    if done >= k * PINNED_ITEMS // (PINNED_KILLS + 1):
+                        break
+                    assert time.monotonic() < deadline, f"only {done} items done after 300 s"
+                    time.sleep(0.05)
+                load.kill_consumer_mid_batch()
+                load.add_consumer()
+                load.wait_ready()
+            load.wait_produced(300)
+            load.finish(engine, meta)
+        finally:
+            load.stop_producers.set()
+            load.stop_consumers.set()
+        summary = check_ledger(engine, names, tmp_path, "sigkill-consumers-horizon-pinned", load.killed)
+
+        # the horizon stayed where it was for the whole run: the same transaction, the same xmin,
+        # which no item's payload row is older than (the first enqueue may take the very xid the
+        # snapshot's xmin names, when nothing else ran); its snapshot still sees no item
+        held = _holder_state(engine, holder_pid)
+        assert (held.state, held.xact_start, held.xmin) == ("idle in transaction", pinned.xact_start, pinned.xmin)
+        with engine.connect() as conn:
+            not_older, stored = conn.execute(sa.text(
+                f"SELECT count(*) FILTER (WHERE age(d.xmin) <= a.age), count(*) FROM {data} d, "
+                "(SELECT age(backend_xmin) AS age FROM pg_stat_activity WHERE pid = :pid) a"),
+                {"pid": holder_pid}).one()
+        assert not_older == stored == summary["acknowledged_enqueues"] + summary["outcome_unknown_found"]
+        assert holder.execute(sa.text(f"SELECT count(*) FROM {meta}")).scalar_one() == 0
+        dead_rows = _dead_rows_vacuum_leaves(engine, meta)
+    finally:
+        holder.close()  # rolls the held transaction back: the horizon moves again
+    released = _dead_rows_vacuum_leaves(engine, meta)
+    summary.update(horizon_xmin=pinned.xmin, horizon_age_at_end=held.xmin_age,
+                   meta_dead_rows_vacuum_left=dead_rows, meta_dead_rows_left_once_released=released)
+    reliability(summary)
+    assert summary["acknowledged_enqueues"] == PINNED_ITEMS
+    assert summary["consumers_killed"] == PINNED_KILLS
+    assert summary["redelivered_after_lease_expiry"] >= 1
+    # every item's meta row was claimed and acked under the held snapshot: two dead versions each
+    # that VACUUM found and could not remove; once the snapshot is gone it removes them
+    assert dead_rows >= 2 * PINNED_ITEMS, dead_rows
+    assert released == 0, released
 
 
 def _restart_mid_load(embedded_server, mode: str, tmp: Path, consumed: tuple[str, str]) -> None:
