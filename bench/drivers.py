@@ -5,7 +5,7 @@ process opens a session and enqueues / takes / finishes messages through the kin
 Python client, which pgbench scripts call the same SQL API without Python, and how to
 count consumed items on the server. Adding a kind is one class and one `register()`.
 
-Drivers are looked up by name inside the worker processes too (spawn start method), so
+Drivers are looked up by name inside the worker processes too (forked from a fresh fork server, or spawned), so
 they must be importable module-level objects without state.
 """
 

@@ -73,7 +73,7 @@ class PeerSpec:
 
 
 def peer_worker(spec: PeerSpec, ready: Any, go: Any, stop: Any, results: Any, backlog: Backlog) -> None:
-    """Process entry point (spawn): one asyncio loop running one producer or consumer."""
+    """Process entry point (a bench worker process): one asyncio loop running one producer or consumer."""
     report: dict[str, Any] = {"role": spec.role, "pid": os.getpid(), "count": 0, "t_start": None, "t_end": None}
     signalled = False
 

@@ -75,7 +75,7 @@ def queue_name(kind: str) -> str:
     return f"sustained_{kind}"
 
 
-# -- worker processes (spawned: module-level, stateless) ------------------------------------
+# -- worker processes (module-level and stateless: started in fresh processes) ------------------------------------
 
 
 @dataclass(frozen=True)

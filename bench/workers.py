@@ -1,4 +1,4 @@
-"""Producer and consumer processes of `queuectl bench` (multiprocessing, spawn).
+"""Producer and consumer processes of `queuectl bench` (multiprocessing: forked from a fork server, core.worker_context).
 
 Each worker opens its own session, warms up (psycopg prepares a statement on its 5th
 execution), reports ready, waits for the common start signal, then works until told to
