@@ -1,7 +1,7 @@
 """Many real processes on one reliable queue: nothing lost, nothing done twice.
 
-Producers and consumers are separate OS processes (multiprocessing "spawn": a fresh
-interpreter each, its own engine and connection), as in production. The checks compare
+Producers and consumers are separate OS processes (conftest.worker_processes: each a fork
+of a fresh fork server, with its own engine and connection), as in production. The checks compare
 exact multisets of (id, payload), so a duplicate or a loss shows up as a Counter diff.
 """
 
@@ -21,6 +21,8 @@ from queuectl.catalog import QueueSettings
 from queuectl.client import Queue
 from queuectl.install import install_queue
 
+from conftest import worker_processes
+
 PRODUCERS = 4
 CONSUMERS = 4
 ITEMS_PER_PRODUCER = 5_000
@@ -29,10 +31,10 @@ ENQUEUE_BATCH = 100
 DEQUEUE_BATCH = 50
 RUN_DEADLINE_S = 240
 
-SPAWN = mp.get_context("spawn")
+PROCESSES = worker_processes()
 
 
-# -- process bodies (module level so "spawn" can import them) -----------------------------
+# -- process bodies (module level so the worker processes can import them) ----------
 
 
 def produce(url: str, producer: int) -> list[tuple[int, bytes]]:
@@ -90,8 +92,8 @@ def meta_rows(engine: sa.Engine, ids: list[int]) -> dict[int, sa.RowMapping]:
 
 def kill_holder(url: str, n: int, lease: float) -> list[int]:
     """Start a consumer that claims n items, SIGKILL it, return the ids it held."""
-    held: mp.Queue = SPAWN.Queue()
-    process = SPAWN.Process(target=hold_batch_forever, args=(url, n, lease, held))
+    held: mp.Queue = PROCESSES.Queue()
+    process = PROCESSES.Process(target=hold_batch_forever, args=(url, n, lease, held))
     process.start()
     try:
         ids = held.get(timeout=60)
@@ -108,7 +110,7 @@ def kill_holder(url: str, n: int, lease: float) -> list[int]:
 @pytest.mark.slow
 def test_four_producers_four_consumers_complete_every_item_exactly_once(engine, db_url):
     install_queue(engine, "orders")
-    with SPAWN.Pool(PRODUCERS + CONSUMERS) as pool:
+    with PROCESSES.Pool(PRODUCERS + CONSUMERS) as pool:
         consumers = [pool.apply_async(consume_until_all_done, (db_url, TOTAL)) for _ in range(CONSUMERS)]
         producers = [pool.apply_async(produce, (db_url, p)) for p in range(PRODUCERS)]
         produced = Counter(item for result in producers for item in result.get(RUN_DEADLINE_S))

@@ -7,7 +7,6 @@ a developer's own), so they cost a few initdb runs (~2 s each).
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import re
 import shutil
@@ -21,7 +20,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from conftest import run_cli
+from conftest import run_cli, worker_processes
 from queuectl.engine.embedded import EmbeddedServer, EmbeddedServerError, default_home
 from queuectl.engine import make_engine
 
@@ -93,8 +92,7 @@ def test_second_use_reuses_the_running_server_and_keeps_data(home: Path):
 
 @pytest.mark.slow
 def test_concurrent_first_uses_initialise_once(home: Path):
-    spawn = mp.get_context("spawn")
-    with spawn.Pool(4) as pool:
+    with worker_processes().Pool(4) as pool:
         urls = pool.map(start_and_report, [str(home)] * 4)
     assert len(set(urls)) == 1
     assert scalar(urls[0], "SELECT 1") == 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from queuectl.client import Queue
 from queuectl.jobs.runner import run_job
 from queuectl.jobs.archive import ArchiveConfig
 
+from conftest import worker_processes
 from jobs_helpers import job_runs, placement, rows, scalar, wait_until
 from jobs_workers import consumer, producer
 
@@ -31,7 +31,7 @@ def start_cli(*args: str, url: str) -> subprocess.Popen:
 def test_continuous_archive_under_load_keeps_every_id_in_exactly_one_place(db_url, engine, orders: Queue):
     archiver = start_cli("archive", "orders", "--continuous", "--min-age", "0s", "--delay", "50ms",
                          "--batch", "500", url=db_url)
-    ctx = mp.get_context("spawn")
+    ctx = worker_processes()
     stop_producers, stop_consumers = ctx.Event(), ctx.Event()
     sent_q, done_q = ctx.Queue(), ctx.Queue()
     producers = [ctx.Process(target=producer, args=(db_url, "orders", i, stop_producers, sent_q)) for i in range(4)]

@@ -30,7 +30,6 @@ reliability table of docs/reliability.md (reliability.py, `make reliability`).
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import random
 import signal
@@ -48,11 +47,12 @@ from queuectl.install import install_queue
 from queuectl.names import QueueNames
 
 import fault_workers
+from conftest import worker_processes
 from fault_handlers import is_killer, is_poison
 from jobs_helpers import add_finished_rows
 from reliability_fixtures import reliability, reliability_figures  # noqa: F401  (fixtures of every scenario)
 
-SPAWN = mp.get_context("spawn")
+PROCESSES = worker_processes()
 LEASE_S = 2.0
 PRODUCERS = 2
 CONSUMERS = 3
@@ -73,7 +73,7 @@ def _read(path: Path) -> list[dict]:
 
 
 class Load:
-    """Producers and consumers as spawned processes, each with its own ledger file."""
+    """Producers and consumers as processes of their own, each with its own ledger file."""
 
     def __init__(self, url: str, tmp: Path, oversize_every: int = 0, oversize: int = 0, consumers: int = CONSUMERS,
                  producer_pause: float = 0.003, items: int = 0, producer_batch: int = 5, consumer_batch: int = 10):
@@ -83,8 +83,8 @@ class Load:
         self.consumer_count = consumers
         self.producer_options = (oversize_every, oversize, producer_pause, items // PRODUCERS, producer_batch)
         self.items, self.consumer_batch = items, consumer_batch
-        self.stop_producers = SPAWN.Event()
-        self.stop_consumers = SPAWN.Event()
+        self.stop_producers = PROCESSES.Event()
+        self.stop_consumers = PROCESSES.Event()
         self.producers: list = []
         self.consumers: dict[int, object] = {}
         self.killed: list[int] = []
@@ -92,7 +92,7 @@ class Load:
 
     def start(self) -> None:
         for i in range(PRODUCERS):
-            p = SPAWN.Process(target=fault_workers.produce, args=(self.url, i, self.stop_producers, str(self.tmp / f"producer-{i}.jsonl"),
+            p = PROCESSES.Process(target=fault_workers.produce, args=(self.url, i, self.stop_producers, str(self.tmp / f"producer-{i}.jsonl"),
                                                                    *self.producer_options))
             p.start()
             self.producers.append(p)
@@ -118,7 +118,7 @@ class Load:
     def add_consumer(self) -> int:
         i = self._next
         self._next += 1
-        p = SPAWN.Process(target=fault_workers.consume, args=(self.url, i, self.stop_consumers, str(self.tmp / f"consumer-{i}.jsonl"), LEASE_S,
+        p = PROCESSES.Process(target=fault_workers.consume, args=(self.url, i, self.stop_consumers, str(self.tmp / f"consumer-{i}.jsonl"), LEASE_S,
                                                              self.consumer_batch))
         p.start()
         self.consumers[i] = p
