@@ -7,6 +7,7 @@ URL must allow CREATE DATABASE.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import pty
@@ -39,8 +40,16 @@ TEST_URL_ENV = "QUEUECTL_TEST_URL"
 # daemons) live a minute or two: compiled by C1 alone and collected by the serial collector
 # they use about a third less CPU than with the server defaults (C2 and G1 threads), and Spark
 # computes the same results.
+_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1"
 for _variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
-    os.environ.setdefault(_variable, "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1")
+    os.environ.setdefault(_variable, _JVM_OPTIONS)
+# A standalone cluster's executors are started by its worker with the application's
+# spark.executor.extraJavaOptions, which spark-submit reads from $SPARK_CONF_DIR/spark-defaults.conf.
+if "SPARK_CONF_DIR" not in os.environ:
+    _spark_conf = Path(tempfile.mkdtemp(prefix="queuectl-test-spark-conf-"))
+    (_spark_conf / "spark-defaults.conf").write_text(f"spark.executor.extraJavaOptions {_JVM_OPTIONS}\n")
+    os.environ["SPARK_CONF_DIR"] = str(_spark_conf)
+    atexit.register(shutil.rmtree, _spark_conf, True)
 
 # A pytest-xdist worker starts with COLUMNS=80 and LINES=24 in its environment, which a serial
 # run does not have: a rich console made at import would keep 80 columns for good, where the
