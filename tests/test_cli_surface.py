@@ -63,6 +63,9 @@ def test_tables_and_the_health_report_stay_readable_at_80_columns(db_url, engine
     install_queue(engine, "customer_notifications", "watermark")
     orders.enqueue_many(["a", "b"])
     assert run_cli("reorganize", "orders", "--dry-run", "--min-pages", "0", url=db_url).returncode == 0  # a run in the history
+    # a job's one-line summary stays one line, however narrow the terminal or pipe (log scrapers read lines)
+    archived = run_cli("archive", "orders", "--min-age", "0s", "--max-seconds", "5", url=db_url, columns=40)
+    assert archived.returncode == 0 and len(archived.stdout.decode().splitlines()) == 1, archived.stdout
 
     queues = json.loads(run_cli("list", "--json", url=db_url).stdout)
     assert_readable(shown(run_cli("list", url=db_url, columns=80)),

@@ -40,6 +40,12 @@ LOST_CONNECTION_EXIT = 3
 LockTimeoutOption = Annotated[Optional[str], typer.Option("--lock-timeout", help="Longest wait for a lock per statement (e.g. 2s).", show_default=False)]
 
 
+def _fact(text: str) -> None:
+    """A one-line result: whole on one line in a pipe or a file (log readers read lines),
+    wrapped at the width on a terminal."""
+    out.print(text, highlight=False, soft_wrap=not out.is_terminal)
+
+
 def _logging(verbose: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(DataFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -131,7 +137,7 @@ def archive(
     options = _options(batch=batch, min_age=min_age, dead_min_age=dead_min_age, delay=delay,
                        max_seconds=max_seconds, history_retention=history_retention, lock_timeout=lock_timeout)
     if not continuous:
-        _run("archive", name, options, url, schema, as_json, lambda r: out.print(f"archive {name}: {r.summary()}"))
+        _run("archive", name, options, url, schema, as_json, lambda r: _fact(f"archive {name}: {r.summary()}"))
         return
     _logging()
     live = out.is_terminal and not as_json
@@ -152,7 +158,7 @@ def archive(
         return archive_job.run_continuous(engine, queue, config, schema=schema, stop=stop, on_progress=progress)
 
     def render(result: Any) -> None:
-        out.print(f"archive {name}: {result.summary()}")
+        _fact(f"archive {name}: {result.summary()}")
 
     if display is not None:
         with display:
@@ -188,11 +194,11 @@ def _render_reorganize(result: Any) -> None:
         )
     out.print(Fitted(table))
     for entry in result.leftovers:
-        out.print(f"leftover index {entry['index']} ({_mb(entry['bytes'])}): {entry['action']}"
-                  + (f" ({entry['error']})" if entry.get("error") else ""), highlight=False)
+        _fact(f"leftover index {entry['index']} ({_mb(entry['bytes'])}): {entry['action']}"
+              + (f" ({entry['error']})" if entry.get("error") else ""))
     for note in result.notes:
         out.print(f"note: {note}", highlight=False)
-    out.print(result.summary(), highlight=False)
+    _fact(result.summary())
 
 
 @app.command()
@@ -259,7 +265,7 @@ def reset_stale(
     as_json: JsonOption = False,
 ) -> None:
     """Put items whose lease expired back to ready (or dead after their last attempt)."""
-    _run("reset_stale", name, {"batch": batch}, url, schema, as_json, lambda r: out.print(f"reset-stale {name}: {r.summary()}"))
+    _run("reset_stale", name, {"batch": batch}, url, schema, as_json, lambda r: _fact(f"reset-stale {name}: {r.summary()}"))
 
 
 # -- jobs and the scheduler ----------------------------------------------------------------
@@ -350,7 +356,7 @@ def jobs_run(
         if not sep:
             raise UsageError(f"--option {item!r}: expected key=value")
         options[key.strip().replace("-", "_")] = _toml_value(value.strip())
-    _run(job, name, options, url, schema, as_json, lambda r: out.print(f"{job} {name}: {r.summary()}"))
+    _run(job, name, options, url, schema, as_json, lambda r: _fact(f"{job} {name}: {r.summary()}"))
 
 
 def _toml_value(text: str) -> Any:
