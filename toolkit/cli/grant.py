@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from queuectl.cli.options import JsonOption, QueueArg, SchemaOption, UrlOption, out
+from queuectl.cli.options import JsonOption, QueueArg, SchemaOption, UrlOption, print_fact
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 
 app = typer.Typer()
@@ -44,4 +44,4 @@ def grant(
         sys.stdout.write(json.dumps(granted) + "\n")
         return
     for role, functions in granted.items():
-        out.print(f"{role}: may execute {', '.join(functions)} (no table access)", highlight=False)
+        print_fact(f"{role}: may execute {', '.join(functions)} (no table access)")

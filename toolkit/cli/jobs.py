@@ -30,6 +30,7 @@ from rich.text import Text
 
 from queuectl.cli.options import (
     DataFormatter, Fitted, JobQueueArg as QueueArg, SchemaOption, UrlOption, err, json_flag, make_table, out, print_error,
+    print_fact,
 )
 from queuectl.engine import make_engine
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
@@ -38,12 +39,6 @@ app = typer.Typer()
 JsonOption = json_flag("Print the result as JSON.")
 LOST_CONNECTION_EXIT = 3
 LockTimeoutOption = Annotated[Optional[str], typer.Option("--lock-timeout", help="Longest wait for a lock per statement (e.g. 2s).", show_default=False)]
-
-
-def _fact(text: str) -> None:
-    """A one-line result: whole on one line in a pipe or a file (log readers read lines),
-    wrapped at the width on a terminal."""
-    out.print(text, highlight=False, soft_wrap=not out.is_terminal)
 
 
 def _logging(verbose: bool = False) -> None:
@@ -137,7 +132,7 @@ def archive(
     options = _options(batch=batch, min_age=min_age, dead_min_age=dead_min_age, delay=delay,
                        max_seconds=max_seconds, history_retention=history_retention, lock_timeout=lock_timeout)
     if not continuous:
-        _run("archive", name, options, url, schema, as_json, lambda r: _fact(f"archive {name}: {r.summary()}"))
+        _run("archive", name, options, url, schema, as_json, lambda r: print_fact(f"archive {name}: {r.summary()}"))
         return
     _logging()
     live = out.is_terminal and not as_json
@@ -158,7 +153,7 @@ def archive(
         return archive_job.run_continuous(engine, queue, config, schema=schema, stop=stop, on_progress=progress)
 
     def render(result: Any) -> None:
-        _fact(f"archive {name}: {result.summary()}")
+        print_fact(f"archive {name}: {result.summary()}")
 
     if display is not None:
         with display:
@@ -194,11 +189,11 @@ def _render_reorganize(result: Any) -> None:
         )
     out.print(Fitted(table))
     for entry in result.leftovers:
-        _fact(f"leftover index {entry['index']} ({_mb(entry['bytes'])}): {entry['action']}"
+        print_fact(f"leftover index {entry['index']} ({_mb(entry['bytes'])}): {entry['action']}"
               + (f" ({entry['error']})" if entry.get("error") else ""))
     for note in result.notes:
         out.print(f"note: {note}", highlight=False)
-    _fact(result.summary())
+    print_fact(result.summary())
 
 
 @app.command()
@@ -265,7 +260,7 @@ def reset_stale(
     as_json: JsonOption = False,
 ) -> None:
     """Put items whose lease expired back to ready (or dead after their last attempt)."""
-    _run("reset_stale", name, {"batch": batch}, url, schema, as_json, lambda r: _fact(f"reset-stale {name}: {r.summary()}"))
+    _run("reset_stale", name, {"batch": batch}, url, schema, as_json, lambda r: print_fact(f"reset-stale {name}: {r.summary()}"))
 
 
 # -- jobs and the scheduler ----------------------------------------------------------------
@@ -356,7 +351,7 @@ def jobs_run(
         if not sep:
             raise UsageError(f"--option {item!r}: expected key=value")
         options[key.strip().replace("-", "_")] = _toml_value(value.strip())
-    _run(job, name, options, url, schema, as_json, lambda r: _fact(f"{job} {name}: {r.summary()}"))
+    _run(job, name, options, url, schema, as_json, lambda r: print_fact(f"{job} {name}: {r.summary()}"))
 
 
 def _toml_value(text: str) -> Any:

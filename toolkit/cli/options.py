@@ -70,6 +70,12 @@ class DataFormatter(logging.Formatter):
         return _CONTROL.sub("?", super().format(record))
 
 
+def print_fact(text: str) -> None:
+    """A one-line result on stdout: whole on one line in a pipe or a file (log readers and
+    scripts read lines; a path or a list must not break), wrapped at the width on a terminal."""
+    out.print(text, highlight=False, soft_wrap=not out.is_terminal)
+
+
 def print_error(message: str, prefix: str = "error", console: Console | None = None) -> None:
     """One line, `<prefix>: <message>`, on stderr (or `console`); the message printed as it is."""
     line = Text.assemble((f"{prefix}:", "bold red"), " ", message)

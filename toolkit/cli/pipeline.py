@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from queuectl.cli.options import SchemaOption, UrlOption, json_flag, out
+from queuectl.cli.options import SchemaOption, UrlOption, json_flag, out, print_fact
 from queuectl.engine import make_engine
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
 
@@ -77,7 +77,7 @@ def export(
     out.print(table)
     for q in result.queues:
         for seq, action in q.recovered:
-            out.print(f"{q.queue}: run {seq} left by a stopped export was {action}")
+            print_fact(f"{q.queue}: run {seq} left by a stopped export was {action}")
         for warning in q.warnings:
             out.print(Text.assemble(("warning:", "yellow"), f" {q.queue}: {warning}"))
     rate = f", {result.rows / result.seconds:,.0f} rows/s" if result.seconds and result.rows else ""
@@ -158,7 +158,7 @@ def report(
             )  # fmt: skip
         out.print(table)
     if result.out_dir:
-        out.print(f"wrote {result.out_dir}/report.json and {', '.join(c.rsplit('/', 1)[-1] for c in result.charts or [])}")
+        print_fact(f"wrote {result.out_dir}/report.json and {', '.join(c.rsplit('/', 1)[-1] for c in result.charts or [])}")
 
 
 def _num(value: float | None) -> str:

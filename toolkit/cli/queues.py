@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from queuectl.cli.options import Fitted, QueueArg, SchemaOption, UrlOption, fail, json_flag, make_table, out, print_error
+from queuectl.cli.options import Fitted, QueueArg, SchemaOption, UrlOption, fail, json_flag, make_table, out, print_error, print_fact
 from queuectl.defaults import DEFAULT_MAX_PAYLOAD_BYTES, INSTALL_LOCK_WAIT_S
 from queuectl.engine import make_engine
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
@@ -82,7 +82,7 @@ def uninstall(
     engine = make_engine(url)
     if all_:
         removed = remove_everything(engine, schema, lock_wait)
-        out.print(f"removed {len(removed)} queue(s) {', '.join(removed)}; catalog and schema {schema} dropped")
+        print_fact(f"removed {len(removed)} queue(s) {', '.join(removed)}; catalog and schema {schema} dropped")
         return
     info = uninstall_queue(engine, name, schema, lock_wait)
     out.print(Text.assemble("uninstalled queue ", (info.name, "bold"), f" (kind {info.kind})"))
