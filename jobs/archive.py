@@ -13,6 +13,14 @@ is nothing to move. A lock or statement timeout in continuous mode is logged and
 after a pause; MAX_CONSECUTIVE_ERRORS in a row end the run.
 History retention (`history_retention`) purges history archived longer ago than that, in
 the same small-batch way.
+
+Rotation (a reliable queue at reliable_0012 or later, on PostgreSQL): before its batches the
+job also rotates the queue's generations (Archiver.rotate): it seals the previous epoch,
+copies the oldest sealed one's finished rows to history and empties it with TRUNCATE (under
+a short lock_timeout, retried, so producers and consumers never queue behind it for long),
+and switches new rows to the next epoch every `rotate_items` ids. Finished rows of an emptied
+generation reach history whatever their age: `min_age` and `dead_min_age` apply to the row
+batches, which serve a queue whose generations turn over slowly.
 """
 
 from __future__ import annotations
@@ -47,6 +55,12 @@ DEFAULT_STATEMENT_TIMEOUT = 30.0    # and runs at most this long
 DEFAULT_PURGE_EVERY = 60.0          # continuous: how often history retention runs
 JITTER = 0.1                        # +-10 % on every pause, so several archivers drift apart
 MAX_CONSECUTIVE_ERRORS = 10
+DEFAULT_ROTATE_ITEMS = 2000         # ids per generation: what one truncate frees
+MAX_ROTATE_ITEMS = 10_000_000
+SEAL_LIMIT = 50_000                 # READY rows a seal moves; more: the epoch stays open (a backlog)
+EMPTY_LOCK_TIMEOUT_MS = 50          # a truncate waits this long for its slot's lock...
+EMPTY_TRIES = 5                     # ...this many times per pass, then waits for the next pass
+LOCK_NOT_AVAILABLE = "55P03"
 
 
 @dataclass(frozen=True)
@@ -61,12 +75,14 @@ class ArchiveConfig:
     statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT
     idle_delay: float = DEFAULT_IDLE_DELAY
     purge_every: float = DEFAULT_PURGE_EVERY
+    rotate_items: int = DEFAULT_ROTATE_ITEMS
 
     DURATIONS = ("min_age", "dead_min_age", "delay", "max_seconds", "history_retention", "lock_timeout",
                  "statement_timeout", "idle_delay", "purge_every")
 
     def __post_init__(self) -> None:
         check_number("batch", self.batch, 1, MAX_BATCH, integer=True)
+        check_number("rotate_items", self.rotate_items, 1, MAX_ROTATE_ITEMS, integer=True)
         for name in ("min_age", "dead_min_age", "delay", "idle_delay", "purge_every"):
             check_number(name, getattr(self, name), 0, 10 * 366 * 86400)
         check_number("max_seconds", self.max_seconds, 0, 10 * 366 * 86400, optional=True)
@@ -82,6 +98,8 @@ class ArchiveResult:
     batches: int = 0
     seconds: float = 0.0
     errors: int = 0                  # batches that failed and were retried (continuous)
+    rotations: int = 0               # generations emptied (rows copied count in `rows`)
+    rotation_blocked: str | None = None  # who kept the last truncate waiting, if one gave up
     stopped: str = "done"            # done | max_seconds | stop requested | errors
     last_error: str | None = None
 
@@ -95,6 +113,10 @@ class ArchiveResult:
 
     def summary(self) -> str:
         text = f"moved {self.rows:,} rows in {self.batches:,} batches ({self.rate:,.0f} rows/s)"
+        if self.rotations:
+            text += f", emptied {self.rotations:,} generations"
+        if self.rotation_blocked:
+            text += f" (a truncate waited in vain: {self.rotation_blocked})"
         if self.purged:
             text += f", purged {self.purged:,} history rows"
         if self.errors:
@@ -176,6 +198,92 @@ class Archiver:
             return max(result.rowcount, 0)
 
 
+@dataclass
+class RotationPass:
+    """What one rotation pass did."""
+
+    active: bool = False             # ids were drawn since the previous pass
+    switched: bool = False
+    sealed: int | None = None        # READY rows the seal moved forward (None: no seal)
+    emptied: int = 0                 # generations emptied
+    copied: int = 0                  # finished rows copied to history
+    moved: int = 0                   # unfinished rows moved forward by the truncates
+    blocked: str | None = None       # the sessions that kept a truncate waiting
+
+    @property
+    def busy(self) -> bool:
+        return self.active or self.switched or self.sealed is not None or self.emptied > 0
+
+
+class Rotator:
+    """The generation rotation of one reliable queue (reliable_0012), one step per
+    transaction (sql/postgresql/jobs.sql: rot_*)."""
+
+    def __init__(self, engine: Engine, target: JobTarget, config: ArchiveConfig) -> None:
+        self.engine = engine
+        self.target = target
+        self.config = config
+        self._last_id: int | None = None
+        self._sql = {name: target.sql(name) for name in (
+            "rot_state", "rot_seal", "rot_mark", "rot_next_empty", "rot_copy", "rot_empty", "rot_switch",
+            "rot_blockers")}
+
+    @staticmethod
+    def applies(target: JobTarget) -> bool:
+        return (target.sql_dir == "postgresql" and target.info.kind == "reliable"
+                and target.info.schema_version >= "reliable_0012")
+
+    def _one(self, name: str, **params: Any) -> Any:
+        c = self.config
+        with self.engine.begin() as conn:
+            self.target.set_local_timeouts(conn, c.lock_timeout, c.statement_timeout)
+            return conn.execute(self._sql[name], params).one()
+
+    def _blockers(self, epoch: int) -> str:
+        names = self.target.names
+        tables = [names.qualified(f"{part}{epoch % 3}") for part in ("meta", "data")]
+        with self.engine.connect() as conn:
+            rows = conn.execute(self._sql["rot_blockers"], {"tables": tables}).all()
+        if not rows:
+            return "no session holds its lock now"
+        return "; ".join(f"pid {r.pid} ({r.usename}, {r.state}, {r.mode}, in its transaction for "
+                         f"{format_duration(r.xact_age_s or 0)})" for r in rows[:3])
+
+    def rotate(self) -> RotationPass:
+        """One pass: seal, empty what is sealed, switch when the epoch is full."""
+        p = RotationPass()
+        state = self._one("rot_state")
+        p.active = self._last_id is not None and state.last_id != self._last_id
+        self._last_id = state.last_id
+        if state.sealed < state.epoch - 1:
+            moved = self._one("rot_seal", limit=SEAL_LIMIT).moved
+            if moved is not None and moved >= 0:
+                self._one("rot_mark", what="sealed", epoch=state.epoch - 1)
+                p.sealed = moved
+        while (epoch := self._one("rot_next_empty").epoch) is not None:
+            p.copied += self._one("rot_copy", slot=epoch % 3).copied
+            for attempt in range(EMPTY_TRIES):
+                try:
+                    row = self._one("rot_empty", lock_timeout_ms=EMPTY_LOCK_TIMEOUT_MS)
+                    break
+                except DBAPIError as exc:
+                    if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                        raise
+                    time.sleep(EMPTY_LOCK_TIMEOUT_MS / 1000 * (attempt + 1))
+            else:
+                p.blocked = self._blockers(epoch)
+                log.warning("archive %s: epoch %s cannot be emptied: %s", self.target.names.queue, epoch, p.blocked)
+                break
+            if row.epoch is None:
+                break
+            self._one("rot_mark", what="emptied", epoch=row.epoch)
+            p.emptied += 1
+            p.copied += row.copied
+            p.moved += row.moved
+        p.switched = self._one("rot_switch", items=self.config.rotate_items).epoch is not None
+        return p
+
+
 def _jittered(seconds: float) -> float:
     return seconds * random.uniform(1 - JITTER, 1 + JITTER)
 
@@ -222,6 +330,15 @@ def run_once(
                 result.stopped = "stop requested"
                 return False
 
+    if Rotator.applies(archiver.target):
+        rotator = Rotator(engine, archiver.target, config)
+        for _ in range(4):  # enough to seal, empty and switch through every slot once
+            done = rotator.rotate()
+            result.rows += done.copied
+            result.rotations += done.emptied
+            result.rotation_blocked = done.blocked
+            if not (done.switched or done.emptied or done.sealed):
+                break
     if batches(archiver.move_batch, "rows") and config.history_retention is not None:
         batches(archiver.purge_batch, "purged")
     result.seconds = time.monotonic() - started
@@ -249,6 +366,7 @@ def run_continuous(
     next_purge = started if config.history_retention is not None else None
     pause = config.delay
     consecutive_errors = 0
+    rotator = Rotator(engine, archiver.target, config) if Rotator.applies(archiver.target) else None
     while True:
         if stop.is_set():
             result.stopped = "stop requested"
@@ -258,7 +376,15 @@ def run_continuous(
             break
         t0 = time.monotonic()
         try:
-            moved = archiver.move_batch()
+            busy = False
+            moved = 0
+            if rotator is not None:
+                done = rotator.rotate()
+                moved += done.copied
+                result.rotations += done.emptied
+                result.rotation_blocked = done.blocked
+                busy = done.busy
+            moved += archiver.move_batch()
             if next_purge is not None and t0 >= next_purge:
                 while not stop.is_set():
                     purged = archiver.purge_batch()
@@ -282,7 +408,7 @@ def run_continuous(
         else:
             if moved >= config.batch:          # backlog: speed up
                 pause = max(min(pause, config.delay) / 2, min(MIN_DELAY, config.delay))
-            elif moved > 0:                    # caught up
+            elif moved > 0 or busy:            # caught up, or new rows: rotate again soon
                 pause = config.delay
             else:                              # idle: back off
                 pause = min(max(pause, config.delay, MIN_DELAY) * 2, max(config.idle_delay, config.delay))

@@ -192,6 +192,9 @@ class QueueFacts:
 Probe = Callable[[Connection, QueueNames, QueueInfo, HealthOptions], QueueFacts]
 
 
+RELIABLE_SLOTS = {role: tuple(f"{role}{s}" for s in range(3)) for role in ("meta", "data")}
+
+
 @dataclass(frozen=True)
 class KindHealth:
     """What a queue kind contributes to a health report.
@@ -270,7 +273,11 @@ def _probe_ring(conn: Connection, names: QueueNames, info: QueueInfo, options: H
 # Each kind: its tables (storage section), the churned ones measured with pgstattuple, and
 # a probe filling the QueueFacts fields the kind has (None stays "not applicable").
 KIND_HEALTH: dict[str, KindHealth] = {
-    "reliable": KindHealth(tables=("meta", "data", "history"), measured=("meta", "data"), probe=_probe_reliable),
+    # reliable_0012 partitions meta and data into generation slots: the slots are the tables
+    # (health.sql reads plain tables only, so a queue shows the layout its revision has)
+    "reliable": KindHealth(tables=("meta", *RELIABLE_SLOTS["meta"], "data", *RELIABLE_SLOTS["data"], "history"),
+                           measured=("meta", *RELIABLE_SLOTS["meta"], "data", *RELIABLE_SLOTS["data"]),
+                           probe=_probe_reliable),
     "heap": KindHealth(tables=("items",), measured=("items",), probe=_probe_destructive("queue_items")),
     "fifo": KindHealth(tables=("items",), measured=("items",), probe=_probe_destructive("queue_items")),
     "stack": KindHealth(tables=("items",), measured=("items",), probe=_probe_destructive("queue_items")),

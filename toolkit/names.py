@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from queuectl.errors import UsageError
 
-# 48 characters leave room for the longest derived suffix ("_meta_finished": 14) inside
+# 48 characters leave room for the longest derived suffix ("_meta0_finished": 15) inside
 # PostgreSQL's 63-byte identifier limit, and for SQL Server's object names.
 QUEUE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 SCHEMA_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
@@ -26,6 +26,9 @@ DEFAULT_SCHEMA = "queuectl"
 # tests/test_object_names.py checks them against what a real install of every kind at every
 # revision creates. (Constraint and trigger names are scoped to their table on PostgreSQL and
 # left unnamed on SQL Server, so they are not listed.)
+# reliable_0012's rotation functions (sql/postgresql/reliable.sql: create_functions, create_rotator)
+ROTATION_CALLS = ("rot_move", "rot_follow", "rot_state", "rot_switch", "rot_seal", "rot_mark", "rot_copy",
+                  "rot_next_empty", "rot_empty")
 _COMMON_SUFFIXES = ("version", "version_pkc", "enqueue", "enqueue_many", "dequeue")
 _ITEMS_SUFFIXES = ("items", "items_pkey", "items_id_seq")
 QUEUE_OBJECT_SUFFIXES: dict[str, tuple[str, ...]] = {
@@ -33,6 +36,11 @@ QUEUE_OBJECT_SUFFIXES: dict[str, tuple[str, ...]] = {
         *_COMMON_SUFFIXES, "meta", "meta_pkey", "meta_id_seq", "meta_ready", "meta_leased", "meta_finished",
         "data", "data_pkey", "history", "history_pkey", "history_at",
         "ack", "nack", "extend_lease", "release", "ack_dequeue", "notify", "wait_begin", "wait_end",
+        # reliable_0012's generations: the slot tables and their indexes, the rotation state
+        # and the rotator's calls
+        *(f"meta{s}{end}" for s in range(3) for end in ("", "_pkey", "_ready", "_leased", "_finished")),
+        *(f"data{s}{end}" for s in range(3) for end in ("", "_pkey")),
+        "rot_epoch", "rot_sealed", "rot_emptied", "rot_start", *ROTATION_CALLS,
     ),
     "heap": (*_COMMON_SUFFIXES, *_ITEMS_SUFFIXES),
     "fifo": (*_COMMON_SUFFIXES, *_ITEMS_SUFFIXES),
@@ -248,6 +256,19 @@ class QueueNames:
             "channel_literal": f"'{self.channel}'",
         }
         for fn in ("enqueue", "enqueue_many", "dequeue", "ack", "nack", "extend_lease", "release", "notify",
-                   "ack_dequeue", "wait_begin", "wait_end"):
+                   "ack_dequeue", "wait_begin", "wait_end", *ROTATION_CALLS):
             values[f"fn_{fn}"] = q(fn)
+        # reliable_0012's generation layout: bare names for RENAME TO and index names,
+        # qualified ones for tables and sequences, text literals for regclass arguments
+        bare = {"meta_name": "meta", "data_name": "data", "meta_pkey": "meta_pkey", "data_pkey": "data_pkey"}
+        for s in range(3):
+            values[f"meta{s}"] = q(f"meta{s}")
+            values[f"data{s}"] = q(f"data{s}")
+            bare |= {f"meta{s}_name": f"meta{s}", f"data{s}_name": f"data{s}", f"data{s}_pkey": f"data{s}_pkey"}
+            bare |= {f"meta{s}_{end}": f"meta{s}_{end}" for end in ("pkey", "ready", "leased", "finished")}
+        values |= {key: quote_ident(self.table(suffix)) for key, suffix in bare.items()}
+        for seq in ("rot_epoch", "rot_sealed", "rot_emptied", "rot_start"):
+            values[seq] = q(seq)
+            values[f"{seq}_regclass"] = f"'{q(seq)}'"
+        values["data_regclass"] = f"'{q('data')}'"
         return values

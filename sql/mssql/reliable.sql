@@ -522,3 +522,26 @@ SELECT m.status,
        COUNT_BIG(*) AS n
 FROM {{meta}} AS m
 GROUP BY m.status, CASE WHEN m.status = 0 AND m.due_at > SYSUTCDATETIME() THEN 1 ELSE 0 END
+
+-- name: create_rotation
+-- reliable_0012 on PostgreSQL partitions meta and data into generations emptied by TRUNCATE,
+-- because PostgreSQL's row deletes leave dead versions that no VACUUM may remove while an
+-- old snapshot is open (the xmin horizon), and every claim walks them. SQL Server deletes
+-- in place: a deleted row becomes a ghost record that the ghost-cleanup task removes within
+-- seconds; only under snapshot isolation or RCSI (off by default; on in Azure SQL) does a
+-- long snapshot keep row versions, and those live in tempdb's version store, not in the
+-- queue's indexes. The same shape would map to partition SWITCH OUT + TRUNCATE (the
+-- sliding-window pattern); it is not built here, and no SQL Server runs on these machines
+-- to measure whether it is needed. The single tables stay. Empty on purpose (no batch runs).
+
+-- name: drop_rotation
+-- reliable_0012 downgrade: nothing was changed (see create_rotation). Empty on purpose.
+
+-- name: create_rotator
+-- reliable_0012: no rotator on SQL Server (see create_rotation). Empty on purpose.
+
+-- name: drop_rotator
+-- reliable_0012 downgrade: nothing was created. Empty on purpose.
+
+-- name: drop_rotation_functions
+-- reliable_0012 downgrade: nothing was created. Empty on purpose.

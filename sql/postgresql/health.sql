@@ -88,7 +88,8 @@ FROM live, archived
 -- Vital signs of the given tables (text[] of qualified names): tuples, churn, sizes,
 -- vacuum/analyze times, fillfactor, and the table's own autovacuum storage parameters
 -- ('name=value' text[], its TOAST table's as 'toast.name=value'; empty: the server's
--- settings apply). Missing tables are left out. Sizes need a lock on the
+-- settings apply). Missing tables are left out, and so are partitioned parents (a
+-- reliable queue's generations are its tables; the parent holds no rows). Sizes need a lock on the
 -- relation, so a table someone holds (or waits for) in ACCESS EXCLUSIVE mode gets NULL
 -- sizes instead of stalling the report; pg_stat_user_tables needs no lock.
 WITH exclusive AS MATERIALIZED (
@@ -116,7 +117,7 @@ SELECT t.name                                    AS qualified,
              WHERE tc.oid = c.reltoastrelid AND o LIKE 'autovacuum\_%'
              ORDER BY 1) AS autovacuum_options
 FROM unnest(CAST(:tables AS text[])) WITH ORDINALITY AS t(name, ord)
-JOIN pg_class c ON c.oid = to_regclass(t.name)
+JOIN pg_class c ON c.oid = to_regclass(t.name) AND c.relkind = 'r'
 JOIN pg_stat_user_tables s ON s.relid = c.oid
 LEFT JOIN exclusive x ON x.relation = c.oid
 ORDER BY t.ord
@@ -141,7 +142,8 @@ SELECT t.name                                    AS qualified,
        coalesce((SELECT substr(o, 12)::int FROM unnest(ic.reloptions) o
                  WHERE o LIKE 'fillfactor=%'), 90) AS fillfactor
 FROM unnest(CAST(:tables AS text[])) WITH ORDINALITY AS t(name, ord)
-JOIN pg_index i ON i.indrelid = to_regclass(t.name)
+JOIN pg_class tc ON tc.oid = to_regclass(t.name) AND tc.relkind = 'r'
+JOIN pg_index i ON i.indrelid = tc.oid
 JOIN pg_class ic ON ic.oid = i.indexrelid
 JOIN pg_am am ON am.oid = ic.relam
 LEFT JOIN pg_stat_user_indexes si ON si.indexrelid = ic.oid

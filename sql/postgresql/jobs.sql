@@ -19,8 +19,10 @@ SELECT set_config('lock_timeout', :lock_timeout, false),
 -- oldest first, through the partial index on finished rows. SKIP LOCKED: never wait on a
 -- row someone else holds. The two picks are MATERIALIZED so the planner cannot flatten
 -- them into the DELETEs (a flattened plan may touch more rows than the LIMIT).
--- The data rows are deleted explicitly (the ON DELETE CASCADE then finds nothing left),
--- so their payloads reach history in the same statement.
+-- The data rows are deleted explicitly, so their payloads reach history in the same
+-- statement. A row the rotation already copied to history (reliable_0012: an old
+-- generation's finished rows are copied before its truncate) is deleted here and not
+-- copied twice (ON CONFLICT DO NOTHING).
 -- Both DELETEs find the picked rows by `id = ANY (ARRAY(...))`, through the primary keys. A
 -- join to the picks was planned from the dead pick's LIMIT, whose subquery the planner
 -- cannot estimate: it assumed a tenth of the DEAD rows old enough to go would be picked, and
@@ -57,6 +59,7 @@ SELECT m.id, m.priority, m.due_at, m.status, m.title, m.attempts, m.max_attempts
        m.lease_owner, m.enqueued_at, m.dequeued_at, m.finished_at, m.last_error,
        d.payload, d.headers, now()
 FROM moved m LEFT JOIN moved_data d ON d.id = m.id
+ON CONFLICT (id) DO NOTHING
 
 -- name: purge_history_batch
 -- Delete one batch of history rows archived more than :retention_seconds ago, oldest first.
@@ -108,14 +111,17 @@ WHERE e.extname = 'pgstattuple'
 CREATE EXTENSION IF NOT EXISTS pgstattuple
 
 -- name: table_indexes
--- The indexes of one of the queue's tables, with their size and validity.
+-- The indexes of one of the queue's tables, with their size and validity. Of a partitioned
+-- table (a reliable queue's meta and data, reliable_0012), those of its partitions: they
+-- hold the entries, and pgstatindex and REINDEX work on them (pg_partition_tree of a plain
+-- table is the table alone).
 SELECT c.relname AS index_name, i.indisvalid AS valid, pg_relation_size(c.oid) AS bytes,
        pg_relation_size(c.oid) / current_setting('block_size')::int AS pages,
        am.amname AS method
 FROM pg_index i
 JOIN pg_class c ON c.oid = i.indexrelid
 JOIN pg_am am ON am.oid = c.relam
-WHERE i.indrelid = CAST(:table_name AS regclass)
+WHERE i.indrelid IN (SELECT p.relid FROM pg_partition_tree(CAST(:table_name AS regclass)) p WHERE p.isleaf)
 ORDER BY c.relname
 
 -- name: index_measure
@@ -139,20 +145,27 @@ VACUUM (ANALYZE) {{meta}}
 VACUUM (ANALYZE) {{data}}
 
 -- name: table_vitals
--- Cheap numbers from the statistics collector for one of the queue's tables.
-SELECT s.n_live_tup, s.n_dead_tup,
-       round(100.0 * s.n_dead_tup / nullif(s.n_live_tup + s.n_dead_tup, 0), 1) AS dead_pct,
-       round(100.0 * s.n_tup_hot_upd / nullif(s.n_tup_upd, 0), 1) AS hot_pct,
-       s.last_autovacuum, s.last_vacuum,
-       pg_table_size(s.relid) AS table_bytes, pg_indexes_size(s.relid) AS index_bytes
+-- Cheap numbers from the statistics collector for one of the queue's tables (of a
+-- partitioned one, its partitions summed; the latest vacuum of any of them).
+SELECT sum(s.n_live_tup)::bigint AS n_live_tup, sum(s.n_dead_tup)::bigint AS n_dead_tup,
+       round(100.0 * sum(s.n_dead_tup) / nullif(sum(s.n_live_tup + s.n_dead_tup), 0), 1) AS dead_pct,
+       round(100.0 * sum(s.n_tup_hot_upd) / nullif(sum(s.n_tup_upd), 0), 1) AS hot_pct,
+       max(s.last_autovacuum) AS last_autovacuum, max(s.last_vacuum) AS last_vacuum,
+       sum(pg_table_size(s.relid))::bigint AS table_bytes, sum(pg_indexes_size(s.relid))::bigint AS index_bytes
 FROM pg_stat_user_tables s
-WHERE s.relid = CAST(:table_name AS regclass)
+WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree(CAST(:table_name AS regclass)) p WHERE p.isleaf)
+HAVING count(*) > 0
 
 -- name: table_physical
--- pgstattuple_approx: exact dead tuples, estimated free space; skips all-visible pages.
-SELECT a.table_len, a.scanned_percent, a.dead_tuple_count, a.dead_tuple_percent,
-       a.approx_free_percent
-FROM {{pgstattuple_schema}}.pgstattuple_approx(CAST(:table_name AS regclass)) a
+-- pgstattuple_approx: exact dead tuples, estimated free space; skips all-visible pages. Of a
+-- partitioned table, its partitions together (percentages weighted by their sizes).
+SELECT sum(a.table_len)::bigint AS table_len,
+       coalesce(sum(a.scanned_percent * a.table_len) / nullif(sum(a.table_len), 0), 0) AS scanned_percent,
+       sum(a.dead_tuple_count)::bigint AS dead_tuple_count,
+       coalesce(sum(a.dead_tuple_percent * a.table_len) / nullif(sum(a.table_len), 0), 0) AS dead_tuple_percent,
+       coalesce(sum(a.approx_free_percent * a.table_len) / nullif(sum(a.table_len), 0), 0) AS approx_free_percent
+FROM (SELECT p.relid FROM pg_partition_tree(CAST(:table_name AS regclass)) p WHERE p.isleaf) p,
+     LATERAL {{pgstattuple_schema}}.pgstattuple_approx(p.relid) a
 
 -- name: xmin_holders
 -- What holds the xmin horizon back (VACUUM cannot remove row versions newer than it):
@@ -177,3 +190,47 @@ SELECT 'prepared_xact', 'prepared transaction ' || p.gid, age(p.transaction),
 FROM pg_prepared_xacts p
 WHERE p.database = current_database()
 ORDER BY xmin_age DESC NULLS LAST
+
+-- name: rot_state
+-- The generation rotation of a reliable queue (reliable_0012; sql/postgresql/reliable.sql,
+-- section create_rotator, holds the calls and why they are safe). Each call below is one
+-- transaction of its own; a step is marked done (rot_mark) only after it committed.
+SELECT * FROM {{fn_rot_state}}()
+
+-- name: rot_seal
+-- Move the READY rows left in the previous epoch forward (NULL: nothing to seal; -1: more
+-- than :limit there, the epoch stays open).
+SELECT {{fn_rot_seal}}(:limit) AS moved
+
+-- name: rot_mark
+SELECT {{fn_rot_mark}}(:what, :epoch)
+
+-- name: rot_next_empty
+-- The oldest sealed epoch still to be emptied (NULL: none).
+SELECT {{fn_rot_next_empty}}() AS epoch
+
+-- name: rot_copy
+-- Copy a slot's finished rows to history without a lock (before its truncate).
+SELECT {{fn_rot_copy}}(CAST(:slot AS smallint)) AS copied
+
+-- name: rot_empty
+-- Copy what finished since, move the unfinished rows forward and truncate the slot, under
+-- a lock_timeout of :lock_timeout_ms (55P03 when the slot stays locked).
+SELECT * FROM {{fn_rot_empty}}(:lock_timeout_ms)
+
+-- name: rot_switch
+-- New rows to the next epoch once the current one has had :items ids (NULL: not yet).
+SELECT {{fn_rot_switch}}(:items) AS epoch
+
+-- name: rot_blockers
+-- Sessions holding a lock on the slot tables of one epoch (text[] of qualified table
+-- names): what keeps its truncate waiting. A session that read the queue inside a long
+-- transaction (pg_dump, a report) holds ACCESS SHARE until it ends.
+SELECT DISTINCT l.pid, a.usename::text AS usename, a.application_name, a.state, l.mode,
+       extract(epoch FROM now() - a.xact_start)::float8 AS xact_age_s
+FROM unnest(CAST(:tables AS text[])) AS t(name)
+JOIN pg_locks l ON l.locktype = 'relation' AND l.relation = to_regclass(t.name) AND l.granted
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.pid <> pg_backend_pid()
+ORDER BY xact_age_s DESC NULLS LAST
+

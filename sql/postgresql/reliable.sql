@@ -2,112 +2,302 @@
 --
 -- Layout: <queue>_meta holds only what dequeue searches and updates (small rows, so a
 -- dequeue touches few pages); <queue>_data holds the payload, written once at enqueue and
--- read once at dequeue; <queue>_history receives finished rows from the archive job.
+-- read once at dequeue; <queue>_history receives finished rows.
 --
 -- status codes (smallint, so the ready index stays narrow):
 --   0 READY       waiting; "scheduled" while due_at > now()
 --   1 PROCESSING  leased to lease_owner until leased_until
---   2 DONE        acknowledged (finished_at set); the archive job moves it to history
+--   2 DONE        acknowledged (finished_at set); moved to history later
 --   3 DEAD        failed max_attempts times (last_error says why)
+--
+-- Generations (reliable_0012). meta and data are LIST-partitioned on `slot` into three
+-- generation tables each (<queue>_meta0..2, <queue>_data0..2). New rows go to the current
+-- epoch's slot (epoch e lives in slot e % 3); the archive job (queuectl.jobs.archive) is
+-- the rotator: it switches new rows to the next epoch every few thousand items, moves the
+-- READY rows left in the previous one forward ("seal"), copies an old epoch's finished
+-- rows to history and empties its tables with TRUNCATE. A truncate frees space and index
+-- entries whatever the xmin horizon: a queue drained while someone holds a snapshot open
+-- for an hour keeps its size and its claim cost, where row deletes leave dead versions
+-- that every claim walks until VACUUM may remove them (bench/lab/no-decay.md measures
+-- both). The rotation state is four sequences, not a row: a control row updated at every
+-- rotation would keep one dead version per rotation under a pinned horizon, read by every
+-- claim.
+--   <queue>_rot_epoch    the epoch new rows go to;
+--   <queue>_rot_sealed   every epoch <= it holds no READY row the claims must see: claims
+--                        walk the READY rows of the epochs above it only (one, or two
+--                        between a switch and its seal);
+--   <queue>_rot_emptied  every epoch <= it has been copied to history and truncated (its
+--                        slot is free for epoch + 3);
+--   <queue>_rot_start    the id sequence's value at the last switch.
+-- Why nothing is lost or claimed twice:
+--  1. A row never changes slot by an UPDATE: it moves by DELETE + INSERT with its id, in
+--     one statement (a concurrent locker of a deleted row skips it; of a row moved by an
+--     UPDATE of the partition key it would get an error). ack, nack, extend_lease and
+--     release find a row by id in whichever slot it is.
+--  2. A writer (enqueue, enqueue_many, nack, release) reads the epoch, inserts, then reads
+--     the epoch again; if a switch came in between it moves its own rows (uncommitted,
+--     seen by no one else) to the new epoch's slot (rot_move). A writer that read the epoch
+--     before a switch and commits after the seal leaves a READY row in a sealed epoch: the
+--     claims do not see it until the truncate moves it forward (5), so it is late by one
+--     rotation, never lost. (reliable_0012 needs no xid bound: a transaction that holds an
+--     xid elsewhere, idle in transaction, does not stop the rotation.)
+--  3. The seal moves only READY rows (its DELETE re-checks status = 0 on rows a claim
+--     holds: a claimed row stays where it is, PROCESSING) and is marked only once it has
+--     committed (sequences are not transactional), so the claims' READY walk always covers
+--     every epoch that can still hold a READY row other than a late writer's (2).
+--  4. Finished rows never change again: the precopy copies them to history without a lock
+--     (ON CONFLICT DO NOTHING: an id already there stays as it is).
+--  5. The truncate locks the slot's meta and data tables ACCESS EXCLUSIVE under a short
+--     lock_timeout (it retries rather than queue claims and acks behind it), copies what
+--     finished since the precopy, moves every unfinished row (PROCESSING, and READY rows of
+--     late writers) to the current epoch and truncates, in one transaction. A statement
+--     that waited for the lock takes its snapshot after it (plpgsql: lock, then snapshot),
+--     so it sees the moved rows, never the empty slot without them.
+-- What TRUNCATE costs: it is not MVCC-safe. A REPEATABLE READ or SERIALIZABLE snapshot
+-- older than a truncate sees the emptied slot empty and not the copies (inserted after
+-- it): reports that need one consistent view read history. A session that read the
+-- queue's tables and stays in its transaction (pg_dump) holds ACCESS SHARE on them: no
+-- truncate can proceed, the queue stays correct and decays as a single table would, and
+-- health names that session.
 --
 -- Sections are filled by queuectl.sqlfiles.render() with quoted identifiers only.
 
--- name: create_tables
--- The queue's tables and indexes.
-CREATE TABLE {{meta}} (
-    id            bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{meta_seq}}) PRIMARY KEY,
-    priority      smallint    NOT NULL DEFAULT 0,
-    due_at        timestamptz NOT NULL DEFAULT now(),
-    status        smallint    NOT NULL DEFAULT 0 CHECK (status BETWEEN 0 AND 3),
-    title         text,
-    attempts      integer     NOT NULL DEFAULT 0,
-    max_attempts  integer     NOT NULL DEFAULT {{max_attempts}} CHECK (max_attempts > 0),
-    lease_owner   text,
-    leased_until  timestamptz,
-    enqueued_at   timestamptz NOT NULL DEFAULT now(),
-    dequeued_at   timestamptz,
-    finished_at   timestamptz,
-    last_error    text
-) WITH (fillfactor = 80);
--- fillfactor leaves room on each page for the status updates of ack/nack.
+-- name: create_rotation
+-- reliable_0012: the existing meta and data tables become slot 0 of the partitioned layout
+-- (renamed, with their rows and indexes: nothing is copied), slots 1 and 2 are created
+-- empty with the same indexes and storage parameters, and the parents get the old names,
+-- so every reader of <queue>_meta and <queue>_data (counts, health, the archive job) reads
+-- all slots. Changes on the way:
+--  * the id column loses its identity (PostgreSQL 15 cannot route inserts into a
+--    partitioned table with one); a plain sequence of the same name, at the same position,
+--    is its default;
+--  * the data table's foreign key to meta goes: a key into a partitioned table would need
+--    the slot in its primary key, and the rotation moves a row's payload with it (every
+--    statement that writes meta writes data in the same statement);
+--  * the notify trigger moves to the parent (a statement trigger on a partition does not
+--    fire for an insert through the parent).
+-- ALTER TABLE RENAME, ADD COLUMN with a constant default (no rewrite) and ATTACH PARTITION
+-- take ACCESS EXCLUSIVE on the old tables; ATTACH reads slot 0 once to check its rows are
+-- in slot 0: seconds for a queue of millions of rows, during which producers and consumers
+-- wait. The downgrade (drop_rotation) puts the single tables back.
+CREATE SEQUENCE {{rot_epoch}} MINVALUE 0 START 0;
+CREATE SEQUENCE {{rot_sealed}} MINVALUE -1 START -1;
+CREATE SEQUENCE {{rot_emptied}} MINVALUE -1 START -1;
+CREATE SEQUENCE {{rot_start}} MINVALUE 0 START 0;
 
-CREATE TABLE {{data}} (
-    id       bigint PRIMARY KEY REFERENCES {{meta}} (id) ON DELETE CASCADE,
-    payload  bytea NOT NULL,
-    headers  jsonb
-);
+DO $do$
+DECLARE
+    v_next bigint;
+    v_fkey name;
+BEGIN
+    SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END INTO v_next FROM {{meta_seq}};
+    ALTER TABLE {{meta}} ALTER COLUMN id DROP IDENTITY;
+    CREATE SEQUENCE {{meta_seq}};
+    PERFORM setval({{meta_seq_regclass}}, v_next, false);
+    PERFORM setval({{rot_start_regclass}}, v_next - 1, true);
+    FOR v_fkey IN SELECT c.conname FROM pg_constraint c
+                  WHERE c.conrelid = {{data_regclass}}::regclass AND c.contype = 'f' LOOP
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', {{data_regclass}}, v_fkey);
+    END LOOP;
+END
+$do$;
 
--- Only READY rows are in this index, so its size follows the backlog, not the table.
-CREATE INDEX {{ready_idx}} ON {{meta}} (priority, due_at, id) WHERE status = 0;
+DROP TRIGGER IF EXISTS {{notify_trigger}} ON {{meta}};
+ALTER TABLE {{meta}} RENAME TO {{meta0_name}};
+ALTER INDEX {{schema}}.{{meta_pkey}} RENAME TO {{meta0_pkey}};
+ALTER INDEX {{schema}}.{{ready_idx}} RENAME TO {{meta0_ready}};
+ALTER INDEX {{schema}}.{{leased_idx}} RENAME TO {{meta0_leased}};
+ALTER INDEX {{schema}}.{{finished_idx}} RENAME TO {{meta0_finished}};
+ALTER TABLE {{meta0}} ADD COLUMN slot smallint NOT NULL DEFAULT 0;
+ALTER TABLE {{data}} RENAME TO {{data0_name}};
+ALTER INDEX {{schema}}.{{data_pkey}} RENAME TO {{data0_pkey}};
+ALTER TABLE {{data0}} ADD COLUMN slot smallint NOT NULL DEFAULT 0;
 
--- Only PROCESSING rows: finds expired leases without scanning the ready backlog.
-CREATE INDEX {{leased_idx}} ON {{meta}} (leased_until) WHERE status = 1;
+CREATE TABLE {{meta}} (LIKE {{meta0}} INCLUDING DEFAULTS) PARTITION BY LIST (slot);
+ALTER TABLE {{meta}} ALTER COLUMN id SET DEFAULT nextval({{meta_seq_regclass}}::regclass),
+                     ALTER COLUMN slot DROP DEFAULT;
+ALTER SEQUENCE {{meta_seq}} OWNED BY {{meta}}.id;
+CREATE TABLE {{data}} (LIKE {{data0}}) PARTITION BY LIST (slot);
+CREATE INDEX {{ready_idx}} ON ONLY {{meta}} (priority, due_at, id) WHERE status = 0;
+CREATE INDEX {{leased_idx}} ON ONLY {{meta}} (leased_until) WHERE status = 1;
+CREATE INDEX {{finished_idx}} ON ONLY {{meta}} (status, finished_at) WHERE status >= 2;
 
--- Only finished rows (DONE, DEAD): the archive job picks its batches here, oldest first,
--- without walking the ready backlog or re-reading rows it cannot move yet.
-CREATE INDEX {{finished_idx}} ON {{meta}} (status, finished_at) WHERE status >= 2;
+-- Slots 1 and 2: the same columns, checks, indexes and storage parameters as slot 0
+-- (set_autovacuum says why these; under rotation a slot's dead rows leave with its
+-- truncate, so vacuum matters less, but a queue whose rotation is held up still needs it).
+CREATE TABLE {{meta1}} (LIKE {{meta0}} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH (
+    fillfactor = 80, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE {{meta1}} ADD CONSTRAINT {{meta1_pkey}} PRIMARY KEY (id);
+CREATE INDEX {{meta1_ready}} ON {{meta1}} (priority, due_at, id) WHERE status = 0;
+CREATE INDEX {{meta1_leased}} ON {{meta1}} (leased_until) WHERE status = 1;
+CREATE INDEX {{meta1_finished}} ON {{meta1}} (status, finished_at) WHERE status >= 2;
+CREATE TABLE {{meta2}} (LIKE {{meta0}} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH (
+    fillfactor = 80, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE {{meta2}} ADD CONSTRAINT {{meta2_pkey}} PRIMARY KEY (id);
+CREATE INDEX {{meta2_ready}} ON {{meta2}} (priority, due_at, id) WHERE status = 0;
+CREATE INDEX {{meta2_leased}} ON {{meta2}} (leased_until) WHERE status = 1;
+CREATE INDEX {{meta2_finished}} ON {{meta2}} (status, finished_at) WHERE status >= 2;
+CREATE TABLE {{data1}} (LIKE {{data0}} INCLUDING DEFAULTS) WITH (
+    autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE {{data1}} ADD CONSTRAINT {{data1_pkey}} PRIMARY KEY (id);
+CREATE TABLE {{data2}} (LIKE {{data0}} INCLUDING DEFAULTS) WITH (
+    autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE {{data2}} ADD CONSTRAINT {{data2_pkey}} PRIMARY KEY (id);
+ALTER TABLE {{meta1}} ALTER COLUMN slot SET DEFAULT 1;
+ALTER TABLE {{meta2}} ALTER COLUMN slot SET DEFAULT 2;
+ALTER TABLE {{data1}} ALTER COLUMN slot SET DEFAULT 1;
+ALTER TABLE {{data2}} ALTER COLUMN slot SET DEFAULT 2;
 
-CREATE TABLE {{history}} (
-    id            bigint PRIMARY KEY,
-    priority      smallint    NOT NULL,
-    due_at        timestamptz NOT NULL,
-    status        smallint    NOT NULL,
-    title         text,
-    attempts      integer     NOT NULL,
-    max_attempts  integer     NOT NULL,
-    lease_owner   text,
-    enqueued_at   timestamptz NOT NULL,
-    dequeued_at   timestamptz,
-    finished_at   timestamptz,
-    last_error    text,
-    payload       bytea,
-    headers       jsonb,
-    archived_at   timestamptz NOT NULL DEFAULT now()
-);
+-- ATTACH finds each slot's matching index for every index of the parent and attaches it.
+ALTER TABLE {{meta}} ATTACH PARTITION {{meta0}} FOR VALUES IN (0);
+ALTER TABLE {{meta}} ATTACH PARTITION {{meta1}} FOR VALUES IN (1);
+ALTER TABLE {{meta}} ATTACH PARTITION {{meta2}} FOR VALUES IN (2);
+ALTER TABLE {{data}} ATTACH PARTITION {{data0}} FOR VALUES IN (0);
+ALTER TABLE {{data}} ATTACH PARTITION {{data1}} FOR VALUES IN (1);
+ALTER TABLE {{data}} ATTACH PARTITION {{data2}} FOR VALUES IN (2);
 
--- History retention purges oldest-archived first, in small batches.
-CREATE INDEX {{history_at_idx}} ON {{history}} (archived_at);
+-- name: drop_rotation
+-- reliable_0012 downgrade: back to one meta and one data table. Slot 0's tables take the
+-- rows of slots 1 and 2 (copied: the one step that costs what the queue holds), lose their
+-- slot column, get back their names, the identity (at the sequence's position) and the
+-- foreign key. Run after drop_rotator and before the functions of reliable_0011 come back.
+DROP TRIGGER IF EXISTS {{notify_trigger}} ON {{meta}};
+ALTER TABLE {{meta}} DETACH PARTITION {{meta0}};
+ALTER TABLE {{data}} DETACH PARTITION {{data0}};
+INSERT INTO {{meta0}} (id, priority, due_at, status, title, attempts, max_attempts, lease_owner, leased_until,
+                       enqueued_at, dequeued_at, finished_at, last_error)
+SELECT id, priority, due_at, status, title, attempts, max_attempts, lease_owner, leased_until,
+       enqueued_at, dequeued_at, finished_at, last_error FROM {{meta}};
+INSERT INTO {{data0}} (id, payload, headers) SELECT id, payload, headers FROM {{data}};
+DO $do$
+DECLARE
+    v_next bigint;
+BEGIN
+    SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END INTO v_next FROM {{meta_seq}};
+    DROP TABLE {{meta}};
+    DROP TABLE {{data}};
+    DROP SEQUENCE IF EXISTS {{meta_seq}};
+    ALTER TABLE {{meta0}} DROP COLUMN slot;
+    ALTER TABLE {{data0}} DROP COLUMN slot;
+    ALTER TABLE {{meta0}} ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{meta_seq}});
+    PERFORM setval({{meta_seq_regclass}}, v_next, false);
+END
+$do$;
+ALTER TABLE {{meta0}} RENAME TO {{meta_name}};
+ALTER INDEX {{schema}}.{{meta0_pkey}} RENAME TO {{meta_pkey}};
+ALTER INDEX {{schema}}.{{meta0_ready}} RENAME TO {{ready_idx}};
+ALTER INDEX {{schema}}.{{meta0_leased}} RENAME TO {{leased_idx}};
+ALTER INDEX {{schema}}.{{meta0_finished}} RENAME TO {{finished_idx}};
+ALTER TABLE {{data0}} RENAME TO {{data_name}};
+ALTER INDEX {{schema}}.{{data0_pkey}} RENAME TO {{data_pkey}};
+ALTER TABLE {{data}} ADD FOREIGN KEY (id) REFERENCES {{meta}} (id) ON DELETE CASCADE;
+DROP SEQUENCE IF EXISTS {{rot_epoch}}, {{rot_sealed}}, {{rot_emptied}}, {{rot_start}};
 
 -- name: create_functions
--- The SQL API, callable from any language (reliable_0009's): ack, nack, extend_lease and
--- release reach their rows through the primary key only, whatever the table's statistics. Each finds its items by `m.id = ANY (p_ids)`
--- and checks that they are still leased. Written `m.status = 1`, that check implies the
--- leased index's predicate (WHERE status = 1), so the planner may read that index too, and
--- the generic plan plpgsql keeps after five calls can (the benchmarks caught both forms):
---  * on a table not analysed since it was created or truncated, a BitmapAnd of the whole
---    leased index with the primary-key lookup;
---  * once analysed, an index scan of the whole leased index, filtered by id.
--- Either way every call reads every entry of the leased index: one per item leased now
--- (all consumers' batches, slow handlers' items) plus the dead entries of items leased
--- before, until a vacuum removes them. The cost of an ack grows with the number of items
--- in flight instead of with its own batch.
--- Written `m.status::integer = 1`, the check is the same test (status is a smallint) but
--- no longer matches the index predicate, so the primary key is the only index path left
--- (sequential scans are off in these functions, set_plan_guard) and the status is checked
--- on the rows it returns.
--- Measured (the lab's ack-plan probe):
---  * one ack(1), the table analysed while 20 items were leased, then 10,000 leased:
---    reliable_0008 1,032 blocks and 1,770 us per ack (it fetched every leased row to test
---    its id), this revision 10.1 blocks and 395 us; at 1,000 leased 109 against 10.1;
---  * the SQL full cycle under pgbench, 8 clients, both revisions alternating, medians of 5
---    rounds, at batch 1 / 10 / 100: autovacuum off (truncated, never analysed) 1.51x /
---    2.49x / 1.35x reliable_0008; autovacuum on 1.28x / 0.98x / 1.01x (level, or up to 9%
---    behind, in the rounds where reliable_0008's plan happened to be good).
--- tests/test_lease_plan.py checks that none of the four scans the leased index.
--- Nothing else changes; the downgrade runs create_functions again. Both re-run
--- set_plan_guard after (CREATE OR REPLACE resets a function's SET clauses).
+-- The SQL API, callable from any language, on the generation layout (reliable_0012).
+-- ack and extend_lease update in place, by id, in whichever slot the row is (reliable_0009's
+-- bodies: the primary keys only, `m.status::integer = 1` so the leased index's predicate is
+-- not matched; set_plan_guard has the figures). nack and release give a row back to the
+-- claims: it moves, with its id, priority and payload, to the current epoch (header, 1 and
+-- 2); nack's last attempt makes it DEAD in place.
+-- The calls on leased items and the claim refuse to run in a REPEATABLE READ or
+-- SERIALIZABLE transaction (SQLSTATE QC400): its snapshot may predate a truncate, so an
+-- ack would miss its row (moved to the current epoch after the snapshot) and the item would
+-- run again. enqueue needs no snapshot of the queue and runs at any level.
 CREATE OR REPLACE FUNCTION {{fn_ack}}(p_ids bigint[], p_worker text DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_count integer;
 BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: ack runs in READ COMMITTED transactions only (this one is %s): an older snapshot does not see rows the rotation moved',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
     UPDATE {{meta}} m
     SET status = 2, finished_at = now(), leased_until = NULL
     WHERE m.id = ANY (p_ids) AND m.status::integer = 1
       AND (p_worker IS NULL OR m.lease_owner = p_worker);
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION {{fn_extend_lease}}(
+    p_ids           bigint[],
+    p_lease_seconds double precision DEFAULT {{lease_seconds}},
+    p_worker        text             DEFAULT NULL
+) RETURNS TABLE (id bigint, leased_until timestamptz)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: extend_lease runs in READ COMMITTED transactions only (this one is %s): an older snapshot does not see rows the rotation moved',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
+    RETURN QUERY
+    UPDATE {{meta}} m
+    SET leased_until = now() + make_interval(secs => coalesce(p_lease_seconds, {{lease_seconds}}))
+    WHERE m.id = ANY (p_ids) AND m.status::integer = 1
+      AND (p_worker IS NULL OR m.lease_owner = p_worker)
+    RETURNING m.id, m.leased_until;
+END
+$fn$;
+
+-- Move rows (meta and data, every column, same id) from whatever slot they are in to slot
+-- p_to; p_status, when given, limits the move to rows still in that status when the DELETE
+-- reaches them (it re-checks rows another transaction changed meanwhile). Returns the
+-- number of meta rows moved. Used by the writers to follow a switch (their own rows), by
+-- the seal (status 0) and by the truncate (under its lock).
+CREATE OR REPLACE FUNCTION {{fn_rot_move}}(p_ids bigint[], p_to smallint, p_status smallint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_moved bigint;
+BEGIN
+    WITH gone AS (
+        DELETE FROM {{meta}} m
+        WHERE m.id = ANY (p_ids) AND m.slot <> p_to AND (p_status IS NULL OR m.status = p_status)
+        RETURNING m.id, m.priority, m.due_at, m.status, m.title, m.attempts, m.max_attempts, m.lease_owner,
+                  m.leased_until, m.enqueued_at, m.dequeued_at, m.finished_at, m.last_error
+    ), back AS (
+        INSERT INTO {{meta}} (slot, id, priority, due_at, status, title, attempts, max_attempts, lease_owner,
+                              leased_until, enqueued_at, dequeued_at, finished_at, last_error)
+        SELECT p_to, g.id, g.priority, g.due_at, g.status, g.title, g.attempts, g.max_attempts, g.lease_owner,
+               g.leased_until, g.enqueued_at, g.dequeued_at, g.finished_at, g.last_error
+        FROM gone g
+        RETURNING 1
+    ), dgone AS (
+        DELETE FROM {{data}} d WHERE d.id = ANY (ARRAY(SELECT g.id FROM gone g)) AND d.slot <> p_to
+        RETURNING d.id, d.payload, d.headers
+    ), dback AS (
+        INSERT INTO {{data}} (slot, id, payload, headers)
+        SELECT p_to, dg.id, dg.payload, dg.headers FROM dgone dg
+    )
+    SELECT count(*) INTO v_moved FROM back;
+    RETURN v_moved;
+END
+$fn$;
+
+-- A writer's rows inserted into epoch p_epoch's slot follow the switches that came since
+-- it read the epoch (header, 2). The rows are the caller's own, uncommitted.
+CREATE OR REPLACE FUNCTION {{fn_rot_follow}}(p_ids bigint[], p_epoch bigint)
+RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_now bigint := (SELECT last_value FROM {{rot_epoch}});
+BEGIN
+    WHILE v_now <> p_epoch LOOP
+        PERFORM {{fn_rot_move}}(p_ids, (v_now % 3)::smallint, 0::smallint);
+        p_epoch := v_now;
+        v_now := (SELECT last_value FROM {{rot_epoch}});
+    END LOOP;
 END
 $fn$;
 
@@ -120,38 +310,46 @@ CREATE OR REPLACE FUNCTION {{fn_nack}}(
 ) RETURNS TABLE (id bigint, status smallint, due_at timestamptz)
 LANGUAGE plpgsql AS $fn$
 #variable_conflict use_column
+DECLARE
+    v_epoch bigint := (SELECT last_value FROM {{rot_epoch}});
 BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: nack runs in READ COMMITTED transactions only (this one is %s): an older snapshot does not see rows the rotation moved',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
     RETURN QUERY
-    UPDATE {{meta}} m SET
-        status       = CASE WHEN m.attempts >= m.max_attempts THEN 3 ELSE 0 END,
-        due_at       = CASE WHEN m.attempts >= m.max_attempts THEN m.due_at
-                            ELSE now() + make_interval(secs => least(
-                                coalesce(p_base_seconds, {{backoff_base_seconds}})
-                                    * power(2, least(greatest(m.attempts - 1, 0), 40)),
-                                coalesce(p_max_seconds, {{backoff_max_seconds}}))) END,
-        finished_at  = CASE WHEN m.attempts >= m.max_attempts THEN now() END,
-        leased_until = NULL,
-        last_error   = p_error
-    WHERE m.id = ANY (p_ids) AND m.status::integer = 1
-      AND (p_worker IS NULL OR m.lease_owner = p_worker)
-    RETURNING m.id, m.status, m.due_at;
-END
-$fn$;
-
-CREATE OR REPLACE FUNCTION {{fn_extend_lease}}(
-    p_ids           bigint[],
-    p_lease_seconds double precision DEFAULT {{lease_seconds}},
-    p_worker        text             DEFAULT NULL
-) RETURNS TABLE (id bigint, leased_until timestamptz)
-LANGUAGE plpgsql AS $fn$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    UPDATE {{meta}} m
-    SET leased_until = now() + make_interval(secs => coalesce(p_lease_seconds, {{lease_seconds}}))
-    WHERE m.id = ANY (p_ids) AND m.status::integer = 1
-      AND (p_worker IS NULL OR m.lease_owner = p_worker)
-    RETURNING m.id, m.leased_until;
+    WITH dead AS (
+        UPDATE {{meta}} m
+        SET status = 3, finished_at = now(), leased_until = NULL, last_error = p_error
+        WHERE m.id = ANY (p_ids) AND m.status::integer = 1
+          AND (p_worker IS NULL OR m.lease_owner = p_worker) AND m.attempts >= m.max_attempts
+        RETURNING m.id, m.status, m.due_at
+    ), gone AS (
+        DELETE FROM {{meta}} m
+        WHERE m.id = ANY (p_ids) AND m.status::integer = 1
+          AND (p_worker IS NULL OR m.lease_owner = p_worker) AND m.attempts < m.max_attempts
+        RETURNING m.id, m.priority, m.title, m.attempts, m.max_attempts, m.enqueued_at, m.dequeued_at
+    ), back AS (
+        INSERT INTO {{meta}} (slot, id, priority, due_at, status, title, attempts, max_attempts,
+                              enqueued_at, dequeued_at, last_error)
+        SELECT (v_epoch % 3)::smallint, g.id, g.priority,
+               now() + make_interval(secs => least(
+                   coalesce(p_base_seconds, {{backoff_base_seconds}})
+                       * power(2, least(greatest(g.attempts - 1, 0), 40)),
+                   coalesce(p_max_seconds, {{backoff_max_seconds}}))),
+               0, g.title, g.attempts, g.max_attempts, g.enqueued_at, g.dequeued_at, p_error
+        FROM gone g
+        RETURNING id, status, due_at
+    ), dgone AS (
+        DELETE FROM {{data}} d WHERE d.id = ANY (ARRAY(SELECT g.id FROM gone g))
+        RETURNING d.id, d.payload, d.headers
+    ), dback AS (
+        INSERT INTO {{data}} (slot, id, payload, headers)
+        SELECT (v_epoch % 3)::smallint, dg.id, dg.payload, dg.headers FROM dgone dg
+    )
+    SELECT * FROM dead UNION ALL SELECT * FROM back;
+    PERFORM {{fn_rot_follow}}(p_ids, v_epoch);
 END
 $fn$;
 
@@ -159,27 +357,47 @@ CREATE OR REPLACE FUNCTION {{fn_release}}(p_ids bigint[], p_worker text DEFAULT 
 RETURNS integer
 LANGUAGE plpgsql AS $fn$
 DECLARE
+    v_epoch bigint := (SELECT last_value FROM {{rot_epoch}});
     v_count integer;
 BEGIN
-    UPDATE {{meta}} m
-    SET status = 0, attempts = greatest(m.attempts - 1, 0), leased_until = NULL, lease_owner = NULL
-    WHERE m.id = ANY (p_ids) AND m.status::integer = 1
-      AND (p_worker IS NULL OR m.lease_owner = p_worker);
-    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: release runs in READ COMMITTED transactions only (this one is %s): an older snapshot does not see rows the rotation moved',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
+    WITH gone AS (
+        DELETE FROM {{meta}} m
+        WHERE m.id = ANY (p_ids) AND m.status::integer = 1
+          AND (p_worker IS NULL OR m.lease_owner = p_worker)
+        RETURNING m.id, m.priority, m.due_at, m.title, m.attempts, m.max_attempts, m.enqueued_at,
+                  m.dequeued_at, m.last_error
+    ), back AS (
+        INSERT INTO {{meta}} (slot, id, priority, due_at, status, title, attempts, max_attempts,
+                              enqueued_at, dequeued_at, last_error)
+        SELECT (v_epoch % 3)::smallint, g.id, g.priority, g.due_at, 0, g.title, greatest(g.attempts - 1, 0),
+               g.max_attempts, g.enqueued_at, g.dequeued_at, g.last_error
+        FROM gone g
+        RETURNING 1
+    ), dgone AS (
+        DELETE FROM {{data}} d WHERE d.id = ANY (ARRAY(SELECT g.id FROM gone g))
+        RETURNING d.id, d.payload, d.headers
+    ), dback AS (
+        INSERT INTO {{data}} (slot, id, payload, headers)
+        SELECT (v_epoch % 3)::smallint, dg.id, dg.payload, dg.headers FROM dgone dg
+    )
+    SELECT count(*) INTO v_count FROM back;
+    PERFORM {{fn_rot_follow}}(p_ids, v_epoch);
     RETURN v_count;
 END
 $fn$;
 
 -- name: create_dequeue
--- reliable_0008's dequeue: reliable_0005's, with the payloads read by the claimed ids as an
--- array (a MATERIALIZED CTE joined to the claimed rows in memory) instead of a join to the
--- data table. A plan built for an empty data table (a generic plan cached while the queue
--- was drained and analysed, where every path costs the same) joined by walking the data
--- table's primary key from its start and filtering it, once per claimed row; the array
--- search reads the claimed ids' index entries only, whichever plan it gets. Measured in
--- a session that cached its plans on an empty, analysed queue, then grew it (section
--- set_plan_guard has the figures). Everything else is
--- reliable_0005's dequeue, unchanged.
+-- reliable_0008's one-statement claim on the generation layout: the expired-lease walk
+-- covers every slot (a sealed epoch's leases expire too; an emptied slot's index is empty),
+-- the READY walk only the open epochs' slots (one, or two between a switch and its seal):
+-- the dead READY entries of sealed epochs, which a pinned horizon keeps, are never walked.
+-- rot_sealed is read before rot_epoch (header, 3). `m.slot = ANY (v_open)` is pruned when
+-- the executor starts, so the walk is a merge of at most two ready indexes.
 CREATE OR REPLACE FUNCTION {{fn_dequeue}}(
     p_batch         integer          DEFAULT 1,
     p_lease_seconds double precision DEFAULT {{lease_seconds}},
@@ -191,7 +409,17 @@ CREATE OR REPLACE FUNCTION {{fn_dequeue}}(
 )
 LANGUAGE plpgsql AS $fn$
 #variable_conflict use_column
+DECLARE
+    v_sealed bigint := (SELECT last_value FROM {{rot_sealed}});
+    v_epoch  bigint := (SELECT last_value FROM {{rot_epoch}});
+    v_open   smallint[] := CASE WHEN v_sealed >= v_epoch - 1 THEN ARRAY[(v_epoch % 3)::smallint]
+                                ELSE ARRAY[((v_epoch - 1) % 3)::smallint, (v_epoch % 3)::smallint] END;
 BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: dequeue runs in READ COMMITTED transactions only (this one is %s): an older snapshot does not see rows the rotation moved',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
     RETURN QUERY
     WITH expired AS MATERIALIZED (
         SELECT m.id FROM {{meta}} m
@@ -201,7 +429,7 @@ BEGIN
         FOR UPDATE SKIP LOCKED
     ), ready AS MATERIALIZED (
         SELECT m.id FROM {{meta}} m
-        WHERE m.status = 0 AND m.due_at <= now()
+        WHERE m.slot = ANY (v_open) AND m.status = 0 AND m.due_at <= now()
         ORDER BY m.priority, m.due_at, m.id
         LIMIT greatest(p_batch - (SELECT count(*) FROM expired), 0)
         FOR UPDATE SKIP LOCKED
@@ -237,16 +465,9 @@ END
 $fn$;
 
 -- name: create_enqueue_functions
--- reliable_0010: the limit covers everything one message stores. enqueue and enqueue_many
--- refuse a message whose payload, title and headers together are over the queue's
--- max_payload_bytes, counted as stored: octet_length of the payload, of the title's UTF-8
--- and of the headers as the server writes jsonb out (the text headers::text gives). A
--- payload-only check let a queue limited to 100 bytes store a 5 MB title and 5 MB of
--- headers. SQLSTATE QC413 as before (the client raises PayloadTooLarge), with the three
--- sizes in the message; the check runs before any insert, so a refused call stores nothing,
--- with enqueue_many not even the messages within the limit. The signatures are reliable_0001's,
--- so grants and callers are untouched; the downgrade puts back
--- history/reliable.sql: create_enqueue_functions_0003.
+-- reliable_0010's enqueue and enqueue_many (the size check, QC413) on the generation
+-- layout: rows go to the current epoch's slot and follow a switch that came meanwhile
+-- (header, 2).
 
 -- enqueue one item; returns its id.
 CREATE OR REPLACE FUNCTION {{fn_enqueue}}(
@@ -263,28 +484,33 @@ DECLARE
     v_payload bigint := octet_length(p_payload);
     v_title   bigint := coalesce(octet_length(p_title), 0);
     v_headers bigint := coalesce(octet_length(p_headers::text), 0);
+    v_epoch   bigint;
 BEGIN
     IF v_payload + v_title + v_headers > {{max_payload_bytes}} THEN
         RAISE EXCEPTION USING ERRCODE = 'QC413', MESSAGE = format(
             'queue %L: message of %s bytes (payload %s + title %s + headers %s) is over max_payload_bytes %s: nothing was enqueued',
             {{queue_literal}}, v_payload + v_title + v_headers, v_payload, v_title, v_headers, {{max_payload_bytes}});
     END IF;
+    v_epoch := (SELECT last_value FROM {{rot_epoch}});
     WITH m AS (
-        INSERT INTO {{meta}} (priority, due_at, title, max_attempts)
-        VALUES (coalesce(p_priority, 0), now() + coalesce(p_delay, interval '0'), p_title,
-                coalesce(p_max_attempts, {{max_attempts}}))
-        RETURNING id
+        INSERT INTO {{meta}} (slot, priority, due_at, title, max_attempts)
+        VALUES ((v_epoch % 3)::smallint, coalesce(p_priority, 0), now() + coalesce(p_delay, interval '0'),
+                p_title, coalesce(p_max_attempts, {{max_attempts}}))
+        RETURNING id, slot
     )
-    INSERT INTO {{data}} (id, payload, headers)
-    SELECT m.id, p_payload, p_headers FROM m
+    INSERT INTO {{data}} (slot, id, payload, headers)
+    SELECT m.slot, m.id, p_payload, p_headers FROM m
     RETURNING id INTO v_id;
+    IF (SELECT last_value FROM {{rot_epoch}}) <> v_epoch THEN
+        PERFORM {{fn_rot_follow}}(ARRAY[v_id], v_epoch);
+    END IF;
     RETURN v_id;
 END
 $fn$;
 
 -- enqueue many items in one statement; ids come back in the order of the arrays.
--- Shorter optional arrays are padded with NULL (defaults); ids are drawn from the
--- identity sequence first so each payload is paired with its own id.
+-- Shorter optional arrays are padded with NULL (defaults); ids are drawn from the id
+-- sequence first so each payload is paired with its own id.
 CREATE OR REPLACE FUNCTION {{fn_enqueue_many}}(
     p_payloads      bytea[],
     p_headers       jsonb[]    DEFAULT NULL,
@@ -299,6 +525,8 @@ DECLARE
     v_payload bigint;
     v_title bigint;
     v_headers bigint;
+    v_epoch bigint;
+    v_ids bigint[];
 BEGIN
     -- the first message over the limit refuses the whole call, before anything is written
     SELECT s.ord, s.payload, s.title, s.headers INTO v_ord, v_payload, v_title, v_headers
@@ -318,7 +546,7 @@ BEGIN
             {{queue_literal}}, v_ord, cardinality(p_payloads), v_payload + v_title + v_headers,
             v_payload, v_title, v_headers, {{max_payload_bytes}});
     END IF;
-    RETURN QUERY
+    v_epoch := (SELECT last_value FROM {{rot_epoch}});
     WITH src AS MATERIALIZED (
         SELECT nextval({{meta_seq_regclass}}::regclass) AS id, u.payload, u.headers,
                u.priority, u.delay, u.title, u.ord
@@ -326,18 +554,165 @@ BEGIN
              WITH ORDINALITY AS u(payload, headers, priority, delay, title, ord)
         WHERE u.ord <= cardinality(p_payloads)
     ), m AS (
-        INSERT INTO {{meta}} (id, priority, due_at, title, max_attempts)
-        OVERRIDING SYSTEM VALUE
-        SELECT src.id, coalesce(src.priority, 0), now() + coalesce(src.delay, interval '0'),
+        INSERT INTO {{meta}} (slot, id, priority, due_at, title, max_attempts)
+        SELECT (v_epoch % 3)::smallint, src.id, coalesce(src.priority, 0), now() + coalesce(src.delay, interval '0'),
                src.title, coalesce(p_max_attempts, {{max_attempts}})
         FROM src
     ), d AS (
-        INSERT INTO {{data}} (id, payload, headers)
-        SELECT src.id, src.payload, src.headers FROM src
+        INSERT INTO {{data}} (slot, id, payload, headers)
+        SELECT (v_epoch % 3)::smallint, src.id, src.payload, src.headers FROM src
     )
-    SELECT src.id FROM src ORDER BY src.ord;
+    SELECT array_agg(src.id ORDER BY src.ord) INTO v_ids FROM src;
+    IF (SELECT last_value FROM {{rot_epoch}}) <> v_epoch THEN
+        PERFORM {{fn_rot_follow}}(v_ids, v_epoch);
+    END IF;
+    RETURN QUERY SELECT unnest(v_ids);
 END
 $fn$;
+
+-- name: create_rotator
+-- reliable_0012: the rotator's calls (queuectl.jobs.archive runs them, each in a
+-- transaction of its own, and marks a step done with rot_mark only after it committed).
+-- Any other client may run them too: each checks the state itself and does nothing when
+-- its step is not due, so two rotators at once cost retries, never rows.
+
+-- The rotation state in one row.
+CREATE OR REPLACE FUNCTION {{fn_rot_state}}(
+    OUT epoch bigint, OUT sealed bigint, OUT emptied bigint, OUT start_id bigint, OUT last_id bigint
+) LANGUAGE sql VOLATILE AS $$
+    SELECT (SELECT last_value FROM {{rot_epoch}}), (SELECT last_value FROM {{rot_sealed}}),
+           (SELECT last_value FROM {{rot_emptied}}), (SELECT last_value FROM {{rot_start}}),
+           (SELECT last_value FROM {{meta_seq}})
+$$;
+
+-- Switch new rows to the next epoch once the current one has had p_items ids, the previous
+-- one is sealed and the next slot is empty. Returns the new epoch, or NULL.
+CREATE OR REPLACE FUNCTION {{fn_rot_switch}}(p_items bigint) RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    st record := {{fn_rot_state}}();
+BEGIN
+    IF st.sealed < st.epoch - 1 OR st.emptied < st.epoch - 1 OR st.last_id - st.start_id < p_items THEN
+        RETURN NULL;
+    END IF;
+    PERFORM setval({{rot_start_regclass}}, st.last_id, true);
+    PERFORM setval({{rot_epoch_regclass}}, st.epoch + 1, true);
+    RETURN st.epoch + 1;
+END
+$fn$;
+
+-- Seal epoch - 1 (header, 3): move its READY rows to the current epoch. Returns the rows
+-- moved; NULL when there is nothing to seal; -1 when more than p_limit rows are READY there
+-- (a backlog: the epoch stays open and is walked by the claims, rather than moved whole
+-- at every rotation). The caller marks it sealed once this has committed.
+CREATE OR REPLACE FUNCTION {{fn_rot_seal}}(p_limit integer) RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    st record := {{fn_rot_state}}();
+    v_ids bigint[];
+BEGIN
+    IF st.sealed >= st.epoch - 1 THEN
+        RETURN NULL;
+    END IF;
+    v_ids := ARRAY(SELECT m.id FROM {{meta}} m
+                   WHERE m.slot = ((st.epoch - 1) % 3)::smallint AND m.status = 0
+                   LIMIT p_limit + 1);
+    IF cardinality(v_ids) > p_limit THEN
+        RETURN -1;
+    END IF;
+    RETURN {{fn_rot_move}}(v_ids, (st.epoch % 3)::smallint, 0::smallint);
+END
+$fn$;
+
+-- Record a step the caller's previous transaction completed ('sealed' or 'emptied').
+CREATE OR REPLACE FUNCTION {{fn_rot_mark}}(p_what text, p_epoch bigint) RETURNS void
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF p_what = 'sealed' AND (SELECT last_value FROM {{rot_sealed}}) < p_epoch THEN
+        PERFORM setval({{rot_sealed_regclass}}, p_epoch, true);
+    ELSIF p_what = 'emptied' AND (SELECT last_value FROM {{rot_emptied}}) < p_epoch THEN
+        PERFORM setval({{rot_emptied_regclass}}, p_epoch, true);
+    ELSIF p_what NOT IN ('sealed', 'emptied') THEN
+        RAISE EXCEPTION 'rot_mark: unknown step %', p_what;
+    END IF;
+END
+$fn$;
+
+-- Copy the finished rows of slot p_slot, with their payloads, to history.
+CREATE OR REPLACE FUNCTION {{fn_rot_copy}}(p_slot smallint) RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_copied bigint;
+BEGIN
+    INSERT INTO {{history}} (id, priority, due_at, status, title, attempts, max_attempts, lease_owner,
+                             enqueued_at, dequeued_at, finished_at, last_error, payload, headers, archived_at)
+    SELECT m.id, m.priority, m.due_at, m.status, m.title, m.attempts, m.max_attempts, m.lease_owner,
+           m.enqueued_at, m.dequeued_at, m.finished_at, m.last_error, d.payload, d.headers, now()
+    FROM {{meta}} m LEFT JOIN {{data}} d ON d.id = m.id AND d.slot = p_slot
+    WHERE m.slot = p_slot AND m.status >= 2
+    ON CONFLICT (id) DO NOTHING;
+    GET DIAGNOSTICS v_copied = ROW_COUNT;
+    RETURN v_copied;
+END
+$fn$;
+
+-- The oldest sealed epoch that is not emptied yet: its number, or NULL.
+CREATE OR REPLACE FUNCTION {{fn_rot_next_empty}}() RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+    SELECT s.emptied + 1 FROM {{fn_rot_state}}() s WHERE s.emptied + 1 <= s.sealed
+$$;
+
+-- Archive and empty the oldest sealed epoch (header, 5) under lock_timeout p_lock_timeout_ms;
+-- the caller has precopied it (rot_copy, without the lock). Returns the epoch emptied (the
+-- caller marks it), or NULL when none waits; raises lock_not_available (55P03) when the
+-- slot stays locked past the timeout.
+CREATE OR REPLACE FUNCTION {{fn_rot_empty}}(p_lock_timeout_ms integer,
+                                          OUT epoch bigint, OUT copied bigint, OUT moved bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_slot smallint;
+    v_ids bigint[];
+BEGIN
+    epoch := {{fn_rot_next_empty}}();
+    IF epoch IS NULL THEN
+        RETURN;
+    END IF;
+    v_slot := (epoch % 3)::smallint;
+    PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
+    IF v_slot = 0 THEN
+        LOCK TABLE {{meta0}}, {{data0}} IN ACCESS EXCLUSIVE MODE;
+    ELSIF v_slot = 1 THEN
+        LOCK TABLE {{meta1}}, {{data1}} IN ACCESS EXCLUSIVE MODE;
+    ELSE
+        LOCK TABLE {{meta2}}, {{data2}} IN ACCESS EXCLUSIVE MODE;
+    END IF;
+    copied := {{fn_rot_copy}}(v_slot);
+    v_ids := ARRAY(SELECT m.id FROM {{meta}} m WHERE m.slot = v_slot AND m.status < 2);
+    moved := {{fn_rot_move}}(v_ids, ((SELECT last_value FROM {{rot_epoch}}) % 3)::smallint);
+    IF v_slot = 0 THEN
+        TRUNCATE {{meta0}}, {{data0}};
+    ELSIF v_slot = 1 THEN
+        TRUNCATE {{meta1}}, {{data1}};
+    ELSE
+        TRUNCATE {{meta2}}, {{data2}};
+    END IF;
+END
+$fn$;
+
+-- name: drop_rotator
+-- reliable_0012 downgrade: the rotator's calls and the writers' helpers.
+DROP FUNCTION IF EXISTS {{fn_rot_empty}}(integer);
+DROP FUNCTION IF EXISTS {{fn_rot_next_empty}}();
+DROP FUNCTION IF EXISTS {{fn_rot_copy}}(smallint);
+DROP FUNCTION IF EXISTS {{fn_rot_mark}}(text, bigint);
+DROP FUNCTION IF EXISTS {{fn_rot_seal}}(integer);
+DROP FUNCTION IF EXISTS {{fn_rot_switch}}(bigint);
+DROP FUNCTION IF EXISTS {{fn_rot_state}}();
+
+-- name: drop_rotation_functions
+-- reliable_0012 downgrade, after reliable_0011's functions are back: the writers' helpers.
+DROP FUNCTION IF EXISTS {{fn_rot_follow}}(bigint[], bigint);
+DROP FUNCTION IF EXISTS {{fn_rot_move}}(bigint[], smallint, smallint);
 
 -- name: drop_functions
 -- Remove the SQL API.

@@ -224,6 +224,9 @@ def refusal(adapter: Adapter, call: Call[Any], queue: str, exc: Any, reason: str
     refused = adapter.payload_refusal(exc)
     if refused is not None:
         return PayloadTooLarge(refused)
+    refused = adapter.isolation_refusal(exc)
+    if refused is not None:
+        return UsageError(refused)
     if adapter.canceled(exc):
         undone = {"dequeue": "nothing was claimed", "enqueue": "nothing was enqueued",
                   "enqueue_many": "nothing was enqueued"}.get(call.key, "the items stay as they were")

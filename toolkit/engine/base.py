@@ -130,6 +130,10 @@ class Adapter:
         """The server canceled the statement (a timeout): it rolled back whole."""
         raise NotImplementedError
 
+    def isolation_refusal(self, exc: DBAPIError) -> str | None:
+        """The server's message when a call refused the caller's isolation level, else None."""
+        return None
+
     # -- how the client's values travel ------------------------------------------------
 
     def list_param(self, values: list) -> object:

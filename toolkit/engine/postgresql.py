@@ -210,6 +210,15 @@ class PostgresAdapter(Adapter):
         """The server canceled the statement (a timeout): it rolled back whole."""
         return getattr(exc.orig, "sqlstate", None) in self._CANCELED
 
+    def isolation_refusal(self, exc: DBAPIError) -> str | None:
+        """The server's message when a reliable queue's call refused a REPEATABLE READ or
+        SERIALIZABLE transaction (reliable_0012: SQLSTATE QC400), else None."""
+        orig = exc.orig
+        if getattr(orig, "sqlstate", None) != "QC400":
+            return None
+        diag = getattr(orig, "diag", None)
+        return getattr(diag, "message_primary", None) or first_line(orig)
+
     # -- how the client's values travel ------------------------------------------------
 
     def list_param(self, values: list) -> object:

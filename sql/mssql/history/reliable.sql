@@ -201,3 +201,16 @@ END
 -- name: create_functions_0009
 -- Empty: reliable_0009 changed PostgreSQL's lease checks only (reliable.sql:
 -- create_functions says why SQL Server's procedures are left as they are).
+
+-- name: create_functions_0012
+-- reliable_0012 replaces these functions on PostgreSQL only (the generation layout); SQL
+-- Server keeps today's bodies (../reliable.sql: create_rotation says why). Empty on purpose.
+
+-- name: create_dequeue_0012
+-- As create_functions_0012: nothing to replace on SQL Server. Empty on purpose.
+
+-- name: create_enqueue_functions_0012
+-- As create_functions_0012: nothing to replace on SQL Server. Empty on purpose.
+
+-- name: create_rotator_0012
+-- As create_functions_0012: no rotator on SQL Server. Empty on purpose.
