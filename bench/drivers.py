@@ -134,8 +134,15 @@ def enqueue_in_chunks(queue: Any, payload: bytes, rows: int) -> None:
 def plan_shared_hits(plan: Sequence[str]) -> int | None:
     """The shared buffers an EXPLAIN (ANALYZE, BUFFERS) text counts for its whole statement
     (the first `shared hit=` among the top node's lines; a function scan's includes the
-    function's own statements); None when the statement hit no shared buffer."""
-    hits = [int(m.group(1)) for line in plan[:3] if (m := _SHARED_HIT.search(line))]
+    function's own statements); None when the statement hit no shared buffer. The top node's
+    lines are those before its first child ("->"): an INSERT ... ON CONFLICT prints four
+    lines of its own before its buffers."""
+    top = []
+    for line in plan:
+        if "->" in line:
+            break
+        top.append(line)
+    hits = [int(m.group(1)) for line in top if (m := _SHARED_HIT.search(line))]
     return hits[0] if hits else None
 
 

@@ -41,6 +41,10 @@ def setup_statements(dialect: str) -> list[str]:
 if context.is_offline_mode():
     context.configure(
         dialect_name=config.attributes["dialect"],
+        # The script is read by psql or sqlcmd, not by a driver: a driver's paramstyle
+        # (psycopg's "%s") would double every % of the SQL (format('%L') in a function body,
+        # the modulo operator) in the printed script.
+        dialect_opts={"paramstyle": "named"},
         literal_binds=True,
         output_buffer=config.attributes["output"],
         **common,

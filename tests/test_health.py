@@ -80,7 +80,9 @@ def test_healthy_queue_exits_0_with_no_advice_lines(orders, db_url):
     [q] = data["queues"]
     assert q["depth"] == {"ready": 30, "scheduled": 1, "processing": 0, "done": 20, "dead": 0}
     assert q["rates"]["enqueued"] == 51 and q["rates"]["completed"] == 20
-    assert {"orders_meta", "orders_data", "orders_history"} == {t["table"] for t in data["storage"]["tables"]}
+    # reliable_0012: meta and data are three generation slots each; the parents hold no rows
+    assert {"orders_meta0", "orders_meta1", "orders_meta2", "orders_data0", "orders_data1", "orders_data2",
+            "orders_history"} == {t["table"] for t in data["storage"]["tables"]}
 
 
 # -- cleanup blockers -----------------------------------------------------------------------------
@@ -104,7 +106,7 @@ def test_open_transaction_with_dead_rows_piling_up_names_the_pid(orders, engine,
         assert f"pg_terminate_backend({pid})" in session.advice
         held = rep.to_dict()["blockers"]["dead_tuples_in_queue_tables"]
         assert held >= 6000  # dequeue and ack each left a dead version of all 3000 rows
-        dead = the(rep, "storage.dead_tuples", "orders_meta")
+        dead = the(rep, "storage.dead_tuples", "orders_meta0")  # no rotation ran: all in slot 0
         assert dead.status == WARNING and dead.value >= 6000
         assert f"pid {pid}" in dead.advice and "holds the xmin horizon" in dead.advice
         assert rep.exit_code == 1
@@ -123,7 +125,7 @@ def test_open_transaction_with_dead_rows_piling_up_names_the_pid(orders, engine,
     vacuum(engine, "orders_meta")
     rep = report(engine, "xact_age.warn=1s", "dead_tuples.warn=1000")
     assert the(rep, "blockers.session").status == OK
-    assert the(rep, "storage.dead_tuples", "orders_meta").value < 1000
+    assert the(rep, "storage.dead_tuples", "orders_meta0").value < 1000
 
 
 def test_idle_in_transaction_session_is_flagged(orders, engine):
@@ -210,9 +212,9 @@ def test_bloated_index_after_churn_is_measured_with_pgstatindex(orders, engine):
     # (all 20k ready entries dead), empty and delete the leaf pages before the release,
     # and the test would measure a fresh, small index instead of the churned one.
     with engine.connect() as conn:
-        conn.execute(sa.text("ALTER TABLE queuectl.orders_meta SET (autovacuum_enabled = false)"))
+        conn.execute(sa.text("ALTER TABLE queuectl.orders_meta0 SET (autovacuum_enabled = false)"))
         conn.commit()
-    for _ in range(4):
+    for _ in range(4):  # no rotation runs here: every row stays in slot 0
         orders.enqueue_many([b"x"] * 5000)
     taken = [m for _ in range(20) for m in orders.dequeue(1000)]
     orders.release([m for m in taken if m.id % 10 == 0])
@@ -221,15 +223,15 @@ def test_bloated_index_after_churn_is_measured_with_pgstatindex(orders, engine):
 
     rep = report(engine)
     assert rep.facts.pgstattuple in ("installed", "created")
-    [ready] = [ix for ix in rep.to_dict()["storage"]["indexes"] if ix["index"] == "orders_meta_ready"]
+    [ready] = [ix for ix in rep.to_dict()["storage"]["indexes"] if ix["index"] == "orders_meta0_ready"]
     assert ready["leaf_pages"] >= 50 and ready["avg_leaf_density"] < 20
-    check = the(rep, "storage.index_bloat", "orders_meta_ready")
+    check = the(rep, "storage.index_bloat", "orders_meta0_ready")
     assert check.status == CRITICAL and check.value > 60
-    assert check.advice.startswith("index orders_meta_ready") and "run queuectl reorganize orders" in check.advice
+    assert check.advice.startswith("index orders_meta0_ready") and "run queuectl reorganize orders" in check.advice
     # The payload table's primary key only ever saw inserts: dense, not flagged.
-    assert the(rep, "storage.index_bloat", "orders_data_pkey").status == OK
+    assert the(rep, "storage.index_bloat", "orders_data0_pkey").status == OK
     # VACUUM freed two of the three row versions of the meta table: free space the file keeps.
-    table = the(report(engine, "table_bloat.warn=20"), "storage.table_bloat", "orders_meta")
+    table = the(report(engine, "table_bloat.warn=20"), "storage.table_bloat", "orders_meta0")
     assert table.status == WARNING and table.value > 20 and "pg_repack" in table.advice
 
 
@@ -237,7 +239,7 @@ def test_invalid_index_left_by_a_failed_concurrent_build_is_flagged(orders, engi
     orders.enqueue_many([b"a", b"b"])  # same priority: a unique index on it cannot be built
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         with pytest.raises(sa.exc.IntegrityError):
-            conn.execute(sa.text("CREATE UNIQUE INDEX CONCURRENTLY orders_meta_prio ON queuectl.orders_meta (priority)"))
+            conn.execute(sa.text("CREATE UNIQUE INDEX CONCURRENTLY orders_meta_prio ON queuectl.orders_meta0 (priority)"))
     check = the(report(engine), "storage.invalid_index", "orders_meta_prio")
     assert check.status == WARNING
     assert "DROP INDEX CONCURRENTLY queuectl.orders_meta_prio" in check.advice

@@ -20,7 +20,9 @@ from sqlalchemy.exc import ProgrammingError
 
 from queuectl.client import Queue
 from queuectl.errors import UsageError
-from queuectl.grants import FUNCTION_ARGUMENTS, consumer_calls, grant_queue, granted_functions, secured_calls
+from queuectl.grants import (
+    FUNCTION_ARGUMENTS, MAINTENANCE_CALLS, consumer_calls, grant_queue, granted_functions, secured_calls,
+)
 from queuectl.install import _queue_config, _script, install_queue, uninstall_queue, upgrade_catalog
 from queuectl.registry import list_queues
 from queuectl.kindspec import KINDS, check_name_fits, default_settings
@@ -202,8 +204,9 @@ def test_a_grant_on_one_of_a_clashing_pair_reaches_only_that_queue_and_either_un
     assert can_execute(engine, consumer_role, ours)
     assert not touched_by_grant(engine, consumer_role, theirs)
     with engine.connect() as conn:
-        assert set(granted_functions(conn, "b", consumer_role)) == {f"b_{c}" for c in FUNCTION_ARGUMENTS["reliable"]
-                                                                   if c not in ("enqueue", "enqueue_many", "notify")}
+        assert set(granted_functions(conn, "b", consumer_role)) == {
+            f"b_{c}" for c in FUNCTION_ARGUMENTS["reliable"]
+            if c not in ("enqueue", "enqueue_many", *MAINTENANCE_CALLS["reliable"])}
     Queue(engine, "b_ack").enqueue(b"secret of b_ack")
     role_engine = sa.create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1),
                                    connect_args={"options": f"-c role={consumer_role}"})

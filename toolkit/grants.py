@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 from queuectl.engine import adapter_for
 from queuectl.errors import UsageError
 from queuectl.registry import require_queue
-from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident
+from queuectl.names import DEFAULT_SCHEMA, ROTATION_CALLS, QueueNames, quote_ident
 from queuectl.sqlfiles import render
 
 DEFAULT_PRODUCER_CALLS = ("enqueue", "enqueue_many")
@@ -34,9 +34,10 @@ CONSUMER_CALLS = {
 }
 DEFAULT_CONSUMER_CALLS = ("dequeue",)
 # Functions granted to nobody but still locked down (SECURITY DEFINER, no EXECUTE for
-# PUBLIC): maintenance calls and the activation trigger's function.
+# PUBLIC): maintenance calls, the activation trigger's function and the rotation's calls
+# (the writers' helpers run inside the API functions, as their owner).
 MAINTENANCE_CALLS = {
-    "reliable": ("notify",),
+    "reliable": ("notify", *ROTATION_CALLS),
     "watermark": ("correct_watermark",),
     "ring": ("ring_repair",),
 }
@@ -59,6 +60,15 @@ FUNCTION_ARGUMENTS: dict[str, dict[str, tuple[str, ...]]] = {
         "notify": ("",),
         "wait_begin": ("",),
         "wait_end": ("",),
+        "rot_move": ("bigint[], smallint, smallint",),
+        "rot_follow": ("bigint[], bigint",),
+        "rot_state": ("",),
+        "rot_switch": ("bigint",),
+        "rot_seal": ("integer",),
+        "rot_mark": ("text, bigint",),
+        "rot_copy": ("smallint",),
+        "rot_next_empty": ("",),
+        "rot_empty": ("integer",),
     },
     "heap": _ONE_TABLE_ARGUMENTS,
     "fifo": _ONE_TABLE_ARGUMENTS,

@@ -264,6 +264,8 @@ class QueueNames:
         for s in range(3):
             values[f"meta{s}"] = q(f"meta{s}")
             values[f"data{s}"] = q(f"data{s}")
+            values[f"meta{s}_regclass"] = f"'{q(f'meta{s}')}'"
+            values[f"data{s}_regclass"] = f"'{q(f'data{s}')}'"
             bare |= {f"meta{s}_name": f"meta{s}", f"data{s}_name": f"data{s}", f"data{s}_pkey": f"data{s}_pkey"}
             bare |= {f"meta{s}_{end}": f"meta{s}_{end}" for end in ("pkey", "ready", "leased", "finished")}
         values |= {key: quote_ident(self.table(suffix)) for key, suffix in bare.items()}

@@ -13,7 +13,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    run_section("reliable", "create_tables_0001")
+    run_section("reliable", "create_tables")
     run_section("reliable", "create_functions_0001")
     run_section("reliable", "create_dequeue_0001")
     run_section("reliable", "create_enqueue_functions_0001")

@@ -364,3 +364,29 @@ SELECT TOP (20)
 FROM sys.dm_tran_active_snapshot_database_transactions AS a
 LEFT JOIN sys.dm_exec_sessions AS s ON s.session_id = a.session_id
 ORDER BY a.elapsed_time_seconds DESC;
+
+-- name: rot_state
+-- The generation rotation of a reliable queue is PostgreSQL's (reliable_0012;
+-- sql/mssql/reliable.sql: create_rotation says why SQL Server keeps single tables): the
+-- archive job does not call these sections here. Empty on purpose.
+
+-- name: rot_seal
+-- PostgreSQL only (see rot_state). Empty on purpose.
+
+-- name: rot_mark
+-- PostgreSQL only (see rot_state). Empty on purpose.
+
+-- name: rot_next_empty
+-- PostgreSQL only (see rot_state). Empty on purpose.
+
+-- name: rot_copy
+-- PostgreSQL only (see rot_state). Empty on purpose.
+
+-- name: rot_empty
+-- PostgreSQL only (see rot_state). Empty on purpose.
+
+-- name: rot_switch
+-- PostgreSQL only (see rot_state). Empty on purpose.
+
+-- name: rot_blockers
+-- PostgreSQL only (see rot_state). Empty on purpose.

@@ -113,15 +113,16 @@ CREATE EXTENSION IF NOT EXISTS pgstattuple
 -- name: table_indexes
 -- The indexes of one of the queue's tables, with their size and validity. Of a partitioned
 -- table (a reliable queue's meta and data, reliable_0012), those of its partitions: they
--- hold the entries, and pgstatindex and REINDEX work on them (pg_partition_tree of a plain
--- table is the table alone).
+-- hold the entries, and pgstatindex and REINDEX work on them (pg_partition_tree lists
+-- nothing for a plain table: the table itself is added).
 SELECT c.relname AS index_name, i.indisvalid AS valid, pg_relation_size(c.oid) AS bytes,
        pg_relation_size(c.oid) / current_setting('block_size')::int AS pages,
        am.amname AS method
 FROM pg_index i
 JOIN pg_class c ON c.oid = i.indexrelid
 JOIN pg_am am ON am.oid = c.relam
-WHERE i.indrelid IN (SELECT p.relid FROM pg_partition_tree(CAST(:table_name AS regclass)) p WHERE p.isleaf)
+WHERE i.indrelid IN (SELECT p.relid FROM pg_partition_tree(CAST(:table_name AS regclass)) p WHERE p.isleaf
+                     UNION SELECT c.oid FROM pg_class c WHERE c.oid = CAST(:table_name AS regclass) AND c.relkind = 'r')
 ORDER BY c.relname
 
 -- name: index_measure
@@ -153,7 +154,8 @@ SELECT sum(s.n_live_tup)::bigint AS n_live_tup, sum(s.n_dead_tup)::bigint AS n_d
        max(s.last_autovacuum) AS last_autovacuum, max(s.last_vacuum) AS last_vacuum,
        sum(pg_table_size(s.relid))::bigint AS table_bytes, sum(pg_indexes_size(s.relid))::bigint AS index_bytes
 FROM pg_stat_user_tables s
-WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree(CAST(:table_name AS regclass)) p WHERE p.isleaf)
+WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree(CAST(:table_name AS regclass)) p WHERE p.isleaf
+                  UNION SELECT c.oid FROM pg_class c WHERE c.oid = CAST(:table_name AS regclass) AND c.relkind = 'r')
 HAVING count(*) > 0
 
 -- name: table_physical
@@ -164,7 +166,8 @@ SELECT sum(a.table_len)::bigint AS table_len,
        sum(a.dead_tuple_count)::bigint AS dead_tuple_count,
        coalesce(sum(a.dead_tuple_percent * a.table_len) / nullif(sum(a.table_len), 0), 0) AS dead_tuple_percent,
        coalesce(sum(a.approx_free_percent * a.table_len) / nullif(sum(a.table_len), 0), 0) AS approx_free_percent
-FROM (SELECT p.relid FROM pg_partition_tree(CAST(:table_name AS regclass)) p WHERE p.isleaf) p,
+FROM (SELECT p.relid FROM pg_partition_tree(CAST(:table_name AS regclass)) p WHERE p.isleaf
+      UNION SELECT c.oid FROM pg_class c WHERE c.oid = CAST(:table_name AS regclass) AND c.relkind = 'r') p(relid),
      LATERAL {{pgstattuple_schema}}.pgstattuple_approx(p.relid) a
 
 -- name: xmin_holders

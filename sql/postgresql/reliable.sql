@@ -62,6 +62,63 @@
 --
 -- Sections are filled by queuectl.sqlfiles.render() with quoted identifiers only.
 
+-- name: create_tables
+-- The queue's tables and indexes as reliable_0001 creates them; reliable_0012
+-- (create_rotation) makes meta and data the generation layout.
+CREATE TABLE {{meta}} (
+    id            bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{meta_seq}}) PRIMARY KEY,
+    priority      smallint    NOT NULL DEFAULT 0,
+    due_at        timestamptz NOT NULL DEFAULT now(),
+    status        smallint    NOT NULL DEFAULT 0 CHECK (status BETWEEN 0 AND 3),
+    title         text,
+    attempts      integer     NOT NULL DEFAULT 0,
+    max_attempts  integer     NOT NULL DEFAULT {{max_attempts}} CHECK (max_attempts > 0),
+    lease_owner   text,
+    leased_until  timestamptz,
+    enqueued_at   timestamptz NOT NULL DEFAULT now(),
+    dequeued_at   timestamptz,
+    finished_at   timestamptz,
+    last_error    text
+) WITH (fillfactor = 80);
+-- fillfactor leaves room on each page for the status updates of ack/nack.
+
+CREATE TABLE {{data}} (
+    id       bigint PRIMARY KEY REFERENCES {{meta}} (id) ON DELETE CASCADE,
+    payload  bytea NOT NULL,
+    headers  jsonb
+);
+
+-- Only READY rows are in this index, so its size follows the backlog, not the table.
+CREATE INDEX {{ready_idx}} ON {{meta}} (priority, due_at, id) WHERE status = 0;
+
+-- Only PROCESSING rows: finds expired leases without scanning the ready backlog.
+CREATE INDEX {{leased_idx}} ON {{meta}} (leased_until) WHERE status = 1;
+
+-- Only finished rows (DONE, DEAD): the archive job picks its batches here, oldest first,
+-- without walking the ready backlog or re-reading rows it cannot move yet.
+CREATE INDEX {{finished_idx}} ON {{meta}} (status, finished_at) WHERE status >= 2;
+
+CREATE TABLE {{history}} (
+    id            bigint PRIMARY KEY,
+    priority      smallint    NOT NULL,
+    due_at        timestamptz NOT NULL,
+    status        smallint    NOT NULL,
+    title         text,
+    attempts      integer     NOT NULL,
+    max_attempts  integer     NOT NULL,
+    lease_owner   text,
+    enqueued_at   timestamptz NOT NULL,
+    dequeued_at   timestamptz,
+    finished_at   timestamptz,
+    last_error    text,
+    payload       bytea,
+    headers       jsonb,
+    archived_at   timestamptz NOT NULL DEFAULT now()
+);
+
+-- History retention purges oldest-archived first, in small batches.
+CREATE INDEX {{history_at_idx}} ON {{history}} (archived_at);
+
 -- name: create_rotation
 -- reliable_0012: the existing meta and data tables become slot 0 of the partitioned layout
 -- (renamed, with their rows and indexes: nothing is copied), slots 1 and 2 are created
@@ -123,30 +180,40 @@ CREATE INDEX {{leased_idx}} ON ONLY {{meta}} (leased_until) WHERE status = 1;
 CREATE INDEX {{finished_idx}} ON ONLY {{meta}} (status, finished_at) WHERE status >= 2;
 
 -- Slots 1 and 2: the same columns, checks, indexes and storage parameters as slot 0
--- (set_autovacuum says why these; under rotation a slot's dead rows leave with its
+-- (set_autovacuum says why those; under rotation a slot's dead rows leave with its
 -- truncate, so vacuum matters less, but a queue whose rotation is held up still needs it).
-CREATE TABLE {{meta1}} (LIKE {{meta0}} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH (
-    fillfactor = 80, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
-    autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 1000,
-    autovacuum_vacuum_cost_delay = 0);
+CREATE TABLE {{meta1}} (LIKE {{meta0}} INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
 ALTER TABLE {{meta1}} ADD CONSTRAINT {{meta1_pkey}} PRIMARY KEY (id);
 CREATE INDEX {{meta1_ready}} ON {{meta1}} (priority, due_at, id) WHERE status = 0;
 CREATE INDEX {{meta1_leased}} ON {{meta1}} (leased_until) WHERE status = 1;
 CREATE INDEX {{meta1_finished}} ON {{meta1}} (status, finished_at) WHERE status >= 2;
-CREATE TABLE {{meta2}} (LIKE {{meta0}} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH (
-    fillfactor = 80, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
-    autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 1000,
-    autovacuum_vacuum_cost_delay = 0);
+CREATE TABLE {{meta2}} (LIKE {{meta0}} INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
 ALTER TABLE {{meta2}} ADD CONSTRAINT {{meta2_pkey}} PRIMARY KEY (id);
 CREATE INDEX {{meta2_ready}} ON {{meta2}} (priority, due_at, id) WHERE status = 0;
 CREATE INDEX {{meta2_leased}} ON {{meta2}} (leased_until) WHERE status = 1;
 CREATE INDEX {{meta2_finished}} ON {{meta2}} (status, finished_at) WHERE status >= 2;
-CREATE TABLE {{data1}} (LIKE {{data0}} INCLUDING DEFAULTS) WITH (
-    autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0);
+CREATE TABLE {{data1}} (LIKE {{data0}} INCLUDING DEFAULTS);
 ALTER TABLE {{data1}} ADD CONSTRAINT {{data1_pkey}} PRIMARY KEY (id);
-CREATE TABLE {{data2}} (LIKE {{data0}} INCLUDING DEFAULTS) WITH (
-    autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0);
+CREATE TABLE {{data2}} (LIKE {{data0}} INCLUDING DEFAULTS);
 ALTER TABLE {{data2}} ADD CONSTRAINT {{data2_pkey}} PRIMARY KEY (id);
+-- Slots 1 and 2 take slot 0's storage parameters, whoever set them (fillfactor 80 and
+-- reliable_0007's autovacuum settings, and a DBA's own): pg_class keeps them as name=value,
+-- the form ALTER TABLE ... SET takes.
+DO $do$
+DECLARE
+    v_meta text := (SELECT array_to_string(c.reloptions, ', ') FROM pg_class c WHERE c.oid = {{meta0_regclass}}::regclass);
+    v_data text := (SELECT array_to_string(c.reloptions, ', ') FROM pg_class c WHERE c.oid = {{data0_regclass}}::regclass);
+BEGIN
+    IF v_meta IS NOT NULL THEN
+        EXECUTE 'ALTER TABLE ' || {{meta1_regclass}} || ' SET (' || v_meta || ')';
+        EXECUTE 'ALTER TABLE ' || {{meta2_regclass}} || ' SET (' || v_meta || ')';
+    END IF;
+    IF v_data IS NOT NULL THEN
+        EXECUTE 'ALTER TABLE ' || {{data1_regclass}} || ' SET (' || v_data || ')';
+        EXECUTE 'ALTER TABLE ' || {{data2_regclass}} || ' SET (' || v_data || ')';
+    END IF;
+END
+$do$;
 ALTER TABLE {{meta1}} ALTER COLUMN slot SET DEFAULT 1;
 ALTER TABLE {{meta2}} ALTER COLUMN slot SET DEFAULT 2;
 ALTER TABLE {{data1}} ALTER COLUMN slot SET DEFAULT 1;

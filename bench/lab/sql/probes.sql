@@ -9,17 +9,25 @@
 -- for the table's TOAST table (large payloads churn there, vacuumed on its own trigger);
 -- the storage parameters of both, so a report says which settings it measured.
 -- A new transaction per sample: the statistics are cached for a transaction's duration.
-SELECT t.name AS qualified, c.reltuples, s.n_live_tup, s.n_dead_tup, s.n_ins_since_vacuum,
-       s.n_tup_upd, s.n_tup_hot_upd, coalesce(c.reloptions, '{}') AS reloptions,
-       coalesce((SELECT tc.reloptions FROM pg_class tc WHERE tc.oid = c.reltoastrelid), '{}') AS toast_reloptions,
-       pg_table_size(s.relid) AS table_bytes, pg_indexes_size(s.relid) AS index_bytes,
-       s.autovacuum_count, s.autoanalyze_count,
-       coalesce(pg_total_relation_size(NULLIF(c.reltoastrelid, 0)), 0) AS toast_bytes,
-       coalesce(ts.n_dead_tup, 0) AS toast_dead, coalesce(ts.autovacuum_count, 0) AS toast_autovacuum_count
+-- A partitioned table (a reliable queue's meta and data since reliable_0012) is the sum of
+-- its partitions, with the storage parameters of the first (they all hold the same).
+SELECT t.name AS qualified, sum(c.reltuples)::float8 AS reltuples, sum(s.n_live_tup)::bigint AS n_live_tup,
+       sum(s.n_dead_tup)::bigint AS n_dead_tup, sum(s.n_ins_since_vacuum)::bigint AS n_ins_since_vacuum,
+       sum(s.n_tup_upd)::bigint AS n_tup_upd, sum(s.n_tup_hot_upd)::bigint AS n_tup_hot_upd,
+       (array_agg(coalesce(c.reloptions, '{}')::text ORDER BY c.relname))[1]::text[] AS reloptions,
+       (array_agg(coalesce((SELECT tc.reloptions FROM pg_class tc WHERE tc.oid = c.reltoastrelid), '{}')::text
+                  ORDER BY c.relname))[1]::text[] AS toast_reloptions,
+       sum(pg_table_size(s.relid))::bigint AS table_bytes, sum(pg_indexes_size(s.relid))::bigint AS index_bytes,
+       sum(s.autovacuum_count)::bigint AS autovacuum_count, sum(s.autoanalyze_count)::bigint AS autoanalyze_count,
+       sum(coalesce(pg_total_relation_size(NULLIF(c.reltoastrelid, 0)), 0))::bigint AS toast_bytes,
+       sum(coalesce(ts.n_dead_tup, 0))::bigint AS toast_dead, sum(coalesce(ts.autovacuum_count, 0))::bigint AS toast_autovacuum_count
 FROM unnest(CAST(:tables AS text[])) WITH ORDINALITY AS t(name, ord)
-JOIN pg_stat_user_tables s ON s.relid = to_regclass(t.name)
+JOIN LATERAL (SELECT p.relid FROM pg_partition_tree(to_regclass(t.name)) p WHERE p.isleaf
+              UNION SELECT c0.oid FROM pg_class c0 WHERE c0.oid = to_regclass(t.name) AND c0.relkind = 'r') p ON true
+JOIN pg_stat_user_tables s ON s.relid = p.relid
 JOIN pg_class c ON c.oid = s.relid
 LEFT JOIN pg_stat_all_tables ts ON ts.relid = c.reltoastrelid
+GROUP BY t.name, t.ord
 ORDER BY t.ord
 
 -- name: set_naptime
