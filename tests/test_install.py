@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from queuectl.client import Queue
-from queuectl.errors import NotInstalledError, UsageError
+from queuectl.errors import NotInstalledError, PayloadTooLarge, UsageError
 from queuectl.install import (
     head_of,
     install_queue,
@@ -72,6 +72,11 @@ def test_install_sql_script_runs_cleanly_through_psql_on_an_empty_database(db_ur
     with Queue(engine, "orders") as queue:
         queue.enqueue("via psql")
         assert [m.payload for m in queue.dequeue(1)] == [b"via psql"]
+        # the functions' texts are the ones a migration installs: the refusal's format() has
+        # its % placeholders (a driver's paramstyle once doubled them in the printed script)
+        with pytest.raises(PayloadTooLarge, match=r"^queue 'orders': message of 1048577 bytes"):
+            queue.enqueue(bytes(1024 * 1024 + 1))
+    assert "%%" not in script
 
 
 def test_install_sql_against_a_database_with_the_catalog_emits_only_the_queue(engine):
