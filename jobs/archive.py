@@ -33,12 +33,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from queuectl.engine.urls import error_text
 from queuectl.jobs.base import JobTarget, check_number, format_duration, sleep_unless_stopped
 from queuectl.names import DEFAULT_SCHEMA
+from queuectl.sqlfiles import render
 
 log = logging.getLogger("queuectl.jobs.archive")
 
@@ -225,8 +227,10 @@ class Rotator:
         self.config = config
         self._last_id: int | None = None
         self._sql = {name: target.sql(name) for name in (
-            "rot_state", "rot_seal", "rot_mark", "rot_next_empty", "rot_copy", "rot_empty", "rot_switch",
-            "rot_blockers")}
+            "rot_state", "rot_seal", "rot_mark", "rot_next_empty", "rot_copy", "rot_empty", "rot_switch")}
+        # health's reader, so the job and the report name a blocker alike
+        self._sql["rot_blockers"] = sa.text(render(target.sql_dir, "health", "rotation_blockers",
+                                                   target.names.template_values()))
 
     @staticmethod
     def applies(target: JobTarget) -> bool:
@@ -243,7 +247,7 @@ class Rotator:
         names = self.target.names
         tables = [names.qualified(f"{part}{epoch % 3}") for part in ("meta", "data")]
         with self.engine.connect() as conn:
-            rows = conn.execute(self._sql["rot_blockers"], {"tables": tables}).all()
+            rows = conn.execute(self._sql["rot_blockers"], {"tables": tables, "min_age_s": 0}).all()
         if not rows:
             return "no session holds its lock now"
         return "; ".join(f"pid {r.pid} ({r.usename}, {r.state}, {r.mode}, in its transaction for "

@@ -21,7 +21,7 @@ from queuectl.jobs.runner import run_job
 
 from jobs_helpers import rows, scalar, wait_until
 
-READY = "orders_meta_ready"
+READY = "orders_meta0_ready"  # reliable_0012: slot 0's (no rotation runs here, every row stays there)
 SMALL = dict(min_pages=10)  # the test's indexes are far below the 1000-page default
 
 
@@ -30,7 +30,8 @@ def index_state(engine: Engine) -> dict[str, tuple]:
     return {r.relname: (r.relfilenode, r.size, r.indisvalid) for r in rows(engine, """
         SELECT c.relname, c.relfilenode, pg_relation_size(c.oid) AS size, i.indisvalid
         FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-        WHERE i.indrelid IN ('queuectl.orders_meta'::regclass, 'queuectl.orders_data'::regclass)""")}
+        WHERE i.indrelid IN (SELECT p.relid FROM pg_partition_tree('queuectl.orders_meta') p
+                             UNION ALL SELECT p.relid FROM pg_partition_tree('queuectl.orders_data') p)""")}
 
 
 def churn(engine: Engine, queue: Queue, n: int = 60_000) -> None:
@@ -86,7 +87,7 @@ def test_dry_run_measures_and_changes_nothing(engine, orders: Queue):
     churn(engine, orders, 30_000)
     leftover_from_interrupted_reindex(engine, orders)
     before = index_state(engine)
-    vacuums = scalar(engine, "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'orders_meta'")
+    vacuums = scalar(engine, "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'orders_meta0'")
     # without pgstattuple a dry run reports sizes only and does not create the extension
     sizes_only = reorganize.run_once(engine, "orders", ReorganizeConfig(dry_run=True, **SMALL))
     assert {i.decision for i in sizes_only.indexes} == {"not measured"} and "pgstattuple" in sizes_only.notes[0]
@@ -97,7 +98,7 @@ def test_dry_run_measures_and_changes_nothing(engine, orders: Queue):
     assert next(i for i in result.indexes if i.index == READY).action == "would rebuild"
     assert [(e["index"], e["action"]) for e in result.leftovers] == [(f"{READY}_ccnew", "would drop")]
     assert index_state(engine) == before                               # same files, sizes, leftovers
-    assert scalar(engine, "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'orders_meta'") == vacuums
+    assert scalar(engine, "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'orders_meta0'") == vacuums
 
 
 def leftover_from_interrupted_reindex(engine: Engine, orders: Queue) -> None:
@@ -189,7 +190,7 @@ def test_a_reorganize_whose_backend_is_terminated_mid_reindex_fails_in_one_line_
     out, err = proc.communicate(timeout=120)
     lines = err.decode().splitlines()
     assert proc.returncode == 3, err.decode()
-    assert len(lines) == 1 and lines[0].startswith("reorganize failed: reindex orders_meta_"), lines
+    assert len(lines) == 1 and lines[0].startswith("reorganize failed: reindex orders_meta0_"), lines
     assert "terminating connection due to administrator command" in lines[0]
     [run] = rows(engine, "SELECT outcome, error, details FROM queuectl.job_runs")
     assert run.outcome == "failed" and run.error == lines[0].removeprefix("reorganize failed: ")

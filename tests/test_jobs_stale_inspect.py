@@ -73,7 +73,7 @@ def test_inspect_measures_indexes_when_pgstattuple_is_installed(engine, orders: 
     result = inspect.run_once(engine, "orders")
     snap = result.snapshot
     names = {i["index"] for i in snap["details"]["indexes"]}
-    assert {"orders_meta_pkey", "orders_meta_ready", "orders_meta_finished"} <= names
+    assert {"orders_meta0_pkey", "orders_meta0_ready", "orders_meta0_finished"} <= names  # the slots' indexes
     assert snap["meta_free_pct"] is not None and 0 < snap["min_index_leaf_density"] <= 100
     [row] = rows(engine, "SELECT min_index_leaf_density, index_bloat_pct FROM queuectl.health_snapshots")
     assert row.min_index_leaf_density == snap["min_index_leaf_density"]

@@ -13,9 +13,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
+from queuectl import health
 from queuectl.catalog import QueueSettings
 from queuectl.client import Queue
 from queuectl.engine import adapter_for
+from queuectl.health import HealthOptions, health_report
 from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue
 from queuectl.jobs.archive import ArchiveConfig, Rotator
 from queuectl.jobs.base import JobTarget
@@ -202,7 +204,8 @@ def test_with_the_horizon_pinned_rotation_keeps_the_tables_small_and_history_com
         assert conn.execute(sa.text(f"SELECT count(*) FROM {orders.names.qualified('history')}")).scalar() >= 14_000
 
 
-def test_a_session_holding_the_queue_blocks_the_truncate_is_named_and_the_queue_keeps_working(engine, orders):
+def test_a_session_holding_the_queue_blocks_the_truncate_is_named_and_the_queue_keeps_working(engine, orders,
+                                                                                              monkeypatch):
     rot = rotator(engine, items=10)
     orders.enqueue_many([b"a"] * 20)
     rot.rotate()  # switch to epoch 1
@@ -219,6 +222,17 @@ def test_a_session_holding_the_queue_blocks_the_truncate_is_named_and_the_queue_
         # producers and consumers are not held up meanwhile
         new = orders.enqueue("still")
         assert [m.id for m in orders.dequeue(1)] == [new]
+        # health names the holder once its transaction is older than ROTATION_BLOCKER_AGE_S
+        rep = health_report(engine, None, options=HealthOptions())
+        [check] = [c for c in rep.checks if c.id == "queue.rotation"]
+        assert check.status == "OK"  # a young holder is not named yet
+        monkeypatch.setattr(health, "ROTATION_BLOCKER_AGE_S", 0.0)
+        rep = health_report(engine, None, options=HealthOptions())
+        [check] = [c for c in rep.checks if c.id == "queue.rotation"]
+        assert check.status == "WARNING" and f"pid {holder_pid}" in check.advice, check
+        assert "cannot be emptied" in check.advice and "pg_dump --exclude-table-data" in check.advice
+        [q] = rep.to_dict()["queues"]
+        assert q["rotation"]["blocked_by"] and q["rotation"]["lag"] >= 1
     finally:
         holder.rollback()
         holder.close()
@@ -249,6 +263,7 @@ def test_an_0011_queue_becomes_generations_with_every_row_and_goes_back(engine):
     install_queue(engine, "old", settings=QueueSettings(), revision="reliable_0011")
     with Queue(engine, "old") as q:
         ids = q.enqueue_many([f"m{i}".encode() for i in range(8)], headers=[{"i": i} for i in range(8)])
+        assert ids == list(range(1, 9))
         q.enqueue("later", delay=3600)
         first, second, third = q.dequeue(3, lease=600)
         assert q.ack([first]) == 1

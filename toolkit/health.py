@@ -180,6 +180,8 @@ class QueueFacts:
     died_in_window: int | None = None
     watermark_lag: int | None = None  # watermark kind: rows between stored watermark and head
     ring_fill_pct: float | None = None  # ring kind: slots in use / slots
+    rotation_lag: int | None = None  # reliable_0012: ids drawn since the rotator's last switch
+    rotation_blocked_by: list[str] = field(default_factory=list)  # sessions keeping a generation's truncate waiting
     probed: bool = True
     notes: list[str] = field(default_factory=list)
 
@@ -231,7 +233,32 @@ def _probe_reliable(conn: Connection, names: QueueNames, info: QueueInfo, option
         dequeued_in_window=row["dequeued_in_window"],
         completed_in_window=row["completed_in_window"],
         died_in_window=row["died_in_window"],
+        **_rotation(conn, names, info),
     )
+
+
+# A session that holds a lock on a generation waiting to be emptied, in a transaction this
+# old, is named as its blocker (claims and acks hold such locks for milliseconds).
+ROTATION_BLOCKER_AGE_S = 10.0
+
+
+def _rotation(conn: Connection, names: QueueNames, info: QueueInfo) -> dict[str, Any]:
+    """A reliable queue's rotation (reliable_0012 on PostgreSQL): how far it lags, and who
+    keeps a sealed generation from being emptied."""
+    sql_dir = adapter_for(conn).sql_dir
+    if sql_dir != "postgresql" or info.schema_version < "reliable_0012":
+        return {}
+    values = names.template_values()
+    row = conn.execute(sa.text(render(sql_dir, "health", "queue_rotation", values))).mappings().one()
+    blocked: list[str] = []
+    if row["waiting_epoch"] is not None:
+        slot = row["waiting_epoch"] % 3
+        tables = [names.qualified(f"{part}{slot}") for part in ("meta", "data")]
+        for b in conn.execute(sa.text(render(sql_dir, "health", "rotation_blockers", values)),
+                              {"tables": tables, "min_age_s": ROTATION_BLOCKER_AGE_S}).mappings():
+            blocked.append(f"pid {b['pid']} ({b['usename']}, {b['state']}, {b['mode']}, in its transaction for "
+                           f"{fmt_duration(b['xact_age_s'])})")
+    return {"rotation_lag": row["lag"], "rotation_blocked_by": blocked}
 
 
 def _kind_row(conn: Connection, names: QueueNames, info: QueueInfo, section: str, params: dict) -> sa.RowMapping:
@@ -649,6 +676,23 @@ def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions
             checks.append(Check("queue.watermark_lag", "queues", q.name, status,
                                 f"watermark lag {fmt_count(q.watermark_lag)}", q.watermark_lag, "count", advice))
 
+        if q.rotation_lag is not None:
+            status = grade(q.rotation_lag, th["rotation_lag"])
+            advice = None
+            if q.rotation_blocked_by:
+                status = worst(status, WARNING)
+                advice = (f"queue {q.name}: a generation cannot be emptied: {q.rotation_blocked_by[0]} holds a lock "
+                          "on its tables: end that transaction; keep dumps and reports off the live tables "
+                          "(pg_dump --exclude-table-data, read history instead)")
+            elif status != OK:
+                advice = (f"queue {q.name}: {fmt_count(q.rotation_lag)} items since its generations last rotated: "
+                          f"the archive job rotates them: run queuectl schedule (or queuectl archive {q.name} "
+                          "--continuous)")
+            summary = f"{fmt_count(q.rotation_lag)} items in the current generation"
+            if q.rotation_blocked_by:
+                summary += f"; emptying blocked by {len(q.rotation_blocked_by)} session(s)"
+            checks.append(Check("queue.rotation", "queues", q.name, status, summary, q.rotation_lag, "count", advice))
+
         if q.ring_fill_pct is not None:
             status = grade(q.ring_fill_pct, th["ring_fill"])
             advice = None if status == OK else (
@@ -873,7 +917,9 @@ def _queue_dict(q: QueueFacts) -> dict[str, Any]:
                   "enqueued_per_min": q.per_minute(q.enqueued_in_window),
                   "dequeued_per_min": q.per_minute(q.dequeued_in_window),
                   "completed_per_min": q.per_minute(q.completed_in_window)},
-        "watermark_lag": q.watermark_lag, "ring_fill_pct": q.ring_fill_pct, "notes": q.notes,
+        "watermark_lag": q.watermark_lag, "ring_fill_pct": q.ring_fill_pct,
+        "rotation": None if q.rotation_lag is None else {"lag": q.rotation_lag, "blocked_by": q.rotation_blocked_by},
+        "notes": q.notes,
     }
 
 

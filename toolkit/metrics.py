@@ -115,6 +115,8 @@ def families(report: HealthReport) -> list[Metric]:
         m.gauge("queuectl_queue_watermark_lag", "Rows between a watermark queue's stored watermark and its oldest "
                 "waiting item (below 0: items are skipped).", labels, q.watermark_lag)
         m.gauge("queuectl_queue_ring_fill_ratio", "Share of a ring queue's slots in use.", labels, _ratio(q.ring_fill_pct))
+        m.gauge("queuectl_queue_rotation_lag", "Items since a reliable queue's generations last rotated (the archive "
+                "job rotates them).", labels, q.rotation_lag)
 
     graded = {(c.id, c.object): c.value for c in report.checks}
     for t in f.tables:

@@ -49,6 +49,7 @@ DEFAULT_THRESHOLDS: dict[str, Threshold] = {
         _t("backlog", "count", None, None, "due items waiting (off by default: app-specific)"),
         _t("watermark_lag", "count", 10_000, 1_000_000, "rows between the stored watermark and the head"),
         _t("ring_fill", "percent", 80, 95, "share of a ring's slots in use"),
+        _t("rotation_lag", "count", 100_000, 1_000_000, "items since a reliable queue's generations last rotated"),
         _t("dead_tuples", "count", 10_000, 100_000, "dead row versions in one queue table"),
         _t("table_bloat", "percent", 40, 70, "free space beyond fillfactor in a queue table (pgstattuple_approx)"),
         _t("index_bloat", "percent", 30, 60, "wasted leaf space of a B-tree index (pgstatindex)"),

@@ -47,7 +47,7 @@ from queuectl.install import uninstall_queue
 from queuectl.names import QueueNames
 from queuectl.sqlfiles import render
 
-REVISIONS: dict[str, str | None] = {"0008": "reliable_0008", "head": None}  # None: the head
+REVISIONS: dict[str, str | None] = {"0008": "reliable_0008", "0011": "reliable_0011", "head": None}  # None: the head
 WORKER = "ack_plan"
 CLAIM = 20  # items per claim while the queue is filled with leased items
 WARM_UP = 8  # acks before the measured ones: plpgsql decides on a generic plan after five
@@ -84,6 +84,8 @@ def lease_items(engine: sa.Engine, names: QueueNames, in_flight: int, *, analyse
 
 def _blocks(conn: sa.Connection, names: QueueNames) -> dict[str, int]:
     rows = conn.execute(sa.text(probe_sql("ack_plan_blocks", {})), {"meta": names.qualified("meta")}).all()
+    # since reliable_0012 each generation slot's relations are listed ("meta0_pkey"): the
+    # items leased here are all in slot 0, the other slots are empty
     return {str(r.relation).removeprefix(names.queue + "_"): int(r.blocks) for r in rows}
 
 

@@ -10,7 +10,9 @@ lever named for the peers and batch-1 targets (RESULTS.md, "Reading the misses")
 This probe measures how far that lever can reach before anyone builds it, on three
 queues side by side:
 
-  * rel:   the reliable queue as installed (the head revision);
+  * rel:   the reliable queue as installed at reliable_0011 (single meta and data tables: the
+           claim variants below rebuild its indexes; reliable_0012's generations are
+           measured by rotation.py and the sustained scenario);
   * nofin: the same without the finished index (what the ack's index entry costs);
   * hot:   the same reduced until its claim is HOT, bench.sql hot_bound_hot_layout: no
            index on status or the lease columns, half of each meta page free, no pick of
@@ -40,7 +42,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from lab_helpers import autovacuum_off, probe_sql
-from queuectl.bench.drivers import ReliableDriver, bench_sql, run_bench_sections
+from queuectl.bench.drivers import ReliableDriver, bench_sql, reinstall_queue, run_bench_sections
 from queuectl.bench.pgbench import Pgbench, find_pgbench
 from queuectl.bench.report import write_json
 from queuectl.engine import make_engine
@@ -50,6 +52,9 @@ from queuectl.names import QueueNames
 DESIGNS = ("rel", "nofin", "hot")
 SETUP = {"rel": (), "nofin": ("hot_bound_drop_finished",), "hot": ("hot_bound_hot_layout",)}
 PAYLOAD_BYTES = 300
+
+
+LAYOUT_REVISION = "reliable_0011"
 
 
 def _queue(design: str) -> QueueNames:
@@ -62,7 +67,9 @@ def _tables(names: QueueNames) -> list[str]:
 
 def _install(engine: sa.Engine, design: str, *, autovacuum: bool) -> None:
     names = _queue(design)
-    ReliableDriver().install(engine, names)  # the head revision, a leftover of an aborted run replaced
+    # reliable_0011, the single-table layout its claim variants are built on (a leftover of an
+    # aborted run replaced)
+    reinstall_queue(engine, names.queue, revision=LAYOUT_REVISION, schema=names.schema)
     if SETUP[design]:
         run_bench_sections(engine, names, *SETUP[design], sql=probe_sql)
     if not autovacuum:

@@ -544,3 +544,11 @@ SELECT COUNT_BIG(CASE WHEN r.state = 1 THEN 1 END) AS ready, 0 AS scheduled, COU
                        AND r.pushed_at >= DATEADD(second, -CAST(:window_s AS int), SYSUTCDATETIME())
                       THEN 1 END) AS enqueued_in_window
 FROM {{ring}} AS r
+
+-- name: queue_rotation
+-- The generation rotation of a reliable queue is PostgreSQL's (reliable_0012;
+-- sql/mssql/reliable.sql: create_rotation says why SQL Server keeps single tables): health
+-- does not read these sections here. Empty on purpose.
+
+-- name: rotation_blockers
+-- PostgreSQL only (see queue_rotation). Empty on purpose.

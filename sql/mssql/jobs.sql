@@ -387,6 +387,3 @@ ORDER BY a.elapsed_time_seconds DESC;
 
 -- name: rot_switch
 -- PostgreSQL only (see rot_state). Empty on purpose.
-
--- name: rot_blockers
--- PostgreSQL only (see rot_state). Empty on purpose.

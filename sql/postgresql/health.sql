@@ -268,3 +268,25 @@ SELECT count(*) FILTER (WHERE state = 1) AS ready, 0 AS scheduled, count(*) AS s
        extract(epoch FROM now() - min(pushed_at) FILTER (WHERE state = 1))::float8 AS oldest_ready_age_s,
        count(*) FILTER (WHERE state = 1 AND pushed_at >= now() - make_interval(secs => :window_s)) AS enqueued_in_window
 FROM {{ring}}
+
+-- name: queue_rotation
+-- A reliable queue's generations (reliable_0012): the ids drawn since the last switch (the
+-- rotator keeps this near its rotate_items; it grows when no archive job runs, or when a
+-- sealed generation cannot be emptied), and the oldest sealed generation still waiting to
+-- be emptied (NULL: none waits).
+SELECT s.last_id - s.start_id AS lag, CASE WHEN s.emptied < s.sealed THEN s.emptied + 1 END AS waiting_epoch
+FROM {{fn_rot_state}}() s
+
+-- name: rotation_blockers
+-- Sessions holding a lock on the given tables (text[] of qualified names: the slot tables of
+-- a generation waiting to be emptied), in a transaction older than :min_age_s: what keeps
+-- its TRUNCATE waiting. A session that read the queue inside a long transaction (pg_dump, a
+-- report) holds ACCESS SHARE until it ends. Oldest transaction first.
+SELECT DISTINCT l.pid, a.usename::text AS usename, a.application_name, a.state, l.mode,
+       extract(epoch FROM now() - a.xact_start)::float8 AS xact_age_s
+FROM unnest(CAST(:tables AS text[])) AS t(name)
+JOIN pg_locks l ON l.locktype = 'relation' AND l.relation = to_regclass(t.name) AND l.granted
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.pid <> pg_backend_pid() AND a.xact_start < now() - make_interval(secs => :min_age_s)
+ORDER BY xact_age_s DESC
+

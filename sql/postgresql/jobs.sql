@@ -224,16 +224,3 @@ SELECT * FROM {{fn_rot_empty}}(:lock_timeout_ms)
 -- name: rot_switch
 -- New rows to the next epoch once the current one has had :items ids (NULL: not yet).
 SELECT {{fn_rot_switch}}(:items) AS epoch
-
--- name: rot_blockers
--- Sessions holding a lock on the slot tables of one epoch (text[] of qualified table
--- names): what keeps its truncate waiting. A session that read the queue inside a long
--- transaction (pg_dump, a report) holds ACCESS SHARE until it ends.
-SELECT DISTINCT l.pid, a.usename::text AS usename, a.application_name, a.state, l.mode,
-       extract(epoch FROM now() - a.xact_start)::float8 AS xact_age_s
-FROM unnest(CAST(:tables AS text[])) AS t(name)
-JOIN pg_locks l ON l.locktype = 'relation' AND l.relation = to_regclass(t.name) AND l.granted
-JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.pid <> pg_backend_pid()
-ORDER BY xact_age_s DESC NULLS LAST
-

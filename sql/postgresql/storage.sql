@@ -5,7 +5,8 @@
 
 -- name: storage_health
 -- One row per table (index_name NULL) and per index of the queue's tables (those of
--- every kind: meta, data, history, items, watermark, ring): pages, live and dead tuples
+-- every kind: meta, data, history, items, watermark, ring; a reliable queue's generation
+-- slots meta0-2 and data0-2 since reliable_0012, whose parents hold no rows): pages, live and dead tuples
 -- (tables), and nothing PostgreSQL cannot say without reading pages.
 SELECT c.relname::text AS table_name,
        NULL::text AS index_name,
@@ -20,6 +21,8 @@ JOIN pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE n.nspname = :schema AND c.relkind = 'r'
   AND c.relname IN (:queue || '_meta', :queue || '_data', :queue || '_history',
+                    :queue || '_meta0', :queue || '_meta1', :queue || '_meta2',
+                    :queue || '_data0', :queue || '_data1', :queue || '_data2',
                     :queue || '_items', :queue || '_watermark', :queue || '_ring')
 UNION ALL
 SELECT t.relname::text, c.relname::text, c.relpages::bigint, NULL, NULL, NULL, NULL, NULL
@@ -27,8 +30,10 @@ FROM pg_index i
 JOIN pg_class c ON c.oid = i.indexrelid
 JOIN pg_class t ON t.oid = i.indrelid
 JOIN pg_namespace n ON n.oid = t.relnamespace
-WHERE n.nspname = :schema
+WHERE n.nspname = :schema AND t.relkind = 'r'
   AND t.relname IN (:queue || '_meta', :queue || '_data', :queue || '_history',
+                    :queue || '_meta0', :queue || '_meta1', :queue || '_meta2',
+                    :queue || '_data0', :queue || '_data1', :queue || '_data2',
                     :queue || '_items', :queue || '_watermark', :queue || '_ring')
 ORDER BY 1, 2 NULLS FIRST
 

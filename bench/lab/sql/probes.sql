@@ -41,8 +41,20 @@ SELECT pg_reload_conf()
 -- name: plan_guard_no_autovacuum
 -- The plan-guard probe (plan_guard.py): keep autovacuum off this table, so that no
 -- ANALYZE replans the sessions the probe compares. The HOT bound probe (hot_bound.py
--- --autovacuum off) uses it to keep autovacuum out of its runs.
-ALTER TABLE {{table}} SET (autovacuum_enabled = false)
+-- --autovacuum off) uses it to keep autovacuum out of its runs. A partitioned table (a
+-- reliable queue's meta and data since reliable_0012) takes no storage parameters: its
+-- partitions get the setting.
+DO $do$
+DECLARE
+    r regclass;
+BEGIN
+    FOR r IN SELECT p.relid FROM pg_partition_tree('{{table}}') p WHERE p.isleaf
+             UNION SELECT c.oid::regclass FROM pg_class c WHERE c.oid = '{{table}}'::regclass AND c.relkind = 'r'
+    LOOP
+        EXECUTE 'ALTER TABLE ' || r::text || ' SET (autovacuum_enabled = false)';
+    END LOOP;
+END
+$do$
 
 -- name: plan_guard_analyze
 -- The plan-guard probe: statistics of the small (or filled) table, as autovacuum gives them.
@@ -139,9 +151,14 @@ SELECT checkpoints_timed + checkpoints_req AS n FROM pg_stat_bgwriter
 -- Blocks of the meta table and of each of its indexes that this session fetched and has not
 -- reported yet (pg_stat_get_xact_blocks_fetched): a difference taken inside one transaction
 -- is that transaction's own (a backend reports only when idle outside a transaction). For
--- the ack cost probe (ack_plan.py).
+-- the ack cost probe (ack_plan.py). Of a partitioned meta table (reliable_0012), its
+-- partitions and theirs (the probe adds the slots up).
+WITH tables AS (
+    SELECT CAST(:meta AS regclass)::oid AS oid
+    UNION SELECT p.relid FROM pg_partition_tree(CAST(:meta AS regclass)) p WHERE p.isleaf
+)
 SELECT c.relname AS relation, pg_stat_get_xact_blocks_fetched(c.oid) AS blocks
 FROM pg_class c
-WHERE c.oid = CAST(:meta AS regclass)
-   OR c.oid IN (SELECT i.indexrelid FROM pg_index i WHERE i.indrelid = CAST(:meta AS regclass))
+WHERE c.relkind IN ('r', 'i') AND (c.oid IN (SELECT oid FROM tables)
+   OR c.oid IN (SELECT i.indexrelid FROM pg_index i WHERE i.indrelid IN (SELECT oid FROM tables)))
 ORDER BY c.relname
