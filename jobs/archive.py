@@ -253,8 +253,10 @@ class Rotator:
         return "; ".join(f"pid {r.pid} ({r.usename}, {r.state}, {r.mode}, in its transaction for "
                          f"{format_duration(r.xact_age_s or 0)})" for r in rows[:3])
 
-    def rotate(self) -> RotationPass:
-        """One pass: seal, empty what is sealed, switch when the epoch is full."""
+    def rotate(self, stopping: Callable[[], bool] = lambda: False) -> RotationPass:
+        """One pass: seal, empty what is sealed, switch when the epoch is full. `stopping` is
+        asked between copy batches: a pass told to stop leaves its generation sealed, copied in
+        part (the next pass copies the rest: a copied row is skipped)."""
         p = RotationPass()
         state = self._one("rot_state")
         p.active = self._last_id is not None and state.last_id != self._last_id
@@ -265,7 +267,16 @@ class Rotator:
                 self._one("rot_mark", what="sealed", epoch=state.epoch - 1)
                 p.sealed = moved
         while (epoch := self._one("rot_next_empty").epoch) is not None:
-            p.copied += self._one("rot_copy", slot=epoch % 3).copied
+            after = 0
+            while True:  # the finished rows in batches, before the truncate's short lock
+                batch = self._one("rot_copy", slot=epoch % 3, after=after, batch=self.config.batch)
+                p.copied += batch.copied
+                if batch.last_id is None:
+                    break
+                after = batch.last_id
+                if stopping():
+                    p.switched = False
+                    return p
             for attempt in range(EMPTY_TRIES):
                 try:
                     row = self._one("rot_empty", lock_timeout_ms=EMPTY_LOCK_TIMEOUT_MS)
@@ -337,7 +348,7 @@ def run_once(
     if Rotator.applies(archiver.target):
         rotator = Rotator(engine, archiver.target, config)
         for _ in range(4):  # enough to seal, empty and switch through every slot once
-            done = rotator.rotate()
+            done = rotator.rotate(lambda: should_stop() is not None)
             result.rows += done.copied
             result.rotations += done.emptied
             result.rotation_blocked = done.blocked
@@ -383,7 +394,7 @@ def run_continuous(
             busy = False
             moved = 0
             if rotator is not None:
-                done = rotator.rotate()
+                done = rotator.rotate(stop.is_set)
                 moved += done.copied
                 result.rotations += done.emptied
                 result.rotation_blocked = done.blocked

@@ -45,12 +45,15 @@ def job_runs(engine: Engine, schema: str = "queuectl") -> list[sa.Row]:
 
 
 def add_finished_rows(engine: Engine, n: int, queue: str = "orders", schema: str = "queuectl") -> None:
-    """n DONE items with payloads, written directly (fast test setup for archive backlogs)."""
+    """n DONE items with payloads, written directly (fast test setup for archive backlogs), into
+    the current generation's slot (reliable_0012)."""
     with engine.begin() as conn:
         conn.execute(sa.text(
-            f'WITH m AS (INSERT INTO "{schema}"."{queue}_meta" (status, attempts, dequeued_at, finished_at) '
-            f"SELECT 2, 1, now(), now() FROM generate_series(1, :n) RETURNING id) "
-            f'INSERT INTO "{schema}"."{queue}_data" (id, payload) SELECT id, convert_to(\'done-\' || id, \'UTF8\') FROM m'),
+            f'WITH s AS (SELECT (last_value % 3)::smallint AS slot FROM "{schema}"."{queue}_rot_epoch"), '
+            f'm AS (INSERT INTO "{schema}"."{queue}_meta" (slot, status, attempts, dequeued_at, finished_at) '
+            f"SELECT s.slot, 2, 1, now(), now() FROM generate_series(1, :n), s RETURNING id, slot) "
+            f'INSERT INTO "{schema}"."{queue}_data" (slot, id, payload) '
+            f"SELECT slot, id, convert_to('done-' || id, 'UTF8') FROM m"),
             {"n": n})
 
 

@@ -90,7 +90,11 @@ def test_archive_killed_mid_run_then_rerun_loses_and_duplicates_nothing(db_url, 
     mid = placement(engine)
     moved = sum(mid["history"].values())
     assert 3000 <= moved < 30_000 and moved % 200 == 0      # whole batches only
-    assert mid["live"] + mid["history"] == before["live"] and not set(mid["live"]) & set(mid["history"])
+    # The generation's finished rows are copied in batches, then the generation is emptied
+    # by one TRUNCATE (reliable_0012): killed in between, a copied row is in both places,
+    # the same in each; nothing is lost and history holds each id once.
+    assert not mid["history"] - before["live"] and max(mid["history"].values()) == 1
+    assert not before["live"] - (mid["live"] | mid["history"])
     [killed] = job_runs(engine)
     assert killed.outcome == "running"                      # its runner died before recording the end
     record = run_job(engine, "archive", "orders", ArchiveConfig(min_age=0, delay=0))

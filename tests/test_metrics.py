@@ -95,8 +95,9 @@ def test_health_openmetrics_says_what_the_database_holds_and_escapes_label_value
     assert value(found, "queuectl_queue_completion_rate", **q) * 300 == pytest.approx(1)
     assert value(found, "queuectl_queue_dead_letter_rate", **q) * 300 == pytest.approx(2)
     assert 0 < value(found, "queuectl_queue_oldest_ready_age_seconds", **q) < 60
-    assert value(found, "queuectl_index_valid", index="orders_meta_pkey") == 1.0
-    assert value(found, "queuectl_index_scans_total", index="orders_meta_pkey") >= 0
+    assert value(found, "queuectl_queue_rotation_lag", **q) == 13.0  # every id so far, no rotation ran
+    assert value(found, "queuectl_index_valid", index="orders_meta0_pkey") == 1.0
+    assert value(found, "queuectl_index_scans_total", index="orders_meta0_pkey") >= 0
 
     # free text comes back exactly as written: escaped, never a label set or a sample of its own
     session = value(found, "queuectl_cleanup_session_transaction_age_seconds", role=HOSTILE_ROLE, application=HOSTILE_APP)
@@ -110,9 +111,9 @@ def test_health_openmetrics_says_what_the_database_holds_and_escapes_label_value
     # the Prometheus text format of the same facts, for node_exporter's textfile collector
     prom = samples(exposition(report, "prometheus").decode(), parse_prometheus)
     assert value(prom, "queuectl_queue_items", **q, status="dead") == 2.0
-    [meta] = [t for t in report.to_dict()["storage"]["tables"] if t["table"] == "orders_meta"]
-    assert value(prom, "queuectl_table_dead_rows", table="orders_meta") == meta["dead_tuples"]
-    assert value(prom, "queuectl_table_size_bytes", table="orders_meta") == meta["table_bytes"] > 0
+    [meta] = [t for t in report.to_dict()["storage"]["tables"] if t["table"] == "orders_meta0"]
+    assert value(prom, "queuectl_table_dead_rows", table="orders_meta0") == meta["dead_tuples"]
+    assert value(prom, "queuectl_table_size_bytes", table="orders_meta0") == meta["table_bytes"] > 0
     assert value(prom, "queuectl_job_last_run_outcome", job_name=HOSTILE_JOB, outcome="failed") == 1.0
     assert {n for n, _, _ in prom} == {n for n, _, _ in found}
     assert all(n.startswith("queuectl_") for n, _, _ in found)

@@ -222,7 +222,9 @@ def all_rows(engine, queue: Queue) -> list[tuple]:
     meta, data = queue.names.qualified("meta"), queue.names.qualified("data")
     with engine.connect() as conn:
         return [tuple(r) for r in conn.execute(sa.text(
-            f"SELECT m.*, d.payload, d.headers::text FROM {meta} m JOIN {data} d USING (id) ORDER BY m.id")).all()]
+            "SELECT m.id, m.priority, m.due_at, m.status, m.title, m.attempts, m.max_attempts, m.lease_owner, "
+            "m.leased_until, m.enqueued_at, m.dequeued_at, m.finished_at, m.last_error, d.payload, d.headers::text "
+            f"FROM {meta} m JOIN {data} d USING (id) ORDER BY m.id")).all()]  # every column but reliable_0012's slot
 
 
 def test_upgrading_to_the_whole_message_limit_and_back_keeps_every_row(engine):

@@ -66,7 +66,7 @@ FUNCTION_ARGUMENTS: dict[str, dict[str, tuple[str, ...]]] = {
         "rot_switch": ("bigint",),
         "rot_seal": ("integer",),
         "rot_mark": ("text, bigint",),
-        "rot_copy": ("smallint",),
+        "rot_copy": ("smallint, bigint, integer",),
         "rot_next_empty": ("",),
         "rot_empty": ("integer",),
     },

@@ -249,7 +249,12 @@ def _rotation(conn: Connection, names: QueueNames, info: QueueInfo) -> dict[str,
     if sql_dir != "postgresql" or info.schema_version < "reliable_0012":
         return {}
     values = names.template_values()
-    row = conn.execute(sa.text(render(sql_dir, "health", "queue_rotation", values))).mappings().one()
+    try:
+        with conn.begin_nested():  # a role that may read the tables but not the sequences
+            row = conn.execute(sa.text(render(sql_dir, "health", "queue_rotation", values))).mappings().one()
+    except DBAPIError as exc:
+        return {"notes": [f"rotation not read: {first_line(exc.orig)} (it needs SELECT on the queue's "
+                          "rot_* sequences)"]}
     blocked: list[str] = []
     if row["waiting_epoch"] is not None:
         slot = row["waiting_epoch"] % 3

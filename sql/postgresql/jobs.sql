@@ -213,8 +213,9 @@ SELECT {{fn_rot_mark}}(:what, :epoch)
 SELECT {{fn_rot_next_empty}}() AS epoch
 
 -- name: rot_copy
--- Copy a slot's finished rows to history without a lock (before its truncate).
-SELECT {{fn_rot_copy}}(CAST(:slot AS smallint)) AS copied
+-- Copy a batch of a slot's finished rows to history without a lock (before its truncate):
+-- ids above :after, at most :batch.
+SELECT * FROM {{fn_rot_copy}}(CAST(:slot AS smallint), :after, :batch)
 
 -- name: rot_empty
 -- Copy what finished since, move the unfinished rows forward and truncate the slot, under

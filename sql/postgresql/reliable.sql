@@ -705,21 +705,31 @@ BEGIN
 END
 $fn$;
 
--- Copy the finished rows of slot p_slot, with their payloads, to history.
-CREATE OR REPLACE FUNCTION {{fn_rot_copy}}(p_slot smallint) RETURNS bigint
+-- Copy finished rows of slot p_slot, with their payloads, to history: those with an id above
+-- p_after, at most p_batch of them (NULL: all), in id order, so the archive job copies a
+-- large generation in short transactions (a queue migrated with millions of rows in slot 0).
+-- Returns how many were copied and the last id looked at (the next call's p_after).
+CREATE OR REPLACE FUNCTION {{fn_rot_copy}}(p_slot smallint, p_after bigint, p_batch integer,
+                                         OUT copied bigint, OUT last_id bigint)
 LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_copied bigint;
 BEGIN
-    INSERT INTO {{history}} (id, priority, due_at, status, title, attempts, max_attempts, lease_owner,
-                             enqueued_at, dequeued_at, finished_at, last_error, payload, headers, archived_at)
-    SELECT m.id, m.priority, m.due_at, m.status, m.title, m.attempts, m.max_attempts, m.lease_owner,
-           m.enqueued_at, m.dequeued_at, m.finished_at, m.last_error, d.payload, d.headers, now()
-    FROM {{meta}} m LEFT JOIN {{data}} d ON d.id = m.id AND d.slot = p_slot
-    WHERE m.slot = p_slot AND m.status >= 2
-    ON CONFLICT (id) DO NOTHING;
-    GET DIAGNOSTICS v_copied = ROW_COUNT;
-    RETURN v_copied;
+    WITH picked AS MATERIALIZED (
+        SELECT m.id, m.priority, m.due_at, m.status, m.title, m.attempts, m.max_attempts, m.lease_owner,
+               m.enqueued_at, m.dequeued_at, m.finished_at, m.last_error
+        FROM {{meta}} m
+        WHERE m.slot = p_slot AND m.id > p_after AND m.status >= 2
+        ORDER BY m.id
+        LIMIT p_batch
+    ), copied AS (
+        INSERT INTO {{history}} (id, priority, due_at, status, title, attempts, max_attempts, lease_owner,
+                                 enqueued_at, dequeued_at, finished_at, last_error, payload, headers, archived_at)
+        SELECT p.id, p.priority, p.due_at, p.status, p.title, p.attempts, p.max_attempts, p.lease_owner,
+               p.enqueued_at, p.dequeued_at, p.finished_at, p.last_error, d.payload, d.headers, now()
+        FROM picked p LEFT JOIN {{data}} d ON d.id = p.id AND d.slot = p_slot
+        ON CONFLICT (id) DO NOTHING
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM copied), (SELECT max(p.id) FROM picked p) INTO copied, last_id;
 END
 $fn$;
 
@@ -753,7 +763,7 @@ BEGIN
     ELSE
         LOCK TABLE {{meta2}}, {{data2}} IN ACCESS EXCLUSIVE MODE;
     END IF;
-    copied := {{fn_rot_copy}}(v_slot);
+    copied := (SELECT c.copied FROM {{fn_rot_copy}}(v_slot, 0, NULL) c);
     v_ids := ARRAY(SELECT m.id FROM {{meta}} m WHERE m.slot = v_slot AND m.status < 2);
     moved := {{fn_rot_move}}(v_ids, ((SELECT last_value FROM {{rot_epoch}}) % 3)::smallint);
     IF v_slot = 0 THEN
@@ -770,7 +780,7 @@ $fn$;
 -- reliable_0012 downgrade: the rotator's calls and the writers' helpers.
 DROP FUNCTION IF EXISTS {{fn_rot_empty}}(integer);
 DROP FUNCTION IF EXISTS {{fn_rot_next_empty}}();
-DROP FUNCTION IF EXISTS {{fn_rot_copy}}(smallint);
+DROP FUNCTION IF EXISTS {{fn_rot_copy}}(smallint, bigint, integer);
 DROP FUNCTION IF EXISTS {{fn_rot_mark}}(text, bigint);
 DROP FUNCTION IF EXISTS {{fn_rot_seal}}(integer);
 DROP FUNCTION IF EXISTS {{fn_rot_switch}}(bigint);
