@@ -90,10 +90,11 @@ def wait_exportable(engine: Engine, timeout: float = 30) -> None:
 def archive_by_hand(engine: Engine, ids: list[int]) -> None:
     """What the archive job does: finished rows move from meta+data to history in one transaction."""
     meta, data, hist = (history_table(engine, t) for t in ("meta", "data", "history"))
-    columns = [c.name for c in meta.c if c.name != "leased_until"]
+    columns = [c.name for c in meta.c if c.name not in ("leased_until", "slot")]  # slot: reliable_0012's generation
     source = sa.select(*(meta.c[c] for c in columns), data.c.payload, data.c.headers).join(data, data.c.id == meta.c.id)
     with engine.begin() as conn:
         conn.execute(hist.insert().from_select(columns + ["payload", "headers"], source.where(meta.c.id.in_(ids))))
+        conn.execute(sa.delete(data).where(data.c.id.in_(ids)))  # no foreign key cascades it since reliable_0012
         conn.execute(sa.delete(meta).where(meta.c.id.in_(ids)))
 
 

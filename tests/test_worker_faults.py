@@ -29,19 +29,26 @@ from test_worker import Recorder, Running, finished, handled, start_worker, stat
 
 # Refuses, for items titled so: their ack ('unackable'), or any nack that records an error
 # ('unnackable'; a release records none, and the dequeue's own "lease expired" verdict is let through).
+# A nack records its error in place on the last attempt (an UPDATE to DEAD) and otherwise by
+# moving the row, READY, to the current generation (reliable_0012: DELETE + INSERT): both are
+# refused.
 REFUSE_SETTLING = """
 CREATE FUNCTION refuse_settling() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.title = 'unackable' AND NEW.status = 2 THEN
         RAISE EXCEPTION 'acks of item % are refused here', NEW.id;
     END IF;
-    IF NEW.title = 'unnackable' AND OLD.status = 1 AND NEW.status IN (0, 3) AND NEW.last_error IS NOT NULL
+    IF NEW.title = 'unnackable' AND NEW.status IN (0, 3) AND NEW.last_error IS NOT NULL
        AND NEW.last_error NOT LIKE 'lease expired on its last attempt%' THEN
-        RAISE EXCEPTION 'nacks of item % are refused here', NEW.id;
+        IF TG_OP = 'INSERT' THEN
+            RAISE EXCEPTION 'nacks of item % are refused here', NEW.id;
+        ELSIF OLD.status = 1 THEN
+            RAISE EXCEPTION 'nacks of item % are refused here', NEW.id;
+        END IF;
     END IF;
     RETURN NEW;
 END $$;
-CREATE TRIGGER refuse_settling BEFORE UPDATE ON queuectl.orders_meta
+CREATE TRIGGER refuse_settling BEFORE INSERT OR UPDATE ON queuectl.orders_meta
     FOR EACH ROW EXECUTE FUNCTION refuse_settling();
 """
 

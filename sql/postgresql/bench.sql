@@ -107,12 +107,19 @@ SELECT count(*) AS n,
 FROM {{meta}} WHERE status = 2
 
 -- name: table_stats
--- Churn and HOT updates per table since the statistics were last reset.
-SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, n_dead_tup, n_live_tup,
-       pg_total_relation_size(relid) AS total_bytes
-FROM pg_stat_user_tables
-WHERE schemaname = :schema AND relname = ANY (CAST(:tables AS text[]))
-ORDER BY relname
+-- Churn and HOT updates per table since the statistics were last reset; a partitioned table
+-- (a reliable queue's meta and data since reliable_0012) is the sum of its partitions.
+SELECT t.name AS relname, sum(s.n_tup_ins)::bigint AS n_tup_ins, sum(s.n_tup_upd)::bigint AS n_tup_upd,
+       sum(s.n_tup_hot_upd)::bigint AS n_tup_hot_upd, sum(s.n_tup_del)::bigint AS n_tup_del,
+       sum(s.n_dead_tup)::bigint AS n_dead_tup, sum(s.n_live_tup)::bigint AS n_live_tup,
+       sum(pg_total_relation_size(s.relid))::bigint AS total_bytes
+FROM unnest(CAST(:tables AS text[])) AS t(name)
+JOIN pg_class c ON c.relname = t.name AND c.relnamespace = CAST(:schema AS regnamespace)
+JOIN LATERAL (SELECT p.relid FROM pg_partition_tree(c.oid) p WHERE p.isleaf
+              UNION SELECT c.oid WHERE c.relkind = 'r') leaf ON true
+JOIN pg_stat_user_tables s ON s.relid = leaf.relid
+GROUP BY t.name
+ORDER BY t.name
 
 -- name: pgss_installed
 SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'

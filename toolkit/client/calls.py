@@ -220,19 +220,26 @@ class ReliableCalls:
 
 def refusal(adapter: Adapter, call: Call[Any], queue: str, exc: Any, reason: str) -> Exception:
     """What to raise for an error on a live connection: one line for the errors a caller
-    acts on (an oversized payload, a canceled statement), else the driver's error itself."""
+    acts on (an oversized payload, an isolation level refused, a canceled statement, a call
+    that met a migration), else the driver's error itself."""
     refused = adapter.payload_refusal(exc)
     if refused is not None:
         return PayloadTooLarge(refused)
     refused = adapter.isolation_refusal(exc)
     if refused is not None:
         return UsageError(refused)
+    undone = {"dequeue": "nothing was claimed", "enqueue": "nothing was enqueued",
+              "enqueue_many": "nothing was enqueued"}.get(call.key, "the items stay as they were")
     if adapter.canceled(exc):
-        undone = {"dequeue": "nothing was claimed", "enqueue": "nothing was enqueued",
-                  "enqueue_many": "nothing was enqueued"}.get(call.key, "the items stay as they were")
         return StatementCanceled(
             f"{call.key} on queue {queue!r} was canceled by the server and rolled back "
             f"({reason}): {undone}; sending it again is safe"
+        )
+    if adapter.schema_changed(exc):
+        return StatementCanceled(
+            f"{call.key} on queue {queue!r} failed whole: the queue's tables or functions changed during the "
+            f"call (an upgrade or downgrade ran; {reason}): {undone}; sending it again is safe once the queue "
+            "is installed"
         )
     driver_error: Exception = exc
     return driver_error

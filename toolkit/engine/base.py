@@ -130,6 +130,10 @@ class Adapter:
         """The server canceled the statement (a timeout): it rolled back whole."""
         raise NotImplementedError
 
+    def schema_changed(self, exc: DBAPIError) -> bool:
+        """The call failed because the queue's objects changed under it (a migration ran)."""
+        return False
+
     def isolation_refusal(self, exc: DBAPIError) -> str | None:
         """The server's message when a call refused the caller's isolation level, else None."""
         return None

@@ -210,6 +210,18 @@ class PostgresAdapter(Adapter):
         """The server canceled the statement (a timeout): it rolled back whole."""
         return getattr(exc.orig, "sqlstate", None) in self._CANCELED
 
+    # undefined table or column: a call that started on the queue's old objects while
+    # an upgrade or downgrade replaced them (reliable_0012 drops and renames what the earlier
+    # revisions' bodies read); the statement failed whole
+    _SCHEMA_CHANGED = ("42P01", "42703")
+
+    def schema_changed(self, exc: DBAPIError) -> bool:
+        state = getattr(exc.orig, "sqlstate", None)
+        if state == "23514":  # an earlier body's insert into the partitioned meta table, without its slot
+            diag = getattr(exc.orig, "diag", None)
+            return (getattr(diag, "message_primary", None) or "").startswith("no partition of relation")
+        return state in self._SCHEMA_CHANGED
+
     def isolation_refusal(self, exc: DBAPIError) -> str | None:
         """The server's message when a reliable queue's call refused a REPEATABLE READ or
         SERIALIZABLE transaction (reliable_0012: SQLSTATE QC400), else None."""
