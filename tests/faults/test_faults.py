@@ -972,6 +972,7 @@ def test_reorganize_terminated_mid_reindex_under_load(db_url, engine, tmp_path, 
             {"n": BALLAST}).scalar_one()
         assert intact == BALLAST
         conn.execute(sa.text(f"DELETE FROM {meta} WHERE id <= :n"), {"n": BALLAST})
+        conn.execute(sa.text(f"DELETE FROM {data} WHERE id <= :n"), {"n": BALLAST})  # no cascade since reliable_0012
     summary = check_ledger(engine, names, tmp_path, "reorganize-terminated-mid-reindex", load.killed)
     summary.update(ballast_rows=BALLAST, index_cut=cut.error.split(":")[0].removeprefix("reindex "),
                    leftovers_dropped=len(leftovers), indexes_rebuilt=len(rebuilt))
