@@ -276,6 +276,36 @@ class Sampler(threading.Thread):
 # -- one run ------------------------------------------------------------------------------------
 
 
+class Upkeep(threading.Thread):
+    """The archive job beside the load, for the kinds it serves (a reliable queue: its row
+    batches and, since reliable_0012, the rotation of its generations), as a scheduler keeps
+    it running: continuous, with the job's defaults."""
+
+    def __init__(self, run: BenchRun, names: QueueNames, kind: str) -> None:
+        super().__init__(name=f"upkeep {names.queue}", daemon=True)
+        self.bench, self.names, self.kind = run, names, kind
+        self.stopped = threading.Event()
+        self.result: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+
+    @staticmethod
+    def serves(kind: str) -> bool:
+        from queuectl.jobs import archive
+
+        return kind in archive.KINDS
+
+    def run(self) -> None:
+        from queuectl.jobs import archive
+
+        try:
+            done = archive.run_continuous(self.bench.engine, self.names.queue, archive.ArchiveConfig(),
+                                          schema=self.names.schema, stop=self.stopped)
+            self.result = {"job": "archive", "rows": done.rows, "generations_emptied": done.rotations,
+                           "errors": done.errors, "last_error": done.last_error}
+        except BaseException as exc:  # reported by measure()
+            self.error = exc
+
+
 def installed_kind(run: BenchRun, names: QueueNames) -> str:
     from queuectl.registry import get_queue
 
@@ -309,6 +339,7 @@ def measure(run: BenchRun, driver: str, hold: str, rate: float) -> dict[str, Any
     specs += [PacedSpec(role="consumer", seed=2000 + i, **common) for i in range(o.consumers)]
     sampler = Sampler(run, names, kind, o.interval, count)
     bystander = Bystander(run)
+    upkeep = Upkeep(run, names, kind) if Upkeep.serves(kind) else None
     held: dict[str, Any] = {}
     holder_facts: dict[str, Any] | None = None
     sampler.start()
@@ -322,6 +353,8 @@ def measure(run: BenchRun, driver: str, hold: str, rate: float) -> dict[str, Any
                     held.update(conn=holder, start=horizon(run, holder))
                 sampler.go(t_go)
                 bystander.start()
+                if upkeep is not None:
+                    upkeep.start()
 
             try:
                 t_go, reports = run.run_workers(paced_worker, specs, seconds, mode=f"sustained {driver}", on_go=on_go)
@@ -332,21 +365,26 @@ def measure(run: BenchRun, driver: str, hold: str, rate: float) -> dict[str, Any
                 bystander.stopped.set()
                 if bystander.is_alive():
                     bystander.join()
+                if upkeep is not None and upkeep.is_alive():
+                    upkeep.stopped.set()
+                    upkeep.join()
                 sampler.join()
             if held:
                 start, end = held["start"], horizon(run, held["conn"])
                 holder_facts = {"mode": hold, "pid": start["pid"], "horizon_start": start["horizon"],
                                 "horizon_end": end["horizon"], "age_start": start["age"], "age_end": end["age"],
                                 "next_xid_start": start["next_xid"], "next_xid_end": end["next_xid"]}
-        for thread in (sampler, bystander):
-            if thread.error is not None:
+        for thread in (sampler, bystander, upkeep):
+            if thread is not None and thread.error is not None:
                 raise thread.error
         left = left_in_queue(run, names, kind)
     finally:
         driver_for(driver).uninstall(run.engine, names)
-    return summarise(kind=driver, hold=hold, rate=rate, interval=o.interval, count=count, t_go=t_go,
-                     reports=reports, samples=sampler.samples, bystander=bystander.timings, left=left,
-                     holder=holder_facts)
+    result = summarise(kind=driver, hold=hold, rate=rate, interval=o.interval, count=count, t_go=t_go,
+                       reports=reports, samples=sampler.samples, bystander=bystander.timings, left=left,
+                       holder=holder_facts)
+    result["upkeep"] = upkeep.result if upkeep is not None else None
+    return result
 
 
 def summarise(*, kind: str, hold: str, rate: float, interval: float, count: int, t_go: float,

@@ -34,12 +34,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from queuectl.engine.urls import error_text
 from queuectl.jobs.base import JobTarget, check_number, format_duration, sleep_unless_stopped
-from queuectl.names import DEFAULT_SCHEMA
+from queuectl.names import DEFAULT_SCHEMA, QueueNames
 from queuectl.sqlfiles import render
 
 log = logging.getLogger("queuectl.jobs.archive")
@@ -78,14 +78,15 @@ class ArchiveConfig:
     idle_delay: float = DEFAULT_IDLE_DELAY
     purge_every: float = DEFAULT_PURGE_EVERY
     rotate_items: int = DEFAULT_ROTATE_ITEMS
+    rotate_for: float = 0.0          # run_once: keep rotating this long while ids are drawn
 
     DURATIONS = ("min_age", "dead_min_age", "delay", "max_seconds", "history_retention", "lock_timeout",
-                 "statement_timeout", "idle_delay", "purge_every")
+                 "statement_timeout", "idle_delay", "purge_every", "rotate_for")
 
     def __post_init__(self) -> None:
         check_number("batch", self.batch, 1, MAX_BATCH, integer=True)
         check_number("rotate_items", self.rotate_items, 1, MAX_ROTATE_ITEMS, integer=True)
-        for name in ("min_age", "dead_min_age", "delay", "idle_delay", "purge_every"):
+        for name in ("min_age", "dead_min_age", "delay", "idle_delay", "purge_every", "rotate_for"):
             check_number(name, getattr(self, name), 0, 10 * 366 * 86400)
         check_number("max_seconds", self.max_seconds, 0, 10 * 366 * 86400, optional=True)
         check_number("history_retention", self.history_retention, 0, 10 * 366 * 86400, optional=True)
@@ -200,6 +201,17 @@ class Archiver:
             return max(result.rowcount, 0)
 
 
+def rotation_blockers(conn: Connection, names: QueueNames, sql_dir: str, epoch: int, min_age_s: float) -> list[str]:
+    """The sessions holding a lock on the slot tables of generation `epoch`, in transactions
+    older than `min_age_s`, oldest first, each in one phrase (the job's log and health's advice
+    name them alike)."""
+    sql = sa.text(render(sql_dir, "health", "rotation_blockers", names.template_values()))
+    tables = [names.qualified(f"{part}{epoch % 3}") for part in ("meta", "data")]
+    return [f"pid {r.pid} ({r.usename}, {r.state}, {r.mode}, in its transaction for "
+            f"{format_duration(r.xact_age_s or 0)})"
+            for r in conn.execute(sql, {"tables": tables, "min_age_s": min_age_s})]
+
+
 @dataclass
 class RotationPass:
     """What one rotation pass did."""
@@ -228,9 +240,6 @@ class Rotator:
         self._last_id: int | None = None
         self._sql = {name: target.sql(name) for name in (
             "rot_state", "rot_seal", "rot_mark", "rot_next_empty", "rot_copy", "rot_empty", "rot_switch")}
-        # health's reader, so the job and the report name a blocker alike
-        self._sql["rot_blockers"] = sa.text(render(target.sql_dir, "health", "rotation_blockers",
-                                                   target.names.template_values()))
 
     @staticmethod
     def applies(target: JobTarget) -> bool:
@@ -244,14 +253,9 @@ class Rotator:
             return conn.execute(self._sql[name], params).one()
 
     def _blockers(self, epoch: int) -> str:
-        names = self.target.names
-        tables = [names.qualified(f"{part}{epoch % 3}") for part in ("meta", "data")]
         with self.engine.connect() as conn:
-            rows = conn.execute(self._sql["rot_blockers"], {"tables": tables, "min_age_s": 0}).all()
-        if not rows:
-            return "no session holds its lock now"
-        return "; ".join(f"pid {r.pid} ({r.usename}, {r.state}, {r.mode}, in its transaction for "
-                         f"{format_duration(r.xact_age_s or 0)})" for r in rows[:3])
+            found = rotation_blockers(conn, self.target.names, self.target.sql_dir, epoch, min_age_s=0)
+        return "; ".join(found[:3]) or "no session holds its lock now"
 
     def rotate(self, stopping: Callable[[], bool] = lambda: False) -> RotationPass:
         """One pass: seal, empty what is sealed, switch when the epoch is full. `stopping` is
@@ -346,13 +350,24 @@ def run_once(
                 return False
 
     if Rotator.applies(archiver.target):
+        # Pass after pass until nothing is due (a few are enough to seal, empty and switch
+        # through every slot once); with rotate_for, on while the queue draws ids, one pass
+        # every `delay`: the scheduler's run keeps a busy queue's generations small.
         rotator = Rotator(engine, archiver.target, config)
-        for _ in range(4):  # enough to seal, empty and switch through every slot once
+        rotate_until = started + config.rotate_for
+        passes = 0
+        while should_stop() is None:
             done = rotator.rotate(lambda: should_stop() is not None)
+            passes += 1
             result.rows += done.copied
             result.rotations += done.emptied
             result.rotation_blocked = done.blocked
-            if not (done.switched or done.emptied or done.sealed):
+            progressed = done.switched or done.emptied > 0 or done.sealed is not None
+            if progressed and passes < 8:
+                continue  # catching up: seal, empty and switch through the slots at once
+            if time.monotonic() >= rotate_until or (passes > 1 and not progressed and not done.active):
+                break
+            if sleep_unless_stopped(stop, _jittered(config.delay)):
                 break
     if batches(archiver.move_batch, "rows") and config.history_retention is not None:
         batches(archiver.purge_batch, "purged")

@@ -21,13 +21,19 @@ class JobSpec:
     run_once: Callable[..., Any]     # run_once(engine, queue, config, *, schema, stop) -> result
     interval: float | None = None    # default trigger: every `interval` seconds ...
     cron: str | None = None          # ... or this crontab expression
+    scheduled: tuple[tuple[str, Any], ...] = ()  # options the scheduler gives a run unless its config does
 
 
 JOBS: dict[str, JobSpec] = {
     spec.name: spec
     for spec in (
-        JobSpec("archive", "move finished rows with their payloads to history, in small batches",
-                archive.KINDS, archive.ArchiveConfig, archive.run_once, interval=60.0),
+        # a scheduled run also keeps a busy reliable queue's generations rotating until the
+        # next run (reliable_0012): a generation switched once a minute would hold a minute of
+        # dead entries for the claims to walk while the xmin horizon is pinned
+        JobSpec("archive", "move finished rows with their payloads to history, in small batches "
+                "(a reliable queue: rotate its generations)",
+                archive.KINDS, archive.ArchiveConfig, archive.run_once, interval=60.0,
+                scheduled=(("rotate_for", "50s"),)),
         JobSpec("reset_stale", "expired leases back to ready (or dead after max attempts)",
                 stale.KINDS, stale.StaleConfig, stale.run_once, interval=30.0),
         JobSpec("inspect", "record dead tuples, bloat, fragmentation and cleanup blockers",

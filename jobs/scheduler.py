@@ -128,7 +128,7 @@ def _job_settings(spec: JobSpec, table: dict[str, Any]) -> JobSettings:
         if not isinstance(queues, list):
             raise UsageError(f"{where} queues must be a list of queue names")
         queues = tuple(validate_queue_name(q) for q in queues)
-    options = {k: v for k, v in table.items() if k not in _SCHEDULE_KEYS}
+    options = {**dict(spec.scheduled), **{k: v for k, v in table.items() if k not in _SCHEDULE_KEYS}}
     try:
         config = config_from_options(spec.config_cls, options, where)
     except UsageError as exc:

@@ -77,13 +77,13 @@ class Pin:
 @pytest.mark.slow
 def test_producers_consumers_and_the_rotator_at_once_lose_nothing_and_complete_nothing_twice(engine, orders):
     """3 producers (priorities, delays), 3 consumers that ack, nack, release or drop (lease
-    expiry), the rotator every 20 ms with 40 ids per generation, the horizon pinned."""
+    expiry), two rotators at once (as a scheduler and a person running the archive job
+    would) every 20 ms with 40 ids per generation, the horizon pinned."""
     pin = Pin(engine)
     sent: dict[int, bytes] = {}
     acked = Counter()
     stop_producing, stop_all = threading.Event(), threading.Event()
     errors: list[BaseException] = []
-    rot = rotator(engine)
     emptied = [0]
 
     def guarded(fn):
@@ -134,13 +134,14 @@ def test_producers_consumers_and_the_rotator_at_once_lose_nothing_and_complete_n
 
     @guarded
     def rotate() -> None:
+        rot = rotator(engine)
         while not stop_all.is_set():
             emptied[0] += rot.rotate().emptied
             time.sleep(0.02)
 
     threads = ([threading.Thread(target=produce, args=(n,)) for n in range(3)]
                + [threading.Thread(target=consume, args=(n,)) for n in range(3)]
-               + [threading.Thread(target=rotate)])
+               + [threading.Thread(target=rotate) for _ in range(2)])
     for t in threads:
         t.start()
     time.sleep(4)

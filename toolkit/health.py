@@ -257,12 +257,9 @@ def _rotation(conn: Connection, names: QueueNames, info: QueueInfo) -> dict[str,
                           "rot_* sequences)"]}
     blocked: list[str] = []
     if row["waiting_epoch"] is not None:
-        slot = row["waiting_epoch"] % 3
-        tables = [names.qualified(f"{part}{slot}") for part in ("meta", "data")]
-        for b in conn.execute(sa.text(render(sql_dir, "health", "rotation_blockers", values)),
-                              {"tables": tables, "min_age_s": ROTATION_BLOCKER_AGE_S}).mappings():
-            blocked.append(f"pid {b['pid']} ({b['usename']}, {b['state']}, {b['mode']}, in its transaction for "
-                           f"{fmt_duration(b['xact_age_s'])})")
+        from queuectl.jobs.archive import rotation_blockers
+
+        blocked = rotation_blockers(conn, names, sql_dir, row["waiting_epoch"], ROTATION_BLOCKER_AGE_S)
     return {"rotation_lag": row["lag"], "rotation_blocked_by": blocked}
 
 

@@ -763,6 +763,13 @@ BEGIN
     ELSE
         LOCK TABLE {{meta2}}, {{data2}} IN ACCESS EXCLUSIVE MODE;
     END IF;
+    -- Another rotator may have emptied this epoch while we waited for the lock, marked it
+    -- and switched new rows into the same slot: the state is read again under the lock
+    -- (a mark is set only after its truncate committed), and nothing is done if it moved on.
+    IF {{fn_rot_next_empty}}() IS DISTINCT FROM epoch THEN
+        epoch := NULL;
+        RETURN;
+    END IF;
     copied := (SELECT c.copied FROM {{fn_rot_copy}}(v_slot, 0, NULL) c);
     v_ids := ARRAY(SELECT m.id FROM {{meta}} m WHERE m.slot = v_slot AND m.status < 2);
     moved := {{fn_rot_move}}(v_ids, ((SELECT last_value FROM {{rot_epoch}}) % 3)::smallint);

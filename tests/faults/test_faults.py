@@ -330,11 +330,13 @@ def _holder_state(engine, pid: int):
 
 def _dead_rows_vacuum_leaves(engine, table: str) -> int:
     """VACUUM the table, then the dead rows it had to leave (the statistics' n_dead_tup after a
-    vacuum is what it found dead but could not remove: still visible to some snapshot)."""
+    vacuum is what it found dead but could not remove: still visible to some snapshot); of a
+    partitioned table (the reliable meta table since reliable_0012), its partitions'."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text(f"VACUUM {table}"))
         return conn.execute(sa.text(
-            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = CAST(:table AS regclass)"),
+            "SELECT sum(n_dead_tup)::bigint FROM pg_stat_user_tables WHERE relid = CAST(:table AS regclass) "
+            "OR relid IN (SELECT relid FROM pg_partition_tree(CAST(:table AS regclass)))"),
             {"table": table}).scalar_one()
 
 

@@ -118,6 +118,8 @@ def archive(
     max_seconds: Annotated[Optional[str], typer.Option("--max-seconds", help="Stop after this long (between batches).", show_default=False)] = None,
     continuous: Annotated[bool, typer.Option("--continuous", help="Run until stopped (Ctrl-C / SIGTERM), adapting to the backlog.")] = False,
     history_retention: Annotated[Optional[str], typer.Option("--history-retention", help="Also purge history archived longer ago than this (e.g. 30d).", show_default=False)] = None,
+    rotate_items: Annotated[int, typer.Option("--rotate-items", help="Reliable queue: ids per generation before the next switch.")] = 2000,
+    rotate_for: Annotated[str, typer.Option("--rotate-for", help="Reliable queue, without --continuous: keep rotating this long while ids are drawn (e.g. 50s; 0: the passes that are due).")] = "0s",
     lock_timeout: LockTimeoutOption = None,
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
@@ -127,10 +129,13 @@ def archive(
 
     Each batch is one short transaction; a killed archiver loses nothing. With
     --continuous it keeps going, faster while there is backlog, slower when idle, and
-    stops cleanly after the current batch on Ctrl-C or SIGTERM.
+    stops cleanly after the current batch on Ctrl-C or SIGTERM. On a reliable queue it
+    also rotates the generations: an old one's finished rows are copied to history and its
+    tables emptied with TRUNCATE, which frees space even while a snapshot is held open.
     """
     options = _options(batch=batch, min_age=min_age, dead_min_age=dead_min_age, delay=delay,
-                       max_seconds=max_seconds, history_retention=history_retention, lock_timeout=lock_timeout)
+                       max_seconds=max_seconds, history_retention=history_retention, lock_timeout=lock_timeout,
+                       rotate_items=rotate_items, rotate_for=rotate_for)
     if not continuous:
         _run("archive", name, options, url, schema, as_json, lambda r: print_fact(f"archive {name}: {r.summary()}"))
         return
