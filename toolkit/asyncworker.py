@@ -10,7 +10,9 @@ Waking
     (`<queue>_wait_begin()`, reliable_0006+) and looks once more; a busy loop gives the
     registration up (`<queue>_wait_end()`). Polling with the same adaptive back-off
     (PollBackoff: 50 ms doubling to poll_interval) runs underneath, so a lost notification
-    costs latency, never items.
+    costs latency, never items. A consumer outrun to what a notification announced gives
+    its registration up and leaves the channel until its next poll (queuectl.worker,
+    "Many consumers").
 
 Concurrency
     Up to `concurrency` handlers run at once as tasks; the loop claims at most
@@ -143,6 +145,7 @@ class AsyncWorker:
         self._listener: _AsyncListener | None = None
         self._listener_retry_at = 0.0
         self._registered = self._armed = False
+        self._deaf_until = 0.0  # outrun: notifications are drained, not answered, until then
         self._next_heartbeat = math.inf
         self._next_log = math.inf
 
@@ -195,7 +198,9 @@ class AsyncWorker:
     async def _loop(self) -> None:
         backoff = PollBackoff(self.min_poll_interval, self.poll_interval)
         in_flight = PollBackoff(min(IN_FLIGHT_FIRST_WAIT, self.min_poll_interval), self.poll_interval)
+        outrun = PollBackoff(self.min_poll_interval, self.poll_interval)
         look, next_poll = True, math.inf
+        notified = False  # the next look answers a notification
         now = time.monotonic()
         self._next_heartbeat = now + (self.heartbeat_every or math.inf)
         self._next_log = now + self.log_interval
@@ -220,6 +225,8 @@ class AsyncWorker:
                         self._work.put_nowait(message)
                     backoff.reset()
                     in_flight.reset()
+                    outrun.reset()
+                    self._deaf_until, notified = 0.0, False
                     if self._registered:
                         await self._unregister()
                     continue
@@ -228,6 +235,12 @@ class AsyncWorker:
                 if self.burst and not self._held:
                     log.info("queue %s is empty: burst worker done", self.queue.name)
                     break
+                if notified and self._registered:  # outrun (queuectl.worker, "Many consumers")
+                    notified = False
+                    await self._unregister()
+                    next_poll = self._deaf_until = time.monotonic() + outrun.next_wait()
+                    continue
+                notified = False
                 if self._listener is not None and self._listener.gated and not self._armed:
                     clear = await self._register()
                     if clear:
@@ -246,7 +259,7 @@ class AsyncWorker:
             if self.notify and self._listener is None:
                 deadlines.append(self._listener_retry_at)
             if await self._wait(max(0.0, min(deadlines) - time.monotonic())):
-                look = True
+                look = notified = True
                 backoff.reset()
             if time.monotonic() >= next_poll:
                 look = True
@@ -261,14 +274,17 @@ class AsyncWorker:
         """Sleep until a notification, a wake-up or the timeout; True when notified.
 
         The listener's socket is watched only while sleeping: psycopg watches the same
-        socket with a reader of its own while a statement runs on that connection."""
-        if await self._notified():
+        socket with a reader of its own while a statement runs on that connection. While
+        outrun (before _deaf_until) it is not watched at all: notifications wait in it and
+        are drained with the next registration."""
+        deaf = time.monotonic() < self._deaf_until
+        if not deaf and await self._notified():
             return True
         self._wake.clear()
         if self._finished_pending() or self._stopping:
             return False
         loop = asyncio.get_running_loop()
-        fd = None if self._listener is None else self._listener.conn.fileno()
+        fd = None if self._listener is None or deaf else self._listener.conn.fileno()
         if fd is not None:
             loop.add_reader(fd, self._wake.set)
         try:
@@ -278,7 +294,7 @@ class AsyncWorker:
         finally:
             if fd is not None:
                 loop.remove_reader(fd)
-        return await self._notified()
+        return not deaf and await self._notified()
 
     async def _notified(self) -> bool:
         """Whether notifications arrived (counted), or the listener broke (look now)."""

@@ -26,6 +26,18 @@ Polling with adaptive back-off
     index per consumer every 2 s). With notifications the same back-off runs underneath
     as the fallback; with `notify=False` it is the only mechanism.
 
+Many consumers
+    A notification wakes every consumer sleeping on the channel, and only one of them gets
+    what it announced. A consumer whose look after a notification comes back empty was
+    outrun: it gives its registration up (so producers need not announce to it) and stops
+    watching the channel until its next poll, 50 ms after the first such look, doubling
+    with each further one up to `poll_interval` until a look finds work; that poll looks,
+    then registers (and looks) as any idle consumer does. Without this, each enqueue woke
+    all of them: 32 idle consumers of one queue made an empty claim each per enqueue, and
+    a full cycle of 2 producers and 32 consumers spent 1.5 s of CPU per 1,000 messages
+    against 0.15 s with 4 consumers (bench/lab/RESULTS.md, series 20). A lone consumer
+    outrun by a spare notification polls 50 ms later, a latency its back-off already allows.
+
 SQL Server
     SQL Server has no LISTEN/NOTIFY, so its consumers run this same loop with notify off
     (Adapter.can_listen is False): adaptive polling as above, where the dequeue is one
@@ -321,8 +333,9 @@ class Settlements:
         return not next_step
 
 
-class _Listener:
-    """LISTEN on the queue's channel over a connection of its own (autocommit, out of the pool)."""
+class Listener:
+    """LISTEN on the queue's channel over a connection of its own (autocommit, out of the pool);
+    also the bench's consumers' (queuectl.bench.workers.IdleWait)."""
 
     def __init__(self, queue: QueueClient) -> None:
         values = queue.names.template_values()
@@ -522,10 +535,11 @@ class Worker:
         self._held: dict[int, Message] = {}  # claimed and not yet acked/nacked/released (control thread only)
         self._lost: set[int] = set()  # held items whose lease a heartbeat found gone
         self._settlements = Settlements()  # held items whose outcome is still to be recorded
-        self._listener: _Listener | None = None
+        self._listener: Listener | None = None
         self._listener_retry_at = 0.0
         self._registered = False  # the listener session holds the queue's "waiting" registration
         self._armed = False  # ... and no enqueue that missed it was open when it was checked
+        self._deaf_until: float = 0.0  # outrun: notifications are drained, not answered, until then
         self._selector: selectors.BaseSelector | None = None
         self._processes: list[_HandlerProcess] = []  # one per handler thread, with processes=True
         self._threads: list[threading.Thread] = []
@@ -592,7 +606,9 @@ class Worker:
     def _loop(self) -> None:
         backoff = PollBackoff(self.min_poll_interval, self.poll_interval)
         in_flight = PollBackoff(min(IN_FLIGHT_FIRST_WAIT, self.min_poll_interval), self.poll_interval)
+        outrun = PollBackoff(self.min_poll_interval, self.poll_interval)
         look = True  # dequeue at the next chance: at start, on a notification, when a poll is due
+        notified = False  # the next look answers a notification
         next_poll = math.inf
         now = time.monotonic()
         self._next_heartbeat = now + (self.heartbeat_every or math.inf)
@@ -620,6 +636,8 @@ class Worker:
                         self._work.put(message)
                     backoff.reset()
                     in_flight.reset()
+                    outrun.reset()
+                    self._deaf_until, notified = 0.0, False
                     if self._registered:
                         self._unregister()  # busy: producers need not announce to us
                     continue  # drain: look again at once
@@ -628,6 +646,13 @@ class Worker:
                 if self.burst and not self._held and self._done.empty():
                     log.info("queue %s is empty: burst worker done", self.queue.name)
                     break
+                if notified and self._registered:
+                    # Another consumer took what the notification announced (see "Many consumers").
+                    notified = False
+                    self._unregister()
+                    next_poll = self._deaf_until = time.monotonic() + outrun.next_wait()
+                    continue
+                notified = False
                 if self._listener is not None and self._listener.gated and not self._armed:
                     clear = self._register()
                     if clear:
@@ -649,7 +674,7 @@ class Worker:
             if self.notify and self._listener is None:
                 deadlines.append(self._listener_retry_at)
             if self._wait(max(0.0, min(deadlines) - now)):
-                look = True
+                look = notified = True
                 backoff.reset()
             if time.monotonic() >= next_poll:
                 look = True
@@ -662,10 +687,22 @@ class Worker:
         return min(self.batch, max(self.concurrency, self.batch) - held)
 
     def _wait(self, timeout: float) -> bool:
-        """Sleep until a notification, a wake-up or the timeout; True when notified."""
+        """Sleep until a notification, a wake-up or the timeout; True when notified. While
+        outrun (before _deaf_until) the listener's socket is not watched: notifications wait
+        in it and are drained with the next registration."""
         assert self._selector is not None
         notified = False
-        for key, _events in self._selector.select(timeout):
+        deaf = self._listener is not None and time.monotonic() < self._deaf_until
+        if deaf:
+            assert self._listener is not None
+            self._selector.unregister(self._listener.fd)
+            try:
+                events = self._selector.select(timeout)
+            finally:
+                self._selector.register(self._listener.fd, selectors.EVENT_READ)
+        else:
+            events = self._selector.select(timeout)
+        for key, _events in events:
             if key.fd == self._wake_r:
                 try:
                     while os.read(self._wake_r, 4096):
@@ -696,7 +733,7 @@ class Worker:
 
     def _open_listener(self) -> bool:
         try:
-            self._listener = _Listener(self.queue)
+            self._listener = Listener(self.queue)
         except Exception as exc:
             log.warning("cannot LISTEN on %s (%s): polling, retry in %gs", self.queue.names.channel, first_line(exc),
                         self.poll_interval)
