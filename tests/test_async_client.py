@@ -255,6 +255,53 @@ def test_the_async_worker_wakes_on_notify_keeps_slow_leases_and_nacks_failures(o
 
 
 @pytest.mark.slow
+def test_an_async_worker_outrun_to_a_notification_leaves_the_channel_until_its_next_poll(orders, db_url, engine):
+    """The blocking worker's rule ("Many consumers"): a look after a notification that finds
+    nothing gives the registration up; what is enqueued meanwhile is found by the next poll,
+    with no notification sent; then the worker registers again."""
+    from test_notify import waiting_sessions
+
+    async def until(condition, what: str, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.01)
+
+    async def run() -> None:
+        from queuectl.asyncworker import AsyncWorker
+
+        producer = await AsyncQueue.open(db_url, "orders")
+        consumer = await AsyncQueue.open(db_url, "orders")
+        seen: dict[str, float] = {}
+
+        async def handler(message) -> None:
+            seen[message.text] = time.monotonic()
+
+        worker = AsyncWorker(consumer, handler, poll_interval=3, min_poll_interval=1.5, handle_signals=False)
+        task = asyncio.create_task(worker.run())
+        try:
+            await until(lambda: waiting_sessions(engine) == 1, "the idle worker's registration")
+            with engine.connect() as conn:  # a notification with nothing behind it
+                conn.execute(sa.text("SELECT pg_notify(:channel, '')"), {"channel": consumer.names.channel})
+                conn.commit()
+            await until(lambda: waiting_sessions(engine) == 0, "the outrun worker giving its registration up")
+            notified = worker.stats.notifications
+            sent = time.monotonic()
+            await producer.enqueue(b"while outrun")
+            await until(lambda: "while outrun" in seen, "the poll", timeout=10)
+            assert seen["while outrun"] - sent >= 1.0 and worker.stats.notifications == notified
+            await until(lambda: waiting_sessions(engine) == 1, "the registration after the poll")
+        finally:
+            worker.stop()
+            stats = await task
+            await producer.close()
+            await consumer.close()
+        assert stats.processed == 1 and stats.notifications == notified
+
+    asyncio.run(run())
+
+
+@pytest.mark.slow
 def test_sigterm_of_an_async_worker_loses_nothing_and_runs_nothing_twice(orders, db_url, engine):
     with engine.connect() as conn:
         conn.execute(sa.text("CREATE TABLE runs (item bigint NOT NULL)"))

@@ -161,6 +161,34 @@ def test_busy_worker_gives_up_its_registration_and_an_idle_one_holds_it(engine, 
     wait_until(lambda: waiting_sessions(engine) == 0, what="the stopped worker's session to end")
 
 
+@pytest.mark.slow
+def test_a_worker_outrun_to_a_notification_leaves_the_channel_until_its_next_poll(engine, orders):
+    """Many consumers: a notification wakes every registered worker and one of them gets the
+    items. A worker whose look after a notification finds nothing gives its registration up
+    (so producers stop announcing to it) and looks again at its back-off poll: what is
+    enqueued meanwhile is found by that poll, without a notification; then it registers again."""
+    handler = Recorder()
+    running = Running(Worker(orders, handler, batch=10, poll_interval=3, min_poll_interval=1.5))
+    try:
+        wait_until(lambda: waiting_sessions(engine) == 1, what="the idle worker's registration")
+        notified = running.worker.stats.notifications
+        with engine.connect() as conn:  # a notification with nothing behind it: another consumer was faster
+            conn.execute(sa.text("SELECT pg_notify(:channel, '')"), {"channel": orders.names.channel})
+            conn.commit()
+        wait_until(lambda: waiting_sessions(engine) == 0, timeout=5, what="the outrun worker giving its registration up")
+        assert running.worker.stats.notifications == notified + 1
+        with Queue(engine, "orders") as producer:
+            sent = time.monotonic()
+            producer.enqueue("while outrun")
+            wait_until(lambda: handler.texts() == {"while outrun": 1}, timeout=10, what="the poll")
+        assert handler.calls[0][2] - sent >= 1.0  # found by the poll 1.35-1.65 s after the outrun look...
+        assert running.worker.stats.notifications == notified + 1  # ...with nobody registered, none was sent
+        wait_until(lambda: waiting_sessions(engine) == 1, what="the registration after the poll")
+    finally:
+        stats = running.stop()
+    assert stats.processed == 1 and stats.failed == 0
+
+
 def test_idle_worker_finds_an_enqueue_that_was_open_when_it_registered(engine, orders):
     """An enqueue whose trigger ran before the worker registered does not notify; the
     worker sees it was open and looks again soon (polls are 30 s apart here)."""

@@ -225,7 +225,8 @@ class AsyncWorker:
                         self._work.put_nowait(message)
                     backoff.reset()
                     in_flight.reset()
-                    outrun.reset()
+                    if notified:  # won a race: when next outrun, it waits the shortest time again
+                        outrun.reset()
                     self._deaf_until, notified = 0.0, False
                     if self._registered:
                         await self._unregister()

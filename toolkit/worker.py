@@ -31,12 +31,14 @@ Many consumers
     what it announced. A consumer whose look after a notification comes back empty was
     outrun: it gives its registration up (so producers need not announce to it) and stops
     watching the channel until its next poll, 50 ms after the first such look, doubling
-    with each further one up to `poll_interval` until a look finds work; that poll looks,
-    then registers (and looks) as any idle consumer does. Without this, each enqueue woke
-    all of them: 32 idle consumers of one queue made an empty claim each per enqueue, and
-    a full cycle of 2 producers and 32 consumers spent 1.5 s of CPU per 1,000 messages
-    against 0.15 s with 4 consumers (bench/lab/RESULTS.md, series 20). A lone consumer
-    outrun by a spare notification polls 50 ms later, a latency its back-off already allows.
+    with each further one up to `poll_interval` until a look that answered a notification
+    finds work; that poll looks, then registers (and looks) as any idle consumer does. So
+    the consumers that keep winning stay on the channel and the others poll ever more
+    rarely. Were every outrun consumer to stay, each enqueue would wake all of them into
+    an empty claim: a full cycle of 2 producers and 32 such consumers spent about 1.5 s of
+    CPU (clients and server) per 1,000 messages, 10x what 4 consumers spend
+    (bench/lab/RESULTS.md). A lone consumer outrun by a spare notification polls 50 ms
+    later, a latency its back-off already allows.
 
 SQL Server
     SQL Server has no LISTEN/NOTIFY, so its consumers run this same loop with notify off
@@ -636,7 +638,8 @@ class Worker:
                         self._work.put(message)
                     backoff.reset()
                     in_flight.reset()
-                    outrun.reset()
+                    if notified:  # won a race: when next outrun, it waits the shortest time again
+                        outrun.reset()
                     self._deaf_until, notified = 0.0, False
                     if self._registered:
                         self._unregister()  # busy: producers need not announce to us
