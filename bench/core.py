@@ -44,14 +44,16 @@ WORKER_STOP_TIMEOUT = 120.0
 COMMIT_TABLE = "bench_commit"
 # The comparisons the targets are set for: full cycles at batch 100, the split at batch 10, ghosts one
 # item per dequeue call, the ring's soak at batch 10.
-DEFAULT_BATCH = {"split": 10, "ghosts": 1, "ring": 10, "sustained": 10}
-# The sustained scenario offers a modest fixed rate from few processes (the table it is read against).
-DEFAULT_PRODUCERS = {"sustained": 2}
+DEFAULT_BATCH = {"split": 10, "ghosts": 1, "ring": 10, "sustained": 10, "consumers": 10}
+# The sustained scenario offers a modest fixed rate from few processes (the table it is read against); the
+# consumers curve asks what many consumers cost two producers.
+DEFAULT_PRODUCERS = {"sustained": 2, "consumers": 2}
 DEFAULT_CONSUMERS = {"sustained": 2}
 HOLDS = ("none", "snapshot", "idle-in-transaction", "both")
 DEFAULT_ROWS = {"ghosts": [30_000, 60_000]}
 DEFAULT_BATCHES = {"ring": [1, 10, 100]}
 DEFAULT_SIZES = {"split": [300, 1024, 4096, 16384]}
+DEFAULT_CONSUMER_COUNTS = {"consumers": [1, 2, 4, 8, 16, 32]}
 
 
 @dataclass
@@ -78,7 +80,8 @@ class BenchOptions:
     rate: float | None = None  # sustained: offered msgs/s across producers; None: half the calibrated maximum
     interval: float = 5.0  # sustained: seconds between samples
     bystander_rows: int = 1_000_000  # sustained: rows of the unrelated table whose query is timed
-    plots: str | None = None  # sustained: PNGs are written as <plots>-<kind>.png; None: none
+    plots: str | None = None  # sustained, consumers: PNGs are written as <plots>-<kind>.png; None: none
+    consumer_counts: list[int] | None = None  # consumers: the curve's consumer counts; None: the scenario's default
     # the options the user gave (the command line's names without "--"); each must be read
     # by the chosen scenario (SCENARIO_OPTIONS), so none is silently ignored
     given: frozenset[str] = frozenset()
@@ -97,6 +100,9 @@ class BenchOptions:
         if self.sizes is None:
             self.sizes = list(DEFAULT_SIZES.get(self.scenario, []))
         self.sizes = sorted(set(self.sizes))
+        if self.consumer_counts is None:
+            self.consumer_counts = list(DEFAULT_CONSUMER_COUNTS.get(self.scenario, []))
+        self.consumer_counts = sorted(set(self.consumer_counts))
         if self.backlog is None:
             self.backlog = max(2000, 10 * self.consumers * max([self.batch, *self.batches]))
         checks = [
@@ -118,6 +124,7 @@ class BenchOptions:
             (self.rate is None or 1 <= self.rate <= 1_000_000, "--rate must be 1-1000000 messages/s"),
             (0.2 <= self.interval <= 600, "--interval must be 0.2-600 seconds"),
             (20_000 <= self.bystander_rows <= 100_000_000, "--bystander-rows must be 20000-100000000"),
+            (all(1 <= n <= 64 for n in self.consumer_counts), "--consumer-counts must be counts from 1 to 64"),
         ]
         for ok, message in checks:
             if not ok:
@@ -415,6 +422,14 @@ class BenchRun:
         }
         if mode == "cycle":
             result["enqueued"] = sum(r["count"] for r in reports if r["role"] == "producer")
+            idle: dict[str, int] = {}
+            for r in counted:
+                for key, n in r.get("idle", {}).items():
+                    idle[key] = idle.get(key, 0) + n
+            result["idle"] = idle
+        # the worker processes' own CPU (not their server sessions'), by role
+        result["cpu_seconds"] = {role: sum(r.get("cpu_seconds", 0.0) for r in reports if r["role"] == role)
+                                 for role in ("producer", "consumer")}
         # everything each side handled, warm-up included: the ledger of lost/duplicated checks
         result["sent_total"] = sum(r["count"] + r.get("warmup_count", 0) for r in reports if r["role"] == "producer")
         result["taken_total"] = sum(r["count"] + r.get("warmup_count", 0) for r in reports if r["role"] == "consumer")

@@ -174,6 +174,12 @@ class _ReliableSession:
         if token:
             self.queue.ack(token)
 
+    def listen(self) -> Any:
+        """A LISTEN session on the queue's channel, as queuectl's Worker opens one."""
+        from queuectl.worker import Listener
+
+        return Listener(self.queue)
+
     def close(self) -> None:
         self.queue.close()
 

@@ -43,7 +43,7 @@ from queuectl.bench.core import BenchRun, ratio, scenario, stat, unavailable_onc
 from queuectl.bench.drivers import bench_sql, driver_for
 from queuectl.bench.pgbench import PgbenchUnavailable
 from queuectl.bench.workers import (
-    BACKLOG_PAUSE_SECONDS, EMPTY_POLL_SECONDS, LATENCY_SAMPLE, WARMUP_CALLS, Backlog, payload_pool,
+    BACKLOG_PAUSE_SECONDS, LATENCY_SAMPLE, STOP_CHECK_SECONDS, WARMUP_CALLS, Backlog, IdleRule, payload_pool,
 )
 from queuectl.names import quote_ident
 
@@ -167,8 +167,9 @@ async def _produce(spec: PeerSpec, send: Any, signal_ready: Any, go: Any, stop: 
 async def _queuectl_asyncio(spec: PeerSpec, signal_ready: Any, go: Any, stop: Any, backlog: Backlog) -> dict[str, Any]:
     """The blocking subject's loops (queuectl.bench.workers), awaited on AsyncQueue: producers
     enqueue_many a batch per call, consumers dequeue a batch and ack it, counting it (and its
-    send -> ack latency) once the ack has returned, and pausing EMPTY_POLL_SECONDS on an
-    empty take. Warm-up as there: WARMUP_CALLS calls of each, not counted."""
+    send -> ack latency) once the ack has returned, and after an empty take waiting as the
+    AsyncWorker does (_AsyncIdleWait). Warm-up as there: WARMUP_CALLS calls of each, not counted."""
+    from queuectl.asyncworker import AsyncListener
     from queuectl.bench.drivers import LEASE_SECONDS
     from queuectl.client.aio import AsyncQueue
 
@@ -190,6 +191,7 @@ async def _queuectl_asyncio(spec: PeerSpec, signal_ready: Any, go: Any, stop: An
 
         tally = _Tally(backlog)
         unpack = STAMP.unpack_from
+        idle = _AsyncIdleWait(await AsyncListener.open(queue))
         for _ in range(WARMUP_CALLS):  # prepares the dequeue and the ack (psycopg: at the 5th execution)
             messages = await queue.dequeue(spec.setting, lease=LEASE_SECONDS)
             if messages:
@@ -198,16 +200,60 @@ async def _queuectl_asyncio(spec: PeerSpec, signal_ready: Any, go: Any, stop: An
         signal_ready()
         await _wait(go)
         tally.start()
-        while not stop.is_set():
-            messages = await queue.dequeue(spec.setting, lease=LEASE_SECONDS)
-            if not messages:
-                await asyncio.sleep(EMPTY_POLL_SECONDS)
-                continue
-            await queue.ack(messages)
-            tally.handled_batch([unpack(m.payload)[0] for m in messages])
+        try:
+            while not stop.is_set():
+                messages = await queue.dequeue(spec.setting, lease=LEASE_SECONDS)
+                if not messages:
+                    await idle.found_nothing(stop)
+                    continue
+                await idle.found_work()
+                await queue.ack(messages)
+                tally.handled_batch([unpack(m.payload)[0] for m in messages])
+        finally:
+            await idle.listener.close()
         return tally.report(spec.seed)
     finally:
         await queue.close()
+
+
+class _AsyncIdleWait:
+    """The bench's IdleRule (queuectl.bench.workers), as the AsyncWorker waits: on its
+    AsyncListener's socket, watched by the event loop only while asleep."""
+
+    def __init__(self, listener: Any) -> None:
+        self.listener = listener
+        self.rule = IdleRule(listener.gated)
+
+    async def found_work(self) -> None:
+        if self.rule.found_work():
+            await self.listener.wait_end()
+            await self.listener.drain()
+
+    async def found_nothing(self, stop: Any) -> None:
+        step, seconds = self.rule.found_nothing()
+        if step == "outrun":
+            await self.listener.wait_end()
+        elif step == "register":
+            clear = await self.listener.wait_begin()
+            await self.listener.drain()
+            seconds = self.rule.registered_now(clear)
+        deadline = time.monotonic() + seconds
+        loop = asyncio.get_running_loop()
+        while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            if step == "outrun":
+                await asyncio.sleep(min(left, STOP_CHECK_SECONDS))
+                continue
+            readable = asyncio.Event()
+            loop.add_reader(self.listener.conn.fileno(), readable.set)
+            try:
+                await asyncio.wait_for(readable.wait(), min(left, STOP_CHECK_SECONDS))
+            except TimeoutError:
+                pass
+            finally:
+                loop.remove_reader(self.listener.conn.fileno())
+            if await self.listener.drain():
+                self.rule.woken()
+                return
 
 
 # -- PgQueuer -----------------------------------------------------------------------------

@@ -12,15 +12,20 @@ ring   the ring buffer vs a one-table insert/delete queue per batch size, with a
        check and an optional --soak of sizes and HOT updates over time (bench/ring.py).
 sustained  each --kind at a fixed offered rate for --minutes, clean and with the xmin
        horizon held (--hold), sampled over time, with PNG plots (bench/sustained.py).
+consumers  each --kind's full cycle and dequeue-only at every --consumer-counts (default
+       1,2,4,8,16,32) with 2 producers at batch 10, each point against 4 consumers in the
+       same repeat, with a PNG of the curve.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from queuectl.bench.core import BenchRun, ratio, scenario, stat, unavailable_once
+from queuectl.bench.core import BenchRun, load_average, ratio, scenario, stat, unavailable_once
 from queuectl.bench.drivers import driver_for
 from queuectl.bench.pgbench import PgbenchUnavailable
+from queuectl.errors import UsageError
 
 PHASES = ("enqueue", "dequeue", "cycle")
 PHASE_LABEL = {"enqueue": "enqueue-only", "dequeue": "dequeue-only", "cycle": "full-cycle"}
@@ -143,11 +148,13 @@ def kinds(run: BenchRun) -> dict[str, Any]:
 SCENARIO_TEXT = "enqueue-only, dequeue-only and full cycle per kind, each beside the same SQL under pgbench"
 
 
-def python_phases(run: BenchRun, kind: str, names: Any) -> dict[str, dict[str, Any]]:
+def python_phases(run: BenchRun, kind: str, names: Any, consumers: int | None = None) -> dict[str, dict[str, Any]]:
+    """The three phases through the kind's client, each on an emptied queue but dequeue-only,
+    which drains what enqueue-only left; `consumers` processes (None: --consumers)."""
     o = run.options
     driver = driver_for(kind)
-    common = dict(batch=o.batch, payload_bytes=o.payload_bytes, producers=o.producers, consumers=o.consumers,
-                  seconds=o.seconds)
+    common = dict(batch=o.batch, payload_bytes=o.payload_bytes, producers=o.producers,
+                  consumers=consumers or o.consumers, seconds=o.seconds)
     out: dict[str, dict[str, Any]] = {}
     with run.engine.connect() as conn:
         driver.reset(conn, names)
@@ -184,6 +191,106 @@ def kinds_targets(run: BenchRun, rows: list[dict[str, Any]]) -> list[dict[str, A
                 "value": value, "threshold": 0.50, "met": None if value is None else value >= 0.50,
             })
     return targets
+
+
+@scenario("consumers", "each --kind's full cycle and dequeue-only at every --consumer-counts, with a PNG",
+          ("kinds", "producers", "batch", "payload_bytes", "seconds", "backlog", "consumer_counts", "plots"))
+def consumers(run: BenchRun) -> dict[str, Any]:
+    """The curve of consumer counts: the kinds scenario's phases through the Python client
+    at each count, counts in rising order in even repeats and falling in odd ones (so a
+    machine that grows busier or quieter does not favour one end of the curve)."""
+    from queuectl.bench.sustained import plots_available
+
+    o = run.options
+    if o.plots and not plots_available():
+        raise UsageError("the consumers scenario's plot needs matplotlib: pip install 'queuectl[bench]'")
+    counts = list(o.consumer_counts)
+    base = 4 if 4 in counts else counts[0]  # every point is also read against this count
+    per: dict[tuple[str, int], dict[str, list[Any]]] = {
+        (kind, n): {k: [] for k in ("dequeue", "cycle", "p50", "p99", "load", "producer_cpu", "consumer_cpu",
+                                    *IDLE_COUNTS)}
+        for kind in o.kinds for n in counts
+    }
+    for kind in o.kinds:
+        driver_for(kind).install(run.engine, run.names(bench_queue_name(kind)))
+    with run.reporter.scenario("consumers", o.repeat * len(counts) * len(o.kinds)) as rep:
+        for r in range(o.repeat):
+            for n in counts if r % 2 == 0 else counts[::-1]:
+                for kind in o.kinds:
+                    rep.step(f"repeat {r + 1}: {kind}, {n} consumers")
+                    py = python_phases(run, kind, run.names(bench_queue_name(kind)), consumers=n)
+                    m, cycle = per[(kind, n)], py["cycle"]
+                    m["dequeue"].append(py["dequeue"]["rate"])
+                    m["cycle"].append(cycle["rate"])
+                    m["p50"].append(cycle["p50_ms"])
+                    m["p99"].append(cycle["p99_ms"])
+                    m["load"].append((load_average() or [None])[0])
+                    batches = cycle["idle"].get("work_takes") or 0
+                    for key in IDLE_COUNTS:
+                        m[key].append(cycle["idle"].get(key, 0) / batches if batches else None)
+                    for role in ("producer", "consumer"):
+                        seconds = cycle["cpu_seconds"][role]
+                        m[f"{role}_cpu"].append(1000 * seconds / cycle["messages"] if cycle["messages"] else None)
+                    rep.done()
+    rows: list[dict[str, Any]] = []
+    for kind in o.kinds:
+        for phase in ("cycle", "dequeue"):
+            for n in counts:
+                m = per[(kind, n)]
+                metrics = {f"vs_{base}": stat([ratio(a, b) for a, b in zip(m[phase], per[(kind, base)][phase])]),
+                           "load_1min": stat(m["load"])}
+                if phase == "cycle":
+                    metrics.update({key: stat(m[key]) for key in (*IDLE_COUNTS, "producer_cpu", "consumer_cpu")})
+                rows.append({
+                    "subject": f"queuectl {kind}",
+                    "phase": PHASE_LABEL[phase],
+                    "params": {"kind": kind, "batch": o.batch, "producers": o.producers if phase == "cycle" else 0,
+                               "consumers": n, "payload_bytes": o.payload_bytes},
+                    "rate": stat(m[phase]),
+                    "ceiling": None,
+                    "fraction_of_ceiling": None,
+                    "latency_ms": {"p50": stat(m["p50"]), "p99": stat(m["p99"])} if phase == "cycle" else None,
+                    "metrics": metrics,
+                })
+    targets = []
+    if base == 4 and 32 in counts:
+        for kind in o.kinds:
+            value = next(row["metrics"][f"vs_{base}"]["median"] for row in rows
+                         if row["params"]["kind"] == kind and row["phase"] == "full-cycle" and row["params"]["consumers"] == 32)
+            targets.append({"name": f"{kind} full cycle, 32 consumers against 4 (same repeat)", "value": value,
+                            "threshold": 1.0, "met": None if value is None else value >= 1.0})
+    if o.plots:
+        from pathlib import Path
+
+        from queuectl.bench.consumer_plots import plot_curve
+
+        for kind in o.kinds:
+            plot_curve(Path(f"{o.plots}-{kind}.png"), kind, [row for row in rows if row["params"]["kind"] == kind],
+                       producers=o.producers, batch=o.batch, repeat=o.repeat)
+    return {
+        "name": "consumers",
+        "description": f"full cycle and dequeue-only by consumer count, {o.producers} producers, batch {o.batch}",
+        "notes": [
+            "each point runs the kinds scenario's phases through the Python client: dequeue-only drains a queue "
+            "filled by an enqueue-only phase; full cycle runs the producers and that many consumers at once",
+            "a consumer whose take comes back empty waits as queuectl's Worker does (LISTEN, registration, "
+            "back-off poll; kinds that do not notify: the back-off poll alone): see docs/benchmarks.md",
+            f"x{base}: the point's rate over the same phase at {base} consumers in the same repeat; per batch: "
+            "the consumers' takes and waits per take that found work, summed over consumers; CPU: the "
+            "worker processes' own seconds per 1,000 messages (their server sessions' are not in it)",
+            f"load_1min: the machine's 1-minute load average after each point ({os.cpu_count()} cores)",
+        ],
+        "display_metrics": [[f"x{base}", f"vs_{base}"], ["empty/batch", "empty_takes"], ["outrun/batch", "outrun"],
+                            ["prod CPU s/1k", "producer_cpu"], ["cons CPU s/1k", "consumer_cpu"], ["load", "load_1min"]],
+        "ceilings": [],
+        "rows": rows,
+        "targets": targets,
+        "unavailable": [],
+    }
+
+
+# what a full cycle's consumers did, per take that found work (IdleWait.counts)
+IDLE_COUNTS = ("empty_takes", "notified_takes", "outrun", "registrations")
 
 
 # the other built-in scenarios register themselves on import

@@ -6,6 +6,13 @@ stop (or, for a draining consumer, until the queue is empty). It reports how man
 messages it handled and when its last operation finished, and how many it handled while
 warming up (so a scenario can balance everything sent against everything taken).
 
+Waiting on an empty queue: a full-cycle consumer whose take came back empty waits as
+queuectl's Worker does (IdleWait): on the reliable kinds it sleeps on the queue's LISTEN
+channel, registered as a consumer that may sleep, with the Worker's back-off poll beneath;
+the kinds that do not notify poll with that back-off alone. Idle consumers then cost the
+producers no CPU, however many there are. The sustained scenario's paced consumers keep a
+fixed short pause (FixedPause), so its latencies compare the kinds' storage, not their polls.
+
 End-to-end latency: a producer writes time.time() into the first 8 bytes of every payload
 just before its enqueue call; a consumer subtracts it from time.time() right after its ack
 returns. All workers run on this machine, so they share one clock.
@@ -16,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import struct
 import time
 import traceback
@@ -25,11 +33,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from queuectl.names import QueueNames
+from queuectl.worker import IN_FLIGHT_FIRST_WAIT, PollBackoff
 
 STAMP = struct.Struct("<d")
 WARMUP_CALLS = 6
 LATENCY_SAMPLE = 20_000  # per consumer, uniform sample sent back to the parent
-EMPTY_POLL_SECONDS = 0.002
+EMPTY_POLL_SECONDS = 0.002  # FixedPause
+STOP_CHECK_SECONDS = 0.1  # a sleeping consumer sees the end of a run within this
 BACKLOG_PAUSE_SECONDS = 0.001
 
 
@@ -123,7 +133,9 @@ def run_loop(spec: Any, ready: Any, go: Any, stop: Any, results: Any, work_of: C
         report["warmup_count"] = next(work)  # warm up
         ready.put(os.getpid())
         go.wait()
+        cpu = time.process_time()
         report.update(work.send(stop))
+        report["cpu_seconds"] = time.process_time() - cpu
     except BaseException as exc:  # reported to the parent, which fails the run with it
         report["error"] = f"{type(exc).__name__}: {exc}"
         report["traceback"] = traceback.format_exc(limit=6)
@@ -146,11 +158,145 @@ def pick_batch(pool: list[bytes], rng: random.Random, n: int, sent_at: float) ->
     return [stamp + p[STAMP.size:] for p in picked]
 
 
-def consume(session: Any, batch: int, stop: Any, done: Callable[[list[bytes]], None], *, drain: bool = False) -> None:
+class FixedPause:
+    """After an empty take, pause EMPTY_POLL_SECONDS and look again (the sustained scenario's
+    paced consumers: a queue fed at a steady pace is polled at once, whatever its kind)."""
+
+    counts: dict[str, int] = {}
+
+    def found_work(self) -> None:
+        pass
+
+    def found_nothing(self, stop: Any) -> None:
+        time.sleep(EMPTY_POLL_SECONDS)
+
+    def close(self) -> None:
+        pass
+
+
+class IdleRule:
+    """When a consumer that found the queue empty looks again, as queuectl's Worker decides it
+    (queuectl.worker: "Waking", "Polling with adaptive back-off", "Many consumers"), with the
+    Worker's PollBackoff; the waiting itself is IdleWait's (blocking) or the peers scenario's
+    (asyncio). On a queue that notifies only registered consumers (`gated`), the first
+    empty take registers (wait_begin) and looks once more; while registered it sleeps until
+    a notification or until the back-off's poll is due (50 ms, doubling to 2 s); a take
+    that finds work gives the registration up (wait_end). A take that answered a
+    notification and found nothing was outrun: it gives the registration up and sleeps
+    without watching the channel, 50 ms doubling until a take that answered a notification
+    finds work. Without a listener (kinds that do not notify) it waits the back-off alone.
+    `counts` says what it did (the bench reports their sums)."""
+
+    def __init__(self, gated: bool) -> None:
+        self.gated = gated
+        self.backoff = PollBackoff()
+        self.in_flight = PollBackoff(IN_FLIGHT_FIRST_WAIT)
+        self.outrun = PollBackoff()
+        self.registered = self.armed = self.notified = False
+        self.counts = {"work_takes": 0, "empty_takes": 0, "notified_takes": 0, "outrun": 0, "registrations": 0}
+
+    def found_work(self) -> bool:
+        """A take found work; True when the registration is to be given up (wait_end)."""
+        self.counts["work_takes"] += 1
+        self.counts["notified_takes"] += self.notified
+        self.backoff.reset()
+        self.in_flight.reset()
+        if self.notified:  # won a race: the next time it is outrun, it waits the shortest time again
+            self.outrun.reset()
+        self.notified = False
+        unregister, self.registered, self.armed = self.registered, False, False
+        return unregister
+
+    def found_nothing(self) -> tuple[str, float]:
+        """A take found nothing: ("outrun", seconds) give the registration up, then sleep that
+        long without watching the channel; ("register", 0) register (then registered());
+        ("sleep", seconds) sleep watching the channel, if any."""
+        self.counts["empty_takes"] += 1
+        self.counts["notified_takes"] += self.notified
+        if self.notified and self.registered:
+            self.counts["outrun"] += 1
+            self.notified = self.registered = self.armed = False
+            return "outrun", self.outrun.next_wait()
+        self.notified = False
+        if self.gated and not self.armed:
+            self.counts["registrations"] += 1
+            return "register", 0.0
+        return "sleep", self.backoff.next_wait()
+
+    def registered_now(self, clear: bool) -> float:
+        """wait_begin answered `clear`: 0 (look once more at once: every later enqueue
+        announces itself), or how long to sleep while an enqueue that may have missed the
+        registration is open."""
+        self.registered, self.armed = True, clear
+        if clear:
+            self.in_flight.reset()
+            return 0.0
+        return self.in_flight.next_wait()
+
+    def woken(self) -> None:
+        """A notification ended a sleep: the next take answers it."""
+        self.backoff.reset()
+        self.notified = True
+
+
+class IdleWait:
+    """A blocking consumer's IdleRule, waiting on the Worker's Listener (LISTEN on the queue's
+    channel on a connection of its own), if any. Sleeps are cut into STOP_CHECK_SECONDS
+    slices with no query between them, so the end of a run is seen at once."""
+
+    def __init__(self, listener: Any = None) -> None:
+        self.listener = listener
+        self.rule = IdleRule(listener is not None and listener.gated)
+        self.counts = self.rule.counts
+
+    def found_work(self) -> None:
+        if self.rule.found_work():
+            self.listener.wait_end()
+            self.listener.drain()
+
+    def found_nothing(self, stop: Any) -> None:
+        """Return when the next look is due (or `stop` is set)."""
+        step, seconds = self.rule.found_nothing()
+        if step == "outrun":
+            self.listener.wait_end()
+        elif step == "register":
+            clear = self.listener.wait_begin()
+            self.listener.drain()  # what came in before: the look that follows covers it
+            seconds = self.rule.registered_now(clear)
+        self._sleep(seconds, stop, watch=step != "outrun")
+
+    def _sleep(self, seconds: float, stop: Any, *, watch: bool) -> None:
+        deadline = time.monotonic() + seconds
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self.listener is None or not watch:
+                stop.wait(min(left, STOP_CHECK_SECONDS))
+            elif select.select([self.listener.fd], [], [], min(left, STOP_CHECK_SECONDS))[0] and self.listener.drain():
+                self.rule.woken()
+                return
+
+    def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+
+
+def idle_wait_for(session: Any) -> IdleWait:
+    """The Worker's wait for this session: on its queue's channel when its kind notifies
+    (the session has listen()), else the back-off poll alone."""
+    listen = getattr(session, "listen", None)
+    return IdleWait(listen() if listen is not None else None)
+
+
+def consume(session: Any, batch: int, stop: Any, done: Callable[[list[bytes]], None], *, drain: bool = False,
+            idle: Any = None) -> None:
     """Take and finish batches until `stop` is set (or, draining, the queue is empty), calling
-    done(payloads) once a batch is finished. A session that `defers_finish` (ack_and_dequeue)
-    acks a batch with its next take: the batch is done when that take returns."""
+    done(payloads) once a batch is finished; after an empty take, `idle` (IdleWait or
+    FixedPause; None: FixedPause) says when to look again. A session that `defers_finish`
+    (ack_and_dequeue) acks a batch with its next take: the batch is done when that take returns."""
     deferred = bool(getattr(session, "defers_finish", False))
+    idle = idle or FixedPause()
     held: list[bytes] = []
     while not stop.is_set():
         payloads, token = session.take(batch)
@@ -160,8 +306,9 @@ def consume(session: Any, batch: int, stop: Any, done: Callable[[list[bytes]], N
         if not payloads:
             if drain:
                 break
-            time.sleep(EMPTY_POLL_SECONDS)
+            idle.found_nothing(stop)
             continue
+        idle.found_work()
         session.finish(token)
         if deferred:
             held = payloads
@@ -202,6 +349,7 @@ def _producer(session: Any, spec: WorkerSpec, backlog: Backlog):
 
 
 def _consumer(session: Any, spec: WorkerSpec, backlog: Backlog):
+    idle = FixedPause() if spec.drain else idle_wait_for(session)  # a drain stops at its first empty take
     warm = 0
     if spec.warmup:
         for _ in range(WARMUP_CALLS):
@@ -228,8 +376,12 @@ def _consumer(session: Any, spec: WorkerSpec, backlog: Backlog):
         if not spec.drain:
             latencies.extend(now - unpack(p)[0] for p in payloads)
 
-    consume(session, spec.batch, stop, done, drain=spec.drain)
+    try:
+        consume(session, spec.batch, stop, done, drain=spec.drain, idle=idle)
+    finally:
+        idle.close()
     sample = list(latencies)
     if len(sample) > LATENCY_SAMPLE:
         sample = random.Random(spec.seed).sample(sample, LATENCY_SAMPLE)
-    yield {"count": count, "t_start": t_start, "t_end": t_end, "latencies": sample, "observed": len(latencies)}
+    yield {"count": count, "t_start": t_start, "t_end": t_end, "latencies": sample, "observed": len(latencies),
+           "idle": idle.counts}

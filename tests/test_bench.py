@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 import zipfile
 from importlib import resources
@@ -429,9 +430,9 @@ def test_an_option_the_scenario_does_not_read_is_a_one_line_usage_error(db_url: 
     cases = (
         (("--scenario", "ring", "--sizes", "300"), "--sizes is not used by scenario 'ring' (it is read by: split)"),
         (("--scenario", "split", "--payload-bytes", "4096"),
-         "--payload-bytes is not used by scenario 'split' (it is read by: kinds, peers, ring, sustained; the split's payload sizes are --sizes)"),
+         "--payload-bytes is not used by scenario 'split' (it is read by: consumers, kinds, peers, ring, sustained; the split's payload sizes are --sizes)"),
         (("--scenario", "ghosts", "--seconds", "3"), "--seconds is not used by scenario 'ghosts'"),
-        (("--scenario", "peers", "--kind", "fifo"), "--kind is not used by scenario 'peers' (it is read by: kinds, sustained)"),
+        (("--scenario", "peers", "--kind", "fifo"), "--kind is not used by scenario 'peers' (it is read by: consumers, kinds, sustained)"),
         (("--batches", "1,10"), "--batches is not used by scenario 'kinds' (it is read by: ring)"),
         (("--payload-content", "json"), "--payload-content is not used by scenario 'kinds' (it is read by: split)"),
         (("--minutes", "1"), "--minutes is not used by scenario 'kinds' (it is read by: sustained)"),
@@ -453,7 +454,7 @@ def test_every_bench_option_is_read_by_some_scenario() -> None:
     from queuectl.bench.core import COMMON_OPTIONS, SCENARIO_OPTIONS, BenchOptions
 
     BenchOptions().validate()  # registers the built-in scenarios
-    assert set(SCENARIO_OPTIONS) == {"kinds", "peers", "split", "ghosts", "ring", "sustained"}
+    assert set(SCENARIO_OPTIONS) == {"kinds", "peers", "split", "ghosts", "ring", "sustained", "consumers"}
     named = set(COMMON_OPTIONS).union(*SCENARIO_OPTIONS.values())
     assert {f.name for f in fields(BenchOptions)} - {"given"} <= named
     assert BenchOptions(scenario="ring", sizes=[300]).validate().sizes == [300]  # given by a caller, not the command line
@@ -505,6 +506,97 @@ def test_tiny_sustained_run_holds_the_horizon_accounts_for_every_message_and_plo
     for kind in ("reliable", "ring"):
         png = tmp_path / f"bench-{kind}.png"
         assert su["plots"][kind] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_idle_bench_consumer_waits_as_the_worker_does(db_url: str, engine: sa.Engine) -> None:
+    """A full cycle's consumer whose take came back empty (IdleWait, with the Worker's Listener
+    and PollBackoff): registers and looks once more, then sleeps on the queue's channel until
+    an enqueue announces itself; a take that finds work gives the registration up; one that
+    answered a notification and found nothing was outrun and leaves the channel. Kinds that
+    do not notify have no listener: they wait the back-off alone."""
+    import threading
+
+    from queuectl.bench.drivers import driver_for
+    from queuectl.bench.workers import idle_wait_for
+    from queuectl.names import QueueNames
+    from queuectl.worker import PollBackoff
+    from test_notify import waiting_sessions
+
+    names = QueueNames("bench_reliable")
+    driver = driver_for("reliable")
+    driver.install(engine, names)
+    consumer, producer = driver.open(db_url, names), driver.open(db_url, names)
+    idle, stop = idle_wait_for(consumer), threading.Event()
+    try:
+        assert idle.listener is not None and idle.listener.gated
+        idle.rule.backoff = PollBackoff(30, 30)  # so what ends a sleep within seconds is the channel
+        assert consumer.take(10)[0] == []
+        idle.found_nothing(stop)  # registers, and returns at once for one more look
+        assert idle.rule.armed and waiting_sessions(engine) == 1
+        assert consumer.take(10)[0] == []
+        threading.Timer(0.3, producer.enqueue, ([b"announced"],)).start()
+        started = time.monotonic()
+        idle.found_nothing(stop)
+        assert 0.2 < time.monotonic() - started < 10 and idle.rule.notified
+        payloads, token = consumer.take(10)
+        assert payloads == [b"announced"]
+        consumer.finish(token)
+        idle.found_work()
+        assert waiting_sessions(engine) == 0 and not idle.rule.registered
+        idle.found_nothing(stop)  # the drain's empty take: registers again
+        assert waiting_sessions(engine) == 1
+        def notify() -> None:  # a notification with nothing behind it: another consumer was faster
+            with engine.connect() as conn:
+                conn.execute(sa.text("SELECT pg_notify(:channel, '')"), {"channel": names.channel})
+                conn.commit()
+
+        threading.Timer(0.3, notify).start()
+        idle.found_nothing(stop)  # woken by a notification with nothing behind it...
+        assert idle.rule.notified
+        idle.found_nothing(stop)  # ...so this empty take was outrun: registration given up
+        assert waiting_sessions(engine) == 0
+        assert idle.counts == {"work_takes": 1, "empty_takes": 5, "notified_takes": 2, "outrun": 1, "registrations": 2}
+    finally:
+        idle.close()
+        consumer.close()
+        producer.close()
+    fifo = driver_for("fifo")
+    fifo.install(engine, QueueNames("bench_fifo"))
+    session = fifo.open(db_url, QueueNames("bench_fifo"))
+    try:
+        assert idle_wait_for(session).listener is None
+    finally:
+        session.close()
+
+
+@pytest.mark.slow
+def test_tiny_consumers_curve_measures_each_count_against_four_and_plots(db_url: str, tmp_path: Path) -> None:
+    """`--scenario consumers`: a full cycle and a dequeue-only phase at each count, each
+    read against 4 consumers in the same repeat, the consumers' takes and waits per batch,
+    the workers' CPU, and a PNG of the curve beside the JSON."""
+    result = _run_json(db_url, tmp_path, "--scenario", "consumers", "--consumer-counts", "4,2", "--seconds", "0.5",
+                       "--repeat", "1", "--batch", "5", "--producers", "1")
+    sc = result["scenario"]
+    assert result["options"]["consumer_counts"] == [2, 4]
+    rows = {(r["phase"], r["params"]["consumers"]): r for r in sc["rows"]}
+    assert set(rows) == {(phase, n) for phase in ("full-cycle", "dequeue-only") for n in (2, 4)}
+    for (phase, n), row in rows.items():
+        assert row["rate"]["median"] > 0 and row["params"]["batch"] == 5
+        assert row["metrics"]["vs_4"]["median"] == pytest.approx(row["rate"]["median"] / rows[(phase, 4)]["rate"]["median"])
+        assert row["metrics"]["load_1min"]["median"] >= 0
+        if phase == "full-cycle":
+            assert row["params"]["producers"] == 1 and 0 < row["latency_ms"]["p50"]["median"] <= row["latency_ms"]["p99"]["median"]
+            assert row["metrics"]["producer_cpu"]["median"] > 0 and row["metrics"]["consumer_cpu"]["median"] > 0
+            assert row["metrics"]["empty_takes"]["median"] >= row["metrics"]["outrun"]["median"] >= 0
+        else:
+            assert row["latency_ms"] is None and "empty_takes" not in row["metrics"]
+    assert sc["targets"] == []  # the target reads 32 consumers against 4
+    assert (tmp_path / "bench-reliable.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the curve's counts are --consumer-counts; --consumers would be silently ignored, so it is refused
+    proc = run_cli("bench", "--scenario", "consumers", "--consumers", "8", url=db_url)
+    assert proc.returncode == 2
+    assert proc.stderr.decode() == ("error: --consumers is not used by scenario 'consumers' "
+                                    "(it is read by: kinds, peers, ring, split, sustained)\n")
 
 
 def test_an_idle_transaction_holds_its_xid_while_others_commit(db_url: str, engine: sa.Engine) -> None:

@@ -64,8 +64,9 @@ AsyncWorkerStats = WorkerStats
 log = logging.getLogger("queuectl.worker")
 
 
-class _AsyncListener:
-    """LISTEN on the queue's channel over a psycopg AsyncConnection of its own (autocommit)."""
+class AsyncListener:
+    """LISTEN on the queue's channel over a psycopg AsyncConnection of its own (autocommit);
+    also the peers scenario's asyncio consumers' (queuectl.bench.peers)."""
 
     def __init__(self, conn: Any, sql: dict[str, str], gated: bool) -> None:
         self.conn = conn
@@ -73,7 +74,7 @@ class _AsyncListener:
         self.gated = gated
 
     @classmethod
-    async def open(cls, queue: Any) -> _AsyncListener:
+    async def open(cls, queue: Any) -> AsyncListener:
         import psycopg
 
         sql = {key: render("postgresql", "activation", key, queue.names.template_values())
@@ -142,7 +143,7 @@ class AsyncWorker:
         self._lost: set[int] = set()
         self._settlements = Settlements()  # finished items whose outcome is still to be recorded
         self._running: set[asyncio.Task[None]] = set()
-        self._listener: _AsyncListener | None = None
+        self._listener: AsyncListener | None = None
         self._listener_retry_at = 0.0
         self._registered = self._armed = False
         self._deaf_until = 0.0  # outrun: notifications are drained, not answered, until then
@@ -315,7 +316,7 @@ class AsyncWorker:
 
     async def _open_listener(self) -> bool:
         try:
-            self._listener = await _AsyncListener.open(self.queue)
+            self._listener = await AsyncListener.open(self.queue)
         except Exception as exc:
             log.warning("cannot LISTEN on %s (%s): polling, retry in %gs", self.queue.names.channel, first_line(exc),
                         self.poll_interval)

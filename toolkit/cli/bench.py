@@ -23,11 +23,12 @@ def bench(
         Optional[list[str]],
         typer.Option("--kind", "--kinds", help="Queue kind to measure (repeatable, or comma-separated). Default: reliable."),
     ] = None,
-    producers: Annotated[Optional[int], typer.Option(help="Producer processes. Default: 4 (sustained: 2).")] = None,
+    producers: Annotated[Optional[int], typer.Option(help="Producer processes. Default: 4 (sustained, consumers: 2).")] = None,
     consumers: Annotated[Optional[int], typer.Option(help="Consumer processes. Default: 4 (sustained: 2).")] = None,
     batch: Annotated[
         Optional[int],
-        typer.Option(help="Messages per enqueue and per dequeue call. Default: 100 (split, ring, sustained: 10)."),
+        typer.Option(help="Messages per enqueue and per dequeue call. Default: 100 (split, ring, sustained, "
+                     "consumers: 10)."),
     ] = None,
     payload_bytes: Annotated[int, typer.Option(help="Payload size in bytes (random, incompressible).")] = 300,
     payload_content: Annotated[
@@ -38,7 +39,9 @@ def bench(
     seconds: Annotated[float, typer.Option(help="Length of each measured phase.")] = 10.0,
     repeat: Annotated[int, typer.Option(help="Repeats; medians are reported.")] = 3,
     scenario: Annotated[
-        str, typer.Option(help="kinds (default), peers, split, ghosts, ring, sustained; see the README's bench section.")
+        str,
+        typer.Option(help="kinds (default), peers, split, ghosts, ring, sustained, consumers; see the README's bench "
+                     "section."),
     ] = "kinds",
     rows: Annotated[
         Optional[str], typer.Option(help="ghosts: queue sizes to drain, comma-separated. Default: 30000,60000.")
@@ -79,10 +82,16 @@ def bench(
         typer.Option(help="sustained: rows of the unrelated table (made once, in schema queuectl_bystander) whose "
                      "range query is timed beside the queues."),
     ] = 1_000_000,
+    consumer_counts: Annotated[
+        Optional[str],
+        typer.Option(help="consumers: consumer process counts of the curve, comma-separated; each count runs a "
+                     "dequeue-only phase and a full cycle with --producers, read against 4 consumers in the same "
+                     "repeat. Default: 1,2,4,8,16,32."),
+    ] = None,
     plots: Annotated[
         Optional[Path],
-        typer.Option(help="sustained: folder for the PNG plots (sustained-<kind>.png). Default: beside the --json "
-                     "file (<its name>-<kind>.png); none without either. Needs matplotlib "
+        typer.Option(help="sustained, consumers: folder for the PNG plots (<scenario>-<kind>.png). Default: beside "
+                     "the --json file (<its name>-<kind>.png); none without either. Needs matplotlib "
                      "(pip install 'queuectl[bench]')."),
     ] = None,
     json_file: Annotated[
@@ -109,6 +118,13 @@ def bench(
     how many dead row versions the queue's tables carry and how big they are, how often
     autovacuum ran, whether producers were turned away, and how long an unrelated query
     on another table takes meanwhile, first with nothing held, then with the hold.
+
+    --scenario consumers asks what more consumer processes cost: at each --consumer-counts
+    it runs a dequeue-only phase (draining a filled queue) and a full cycle (--producers
+    and that many consumers at once), and reads each point against 4 consumers in the same
+    repeat. Idle consumers wait as `queuectl worker` does (asleep on the queue's channel,
+    or polling with back-off), so the curve shows what many mostly idle workers cost.
+    With --json or --plots it also draws the curve as a PNG.
     """
     from queuectl.bench import BenchOptions, render, run_bench
 
@@ -120,7 +136,8 @@ def bench(
         schema=schema, pgbench=not no_pgbench, backlog=backlog, rows=_sizes(rows, "--rows"),
         batches=_sizes(batches, "--batches"), sizes=_sizes(sizes, "--sizes"), soak=soak,
         payload_content=payload_content, minutes=minutes, hold=hold, rate=rate, interval=interval,
-        bystander_rows=bystander_rows, plots=_plots_prefix(plots, json_file, scenario), given=_given(ctx),
+        bystander_rows=bystander_rows, plots=_plots_prefix(plots, json_file, scenario),
+        consumer_counts=_sizes(consumer_counts, "--consumer-counts"), given=_given(ctx),
     )
     result = run_bench(options, console=out, argv=["queuectl", *_masked(sys.argv[1:])])
     text = json.dumps(result, indent=2, default=str) + "\n"
@@ -141,11 +158,11 @@ def _given(ctx: typer.Context) -> frozenset[str]:
 
 
 def _plots_prefix(folder: Path | None, json_file: Path | None, scenario: str) -> str | None:
-    """Where the sustained scenario's PNGs go, as a prefix of <prefix>-<kind>.png: in --plots,
+    """Where the sustained and consumers scenarios' PNGs go, as a prefix of <prefix>-<kind>.png: in --plots,
     else beside the --json file and named after it; None when neither is given."""
     if folder is not None:
-        return str(folder / "sustained")
-    if scenario == "sustained" and json_file is not None and str(json_file) != "-":
+        return str(folder / scenario)
+    if scenario in ("sustained", "consumers") and json_file is not None and str(json_file) != "-":
         return str(json_file.with_suffix(""))
     return None
 
