@@ -1,0 +1,108 @@
+"""Probe: where a full cycle's CPU goes as consumers grow: server and worker CPU per 1,000 messages, and statements per batch.
+
+    python bench/lab/consumers_cpu.py [--url URL] [--pgdata DIR] [--counts 4,32] [--seconds 8] [--repeats 2] [--json FILE]
+
+Runs the full cycle of `queuectl bench --scenario consumers` (BenchRun.python_phase: 2
+producers, batch 10, the reliable kind, consumers waiting as the Worker does) at each
+count in turn, --repeats times. For each run it prints the messages/s, the CPU seconds per
+1,000 messages of the server (every process of the local server whose data directory is
+--pgdata, default the embedded server's: the postmaster's own and reaped children's CPU
+from /proc, plus its live children's) and of the worker processes by role (the bench's
+own count), and the statements per batch taken (pg_stat_statements: claims, acks,
+enqueues, registrations wait_begin and wait_end). On a machine shared with other work,
+CPU per message is the figure to read: the rate follows the share of the 2 cores the run
+gets, the CPU per message what each message costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from queuectl.bench.core import BenchOptions, BenchRun, load_average
+from queuectl.bench.drivers import driver_for
+from queuectl.engine.embedded import default_home
+
+KIND = "reliable"
+QUEUE = "bench_reliable"
+TICK = os.sysconf("SC_CLK_TCK")
+STATEMENTS = ("dequeue", "ack", "enqueue_many", "wait_begin", "wait_end")
+
+
+def _stat(pid: int) -> tuple[int, int, int]:
+    """(parent pid, own CPU ticks, reaped children's CPU ticks) of a process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
+
+
+def server_cpu(postmaster: int) -> float:
+    """CPU seconds so far of the server: the postmaster, its reaped children and its live ones."""
+    _, own, reaped = _stat(postmaster)
+    total = own + reaped
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parent, own, reaped = _stat(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue  # ended meanwhile
+            if parent == postmaster:
+                total += own + reaped
+    return total / TICK
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--url", default=None)
+    parser.add_argument("--pgdata", type=Path, default=None, help="the local server's data directory")
+    parser.add_argument("--counts", default="4,32")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    pgdata = args.pgdata or default_home() / "pgdata"
+    postmaster = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
+    counts = [int(n) for n in args.counts.split(",")]
+    run = BenchRun(BenchOptions(kinds=[KIND], producers=2, consumers=max(counts), batch=10, pgbench=False,
+                                seconds=args.seconds, url=args.url))
+    names = run.names(QUEUE)
+    driver = driver_for(KIND)
+    driver.install(run.engine, names)
+    functions = {key: names.template_values()[f"fn_{key}"] for key in STATEMENTS}
+    if not run.pgss_available():
+        raise SystemExit("pg_stat_statements is needed (shared_preload_libraries)")
+    out: list[dict[str, Any]] = []
+    try:
+        for repeat in range(args.repeats):
+            for n in counts:
+                with run.engine.connect() as conn:
+                    driver.reset(conn, names)
+                before = {key: run.pgss_calls(fn)["calls"] for key, fn in functions.items()}
+                cpu = server_cpu(postmaster)
+                res = run.python_phase(KIND, names, "cycle", batch=10, payload_bytes=300, producers=2, consumers=n,
+                                       seconds=args.seconds)
+                time.sleep(0.5)  # the workers' sessions end and are reaped
+                server = server_cpu(postmaster) - cpu
+                calls = {key: run.pgss_calls(fn)["calls"] - before[key] for key, fn in functions.items()}
+                batches = res["idle"].get("work_takes") or 1
+                per_1k = 1000 / max(res["messages"], 1)
+                row = {"repeat": repeat + 1, "consumers": n, "rate": res["rate"], "load_1min": load_average()[:1],
+                       "server_cpu_per_1k": server * per_1k,
+                       "producer_cpu_per_1k": res["cpu_seconds"]["producer"] * per_1k,
+                       "consumer_cpu_per_1k": res["cpu_seconds"]["consumer"] * per_1k,
+                       "calls_per_batch": {key: round(v / batches, 2) for key, v in calls.items()},
+                       "idle_per_batch": {key: round(v / batches, 2) for key, v in res["idle"].items()}}
+                out.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        driver.uninstall(run.engine, names)
+        run.close()
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
