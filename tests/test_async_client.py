@@ -280,7 +280,8 @@ def test_an_async_worker_outrun_to_a_notification_leaves_the_channel_until_its_n
         worker = AsyncWorker(consumer, handler, poll_interval=3, min_poll_interval=1.5, handle_signals=False)
         task = asyncio.create_task(worker.run())
         try:
-            await until(lambda: waiting_sessions(engine) == 1, "the idle worker's registration")
+            # registered, and asleep after its one more look (what comes with the registration's reply is drained)
+            await until(lambda: waiting_sessions(engine) == 1 and worker.stats.empty_polls >= 2, "the idle worker's sleep")
             with engine.connect() as conn:  # a notification with nothing behind it
                 conn.execute(sa.text("SELECT pg_notify(:channel, '')"), {"channel": consumer.names.channel})
                 conn.commit()

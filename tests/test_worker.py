@@ -170,7 +170,9 @@ def test_a_worker_outrun_to_a_notification_leaves_the_channel_until_its_next_pol
     handler = Recorder()
     running = Running(Worker(orders, handler, batch=10, poll_interval=3, min_poll_interval=1.5))
     try:
-        wait_until(lambda: waiting_sessions(engine) == 1, what="the idle worker's registration")
+        # registered, and asleep after its one more look (what comes with the registration's reply is drained)
+        wait_until(lambda: waiting_sessions(engine) == 1 and running.worker.stats.empty_polls >= 2,
+                   what="the idle worker's sleep")
         notified = running.worker.stats.notifications
         with engine.connect() as conn:  # a notification with nothing behind it: another consumer was faster
             conn.execute(sa.text("SELECT pg_notify(:channel, '')"), {"channel": orders.names.channel})
