@@ -44,15 +44,15 @@ WORKER_STOP_TIMEOUT = 120.0
 COMMIT_TABLE = "bench_commit"
 # The comparisons the targets are set for: full cycles at batch 100, the split at batch 10, ghosts one
 # item per dequeue call, the ring's soak at batch 10.
-DEFAULT_BATCH = {"split": 10, "ghosts": 1, "ring": 10, "sustained": 10, "consumers": 10}
+DEFAULT_BATCH = {"split": 10, "ghosts": 1, "ring": 10, "sustained": 10, "consumers": 10, "cost": 10}
 # The sustained scenario offers a modest fixed rate from few processes (the table it is read against); the
 # consumers curve asks what many consumers cost two producers.
-DEFAULT_PRODUCERS = {"sustained": 2, "consumers": 2}
-DEFAULT_CONSUMERS = {"sustained": 2}
+DEFAULT_PRODUCERS = {"sustained": 2, "consumers": 2, "cost": 2}
+DEFAULT_CONSUMERS = {"sustained": 2, "cost": 2}
 HOLDS = ("none", "snapshot", "idle-in-transaction", "both")
-DEFAULT_ROWS = {"ghosts": [30_000, 60_000]}
+DEFAULT_ROWS = {"ghosts": [30_000, 60_000], "cost": [10_000, 1_000_000, 10_000_000]}
 DEFAULT_BATCHES = {"ring": [1, 10, 100]}
-DEFAULT_SIZES = {"split": [300, 1024, 4096, 16384]}
+DEFAULT_SIZES = {"split": [300, 1024, 4096, 16384], "cost": [300, 1024, 4096, 16384, 65536]}
 DEFAULT_CONSUMER_COUNTS = {"consumers": [1, 2, 4, 8, 16, 32]}
 
 
@@ -70,9 +70,9 @@ class BenchOptions:
     schema: str = DEFAULT_SCHEMA
     pgbench: bool = True
     backlog: int | None = None  # full cycle: most messages waiting; None: auto, 0: unbounded
-    rows: list[int] | None = None  # ghosts: queue sizes to drain; None: the scenario's default
+    rows: list[int] | None = None  # ghosts: queue sizes to drain; cost: ready backlogs; None: the scenario's default
     batches: list[int] | None = None  # ring: batch sizes compared; None: the scenario's default
-    sizes: list[int] | None = None  # split: payload sizes compared; None: the scenario's default
+    sizes: list[int] | None = None  # split, cost: payload sizes compared; None: the scenario's default
     soak: float = 0.0  # ring: seconds of soak per design (0: no soak)
     payload_content: str = "random"  # split: "random" (incompressible) or "json" (pglz compresses it ~3x)
     minutes: float = 1.5  # sustained: the measured window of each run
@@ -80,8 +80,9 @@ class BenchOptions:
     rate: float | None = None  # sustained: offered msgs/s across producers; None: half the calibrated maximum
     interval: float = 5.0  # sustained: seconds between samples
     bystander_rows: int = 1_000_000  # sustained: rows of the unrelated table whose query is timed
-    plots: str | None = None  # sustained, consumers: PNGs are written as <plots>-<kind>.png; None: none
+    plots: str | None = None  # sustained, consumers: PNGs as <plots>-<kind>.png, cost: <plots>-<curve>.png; None: none
     consumer_counts: list[int] | None = None  # consumers: the curve's consumer counts; None: the scenario's default
+    items: int = 10_000  # cost: messages one consumer claims and acks at each backlog and payload size
     # the options the user gave (the command line's names without "--"); each must be read
     # by the chosen scenario (SCENARIO_OPTIONS), so none is silently ignored
     given: frozenset[str] = frozenset()
@@ -125,6 +126,7 @@ class BenchOptions:
             (0.2 <= self.interval <= 600, "--interval must be 0.2-600 seconds"),
             (20_000 <= self.bystander_rows <= 100_000_000, "--bystander-rows must be 20000-100000000"),
             (all(1 <= n <= 64 for n in self.consumer_counts), "--consumer-counts must be counts from 1 to 64"),
+            (10 <= self.items <= 10_000_000, "--items must be 10-10000000"),
         ]
         for ok, message in checks:
             if not ok:

@@ -51,6 +51,10 @@ def render(result: dict[str, Any], console: Console) -> None:
         console.print(t)
     if sc.get("sustained"):
         console.print(sustained_table(sc))
+    elif sc.get("cost"):
+        for title, table in cost_tables(sc):
+            console.print(Text(title, style="bold"))
+            console.print(table)
     elif sc.get("rows"):
         console.print(rows_table(sc))
     if sc.get("targets"):
@@ -172,6 +176,74 @@ def sustained_markdown(sc: dict[str, Any]) -> list[str]:
     return lines + ["| " + " | ".join(_sustained_cells(run, SUSTAINED_MARKDOWN)) + " |" for run in sc["sustained"]["runs"]]
 
 
+# (header, where the figure is, digits): the cost scenario's two curves, console and Markdown;
+# then the figure whose repeats the Markdown shows beside the median
+COST_BACKLOG = (("kind", "kind", None), ("ready", "rows", 0), ("us/msg", "us_per_msg", 1),
+                ("x smallest", "over_smallest", 2), ("msgs/s", "rate", 0), ("buf/msg", "buffers_per_msg", 1),
+                ("WAL B/msg", "wal_bytes_per_msg", 0))
+COST_PAYLOAD = (("kind", "kind", None), ("bytes", "payload_bytes", 0), ("cycle/s", "cycle.rate", 0),
+                ("MB/s", "cycle.mb_per_s", 1), ("WAL B/msg", "cycle.wal_per_msg", 0),
+                ("claim us/msg", "claim_ack.us_per_msg", 1), ("buf/msg", "claim_ack.buffers_per_msg", 1))
+COST_REPEATS = (("us/msg", "us_per_msg", 1), ("cycle/s", "cycle.rate", 0))
+
+
+def _at(point: dict[str, Any], where: str) -> Any:
+    """point["a"]["b"] for where "a.b"."""
+    value: Any = point
+    for key in where.split("."):
+        value = value[key]
+    return value
+
+
+def _cost_cell(point: dict[str, Any], where: str, digits: int | None) -> str:
+    value = _at(point, where)
+    if digits is None:
+        return str(value)
+    if isinstance(value, dict):  # a stat: its median
+        value = value["median"]
+        if where == "over_smallest":
+            return "-" if value is None else f"{value:.2f}x"
+    return _num(value, digits)
+
+
+def _cost_curves(sc: dict[str, Any]) -> list[tuple[str, tuple[Any, ...], tuple[str, str, int], list[dict[str, Any]]]]:
+    """(title, columns, repeated figure, points) of each curve the run measured."""
+    c = sc["cost"]
+    titles = (f"backlog: one consumer, dequeue({c['batch']}) + ack of {c['items']:,} messages of "
+              f"{c['payload_bytes']:,} B per point",
+              f"payload: full cycle (cycle/s, MB/s, WAL per message), then claim+ack of {c['items']:,}")
+    curves = zip(titles, (COST_BACKLOG, COST_PAYLOAD), COST_REPEATS, (c["backlog"], c["payload"]))
+    return [curve for curve in curves if curve[3]]
+
+
+def cost_tables(sc: dict[str, Any]) -> list[tuple[str, Table]]:
+    """The cost scenario's curves, each a title and a table of one line per point within 80
+    columns (the title is printed above it, wrapped at the console's width)."""
+    tables = []
+    for title, columns, _, points in _cost_curves(sc):
+        t = Table(box=None, padding=(0, 1), pad_edge=False, header_style="bold")
+        for header, _, digits in columns:
+            t.add_column(header, justify="left" if digits is None else "right", no_wrap=digits is None)
+        for p in points:
+            t.add_row(*(_cost_cell(p, where, digits) for _, where, digits in columns))
+        tables.append((title, t))
+    return tables
+
+
+def cost_markdown(sc: dict[str, Any]) -> list[str]:
+    """The same curves as Markdown, each point's repeats beside its median."""
+    lines: list[str] = []
+    for title, columns, (header, where, digits), points in _cost_curves(sc):
+        head = [h for h, _, _ in columns] + [f"{header} repeats"]
+        lines += [f"{title[0].upper()}{title[1:]}:", "", "| " + " | ".join(head) + " |",
+                  "|---|" + "---:|" * (len(head) - 2) + "---|"]
+        for p in points:
+            repeats = " / ".join(_num(v, digits) for v in _at(p, where)["values"])
+            lines.append("| " + " | ".join([*(_cost_cell(p, w, d) for _, w, d in columns), repeats]) + " |")
+        lines.append("")
+    return lines
+
+
 def rows_table(sc: dict[str, Any]) -> Table:
     """One line per measured row; a scenario names the extra metrics worth a column."""
     extra = sc.get("display_metrics", [])
@@ -232,9 +304,11 @@ def markdown(result: dict[str, Any]) -> str:
     head += [name for name, _ in extra]
     if sc.get("sustained"):
         lines += sustained_markdown(sc)
+    elif sc.get("cost"):
+        lines += cost_markdown(sc)
     else:
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in [] if sc.get("sustained") else sc.get("rows", []):
+    for row in [] if sc.get("sustained") or sc.get("cost") else sc.get("rows", []):
         p, lat, ceiling = row["params"], row.get("latency_ms") or {}, row.get("ceiling") or {}
         cells = [
             _subject(row), row["phase"], str(p.get("batch", "-")),

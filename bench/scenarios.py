@@ -15,6 +15,8 @@ sustained  each --kind at a fixed offered rate for --minutes, clean and with the
 consumers  each --kind's full cycle and dequeue-only at every --consumer-counts (default
        1,2,4,8,16,32) with 2 producers at batch 10, each point against 4 consumers in the
        same repeat, with a PNG of the curve.
+cost   claim+ack cost per message at growing backlogs (--rows), and the full cycle per
+       payload size (--sizes), with PNG curves (bench/cost.py).
 """
 
 from __future__ import annotations
@@ -299,3 +301,4 @@ from queuectl.bench import split as _split  # noqa: E402,F401
 from queuectl.bench import ghosts as _ghosts  # noqa: E402,F401
 from queuectl.bench import ring as _ring  # noqa: E402,F401
 from queuectl.bench import sustained as _sustained  # noqa: E402,F401
+from queuectl.bench import cost as _cost  # noqa: E402,F401

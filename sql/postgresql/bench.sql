@@ -377,6 +377,24 @@ SELECT coalesce(sum(s.n_dead_tup), 0) AS dead_rows,
 FROM pg_stat_user_tables s
 WHERE s.schemaname = :schema AND s.relname = ANY (CAST(:tables AS text[]))
 
+-- name: cost_fill
+-- Enqueue :rows messages through the queue's own enqueue_many in one call (`queuectl bench
+-- --scenario cost`): the payloads are taken in turn from :pool, a few dozen payloads sent
+-- once per call, so a multi-million-row backlog is written by the server from one array
+-- per chunk instead of crossing the network row by row. Every other argument is left to
+-- the function's defaults, so this works on whatever tables the kind keeps.
+SELECT count(*) AS n
+FROM {{fn_enqueue_many}}(ARRAY(
+    SELECT (CAST(:pool AS bytea[]))[1 + (g % cardinality(CAST(:pool AS bytea[])))]
+    FROM generate_series(1, CAST(:rows AS bigint)) AS g
+)) AS id
+
+-- name: queue_tables
+-- Which of :tables (every table name the queue's kind may own) exist in :schema.
+SELECT s.relname FROM pg_stat_user_tables s
+WHERE s.schemaname = :schema AND s.relname = ANY (CAST(:tables AS text[]))
+ORDER BY s.relname
+
 -- name: bystander_create
 -- The sustained scenario's bystander: a table of ordinary rows in its own schema, unrelated
 -- to any queue, whose range query is timed while the queues run. Its primary key is built

@@ -23,12 +23,14 @@ def bench(
         Optional[list[str]],
         typer.Option("--kind", "--kinds", help="Queue kind to measure (repeatable, or comma-separated). Default: reliable."),
     ] = None,
-    producers: Annotated[Optional[int], typer.Option(help="Producer processes. Default: 4 (sustained, consumers: 2).")] = None,
-    consumers: Annotated[Optional[int], typer.Option(help="Consumer processes. Default: 4 (sustained: 2).")] = None,
+    producers: Annotated[Optional[int], typer.Option(help="Producer processes. Default: 4 (sustained, consumers, cost: 2).")] = None,
+    consumers: Annotated[
+        Optional[int], typer.Option(help="Consumer processes. Default: 4 (sustained, cost: 2; cost's claim+ack: always 1).")
+    ] = None,
     batch: Annotated[
         Optional[int],
         typer.Option(help="Messages per enqueue and per dequeue call. Default: 100 (split, ring, sustained, "
-                     "consumers: 10)."),
+                     "consumers, cost: 10)."),
     ] = None,
     payload_bytes: Annotated[int, typer.Option(help="Payload size in bytes (random, incompressible).")] = 300,
     payload_content: Annotated[
@@ -40,18 +42,21 @@ def bench(
     repeat: Annotated[int, typer.Option(help="Repeats; medians are reported.")] = 3,
     scenario: Annotated[
         str,
-        typer.Option(help="kinds (default), peers, split, ghosts, ring, sustained, consumers; see the README's bench "
-                     "section."),
+        typer.Option(help="kinds (default), peers, split, ghosts, ring, sustained, consumers, cost; see the README's "
+                     "bench section."),
     ] = "kinds",
     rows: Annotated[
-        Optional[str], typer.Option(help="ghosts: queue sizes to drain, comma-separated. Default: 30000,60000.")
+        Optional[str],
+        typer.Option(help="ghosts: queue sizes to drain, comma-separated. Default: 30000,60000. cost: ready "
+                     "backlogs to claim from. Default: 10000,1000000,10000000."),
     ] = None,
     batches: Annotated[
         Optional[str], typer.Option(help="ring: batch sizes to compare, comma-separated. Default: 1,10,100.")
     ] = None,
     sizes: Annotated[
         Optional[str],
-        typer.Option(help="split: payload sizes in bytes to compare, comma-separated. Default: 300,1024,4096,16384."),
+        typer.Option(help="split, cost: payload sizes in bytes to compare, comma-separated. Default: "
+                     "300,1024,4096,16384 (cost: and 65536)."),
     ] = None,
     soak: Annotated[
         float, typer.Option(help="ring: also run a soak of this many seconds per design, sampling sizes and HOT updates.")
@@ -90,10 +95,14 @@ def bench(
     ] = None,
     plots: Annotated[
         Optional[Path],
-        typer.Option(help="sustained, consumers: folder for the PNG plots (<scenario>-<kind>.png). Default: beside "
-                     "the --json file (<its name>-<kind>.png); none without either. Needs matplotlib "
-                     "(pip install 'queuectl[bench]')."),
+        typer.Option(help="sustained, consumers, cost: folder for the PNG plots (<scenario>-<kind>.png; cost: "
+                     "cost-backlog.png and cost-payload.png). Default: beside the --json file (<its name>-<kind or "
+                     "curve>.png); none without either. Needs matplotlib (pip install 'queuectl[bench]')."),
     ] = None,
+    items: Annotated[
+        int,
+        typer.Option(help="cost: messages one consumer claims and acks at each backlog and payload size."),
+    ] = 10_000,
     json_file: Annotated[
         Optional[Path], typer.Option("--json", help="Also write the result as JSON to this file ('-': stdout).")
     ] = None,
@@ -125,6 +134,10 @@ def bench(
     repeat. Idle consumers wait as `queuectl worker` does (asleep on the queue's channel,
     or polling with back-off), so the curve shows what many mostly idle workers cost.
     With --json or --plots it also draws the curve as a PNG.
+
+    --scenario cost asks what a message costs as the work grows: one consumer's claim and
+    ack at backlogs of ten thousand to ten million waiting messages, and the full cycle,
+    the claim and the WAL written per message at payloads from 300 bytes to 64 KB.
     """
     from queuectl.bench import BenchOptions, render, run_bench
 
@@ -136,7 +149,7 @@ def bench(
         schema=schema, pgbench=not no_pgbench, backlog=backlog, rows=_sizes(rows, "--rows"),
         batches=_sizes(batches, "--batches"), sizes=_sizes(sizes, "--sizes"), soak=soak,
         payload_content=payload_content, minutes=minutes, hold=hold, rate=rate, interval=interval,
-        bystander_rows=bystander_rows, plots=_plots_prefix(plots, json_file, scenario),
+        bystander_rows=bystander_rows, plots=_plots_prefix(plots, json_file, scenario), items=items,
         consumer_counts=_sizes(consumer_counts, "--consumer-counts"), given=_given(ctx),
     )
     result = run_bench(options, console=out, argv=["queuectl", *_masked(sys.argv[1:])])
@@ -158,11 +171,11 @@ def _given(ctx: typer.Context) -> frozenset[str]:
 
 
 def _plots_prefix(folder: Path | None, json_file: Path | None, scenario: str) -> str | None:
-    """Where the sustained and consumers scenarios' PNGs go, as a prefix of <prefix>-<kind>.png: in --plots,
-    else beside the --json file and named after it; None when neither is given."""
+    """Where the sustained, consumers and cost scenarios' PNGs go, as a prefix of <prefix>-<kind or
+    curve>.png: in --plots, else beside the --json file and named after it; None when neither is given."""
     if folder is not None:
         return str(folder / scenario)
-    if scenario in ("sustained", "consumers") and json_file is not None and str(json_file) != "-":
+    if scenario in ("sustained", "consumers", "cost") and json_file is not None and str(json_file) != "-":
         return str(json_file.with_suffix(""))
     return None
 
