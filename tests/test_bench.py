@@ -428,11 +428,13 @@ def test_an_option_the_scenario_does_not_read_is_a_one_line_usage_error(db_url: 
     runs, with the scenarios that do read it (a --sizes given to the ring would otherwise
     run the ring as if it had not been said)."""
     cases = (
-        (("--scenario", "ring", "--sizes", "300"), "--sizes is not used by scenario 'ring' (it is read by: split)"),
+        (("--scenario", "ring", "--sizes", "300"), "--sizes is not used by scenario 'ring' (it is read by: cost, split)"),
         (("--scenario", "split", "--payload-bytes", "4096"),
-         "--payload-bytes is not used by scenario 'split' (it is read by: consumers, kinds, peers, ring, sustained; the split's payload sizes are --sizes)"),
+         "--payload-bytes is not used by scenario 'split' (it is read by: consumers, cost, kinds, peers, ring, sustained; the split's payload sizes are --sizes)"),
         (("--scenario", "ghosts", "--seconds", "3"), "--seconds is not used by scenario 'ghosts'"),
-        (("--scenario", "peers", "--kind", "fifo"), "--kind is not used by scenario 'peers' (it is read by: consumers, kinds, sustained)"),
+        (("--scenario", "peers", "--kind", "fifo"), "--kind is not used by scenario 'peers' (it is read by: consumers, cost, kinds, sustained)"),
+        (("--items", "500"), "--items is not used by scenario 'kinds' (it is read by: cost)"),
+        (("--scenario", "cost", "--kind", "ring"), "the ring holds at most its size"),
         (("--batches", "1,10"), "--batches is not used by scenario 'kinds' (it is read by: ring)"),
         (("--payload-content", "json"), "--payload-content is not used by scenario 'kinds' (it is read by: split)"),
         (("--minutes", "1"), "--minutes is not used by scenario 'kinds' (it is read by: sustained)"),
@@ -454,7 +456,7 @@ def test_every_bench_option_is_read_by_some_scenario() -> None:
     from queuectl.bench.core import COMMON_OPTIONS, SCENARIO_OPTIONS, BenchOptions
 
     BenchOptions().validate()  # registers the built-in scenarios
-    assert set(SCENARIO_OPTIONS) == {"kinds", "peers", "split", "ghosts", "ring", "sustained", "consumers"}
+    assert set(SCENARIO_OPTIONS) == {"kinds", "peers", "split", "ghosts", "ring", "sustained", "consumers", "cost"}
     named = set(COMMON_OPTIONS).union(*SCENARIO_OPTIONS.values())
     assert {f.name for f in fields(BenchOptions)} - {"given"} <= named
     assert BenchOptions(scenario="ring", sizes=[300]).validate().sizes == [300]  # given by a caller, not the command line
@@ -597,6 +599,55 @@ def test_tiny_consumers_curve_measures_each_count_against_four_and_plots(db_url:
     assert proc.returncode == 2
     assert proc.stderr.decode() == ("error: --consumers is not used by scenario 'consumers' "
                                     "(it is read by: kinds, peers, ring, split, sustained)\n")
+
+
+@pytest.mark.slow
+def test_tiny_cost_run_claims_a_fixed_count_from_each_backlog_and_accounts_for_it(
+        db_url: str, engine: sa.Engine, tmp_path: Path) -> None:
+    """`--scenario cost`: each backlog is filled to its size through the queue's own
+    enqueue_many, and in every repeat one consumer claims and acks exactly --items messages
+    of it, from size + items down to size; every message filled is claimed or still ready,
+    nothing claimed is left unacked; the payload curve's full cycle writes at least each
+    payload's size of WAL per message; the curves are PNGs beside the JSON, the console
+    tables fit 80 columns, and no bench queue is left behind."""
+    from rich.console import Console
+
+    from queuectl.bench.report import cost_tables
+
+    items = 300
+    result = _run_json(db_url, tmp_path, "--scenario", "cost", "--rows", "3000,200", "--sizes", "300,16384",
+                       "--items", str(items), "--repeat", "2", "--seconds", "1", "--producers", "1", "--consumers", "1")
+    sc = result["scenario"]
+    c = sc["cost"]
+    assert c["backlogs"] == [200, 3000] and c["sizes"] == [300, 16384] and sc["unavailable"] == []
+    for f, rows in zip(c["fills"], (200, 3000)):
+        assert (f["rows"], f["payload_bytes"]) == (rows, 300)
+        assert f["seconds"] > 0 and f["table_bytes"] > 0 and f["wal_bytes"] >= rows * 300
+    for p, rows in zip(c["backlog"], (200, 3000)):
+        assert p["rows"] == rows and p["ready_start"] == [rows + items] * 2 and p["ready_end"] == [rows] * 2
+        for rate, us in zip(p["rate"]["values"], p["us_per_msg"]["values"]):
+            assert rate > 0 and rate * us == pytest.approx(1e6)
+        assert p["buffers_per_msg"]["median"] > 0 and p["wal_bytes_per_msg"]["median"] > 0
+    assert c["backlog"][0]["over_smallest"]["values"] == [1.0, 1.0]
+    assert [e["expected_ready"] for e in c["ledger"]] == [e["ready"] for e in c["ledger"]] == [200, 3000]
+    assert all(e["processing"] == 0 and e["left"] == e["ready"] for e in c["ledger"])
+    assert [t["met"] for t in sc["targets"]][-1] is True and "3,000 ready / at 200" in sc["targets"][0]["name"]
+    for p, size in zip(c["payload"], (300, 16384)):
+        cycle, drain = p["cycle"], p["claim_ack"]
+        assert cycle["mb_per_s"]["median"] == pytest.approx(cycle["rate"]["median"] * size / 1e6)
+        assert cycle["wal_per_msg"]["median"] >= size and drain["us_per_msg"]["median"] > 0
+    for curve in ("backlog", "payload"):
+        png = tmp_path / f"bench-{curve}.png"
+        assert c["plots"][curve] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    console = Console(width=80, record=True)
+    for title, table in cost_tables(sc):
+        console.print(title)
+        console.print(table)
+    lines = console.export_text().splitlines()
+    assert len(lines) == 2 * (2 + 2) and all(len(line) <= 80 for line in lines) and "…" not in "\n".join(lines)
+    with engine.connect() as conn:
+        left = conn.execute(sa.text("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'cost\\_%'")).scalar_one()
+    assert left == 0
 
 
 def test_an_idle_transaction_holds_its_xid_while_others_commit(db_url: str, engine: sa.Engine) -> None:
