@@ -39,7 +39,7 @@ import sqlalchemy as sa
 from queuectl.bench.core import BenchRun, ratio, scenario, stat
 from queuectl.bench.drivers import BinaryArray, bench_sql, driver_for
 from queuectl.bench.sustained import installed_kind, left_in_queue, plots_available
-from queuectl.bench.workers import WARMUP_CALLS, WorkerSpec, payload_pool, run_loop
+from queuectl.bench.workers import WARMUP_CALLS, WorkerSpec, payload_pool, run_loop, warm_up_consumer
 from queuectl.errors import QueuectlError, UsageError
 from queuectl.names import QUEUE_OBJECT_SUFFIXES, QueueNames
 
@@ -78,14 +78,7 @@ def counted_consumer(spec: CountedSpec, ready: Any, go: Any, stop: Any, results:
 
 
 def _claim_items(session: Any, spec: CountedSpec) -> Iterator[Any]:
-    warm = 0
-    for _ in range(WARMUP_CALLS):  # prepares the claim and the ack (psycopg prepares on the 5th call)
-        payloads, token = session.take(spec.batch)
-        session.finish(token)
-        warm += len(payloads)
-    if getattr(session, "defers_finish", False):
-        session.flush()
-    stop = yield warm
+    stop = yield warm_up_consumer(session, spec.batch)
     count, dry = 0, False
     t_start = time.time()
     while count < spec.items and not stop.is_set():

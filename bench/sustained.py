@@ -44,7 +44,8 @@ from sqlalchemy.engine import Connection
 
 from queuectl.bench.core import BenchRun, _ms, percentile, ratio, scenario, stat
 from queuectl.bench.drivers import bench_sql, driver_for
-from queuectl.bench.workers import STAMP, WARMUP_CALLS, WorkerSpec, consume, payload_pool, pick_batch, run_loop
+from queuectl.bench.workers import (STAMP, WARMUP_CALLS, WorkerSpec, consume, payload_pool, pick_batch, run_loop,
+                                    warm_up_consumer)
 from queuectl.errors import UsageError
 from queuectl.names import QUEUE_OBJECT_SUFFIXES, QueueNames, quote_ident
 from queuectl.sqlfiles import split_statements
@@ -125,14 +126,7 @@ def _producer(session: Any, spec: PacedSpec) -> Iterator[Any]:
 
 
 def _consumer(session: Any, spec: PacedSpec) -> Iterator[Any]:
-    warm = 0
-    for _ in range(WARMUP_CALLS):
-        payloads, token = session.take(spec.batch)
-        session.finish(token)
-        warm += len(payloads)
-    if getattr(session, "defers_finish", False):
-        session.flush()
-    stop = yield warm
+    stop = yield warm_up_consumer(session, spec.batch)
     done_at, latency = array("d"), array("d")
     unpack = STAMP.unpack_from
 

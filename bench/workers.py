@@ -319,6 +319,19 @@ def consume(session: Any, batch: int, stop: Any, done: Callable[[list[bytes]], N
         done(held)
 
 
+def warm_up_consumer(session: Any, batch: int) -> int:
+    """WARMUP_CALLS takes, each finished (psycopg prepares a statement on its 5th execution),
+    and a deferred ack flushed: the messages this claimed, which the timed work does not count."""
+    warm = 0
+    for _ in range(WARMUP_CALLS):
+        payloads, token = session.take(batch)
+        session.finish(token)
+        warm += len(payloads)
+    if getattr(session, "defers_finish", False):
+        session.flush()
+    return warm
+
+
 def _producer(session: Any, spec: WorkerSpec, backlog: Backlog):
     pool = payload_pool(spec.payload_bytes, max(64, spec.batch * 4), spec.seed)
     rng = random.Random(spec.seed + 1)
@@ -351,15 +364,9 @@ def _producer(session: Any, spec: WorkerSpec, backlog: Backlog):
 def _consumer(session: Any, spec: WorkerSpec, backlog: Backlog):
     idle = FixedPause() if spec.drain else idle_wait_for(session)  # a drain stops at its first empty take
     warm = 0
-    if spec.warmup:
-        for _ in range(WARMUP_CALLS):
-            # prepares the dequeue; on a pre-filled queue these claims are finished (not counted)
-            payloads, token = session.take(spec.batch)
-            session.finish(token)
-            backlog.add(len(payloads))
-            warm += len(payloads)
-        if getattr(session, "defers_finish", False):
-            session.flush()
+    if spec.warmup:  # on a pre-filled queue the warm-up's claims are finished, not counted
+        warm = warm_up_consumer(session, spec.batch)
+        backlog.add(warm)
     stop = yield warm
     latencies = array("d")
     count = 0
