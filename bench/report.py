@@ -179,8 +179,9 @@ def sustained_markdown(sc: dict[str, Any]) -> list[str]:
 # (header, where the figure is, digits): the cost scenario's two curves, console and Markdown;
 # then the figure whose repeats the Markdown shows beside the median
 COST_BACKLOG = (("kind", "kind", None), ("ready", "rows", 0), ("us/msg", "us_per_msg", 1),
-                ("x smallest", "over_smallest", 2), ("msgs/s", "rate", 0), ("buf/msg", "buffers_per_msg", 1),
-                ("WAL B/msg", "wal_bytes_per_msg", 0))
+                ("x smallest", "over_smallest", 2), ("srv us", "server_us_per_msg", 1), ("x srv", "server_over_smallest", 2),
+                ("buf/msg", "buffers_per_msg", 1), ("x buf", "buffers_over_smallest", 2))
+COST_BACKLOG_MARKDOWN = (*COST_BACKLOG, ("msgs/s", "rate", 0), ("WAL B/msg", "wal_bytes_per_msg", 0))
 COST_PAYLOAD = (("kind", "kind", None), ("bytes", "payload_bytes", 0), ("cycle/s", "cycle.rate", 0),
                 ("MB/s", "cycle.mb_per_s", 1), ("WAL B/msg", "cycle.wal_per_msg", 0),
                 ("claim us/msg", "claim_ack.us_per_msg", 1), ("buf/msg", "claim_ack.buffers_per_msg", 1))
@@ -201,18 +202,20 @@ def _cost_cell(point: dict[str, Any], where: str, digits: int | None) -> str:
         return str(value)
     if isinstance(value, dict):  # a stat: its median
         value = value["median"]
-        if where == "over_smallest":
+        if where.endswith("over_smallest"):
             return "-" if value is None else f"{value:.2f}x"
     return _num(value, digits)
 
 
-def _cost_curves(sc: dict[str, Any]) -> list[tuple[str, tuple[Any, ...], tuple[str, str, int], list[dict[str, Any]]]]:
+def _cost_curves(sc: dict[str, Any], markdown: bool = False
+                 ) -> list[tuple[str, tuple[Any, ...], tuple[str, str, int], list[dict[str, Any]]]]:
     """(title, columns, repeated figure, points) of each curve the run measured."""
     c = sc["cost"]
     titles = (f"backlog: one consumer, dequeue({c['batch']}) + ack of {c['items']:,} messages of "
               f"{c['payload_bytes']:,} B per point",
               f"payload: full cycle (cycle/s, MB/s, WAL per message), then claim+ack of {c['items']:,}")
-    curves = zip(titles, (COST_BACKLOG, COST_PAYLOAD), COST_REPEATS, (c["backlog"], c["payload"]))
+    curves = zip(titles, (COST_BACKLOG_MARKDOWN if markdown else COST_BACKLOG, COST_PAYLOAD), COST_REPEATS,
+                 (c["backlog"], c["payload"]))
     return [curve for curve in curves if curve[3]]
 
 
@@ -233,7 +236,7 @@ def cost_tables(sc: dict[str, Any]) -> list[tuple[str, Table]]:
 def cost_markdown(sc: dict[str, Any]) -> list[str]:
     """The same curves as Markdown, each point's repeats beside its median."""
     lines: list[str] = []
-    for title, columns, (header, where, digits), points in _cost_curves(sc):
+    for title, columns, (header, where, digits), points in _cost_curves(sc, markdown=True):
         head = [h for h, _, _ in columns] + [f"{header} repeats"]
         lines += [f"{title[0].upper()}{title[1:]}:", "", "| " + " | ".join(head) + " |",
                   "|---|" + "---:|" * (len(head) - 2) + "---|"]
