@@ -62,10 +62,13 @@ def _save(fig: Any, plt: Any, path: Path, title: str) -> str:
 
 
 def plot_backlog(path: Path, points: list[dict[str, Any]], options: Any) -> str:
-    """Claim+ack cost per message (wall time, and shared buffers) against ready rows, log scale."""
+    """Claim+ack cost per message (the consumer's wall time, the server's time in the calls, their
+    shared buffers) against ready rows, log scale."""
     plt = _pyplot()
-    panels = (("us_per_msg", "claim+ack wall time (us/msg)"), ("buffers_per_msg", "shared buffers per message"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+    panels = (("us_per_msg", "claim+ack, consumer's wall time (us/msg)"),
+              ("server_us_per_msg", "server time in the claim and ack calls (us/msg)"),
+              ("buffers_per_msg", "shared buffers per message"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
     for ax, (key, title) in zip(axes[0], panels):
         for kind in dict.fromkeys(p["kind"] for p in points):
             mine = [p for p in points if p["kind"] == kind]
