@@ -598,7 +598,7 @@ def test_tiny_consumers_curve_measures_each_count_against_four_and_plots(db_url:
     proc = run_cli("bench", "--scenario", "consumers", "--consumers", "8", url=db_url)
     assert proc.returncode == 2
     assert proc.stderr.decode() == ("error: --consumers is not used by scenario 'consumers' "
-                                    "(it is read by: kinds, peers, ring, split, sustained)\n")
+                                    "(it is read by: cost, kinds, peers, ring, split, sustained)\n")
 
 
 @pytest.mark.slow
