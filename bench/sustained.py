@@ -17,7 +17,7 @@ until the window ends. `both` runs a clean run, then a snapshot run, kind by kin
 
 Every --interval seconds: completed/s, offered/s, backlog (the kind's ready count), the
 p50/p99 latency of messages completed in the interval, dead row versions and total size
-(tables, indexes, TOAST) summed over all the queue's tables, autovacuum runs on them,
+(tables, indexes, TOAST) summed over all the queue's tables but history, autovacuum runs on them,
 producers' refusals (a full ring's QueueFullError), and the latency of a range query on
 an unrelated 1M-row table run by another thread (the bystander).
 
@@ -233,7 +233,9 @@ class Sampler(threading.Thread):
         self.cancelled = threading.Event()
         self.samples: list[dict[str, Any]] = []
         self.error: BaseException | None = None
-        self.tables = [names.table(s) for s in QUEUE_OBJECT_SUFFIXES[kind]]  # those that are tables are found
+        # the queue's own tables (those that are tables are found); the reliable kind's history,
+        # which the archive job beside the load fills, is the archive, bounded by retention
+        self.tables = [names.table(s) for s in QUEUE_OBJECT_SUFFIXES[kind] if not s.startswith("history")]
 
     def go(self, t_go: float) -> None:
         self.t_go = t_go
@@ -549,7 +551,8 @@ def sustained(run: BenchRun) -> dict[str, Any]:
         "hold snapshot: REPEATABLE READ and a read of an unrelated table, opened after the workers warmed up and "
         "held for the whole window; idle-in-transaction: BEGIN; SELECT txid_current(), then idle",
         f"sampled every {o.interval:g} s: backlog = the kind's ready count; dead rows, size (tables, indexes, "
-        "TOAST) and autovacuum runs summed over all the queue's tables; backlog/min = least-squares slope of the "
+        "TOAST) and autovacuum runs summed over all the queue's tables but history (the archive job's, beside the "
+        "load for the reliable kind); backlog/min = least-squares slope of the "
         "backlog over the last half of the window",
         f"bystander: a sum over 10,000 primary-key rows of a {bystander_rows:,}-row table in schema "
         f"{BYSTANDER_SCHEMA}, run by another thread every {BYSTANDER_PAUSE_SECONDS:g} s; its median per interval",
