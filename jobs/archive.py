@@ -114,6 +114,12 @@ class ArchiveResult:
     def rate(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
 
+    def add_rotation(self, done: "RotationPass") -> None:
+        """Count a rotation pass: its copies as rows moved to history, its emptied generations."""
+        self.rows += done.copied
+        self.rotations += done.emptied
+        self.rotation_blocked = done.blocked
+
     def summary(self) -> str:
         text = f"moved {self.rows:,} rows in {self.batches:,} batches ({self.rate:,.0f} rows/s)"
         if self.rotations:
@@ -221,12 +227,16 @@ class RotationPass:
     sealed: int | None = None        # READY rows the seal moved forward (None: no seal)
     emptied: int = 0                 # generations emptied
     copied: int = 0                  # finished rows copied to history
-    moved: int = 0                   # unfinished rows moved forward by the truncates
     blocked: str | None = None       # the sessions that kept a truncate waiting
 
     @property
+    def progressed(self) -> bool:
+        """A step was due and done (a switch, a seal or an emptied generation)."""
+        return self.switched or self.sealed is not None or self.emptied > 0
+
+    @property
     def busy(self) -> bool:
-        return self.active or self.switched or self.sealed is not None or self.emptied > 0
+        return self.active or self.progressed
 
 
 class Rotator:
@@ -279,7 +289,6 @@ class Rotator:
                     break
                 after = batch.last_id
                 if stopping():
-                    p.switched = False
                     return p
             for attempt in range(EMPTY_TRIES):
                 try:
@@ -298,7 +307,6 @@ class Rotator:
             self._one("rot_mark", what="emptied", epoch=row.epoch)
             p.emptied += 1
             p.copied += row.copied
-            p.moved += row.moved
         p.switched = self._one("rot_switch", items=self.config.rotate_items).epoch is not None
         return p
 
@@ -359,13 +367,10 @@ def run_once(
         while should_stop() is None:
             done = rotator.rotate(lambda: should_stop() is not None)
             passes += 1
-            result.rows += done.copied
-            result.rotations += done.emptied
-            result.rotation_blocked = done.blocked
-            progressed = done.switched or done.emptied > 0 or done.sealed is not None
-            if progressed and passes < 8:
+            result.add_rotation(done)
+            if done.progressed and passes < 8:
                 continue  # catching up: seal, empty and switch through the slots at once
-            if time.monotonic() >= rotate_until or (passes > 1 and not progressed and not done.active):
+            if time.monotonic() >= rotate_until or (passes > 1 and not done.busy):
                 break
             if sleep_unless_stopped(stop, _jittered(config.delay)):
                 break
@@ -410,7 +415,7 @@ def run_continuous(
             moved = 0
             if rotator is not None:
                 done = rotator.rotate(stop.is_set)
-                moved += done.copied
+                moved += done.copied  # counted into result.rows below, with the batches'
                 result.rotations += done.emptied
                 result.rotation_blocked = done.blocked
                 busy = done.busy
