@@ -183,6 +183,42 @@ def test_the_ledger_sees_items_a_truncate_without_the_move_would_lose(engine, or
     assert orders.ack(leased) == 0
 
 
+def test_the_seal_never_waits_on_a_consumer_and_a_row_it_skips_comes_back_one_rotation_later(engine, orders):
+    """A consumer holds 3 of the sealed epoch's READY rows in an open claim. The seal moves
+    the other 17 without waiting for it: a seal that waited on consumers' rows kept locks on
+    rows they then acked, and an ack and the seal deadlocked. The 3 rows, READY again when
+    the claim rolls back, stay in the sealed slot until the truncate moves them forward."""
+    rot = rotator(engine, items=10)
+    ids = orders.enqueue_many([f"m{i}".encode() for i in range(20)])
+    rot.rotate()  # epoch 1 opens; epoch 0 holds 20 READY rows and is not sealed yet
+    st = state(engine, orders)
+    assert (st.epoch, st.sealed) == (1, -1)
+    holder = engine.connect()
+    holder.begin()
+    held = holder.execute(sa.text(f"SELECT id FROM {orders.names.qualified('dequeue')}(3)")).scalars().all()
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("SET LOCAL lock_timeout = '2s'"))
+            moved = conn.execute(sa.text(f"SELECT {orders.names.qualified('rot_seal')}(50000)")).scalar()
+        assert moved == 17
+    finally:
+        holder.rollback()
+        holder.close()
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"SELECT {orders.names.qualified('rot_mark')}('sealed', 0)"))
+    # the claims walk the open epoch only: the 3 rows wait in slot 0 ...
+    first = orders.dequeue(20)
+    assert sorted(m.id for m in first) == sorted(set(ids) - set(held))
+    assert orders.ack(first) == 17
+    # ... until the truncate moves them forward
+    done = rot.rotate()
+    assert done.emptied == 1
+    again = orders.dequeue(20)
+    assert sorted(m.id for m in again) == sorted(held)
+    assert [m.payload for m in again] == [f"m{ids.index(m.id)}".encode() for m in again]
+    assert orders.ack(again) == 3
+
+
 def test_with_the_horizon_pinned_rotation_keeps_the_tables_small_and_history_complete(engine, orders):
     pin = Pin(engine)
     rot = rotator(engine, items=500)

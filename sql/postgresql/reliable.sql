@@ -672,6 +672,13 @@ $fn$;
 -- moved; NULL when there is nothing to seal; -1 when more than p_limit rows are READY there
 -- (a backlog: the epoch stays open and is walked by the claims, rather than moved whole
 -- at every rotation). The caller marks it sealed once this has committed.
+-- The rows are locked first, SKIP LOCKED, so the seal never waits on a consumer. A DELETE
+-- that meets a row claimed after its snapshot locks the row's newest version, finds it no
+-- longer READY, skips it and keeps the lock to the end of its transaction; the row's ack
+-- waited on the seal while the seal waited on another ack of the same consumer's batch, and
+-- the server broke the cycle by failing the ack (the archive-under-load test met it). A
+-- READY row skipped here (one a claim is taking, or another mover moving) stays in the
+-- sealed slot until the truncate moves it forward: late by one rotation, never lost.
 CREATE OR REPLACE FUNCTION {{fn_rot_seal}}(p_limit integer) RETURNS bigint
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -681,12 +688,15 @@ BEGIN
     IF st.sealed >= st.epoch - 1 THEN
         RETURN NULL;
     END IF;
-    v_ids := ARRAY(SELECT m.id FROM {{meta}} m
-                   WHERE m.slot = ((st.epoch - 1) % 3)::smallint AND m.status = 0
-                   LIMIT p_limit + 1);
-    IF cardinality(v_ids) > p_limit THEN
+    IF (SELECT count(*) FROM (SELECT FROM {{meta}} m
+                              WHERE m.slot = ((st.epoch - 1) % 3)::smallint AND m.status = 0
+                              LIMIT p_limit + 1) r) > p_limit THEN
         RETURN -1;
     END IF;
+    v_ids := ARRAY(SELECT m.id FROM {{meta}} m
+                   WHERE m.slot = ((st.epoch - 1) % 3)::smallint AND m.status = 0
+                   LIMIT p_limit
+                   FOR UPDATE SKIP LOCKED);
     RETURN {{fn_rot_move}}(v_ids, (st.epoch % 3)::smallint, 0::smallint);
 END
 $fn$;
