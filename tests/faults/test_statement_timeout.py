@@ -95,6 +95,35 @@ def test_an_ack_canceled_by_statement_timeout_leaves_the_items_held(db_url, engi
     producer.close()
 
 
+def test_an_ack_the_server_breaks_a_deadlock_with_raises_one_line_and_can_be_sent_again(engine, orders):
+    """Another session holds item 2 and then waits for item 1, which the ack has updated
+    while it waits for item 2: the server breaks the cycle by failing the ack (its
+    deadlock_timeout runs out first). The ack rolled back whole: StatementCanceled, like a
+    timeout, and sending it again once the other session is gone acks both."""
+    orders.enqueue_many([b"a", b"b"])
+    batch = orders.dequeue(2, lease=60)
+    meta = orders.names.qualified("meta")
+    other = engine.connect()
+    other.execute(sa.text("SET LOCAL deadlock_timeout = '10s'"))  # the ack's check runs first
+    other.execute(sa.text(f"UPDATE {meta} SET title = 'other' WHERE id = :id"), {"id": batch[1].id})
+
+    def close_the_cycle() -> None:
+        time.sleep(0.3)  # the ack has updated item 1 and waits for item 2
+        other.execute(sa.text(f"UPDATE {meta} SET title = 'other' WHERE id = :id"), {"id": batch[0].id})
+
+    closer = threading.Thread(target=close_the_cycle)
+    closer.start()
+    try:
+        with pytest.raises(StatementCanceled, match="ack on queue 'orders' was canceled by the server.*deadlock"):
+            orders.ack(batch)
+    finally:
+        closer.join(30)
+        other.rollback()
+        other.close()
+    assert orders.counts()["processing"] == 2
+    assert orders.ack(batch) == 2  # sent again: safe
+
+
 def test_worker_survives_canceled_dequeues_and_processes_every_item(db_url, engine, caplog):
     install_queue(engine, "orders")
     producer = Queue(engine, "orders")

@@ -88,9 +88,11 @@ class MssqlAdapter(Adapter):
         return re.sub(r"^(\[[^\]]*\]\s*)+", "", text).split(" (50413)")[0]
 
     def canceled(self, exc: DBAPIError) -> bool:
-        """Lock request time out (1222) or the client's query timeout (HYT00)."""
+        """Lock request time out (1222), chosen as a deadlock victim (1205) or the client's
+        query timeout (HYT00)."""
         args = getattr(exc.orig, "args", ())
-        return (bool(args) and args[0] == "HYT00") or "(1222)" in _odbc_message(exc)
+        text = _odbc_message(exc)
+        return (bool(args) and args[0] == "HYT00") or "(1222)" in text or "(1205)" in text
 
     def list_param(self, values: list) -> object:
         """ODBC has no arrays: a JSON array, read by OPENJSON in the procedures."""

@@ -194,8 +194,10 @@ class PostgresAdapter(Adapter):
     # -- what a failed statement means -------------------------------------------------
 
     # SQLSTATEs of a statement the server canceled and rolled back: query_canceled
-    # (statement_timeout, pg_cancel_backend) and lock_not_available (lock_timeout).
-    _CANCELED = ("57014", "55P03")
+    # (statement_timeout, pg_cancel_backend), lock_not_available (lock_timeout) and
+    # deadlock_detected (the transaction the server chose to break a lock cycle, e.g. a
+    # call against a migration that locks the queue's objects in another order).
+    _CANCELED = ("57014", "55P03", "40P01")
 
     def payload_refusal(self, exc: DBAPIError) -> str | None:
         """The server's message when an enqueue refused an oversized payload (reliable_0003:
@@ -207,7 +209,7 @@ class PostgresAdapter(Adapter):
         return getattr(diag, "message_primary", None) or first_line(orig)
 
     def canceled(self, exc: DBAPIError) -> bool:
-        """The server canceled the statement (a timeout): it rolled back whole."""
+        """The server canceled the statement (a timeout, a deadlock): it rolled back whole."""
         return getattr(exc.orig, "sqlstate", None) in self._CANCELED
 
     # undefined table or column: a call that started on the queue's old objects while
