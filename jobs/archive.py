@@ -276,10 +276,7 @@ class Rotator:
         p.active = self._last_id is not None and state.last_id != self._last_id
         self._last_id = state.last_id
         if state.sealed < state.epoch - 1:
-            moved = self._one("rot_seal", limit=SEAL_LIMIT).moved
-            if moved is not None and moved >= 0:
-                self._one("rot_mark", what="sealed", epoch=state.epoch - 1)
-                p.sealed = moved
+            self._seal(p, state.epoch - 1)
         while (epoch := self._one("rot_next_empty").epoch) is not None:
             after = 0
             while True:  # the finished rows in batches, before the truncate's short lock
@@ -307,8 +304,19 @@ class Rotator:
             self._one("rot_mark", what="emptied", epoch=row.epoch)
             p.emptied += 1
             p.copied += row.copied
-        p.switched = self._one("rot_switch", items=self.config.rotate_items).epoch is not None
+        switched = self._one("rot_switch", items=self.config.rotate_items).epoch
+        p.switched = switched is not None
+        if p.switched:
+            # sealed at once: until then the claims walk two slots, on the parents' tables
+            self._seal(p, switched - 1)
         return p
+
+    def _seal(self, p: RotationPass, epoch: int) -> None:
+        """Move epoch's READY rows forward and mark it sealed (unless a backlog keeps it open)."""
+        moved = self._one("rot_seal", limit=SEAL_LIMIT).moved
+        if moved is not None and moved >= 0:
+            self._one("rot_mark", what="sealed", epoch=epoch)
+            p.sealed = (p.sealed or 0) + moved
 
 
 def _jittered(seconds: float) -> float:

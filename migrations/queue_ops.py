@@ -22,17 +22,27 @@ def _target() -> tuple[QueueNames, str, QueueSettings]:
     return QueueNames(attrs["queue"], attrs["schema"]), attrs["kind"], attrs["settings"]
 
 
-def run_section(file: str, section: str) -> None:
+def run_section(file: str, section: str, extra: dict[str, str] | None = None) -> None:
     """Execute one named section of sql/<engine>/<file>.sql, batch by batch.
 
     The engine adapter names the SQL folder and splits the section (statements on
     PostgreSQL, GO batches on SQL Server, where Alembic's --sql output puts GO after each).
+    `extra`: more identifiers for the template (quoted ones, from QueueNames).
     """
     names, kind, settings = _target()
     adapter = adapter_for(op.get_context().dialect.name)
-    values: dict[str, str | int] = {**names.template_values(), **kind_template_values(names, kind), **settings.as_dict()}
+    values: dict[str, str | int] = {**names.template_values(), **kind_template_values(names, kind), **settings.as_dict(),
+                                    **(extra or {})}
     for statement in adapter.split_batches(render(adapter.sql_dir, file, section, values)):
         op.execute(sa.text(statement))
+
+
+def run_claim_sections(file: str, section: str) -> None:
+    """Run a section once per rendering QueueNames.claim_variants() lists (reliable.sql
+    create_claim_calls: on the parents, then on each slot's tables)."""
+    names, _kind, _settings = _target()
+    for variant in names.claim_variants():
+        run_section(file, section, variant)
 
 
 def run_catalog_section(file: str, section: str) -> None:

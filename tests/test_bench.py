@@ -776,10 +776,10 @@ def test_one_table_dequeue_claims_with_the_reliable_dequeue_statement() -> None:
         end = text.index("RETURNING", start)
         # the reliable walk is limited to the open generations' slots (reliable_0012): one
         # table has none
-        return " ".join(text[start:end].replace("{{lease_seconds}}", "30").replace("m.slot = ANY (v_open) AND ", "")
-                        .split())
+        return " ".join(text[start:end].replace("{{lease_seconds}}", "30").replace("m.slot = ANY (p_open) AND ", "")
+                        .replace("{{claim_meta}}", "{{meta}}").split())
 
-    assert claim(sections("postgresql", "bench")["onetable_create"]) == claim(sections("postgresql", "reliable")["create_dequeue"])
+    assert claim(sections("postgresql", "bench")["onetable_create"]) == claim(sections("postgresql", "reliable")["create_claim_calls"])
 
 
 def test_one_table_ack_is_the_reliable_ack_statement() -> None:
@@ -788,11 +788,12 @@ def test_one_table_ack_is_the_reliable_ack_statement() -> None:
     from queuectl.sqlfiles import sections
 
     def ack(text: str) -> str:
+        text = text.replace("{{claim_meta}}", "{{meta}}")
         start = text.index("UPDATE {{meta}} m\n    SET status = 2")
         end = text.index("GET DIAGNOSTICS", start)
         return " ".join(text[start:end].split())
 
-    assert ack(sections("postgresql", "bench")["onetable_create"]) == ack(sections("postgresql", "reliable")["create_functions"])
+    assert ack(sections("postgresql", "bench")["onetable_create"]) == ack(sections("postgresql", "reliable")["create_claim_calls"])
 
 
 def _table_definition(engine: sa.Engine, table: str) -> dict[str, Any]:

@@ -38,12 +38,12 @@ def buffers_per_dequeue(engine, name: str, calls: int = 8) -> int:
     return hit
 
 
-def dequeue_definition(engine, name: str) -> str:
+def dequeue_definition(engine, name: str, fn: str = "dequeue") -> str:
     with engine.connect() as conn:
         return conn.execute(sa.text(
             "SELECT pg_get_functiondef(p.oid) FROM pg_proc p "
             "WHERE p.pronamespace = 'queuectl'::regnamespace AND p.proname = :fn"),
-            {"fn": f"{name}_dequeue"}).scalar_one().replace(f"{name}_", "NAME_")
+            {"fn": f"{name}_{fn}"}).scalar_one().replace(f"{name}_", "NAME_")
 
 
 @pytest.mark.slow
@@ -78,7 +78,10 @@ def test_queue_at_0004_upgrades_alone_and_downgrades_to_the_same_function(engine
         assert head >= "reliable_0005"
         assert upgrade_queue(engine, "alpha") == ("reliable_0004", head)
         new = dequeue_definition(engine, "alpha")
-        assert new != old and "= ANY (ARRAY(SELECT e.id FROM expired e UNION ALL SELECT r.id FROM ready r))" in new
+        # reliable_0012: dequeue runs the claim of create_claim_calls on a slot's tables
+        claim = dequeue_definition(engine, "alpha", "claim_in0")
+        assert new != old and "claim_in0" in new
+        assert "= ANY (ARRAY(SELECT e.id FROM expired e UNION ALL SELECT r.id FROM ready r))" in claim
         assert dequeue_definition(engine, "beta") == old  # upgraded one at a time
         assert alpha.ack([first]) == 1  # the lease taken before the upgrade is still held
         assert [(m.id, m.text, m.attempts) for m in alpha.dequeue(5)] == [(ids[1], "a1", 1), (ids[2], "a2", 1)]

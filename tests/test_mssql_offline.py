@@ -362,8 +362,9 @@ _DEQUEUE_VARIANTS = {
     "fifo": [("create_dequeue_lax_0001",) * 2, ("create_dequeue_strict_0001",) * 2,
              ("create_dequeue_lax",) * 2, ("create_dequeue_strict",) * 2],
     "ring": [("create_dequeue_0001",) * 2, ("create_dequeue_0003",) * 2, ("create_dequeue",) * 2],
+    # reliable_0012: the head's dequeue hands the claim to create_claim_calls' function
     "reliable": [("create_dequeue_0001",) * 2, ("create_dequeue_0005", "create_dequeue"),
-                 ("create_dequeue", "create_dequeue")],
+                 ("create_dequeue_0008", "create_dequeue"), ("create_claim_calls", "create_dequeue")],
     **{kind: [("create_dequeue_0001",) * 2, ("create_dequeue",) * 2]
        for kind in ("heap", "stack", "pending", "watermark")},
 }
@@ -374,7 +375,8 @@ def _definition(kind: str, name: str, fn: str, ms_section: str | None = None) ->
     """(PostgreSQL function, T-SQL procedure) texts of one function of a section: CREATE or
     CREATE OR REPLACE on one side, CREATE or CREATE OR ALTER on the other."""
     pg = section("postgresql", kind, name)
-    pg_fn = pg[re.search(r"CREATE (?:OR REPLACE )?FUNCTION \{\{fn_%s\}\}\(" % fn, pg).start():]
+    called = r"(?:fn_dequeue|claim_fn)" if fn == "dequeue" else f"fn_{fn}"
+    pg_fn = pg[re.search(r"CREATE (?:OR REPLACE )?FUNCTION \{\{%s\}\}\(" % called, pg).start():]
     pg_fn = pg_fn[: pg_fn.index("$fn$;") + 5]
     [ms_proc] = [b for b in split_go_batches(rendered(kind, ms_section or name))
                  if re.match(r'CREATE (?:OR ALTER )?PROCEDURE "queuectl"\."orders_%s"\s' % fn, b)]

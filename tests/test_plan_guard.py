@@ -127,7 +127,9 @@ def test_before_reliable_0008_the_early_session_read_the_grown_tables_whole_and_
         fresh = cost_per_call(fresh_conn, "q", times=2)
     for what in calls("q"):
         assert fixed[what] <= fresh[what] * 1.5 + 10, (what, fixed, fresh)
-        assert stale[what] > fixed[what] * 3, (what, stale, fixed)
+        # (since reliable_0012 an ack of ids that are not there probes the current slot, then
+        # every slot: measured 268 buffers stale against 91)
+        assert stale[what] > fixed[what] * 2.5, (what, stale, fixed)
 
     assert downgrade_queue(engine, "q", "reliable_0007") == (head_of("reliable"), "reliable_0007")
     assert proconfig(engine, "q") == {fn: [] for fn in GUARDED}

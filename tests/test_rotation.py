@@ -190,7 +190,8 @@ def test_the_seal_never_waits_on_a_consumer_and_a_row_it_skips_comes_back_one_ro
     the claim rolls back, stay in the sealed slot until the truncate moves them forward."""
     rot = rotator(engine, items=10)
     ids = orders.enqueue_many([f"m{i}".encode() for i in range(20)])
-    rot.rotate()  # epoch 1 opens; epoch 0 holds 20 READY rows and is not sealed yet
+    with engine.begin() as conn:  # epoch 1 opens; epoch 0 holds 20 READY rows, not sealed yet
+        conn.execute(sa.text(f"SELECT {orders.names.qualified('rot_switch')}(10)"))
     st = state(engine, orders)
     assert (st.epoch, st.sealed) == (1, -1)
     holder = engine.connect()
@@ -217,6 +218,48 @@ def test_the_seal_never_waits_on_a_consumer_and_a_row_it_skips_comes_back_one_ro
     assert sorted(m.id for m in again) == sorted(held)
     assert [m.payload for m in again] == [f"m{ids.index(m.id)}".encode() for m in again]
     assert orders.ack(again) == 3
+
+
+def relation_locks(conn: sa.Connection) -> list[sa.Row]:
+    """The relation locks this session's transaction holds (pg_locks' own left out)."""
+    return conn.execute(sa.text(
+        "SELECT l.relation::regclass::text AS relation, l.mode, l.fastpath FROM pg_locks l "
+        "WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND l.relation <> 'pg_locks'::regclass")).all()
+
+
+def test_a_claim_and_its_ack_take_no_more_relation_locks_than_a_backend_takes_without_the_lock_manager(engine, orders):
+    """While the previous generation is sealed, dequeue and ack run on the current slot's
+    tables: each locks fewer relations than the 16 a backend takes on its own (the fast
+    path, PostgreSQL's FP_LOCK_SLOTS_PER_BACKEND; past them every lock goes through the
+    shared lock manager's partition locks). Between a switch and its seal the claim runs
+    on the parents and locks every slot: the control."""
+    fn = orders.names.qualified
+    orders.enqueue_many([b"x"] * 30)
+    with engine.begin() as conn:  # epoch 1 opens, epoch 0 not sealed yet
+        conn.execute(sa.text(f"SELECT {fn('rot_switch')}(10)"))
+    orders.enqueue_many([b"y"] * 30)
+
+    def claim_and_ack() -> tuple[list[sa.Row], list[sa.Row]]:
+        with engine.connect() as conn:
+            for _ in range(7):  # the calls' plans are made once per session
+                ids = conn.execute(sa.text(f"SELECT id FROM {fn('dequeue')}(5)")).scalars().all()
+                claim = relation_locks(conn)
+                conn.rollback()
+            ids = conn.execute(sa.text(f"SELECT id FROM {fn('dequeue')}(5)")).scalars().all()
+            conn.commit()
+            assert conn.execute(sa.text(f"SELECT {fn('ack')}(CAST(:ids AS bigint[]))"), {"ids": ids}).scalar() == 5
+            ack = relation_locks(conn)
+            conn.rollback()
+        return claim, ack
+
+    claim, _ = claim_and_ack()
+    assert len({r.relation for r in claim}) > 16 and not all(r.fastpath for r in claim), claim
+    rotator(engine, items=10**7).rotate()  # seals epoch 0 and empties it
+    assert (state(engine, orders).sealed, state(engine, orders).emptied) == (0, 0)
+    claim, ack = claim_and_ack()
+    for locks in (claim, ack):
+        assert all(r.fastpath for r in locks) and len({r.relation for r in locks}) <= 16, locks
+        assert not any(r.relation.endswith(('_meta', '_data', 'meta0', 'meta2', 'data0', 'data2')) for r in locks), locks
 
 
 def test_with_the_horizon_pinned_rotation_keeps_the_tables_small_and_history_complete(engine, orders):
@@ -320,6 +363,7 @@ def test_an_0011_queue_becomes_generations_with_every_row_and_goes_back(engine):
             rot.rotate()
         taken = q.dequeue(3)
         assert [m.payload for m in taken] == [b"m3", b"m4", b"m5"]
+        rotator(engine, "old", items=10**7).rotate()  # empties the epoch the last pass sealed
         q.enqueue("in the old epoch")
         with engine.begin() as conn:
             conn.execute(sa.text(f"SELECT {q.names.qualified('rot_switch')}(1)"))

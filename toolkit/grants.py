@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 from queuectl.engine import adapter_for
 from queuectl.errors import UsageError
 from queuectl.registry import require_queue
-from queuectl.names import DEFAULT_SCHEMA, ROTATION_CALLS, QueueNames, quote_ident
+from queuectl.names import CLAIM_CALLS, DEFAULT_SCHEMA, ROTATION_CALLS, QueueNames, quote_ident
 from queuectl.sqlfiles import render
 
 DEFAULT_PRODUCER_CALLS = ("enqueue", "enqueue_many")
@@ -34,10 +34,10 @@ CONSUMER_CALLS = {
 }
 DEFAULT_CONSUMER_CALLS = ("dequeue",)
 # Functions granted to nobody but still locked down (SECURITY DEFINER, no EXECUTE for
-# PUBLIC): maintenance calls, the activation trigger's function and the rotation's calls
-# (the writers' helpers run inside the API functions, as their owner).
+# PUBLIC): maintenance calls, the activation trigger's function, the rotation's calls and
+# the per-slot claims and acks (the helpers run inside the API functions, as their owner).
 MAINTENANCE_CALLS = {
-    "reliable": ("notify", *ROTATION_CALLS),
+    "reliable": ("notify", *ROTATION_CALLS, *CLAIM_CALLS),
     "watermark": ("correct_watermark",),
     "ring": ("ring_repair",),
 }
@@ -69,6 +69,8 @@ FUNCTION_ARGUMENTS: dict[str, dict[str, tuple[str, ...]]] = {
         "rot_copy": ("smallint, bigint, integer",),
         "rot_next_empty": ("",),
         "rot_empty": ("integer",),
+        **{call: ("smallint[], integer, double precision, text",) for call in CLAIM_CALLS if call.startswith("claim")},
+        **{call: ("bigint[], text",) for call in CLAIM_CALLS if call.startswith("ack")},
     },
     "heap": _ONE_TABLE_ARGUMENTS,
     "fifo": _ONE_TABLE_ARGUMENTS,

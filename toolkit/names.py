@@ -29,6 +29,9 @@ DEFAULT_SCHEMA = "queuectl"
 # reliable_0012's rotation functions (sql/postgresql/reliable.sql: create_functions, create_rotator)
 ROTATION_CALLS = ("rot_move", "rot_follow", "rot_state", "rot_switch", "rot_seal", "rot_mark", "rot_copy",
                   "rot_next_empty", "rot_empty")
+# reliable_0012's claim and ack on the parents ("claim_in") and on each slot's own tables
+# ("claim_in0".."claim_in2"), which dequeue and ack call (create_claim_calls)
+CLAIM_CALLS = tuple(f"{call}{slot}" for call in ("claim_in", "ack_in") for slot in ("", "0", "1", "2"))
 _COMMON_SUFFIXES = ("version", "version_pkc", "enqueue", "enqueue_many", "dequeue")
 _ITEMS_SUFFIXES = ("items", "items_pkey", "items_id_seq")
 QUEUE_OBJECT_SUFFIXES: dict[str, tuple[str, ...]] = {
@@ -40,7 +43,7 @@ QUEUE_OBJECT_SUFFIXES: dict[str, tuple[str, ...]] = {
         # and the rotator's calls
         *(f"meta{s}{end}" for s in range(3) for end in ("", "_pkey", "_ready", "_leased", "_finished")),
         *(f"data{s}{end}" for s in range(3) for end in ("", "_pkey")),
-        "rot_epoch", "rot_sealed", "rot_emptied", "rot_start", *ROTATION_CALLS,
+        "rot_epoch", "rot_sealed", "rot_emptied", "rot_start", *ROTATION_CALLS, *CLAIM_CALLS,
     ),
     "heap": (*_COMMON_SUFFIXES, *_ITEMS_SUFFIXES),
     "fifo": (*_COMMON_SUFFIXES, *_ITEMS_SUFFIXES),
@@ -256,7 +259,7 @@ class QueueNames:
             "channel_literal": f"'{self.channel}'",
         }
         for fn in ("enqueue", "enqueue_many", "dequeue", "ack", "nack", "extend_lease", "release", "notify",
-                   "ack_dequeue", "wait_begin", "wait_end", *ROTATION_CALLS):
+                   "ack_dequeue", "wait_begin", "wait_end", *ROTATION_CALLS, *CLAIM_CALLS):
             values[f"fn_{fn}"] = q(fn)
         # reliable_0012's generation layout: bare names for RENAME TO and index names,
         # qualified ones for tables and sequences, text literals for regclass arguments
@@ -274,3 +277,10 @@ class QueueNames:
             values[f"{seq}_regclass"] = f"'{q(seq)}'"
         values["data_regclass"] = f"'{q('data')}'"
         return values
+
+    def claim_variants(self) -> list[dict[str, str]]:
+        """reliable.sql create_claim_calls' own values for each of its four renderings: on the
+        partitioned parents, then on each slot's tables."""
+        q = self.qualified
+        return [{"claim_fn": q(f"claim_in{s}"), "ack_fn": q(f"ack_in{s}"),
+                 "claim_meta": q(f"meta{s}"), "claim_data": q(f"data{s}")} for s in ("", "0", "1", "2")]

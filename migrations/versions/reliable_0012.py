@@ -17,7 +17,7 @@ back into slot 0 and puts reliable_0011's single tables and functions back.
 SQL Server keeps its single tables (sql/mssql/reliable.sql says why): its sections are empty.
 """
 
-from queuectl.migrations.queue_ops import replace_functions, run_section, set_version
+from queuectl.migrations.queue_ops import replace_functions, run_claim_sections, run_section, set_version
 
 revision = "reliable_0012"
 down_revision = "reliable_0011"
@@ -27,6 +27,7 @@ depends_on = None
 
 def upgrade() -> None:
     run_section("reliable", "create_rotation")
+    run_claim_sections("reliable", "create_claim_calls_0012")
     # before the guard: CREATE OR REPLACE resets a function's SET clauses
     replace_functions("reliable", "create_functions_0012", "create_dequeue_0012", "create_enqueue_functions_0012",
                       "create_rotator_0012")

@@ -537,6 +537,11 @@ GROUP BY m.status, CASE WHEN m.status = 0 AND m.due_at > SYSUTCDATETIME() THEN 1
 -- name: drop_rotation
 -- reliable_0012 downgrade: nothing was changed (see create_rotation). Empty on purpose.
 
+-- name: create_claim_calls
+-- reliable_0012: PostgreSQL's claim and ack on each generation slot's own tables (a
+-- statement on its partitioned parents locks every slot). SQL Server keeps its single
+-- tables (see create_rotation): nothing to add. Empty on purpose.
+
 -- name: create_rotator
 -- reliable_0012: no rotator on SQL Server (see create_rotation). Empty on purpose.
 
