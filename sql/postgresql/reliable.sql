@@ -479,17 +479,17 @@ $fn$;
 -- the parents' otherwise and for what the slot's call did not find. Why: a statement on the
 -- parents locks and opens every slot table and every index of each when it starts (26
 -- relation locks per claim, past the 16 a backend takes without the shared lock manager,
--- against 7 on reliable_0011's single tables), which cost the claim+ack cycle a third of
--- its rate at batch 1 under 8 clients (bench/lab/ack_plan.py); a slot's statement takes as
--- many as a single table's. The claim is reliable_0008's one statement (create_dequeue says
+-- against 7 on reliable_0011's single tables): the SQL cycle ran at 0.66x reliable_0011's
+-- rate at batch 1 under 8 clients (bench/lab/ack_plan.py). A slot's claim takes 9, its ack
+-- 3; the cycle runs at 1.00x (RESULTS.md series 23). The claim is reliable_0008's one statement (create_dequeue says
 -- what it does); p_open lists the slots whose READY rows it walks (pruned when the
 -- executor starts; on a slot's own tables, a filter that every row passes).
 -- Both plan once per session (force_generic_plan), through indexes (set_plan_guard says why
 -- no sequential scan and no JIT). plpgsql's own choice replanned the claim at every call:
 -- after five custom plans it keeps the generic one only if that looks no dearer, and a
 -- custom plan knows the LIMIT (p_batch) where the generic one assumes a tenth of the table.
--- Measured (pgbench, one client, dequeue(1) + ack, 60,000 rows): the cycle at 1.2x its rate
--- with generic plans, on reliable_0011's functions as on these.
+-- Measured (pgbench, one client, dequeue(1) + ack, 60,000 rows, bench/lab/RESULTS.md series
+-- 23): with generic plans reliable_0011's cycle ran 1.2-1.3x its rate, a slot's 1.4-1.7x.
 CREATE OR REPLACE FUNCTION {{claim_fn}}(
     p_open          smallint[],
     p_batch         integer,
