@@ -49,7 +49,7 @@ DEFAULT_BATCH = {"split": 10, "ghosts": 1, "ring": 10, "sustained": 10, "consume
 # consumers curve asks what many consumers cost two producers.
 DEFAULT_PRODUCERS = {"sustained": 2, "consumers": 2, "cost": 2}
 DEFAULT_CONSUMERS = {"sustained": 2, "cost": 2}
-HOLDS = ("none", "snapshot", "idle-in-transaction", "both")
+HOLDS = ("none", "snapshot", "idle-in-transaction", "both", "all")
 DEFAULT_ROWS = {"ghosts": [30_000, 60_000], "cost": [10_000, 1_000_000, 10_000_000]}
 DEFAULT_BATCHES = {"ring": [1, 10, 100]}
 DEFAULT_SIZES = {"split": [300, 1024, 4096, 16384], "cost": [300, 1024, 4096, 16384, 65536]}

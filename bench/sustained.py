@@ -69,6 +69,10 @@ SERIES_FIELDS = ("t", "completed_per_s", "offered_per_s", "enqueued_per_s", "ref
 
 
 def holds_for(hold: str) -> list[str]:
+    """The runs of one kind: both, a clean one and a snapshot one; all, a clean one and one
+    with each hold."""
+    if hold == "all":
+        return ["none", "snapshot", "idle-in-transaction"]
     return ["none", HELD_MODE_OF_BOTH] if hold == "both" else [hold]
 
 

@@ -439,7 +439,7 @@ def test_an_option_the_scenario_does_not_read_is_a_one_line_usage_error(db_url: 
         (("--payload-content", "json"), "--payload-content is not used by scenario 'kinds' (it is read by: split)"),
         (("--minutes", "1"), "--minutes is not used by scenario 'kinds' (it is read by: sustained)"),
         (("--scenario", "sustained", "--hold", "sometimes"),
-         "--hold must be one of none, snapshot, idle-in-transaction, both"),
+         "--hold must be one of none, snapshot, idle-in-transaction, both, all"),
     )
     for args, words in cases:
         proc = run_cli("bench", *args, url=db_url)

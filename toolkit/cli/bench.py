@@ -74,7 +74,8 @@ def bench(
         str,
         typer.Option(help="sustained: what another session holds open during a run. none; snapshot: a REPEATABLE "
                      "READ snapshot (taken by reading an unrelated table); idle-in-transaction: a transaction "
-                     "id, then idle; both: a clean run, then a snapshot run, kind by kind."),
+                     "id, then idle; both: a clean run, then a snapshot run, kind by kind; all: a clean run, then one "
+                     "with each hold."),
     ] = "both",
     rate: Annotated[
         Optional[float],
