@@ -234,10 +234,10 @@ ALTER TABLE {{data}} ATTACH PARTITION {{data2}} FOR VALUES IN (2);
 -- slot column, get back their names, the identity (at the sequence's position) and the
 -- foreign key. Run after drop_rotator and before the functions of reliable_0011 come back.
 -- The rotation state goes first: every call reads it before it locks the tables, so the
--- downgrade takes its locks in the same order (dropped last, a call that had read it
--- waited for a table the downgrade held while the downgrade waited to drop it: a deadlock
--- the server broke by failing the call). A call that starts after the drop fails whole on
--- the missing sequence, and the client says so (StatementCanceled).
+-- downgrade takes its locks in the same order (dropped after the tables, a call that has
+-- read it would wait for a table the downgrade holds while the downgrade waits to drop it:
+-- a deadlock). A call that starts after the drop fails whole on the missing sequence, and
+-- the client says so (StatementCanceled).
 DROP SEQUENCE IF EXISTS {{rot_epoch}}, {{rot_sealed}}, {{rot_emptied}}, {{rot_start}};
 DROP TRIGGER IF EXISTS {{notify_trigger}} ON {{meta}};
 ALTER TABLE {{meta}} DETACH PARTITION {{meta0}};
@@ -480,16 +480,16 @@ $fn$;
 -- parents locks and opens every slot table and every index of each when it starts (26
 -- relation locks per claim, past the 16 a backend takes without the shared lock manager,
 -- against 7 on reliable_0011's single tables): the SQL cycle ran at 0.66x reliable_0011's
--- rate at batch 1 under 8 clients (bench/lab/ack_plan.py). A slot's claim takes 9, its ack
--- 3; the cycle runs at 1.00x (RESULTS.md series 23). The claim is reliable_0008's one statement (create_dequeue says
--- what it does); p_open lists the slots whose READY rows it walks (pruned when the
--- executor starts; on a slot's own tables, a filter that every row passes).
+-- rate at batch 1 under 8 clients. A slot's claim takes 9, its ack 3, and the cycle runs
+-- at 1.00x (bench/lab/ack_plan.py). The claim is reliable_0008's one statement
+-- (create_dequeue says what it does); p_open lists the slots whose READY rows it walks
+-- (pruned when the executor starts; on a slot's own tables, a filter every row passes).
 -- Both plan once per session (force_generic_plan), through indexes (set_plan_guard says why
 -- no sequential scan and no JIT). plpgsql's own choice replanned the claim at every call:
 -- after five custom plans it keeps the generic one only if that looks no dearer, and a
 -- custom plan knows the LIMIT (p_batch) where the generic one assumes a tenth of the table.
--- Measured (pgbench, one client, dequeue(1) + ack, 60,000 rows, bench/lab/RESULTS.md series
--- 23): with generic plans reliable_0011's cycle ran 1.2-1.3x its rate, a slot's 1.4-1.7x.
+-- Measured (pgbench, one client, dequeue(1) + ack, 60,000 rows): with generic plans
+-- reliable_0011's cycle ran 1.2-1.3x its rate, a slot's 1.4-1.7x.
 CREATE OR REPLACE FUNCTION {{claim_fn}}(
     p_open          smallint[],
     p_batch         integer,
@@ -774,11 +774,11 @@ $fn$;
 -- at every rotation). The caller marks it sealed once this has committed.
 -- The rows are locked first, SKIP LOCKED, so the seal never waits on a consumer. A DELETE
 -- that meets a row claimed after its snapshot locks the row's newest version, finds it no
--- longer READY, skips it and keeps the lock to the end of its transaction; the row's ack
--- waited on the seal while the seal waited on another ack of the same consumer's batch, and
--- the server broke the cycle by failing the ack (the archive-under-load test met it). A
--- READY row skipped here (one a claim is taking, or another mover moving) stays in the
--- sealed slot until the truncate moves it forward: late by one rotation, never lost.
+-- longer READY, skips it and keeps the lock to the end of its transaction: the row's ack
+-- would wait on the seal while the seal waits on another ack of the same consumer's batch,
+-- a deadlock the server breaks by failing the ack. A READY row skipped here (one a claim is
+-- taking, or another mover moving) stays in the sealed slot until the truncate moves it
+-- forward: late by one rotation, never lost.
 CREATE OR REPLACE FUNCTION {{fn_rot_seal}}(p_limit integer) RETURNS bigint
 LANGUAGE plpgsql AS $fn$
 DECLARE
