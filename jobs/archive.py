@@ -420,14 +420,14 @@ def run_continuous(
         t0 = time.monotonic()
         try:
             busy = False
-            moved = 0
+            moved = 0  # rows to history in this round (the pace follows it)
             if rotator is not None:
                 done = rotator.rotate(stop.is_set)
-                moved += done.copied  # counted into result.rows below, with the batches'
-                result.rotations += done.emptied
-                result.rotation_blocked = done.blocked
-                busy = done.busy
-            moved += archiver.move_batch()
+                result.add_rotation(done)  # committed: counted even if the batch below fails
+                moved, busy = done.copied, done.busy
+            batch_rows = archiver.move_batch()
+            result.rows += batch_rows
+            moved += batch_rows
             if next_purge is not None and t0 >= next_purge:
                 while not stop.is_set():
                     purged = archiver.purge_batch()
@@ -455,7 +455,6 @@ def run_continuous(
                 pause = config.delay
             else:                              # idle: back off
                 pause = min(max(pause, config.delay, MIN_DELAY) * 2, max(config.idle_delay, config.delay))
-        result.rows += moved
         result.batches += 1
         progress.rows, progress.purged, progress.batches, progress.errors = (
             result.rows, result.purged, result.batches, result.errors)
