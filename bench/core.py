@@ -50,6 +50,8 @@ DEFAULT_BATCH = {"split": 10, "ghosts": 1, "ring": 10, "sustained": 10, "consume
 DEFAULT_PRODUCERS = {"sustained": 2, "consumers": 2, "cost": 2}
 DEFAULT_CONSUMERS = {"sustained": 2, "cost": 2}
 HOLDS = ("none", "snapshot", "idle-in-transaction", "both", "all")
+# what --kinds may also name in the sustained scenario (the keys of queuectl.bench.sustained_peers.PEERS)
+SUSTAINED_PEERS = ("pgq", "pgqueuer")
 DEFAULT_ROWS = {"ghosts": [30_000, 60_000], "cost": [10_000, 1_000_000, 10_000_000]}
 DEFAULT_BATCHES = {"ring": [1, 10, 100]}
 DEFAULT_SIZES = {"split": [300, 1024, 4096, 16384], "cost": [300, 1024, 4096, 16384, 65536]}
@@ -133,9 +135,13 @@ class BenchOptions:
                 raise UsageError(message)
         if not self.kinds:
             raise UsageError("give at least one --kind")
+        peers = SUSTAINED_PEERS if self.scenario == "sustained" else ()
         for kind in self.kinds:
-            if kind not in BENCH_KINDS:
-                raise UsageError(f"no bench driver for kind {kind!r}: choose from {', '.join(BENCH_KINDS)}")
+            if kind not in BENCH_KINDS and kind not in peers:
+                also = f" (and, with --scenario sustained, the peers {', '.join(SUSTAINED_PEERS)})"
+                raise UsageError(f"no bench driver for kind {kind!r}: choose from {', '.join(BENCH_KINDS)}{also}")
+        if self.scenario == "sustained" and self.rate is None and all(k in SUSTAINED_PEERS for k in self.kinds):
+            raise UsageError("peers alone need --rate: without it the offered rate is calibrated on queuectl's kinds")
         validate_schema_name(self.schema)
         if self.scenario not in SCENARIOS:
             raise UsageError(f"unknown scenario {self.scenario!r}: choose one of {', '.join(sorted(SCENARIOS))}")

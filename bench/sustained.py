@@ -33,9 +33,7 @@ import random
 import statistics
 import threading
 import time
-from array import array
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -44,8 +42,7 @@ from sqlalchemy.engine import Connection
 
 from queuectl.bench.core import BenchRun, _ms, percentile, ratio, scenario, stat
 from queuectl.bench.drivers import bench_sql, driver_for
-from queuectl.bench.workers import (STAMP, WARMUP_CALLS, WorkerSpec, consume, payload_pool, pick_batch, run_loop,
-                                    warm_up_consumer)
+from queuectl.bench.paced import PacedSpec, paced_worker
 from queuectl.errors import UsageError
 from queuectl.names import QUEUE_OBJECT_SUFFIXES, QueueNames, quote_ident
 from queuectl.sqlfiles import split_statements
@@ -55,7 +52,6 @@ HELD_MODE_OF_BOTH = "snapshot"
 BYSTANDER_SCHEMA = "queuectl_bystander"
 BYSTANDER_TABLE = "accounts"
 BYSTANDER_PAUSE_SECONDS = 0.2  # between two bystander queries
-WARMUP_STAMP = 0.0  # warm-up messages carry no send time: their latency is not counted
 # Targets: the reliable queue keeps its rate while the horizon is pinned; every other kind
 # is reported, and one below 0.8x of its clean rate is flagged.
 RELIABLE_HELD_OVER_CLEAN = 0.95
@@ -78,71 +74,6 @@ def holds_for(hold: str) -> list[str]:
 
 def queue_name(kind: str) -> str:
     return f"sustained_{kind}"
-
-
-# -- worker processes (module-level and stateless: started in fresh processes) ------------------------------------
-
-
-@dataclass(frozen=True)
-class PacedSpec(WorkerSpec):
-    rate: float = 0.0  # producer: messages/s it offers
-    phase: float = 0.0  # producer: its first send, as a fraction of its period (producers spread out)
-
-
-def paced_worker(spec: PacedSpec, ready: Any, go: Any, stop: Any, results: Any, backlog: Any) -> None:
-    """Process entry point (workers.run_loop): times are time.time() values."""
-    loop = _producer if spec.role == "producer" else _consumer
-    run_loop(spec, ready, go, stop, results, lambda session: loop(session, spec))
-
-
-def _producer(session: Any, spec: PacedSpec) -> Iterator[Any]:
-    from queuectl.client import QueueFullError
-
-    pool = payload_pool(spec.payload_bytes, max(64, spec.batch * 4), spec.seed)
-    rng = random.Random(spec.seed + 1)
-    n = spec.batch
-
-    def send(payloads: list[bytes]) -> int:
-        try:
-            session.enqueue(payloads)
-            return len(payloads)
-        except QueueFullError as exc:  # the ring stayed full: what got in is in exc.enqueued
-            return len(exc.enqueued)
-
-    warm = sum(send(pick_batch(pool, rng, n, WARMUP_STAMP)) for _ in range(WARMUP_CALLS))
-    stop = yield warm
-    period = n / spec.rate
-    t0 = time.time() + spec.phase * period
-    due_at, sent_at, accepted = array("d"), array("d"), array("l")
-    k = 0
-    while not stop.is_set():
-        due = t0 + k * period
-        wait = due - time.time()
-        if wait > 0 and stop.wait(wait):
-            break
-        now = time.time()
-        ok = send(pick_batch(pool, rng, n, now))
-        due_at.append(due)
-        sent_at.append(now)
-        accepted.append(ok)
-        k += 1
-    yield {"batch": n, "due": due_at, "sent": sent_at, "accepted": accepted}
-
-
-def _consumer(session: Any, spec: PacedSpec) -> Iterator[Any]:
-    stop = yield warm_up_consumer(session, spec.batch)
-    done_at, latency = array("d"), array("d")
-    unpack = STAMP.unpack_from
-
-    def done(payloads: list[bytes]) -> None:
-        now = time.time()
-        for p in payloads:
-            sent = unpack(p)[0]
-            done_at.append(now)
-            latency.append(now - sent if sent != WARMUP_STAMP else math.nan)
-
-    consume(session, spec.batch, stop, done)
-    yield {"done": done_at, "latency": latency}
 
 
 # -- the bystander, the holder and the sampler ------------------------------------------------
@@ -228,9 +159,10 @@ def horizon(run: BenchRun, holder: Connection) -> dict[str, Any]:
 class Sampler(threading.Thread):
     """One sample of the queue's tables at t_go + k * interval, k = 0 .. count."""
 
-    def __init__(self, run: BenchRun, names: QueueNames, kind: str, interval: float, count: int) -> None:
+    def __init__(self, run: BenchRun, names: QueueNames, kind: str, interval: float, count: int, *,
+                 peer: Any = None) -> None:
         super().__init__(daemon=True)
-        self.run_, self.names, self.kind = run, names, kind
+        self.run_, self.names, self.kind, self.peer = run, names, kind, peer
         self.interval, self.count = interval, count
         self.t_go: float | None = None
         self.started = threading.Event()
@@ -239,7 +171,9 @@ class Sampler(threading.Thread):
         self.error: BaseException | None = None
         # the queue's own tables (those that are tables are found); the reliable kind's history,
         # which the archive job beside the load fills, is the archive, bounded by retention
-        self.tables = [names.table(s) for s in QUEUE_OBJECT_SUFFIXES[kind] if not s.startswith("history")]
+        self.tables = ([names.table(s) for s in QUEUE_OBJECT_SUFFIXES[kind] if not s.startswith("history")]
+                       if peer is None else [])
+        self.schema = names.schema if peer is None else peer.schema
 
     def go(self, t_go: float) -> None:
         self.t_go = t_go
@@ -253,10 +187,13 @@ class Sampler(threading.Thread):
     def sample(self, conn: Connection) -> dict[str, Any]:
         from queuectl.stats import queue_counts
 
-        row = conn.execute(sa.text(bench_sql("sustained_tables", {})),
-                           {"schema": self.names.schema, "tables": self.tables}).one()
-        counts = queue_counts(conn, self.names.queue, self.kind, self.names.schema)
-        return {"backlog": int(counts["ready"]), "dead_rows": int(row.dead_rows), "total_bytes": int(row.total_bytes),
+        tables = self.tables if self.peer is None else list(self.peer.tables)
+        row = conn.execute(sa.text(bench_sql("sustained_tables", {})), {"schema": self.schema, "tables": tables}).one()
+        if self.peer is None:
+            backlog = int(queue_counts(conn, self.names.queue, self.kind, self.names.schema)["ready"])
+        else:
+            backlog = self.peer.waiting(conn, self.names)
+        return {"backlog": backlog, "dead_rows": int(row.dead_rows), "total_bytes": int(row.total_bytes),
                 "autovacuum_runs": int(row.autovacuum_runs)}
 
     def run(self) -> None:
@@ -325,21 +262,30 @@ def left_in_queue(run: BenchRun, names: QueueNames, kind: str) -> int:
 
 
 def measure(run: BenchRun, driver: str, hold: str, rate: float) -> dict[str, Any]:
-    """One run of a kind at `rate` msgs/s for the window, `hold` held; a fresh queue."""
+    """One run of a kind (or a peer, sustained_peers) at `rate` msgs/s for the window, `hold`
+    held; a fresh queue."""
+    from queuectl.bench.sustained_peers import peer_for
+
     o = run.options
     names = run.names(queue_name(driver))
-    driver_for(driver).install(run.engine, names)
-    kind = installed_kind(run, names)
+    peer = peer_for(driver)
+    if peer is None:
+        driver_for(driver).install(run.engine, names)
+        kind = installed_kind(run, names)
+    else:
+        peer.install(run, names)
+        kind = driver
     count = max(1, math.ceil(o.minutes * 60.0 / o.interval))
     seconds = count * o.interval
     common = dict(driver=driver, url=run.url, queue=names.queue, schema=names.schema, batch=o.batch,
                   payload_bytes=o.payload_bytes)
     specs = [PacedSpec(role="producer", seed=1000 + i, rate=rate / o.producers, phase=i / o.producers, **common)
              for i in range(o.producers)]
-    specs += [PacedSpec(role="consumer", seed=2000 + i, **common) for i in range(o.consumers)]
-    sampler = Sampler(run, names, kind, o.interval, count)
+    consumers = o.consumers if peer is None or peer.max_consumers is None else min(o.consumers, peer.max_consumers)
+    specs += [PacedSpec(role="consumer", seed=2000 + i, **common) for i in range(consumers)]
+    sampler = Sampler(run, names, kind, o.interval, count, peer=peer)
     bystander = Bystander(run)
-    upkeep = Upkeep(run, names, kind) if Upkeep.serves(kind) else None
+    upkeep = Upkeep(run, names, kind) if peer is None and Upkeep.serves(kind) else None
     held: dict[str, Any] = {}
     holder_facts: dict[str, Any] | None = None
     sampler.start()
@@ -357,7 +303,8 @@ def measure(run: BenchRun, driver: str, hold: str, rate: float) -> dict[str, Any
                     upkeep.start()
 
             try:
-                t_go, reports = run.run_workers(paced_worker, specs, seconds, mode=f"sustained {driver}", on_go=on_go)
+                target = paced_worker if peer is None else peer.paced_target
+                t_go, reports = run.run_workers(target, specs, seconds, mode=f"sustained {driver}", on_go=on_go)
             except BaseException:
                 sampler.cancel()
                 raise
@@ -377,13 +324,22 @@ def measure(run: BenchRun, driver: str, hold: str, rate: float) -> dict[str, Any
         for thread in (sampler, bystander, upkeep):
             if thread is not None and thread.error is not None:
                 raise thread.error
-        left = left_in_queue(run, names, kind)
+        if peer is None:
+            left = left_in_queue(run, names, kind)
+        else:
+            with run.engine.connect() as conn:
+                left = peer.left(conn, names)
     finally:
-        driver_for(driver).uninstall(run.engine, names)
+        if peer is None:
+            driver_for(driver).uninstall(run.engine, names)
+        else:
+            peer.uninstall(run, names)
     result = summarise(kind=driver, hold=hold, rate=rate, interval=o.interval, count=count, t_go=t_go,
                        reports=reports, samples=sampler.samples, bystander=bystander.timings, left=left,
                        holder=holder_facts)
     result["upkeep"] = upkeep.result if upkeep is not None else None
+    if peer is not None:
+        result["peer"] = {"label": peer.label, "consumers": consumers}
     return result
 
 
@@ -506,19 +462,34 @@ def plots_available() -> bool:
           ("kinds", "producers", "consumers", "batch", "payload_bytes", "minutes", "hold", "rate", "interval", "plots",
            "backlog", "bystander_rows"))
 def sustained(run: BenchRun) -> dict[str, Any]:
+    from queuectl.bench.sustained_peers import peer_for
+
     o = run.options
     if o.plots and not plots_available():
         raise UsageError("the sustained scenario's plots need matplotlib: pip install 'queuectl[bench]'")
     holds = holds_for(o.hold)
     calibration: dict[str, float] = {}
     runs: list[dict[str, Any]] = []
-    steps = (0 if o.rate else len(o.kinds)) + len(o.kinds) * len(holds) + 1
+    unavailable: list[dict[str, str]] = []
+    ours = [k for k in o.kinds if peer_for(k) is None]
+    for kind in ours:
+        driver_for(kind)  # an unknown kind fails here, before any run
+    kinds = list(ours)
+    for kind in o.kinds:
+        peer = peer_for(kind)
+        if peer is not None:
+            reason = peer.unavailable(run)
+            if reason is None:
+                kinds.append(kind)
+            else:
+                unavailable.append({"subject": peer.label, "reason": reason})
+    steps = (0 if o.rate else len(ours)) + len(kinds) * len(holds) + 1
     with run.reporter.scenario("sustained", steps) as rep:
         rep.step(f"bystander table ({o.bystander_rows:,} rows)")
         bystander_rows = ensure_bystander(run)
         rep.done()
         if o.rate is None:
-            for kind in o.kinds:
+            for kind in ours:
                 rep.step(f"calibration: {kind} at full speed")
                 calibration[kind] = calibrate(run, kind)
                 rep.note(f"{kind}: clean maximum {calibration[kind]:,.0f} msgs/s")
@@ -527,7 +498,7 @@ def sustained(run: BenchRun) -> dict[str, Any]:
             rep.note(f"offered rate: {rate:,.0f} msgs/s (half the slowest kind's clean maximum)")
         else:
             rate = float(o.rate)
-        for kind in o.kinds:
+        for kind in kinds:
             for hold in holds:
                 rep.step(f"{kind}, hold {hold}, {rate:,.0f} msgs/s offered")
                 runs.append(measure(run, kind, hold, rate))
@@ -535,11 +506,10 @@ def sustained(run: BenchRun) -> dict[str, Any]:
     for r in runs:
         r["summary"]["held_over_clean"] = held_over_clean(r, runs)
     plots: dict[str, str] = {}
-    unavailable: list[dict[str, str]] = []
     if o.plots:
         from queuectl.bench.sustained_plots import plot_kind
 
-        for kind in o.kinds:
+        for kind in kinds:
             path = Path(f"{o.plots}-{kind}.png")
             plot_kind(path, kind, [r for r in runs if r["kind"] == kind], rate)
             plots[kind] = str(path)
@@ -561,6 +531,13 @@ def sustained(run: BenchRun) -> dict[str, Any]:
         f"bystander: a sum over 10,000 primary-key rows of a {bystander_rows:,}-row table in schema "
         f"{BYSTANDER_SCHEMA}, run by another thread every {BYSTANDER_PAUSE_SECONDS:g} s; its median per interval",
     ]
+    if any(peer_for(k) is not None for k in kinds):
+        notes.append("peers (queuectl.bench.sustained_peers): the same paced producers, hold, sampler and bystander "
+                     "in the same database, through each peer's own API; PgQ: pgq.insert_event per message, one "
+                     "consumer process (a PgQ batch goes to one consumer) on next_batch / get_batch_events / "
+                     "finish_batch, pgqd ticking with Debian's defaults; PgQueuer: Queries.enqueue, QueueManager "
+                     "consumers counting a job when its handler runs; backlog = events not yet finished (PgQ) or "
+                     "jobs not yet picked (PgQueuer); sizes and dead rows over the peer's own tables")
     if not o.plots:
         unavailable.append({"subject": "plots", "reason": "no --plots or --json file to put them beside"})
     return {
@@ -597,8 +574,9 @@ def row_of(r: dict[str, Any], runs: list[dict[str, Any]], calibration: dict[str,
         "total_bytes_end", "autovacuum_runs", "refused", "producer_lag_max_ms", "bystander_p50_ms", "bystander_p99_ms")}
     metrics["held_over_clean"] = stat([s["held_over_clean"]])
     metrics["lost"] = stat([r["ledger"]["lost"]])
+    peer = r.get("peer")
     return {
-        "subject": f"queuectl {r['kind']}",
+        "subject": peer["label"] if peer else f"queuectl {r['kind']}",
         "phase": f"sustained, hold {r['hold']}",
         "params": {"kind": r["kind"], "hold": r["hold"], "offered_rate": r["offered_rate"], "seconds": r["seconds"]},
         "rate": stat([s["completed_per_s"]]),
@@ -611,7 +589,8 @@ def row_of(r: dict[str, Any], runs: list[dict[str, Any]], calibration: dict[str,
 
 def targets(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for r in runs:
+    ours = [r for r in runs if "peer" not in r]  # peers are reported, not held to queuectl's targets
+    for r in ours:
         value = r["summary"]["held_over_clean"]
         if value is None:
             continue
@@ -630,12 +609,12 @@ def targets(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"name": f"reliable, hold {r['hold']}: end-to-end p99 / clean p99", "value": p99,
                     "threshold": RELIABLE_P99_HELD_OVER_CLEAN, "comparison": "<=",
                     "met": None if p99 is None else p99 <= RELIABLE_P99_HELD_OVER_CLEAN})
-    for r in runs:
+    for r in ours:
         if r["kind"] == "ring":
             refused = float(r["summary"]["refused"])
             out.append({"name": f"ring, hold {r['hold']}: messages refused for fullness", "value": refused,
                         "threshold": 0.0, "comparison": "<=", "met": refused == 0})
-    lost = float(sum(abs(r["ledger"]["lost"]) for r in runs))
+    lost = float(sum(abs(r["ledger"]["lost"]) for r in ours))
     out.append({"name": "messages lost (enqueued - completed - left in the queue), all runs", "value": lost,
                 "threshold": 0.0, "comparison": "<=", "met": lost == 0})
     return out

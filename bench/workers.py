@@ -118,8 +118,9 @@ def run_worker(spec: WorkerSpec, ready: Any, go: Any, stop: Any, results: Any, b
     run_loop(spec, ready, go, stop, results, lambda session: loop(session, spec, backlog))
 
 
-def run_loop(spec: Any, ready: Any, go: Any, stop: Any, results: Any, work_of: Callable[[Any], Iterator[Any]]) -> None:
-    """A worker process's life: open a session of spec.driver on its queue, start the work
+def run_loop(spec: Any, ready: Any, go: Any, stop: Any, results: Any, work_of: Callable[[Any], Iterator[Any]], *,
+             open_session: Callable[[], Any] | None = None) -> None:
+    """A worker process's life: open a session of spec.driver on its queue (or open_session's), start the work
     (work_of(session), a generator), which warms up and yields how many messages it handled
     doing so; report ready, wait for go, send it `stop`, and put what it yields then into the
     report. Every outcome (also a failure) is one dict on `results`."""
@@ -128,7 +129,10 @@ def run_loop(spec: Any, ready: Any, go: Any, stop: Any, results: Any, work_of: C
     report: dict[str, Any] = {"role": spec.role, "pid": os.getpid(), "count": 0, "t_start": None, "t_end": None}
     session = None
     try:
-        session = driver_for(spec.driver).open(spec.url, QueueNames(spec.queue, spec.schema))
+        if open_session is not None:
+            session = open_session()
+        else:
+            session = driver_for(spec.driver).open(spec.url, QueueNames(spec.queue, spec.schema))
         work = work_of(session)
         report["warmup_count"] = next(work)  # warm up
         ready.put(os.getpid())

@@ -510,6 +510,55 @@ def test_tiny_sustained_run_holds_the_horizon_accounts_for_every_message_and_plo
         assert su["plots"][kind] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_tiny_sustained_run_measures_its_peers_beside_queuectl_or_says_how_to_install_them(
+        db_url: str, tmp_path: Path) -> None:
+    """--kinds reliable,pgq,pgqueuer: each peer runs the same paced load, hold and sampling
+    as queuectl's kind, in the same database (so the holder pins the peer too), through its
+    own API; PgQ with one consumer process. Every message a peer took is in its ledger. A
+    peer that is not installed is reported as not measured, with the command that installs
+    it, and the run goes on. Peers are reported, never held to queuectl's targets."""
+    from queuectl.bench.core import SUSTAINED_PEERS
+    from queuectl.bench.sustained_peers import PEERS
+
+    assert tuple(PEERS) == SUSTAINED_PEERS
+    result = _run_json(db_url, tmp_path, "--scenario", "sustained", "--kinds", "reliable,pgq,pgqueuer",
+                       "--minutes", "0.03", "--interval", "1", "--hold", "both", "--rate", "200",
+                       "--producers", "1", "--consumers", "2", "--bystander-rows", "20000")
+    sc, su = result["scenario"], result["scenario"]["sustained"]
+    missing = {u["subject"].split()[0]: u["reason"] for u in sc["unavailable"] if u["subject"] != "plots"}
+    measured = {r["kind"] for r in su["runs"]}
+    assert measured == {"reliable"} | ({"pgq", "pgqueuer"} - {m.lower() for m in missing})
+    for peer, reason in missing.items():  # said so, with the way to install it, not faked
+        assert ("apt-get install postgresql-15-pgq3" in reason) if peer == "PgQ" else ("bench-peers" in reason)
+    for r in su["runs"]:
+        assert r["ledger"]["enqueued"] > 0 and r["ledger"]["lost"] == 0, r["ledger"]
+        assert r["summary"]["completed_per_s"] > 0
+        if r["kind"] == "reliable":
+            assert "peer" not in r
+            continue
+        assert r["peer"]["consumers"] == (1 if r["kind"] == "pgq" else 2) and r["upkeep"] is None
+        assert all(s["total_bytes"] > 0 and s["backlog"] is not None for s in r["series"])
+        if r["hold"] == "snapshot":  # the holder pinned the peer's database too
+            assert r["holder"]["horizon_start"] == r["holder"]["horizon_end"]
+            assert int(r["holder"]["next_xid_end"]) > int(r["holder"]["next_xid_start"])
+    subjects = [row["subject"] for row in sc["rows"]]
+    assert subjects[:2] == ["queuectl reliable"] * 2
+    assert all(s.startswith(("PgQ ", "PgQueuer ")) for s in subjects[2:])
+    assert not any(t["name"].startswith(("pgq", "pgqueuer")) for t in sc["targets"])
+
+
+def test_the_sustained_peers_are_kinds_of_the_sustained_scenario_only() -> None:
+    from queuectl.bench.core import BenchOptions
+    from queuectl.errors import UsageError
+
+    assert BenchOptions(scenario="sustained", kinds=["reliable", "pgq"]).validate().kinds == ["reliable", "pgq"]
+    assert BenchOptions(scenario="sustained", kinds=["pgqueuer"], rate=100).validate().rate == 100
+    with pytest.raises(UsageError, match="peers alone need --rate"):
+        BenchOptions(scenario="sustained", kinds=["pgq", "pgqueuer"]).validate()
+    with pytest.raises(UsageError, match="no bench driver for kind 'pgq'.*with --scenario sustained, the peers pgq"):
+        BenchOptions(scenario="kinds", kinds=["pgq"]).validate()
+
+
 def test_an_idle_bench_consumer_waits_as_the_worker_does(db_url: str, engine: sa.Engine) -> None:
     """A full cycle's consumer whose take came back empty (IdleWait, with the Worker's Listener
     and PollBackoff): registers and looks once more, then sleeps on the queue's channel until

@@ -458,3 +458,67 @@ FROM pg_stat_activity WHERE pid = :pid
 -- name: next_xid
 -- The next transaction id to be given out (assigns none itself).
 SELECT CAST(pg_snapshot_xmax(pg_current_snapshot()) AS text)
+
+-- name: pgq_setup
+-- PgQ, a peer of `queuectl bench --scenario sustained` (Debian's postgresql-15-pgq3): its
+-- extension, one queue and one registered consumer, with the packaged defaults (3 event
+-- tables rotated every 2 hours, a tick at 500 events or 3 s of lag, ticks made by pgqd).
+CREATE EXTENSION IF NOT EXISTS pgq;
+SELECT pgq.create_queue(:queue);
+SELECT pgq.register_consumer(:queue, :consumer)
+
+-- name: pgq_available
+-- Whether this server has the PgQ extension's files.
+SELECT count(*) FROM pg_available_extensions WHERE name = 'pgq'
+
+-- name: pgq_drop
+-- The peer's queue, its consumers and its event tables (the extension stays).
+SELECT pgq.drop_queue(:queue, true)
+
+-- name: pgq_enqueue
+-- A producer's batch in one statement: one pgq.insert_event per message, the call PgQ's
+-- Python client (pgq.insert_event) sends per event.
+SELECT count(pgq.insert_event(:queue, 'bench', d)) FROM unnest(CAST(:data AS text[])) AS d
+
+-- name: pgq_next_batch
+-- The consumer's next batch (NULL: no tick since its last one), as pgq.Consumer asks for it.
+SELECT pgq.next_batch(:queue, :consumer)
+
+-- name: pgq_batch_events
+SELECT ev_data FROM pgq.get_batch_events(:batch)
+
+-- name: pgq_finish_batch
+SELECT pgq.finish_batch(:batch)
+
+-- name: pgq_tables
+-- The queue's event tables (the parent and its rotated children) by name, in schema pgq,
+-- and the tables PgQ updates per tick and batch.
+SELECT array_cat(
+           ARRAY(SELECT split_part(q.queue_data_pfx, '.', 2) || s
+                 FROM unnest(ARRAY(SELECT '' UNION ALL SELECT '_' || g
+                                   FROM generate_series(0, q.queue_ntables - 1) AS g)) AS s),
+           ARRAY['tick', 'subscription', 'queue', 'consumer', 'retry_queue'])
+FROM pgq.queue AS q WHERE q.queue_name = :queue
+
+-- name: pgq_pending
+-- Events the consumer has not finished: those of ticks after its last finished batch
+-- (pending_events) and those no tick covers yet (ev_new).
+SELECT coalesce(c.pending_events, 0) + coalesce(q.ev_new, 0)
+FROM pgq.get_consumer_info(:queue, :consumer) AS c, pgq.get_queue_info(:queue) AS q
+
+-- name: pgqueuer_schema
+-- PgQueuer, a peer of `queuectl bench --scenario sustained`, installs into its own schema
+-- (the first on its connections' search_path), dropped with everything in it afterwards.
+CREATE SCHEMA {{schema}}
+
+-- name: pgqueuer_drop
+DROP SCHEMA IF EXISTS {{schema}} CASCADE
+
+-- name: pgqueuer_waiting
+-- Jobs not yet picked.
+SELECT count(*) FROM {{schema}}.pgqueuer WHERE status = 'queued'
+
+-- name: pgqueuer_left
+-- Jobs still in PgQueuer's queue table: waiting, or picked and not yet completed (it
+-- deletes a job once its completion is written, in buffered batches).
+SELECT count(*) FROM {{schema}}.pgqueuer

@@ -21,7 +21,8 @@ def bench(
     ctx: typer.Context,
     kind: Annotated[
         Optional[list[str]],
-        typer.Option("--kind", "--kinds", help="Queue kind to measure (repeatable, or comma-separated). Default: reliable."),
+        typer.Option("--kind", "--kinds", help="Queue kind to measure (repeatable, or comma-separated). Default: reliable. "
+                     "The sustained scenario also takes the peers pgq (PgQ with pgqd, from Debian) and pgqueuer."),
     ] = None,
     producers: Annotated[Optional[int], typer.Option(help="Producer processes. Default: 4 (sustained, consumers, cost: 2).")] = None,
     consumers: Annotated[
