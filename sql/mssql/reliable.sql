@@ -528,11 +528,15 @@ GROUP BY m.status, CASE WHEN m.status = 0 AND m.due_at > SYSUTCDATETIME() THEN 1
 -- because PostgreSQL's row deletes leave dead versions that no VACUUM may remove while an
 -- old snapshot is open (the xmin horizon), and every claim walks them. SQL Server deletes
 -- in place: a deleted row becomes a ghost record that the ghost-cleanup task removes within
--- seconds; only under snapshot isolation or RCSI (off by default; on in Azure SQL) does a
--- long snapshot keep row versions, and those live in tempdb's version store, not in the
--- queue's indexes. The same shape would map to partition SWITCH OUT + TRUNCATE (the
--- sliding-window pattern); it is not built here, and no SQL Server runs on these machines
--- to measure whether it is needed. The single tables stay. Empty on purpose (no batch runs).
+-- seconds, whatever other sessions hold, as long as no row versioning is in play. With it,
+-- the same decay is possible: in a database with snapshot isolation or RCSI (off by
+-- default; on in Azure SQL), a deleted row stays in the queue's own index pages as a
+-- version ghost (sys.dm_db_index_physical_stats: version_ghost_record_count) while a
+-- snapshot transaction, a long RCSI statement or a readable secondary of an availability
+-- group may still need it, and READPAST claims walk those ghosts as PostgreSQL's walk dead
+-- entries. The same shape would map to partition SWITCH OUT + TRUNCATE (the sliding-window
+-- pattern); it is not built here, and no SQL Server runs on these machines to measure it.
+-- The single tables stay. Empty on purpose (no batch runs).
 
 -- name: drop_rotation
 -- reliable_0012 downgrade: nothing was changed (see create_rotation). Empty on purpose.
