@@ -352,6 +352,31 @@ def test_tiny_dequeue_plan_probe_measures_both_revisions_side_by_side(db_url: st
 
 
 @pytest.mark.slow
+def test_tiny_archive_load_probe_keeps_a_steady_state_and_splits_the_cpu(db_url: str) -> None:
+    """`python bench/lab/archive_load.py`: windows alternate archive off / on while producers
+    are held to the consumers (enqueued/s within the backlog's worth of acked/s), and each
+    window says the CPU the foreground spent per message and, when it archived, the
+    archiver per row, read from /proc for the sessions the probe named."""
+    import argparse
+
+    probe = lab_module("archive_load")
+    args = argparse.Namespace(pairs=1, window=3.0, settle=1.0, warmup=1.0, producers=1, consumers=1, min_age=0.0,
+                              delay=0.0, batch=1000, backlog=200)
+    result = probe.repeat(db_url, args)
+    windows = result["windows"]
+    assert [w["archive"] for w in windows] == ["off", "on"]
+    for w in windows:
+        assert w["acked_per_s"] > 0
+        assert abs(w["enqueued_per_s"] - w["acked_per_s"]) * args.window <= args.backlog + 40  # held to the consumers
+        assert w["cpu_s"]["qa_fg"] > 0 and w["cpu_s"]["fg_processes"] > 0
+        assert w["fg_cpu_per_1k_acked"] > w["fg_server_cpu_per_1k_acked"] > 0
+    assert windows[0]["archived_per_s"] == 0 and windows[0]["cpu_s"]["archiver_process"] >= 0
+    on = windows[1]
+    assert on["archived_per_s"] > 0 and on["archiver_cpu_per_1k_rows"] > 0, on
+    assert result["bound"] == pytest.approx(1 / (1 + result["archiver_over_foreground_cpu"]))
+
+
+@pytest.mark.slow
 def test_tiny_split_run_measures_both_designs_at_every_size(db_url: str, tmp_path: Path) -> None:
     """`queuectl bench --scenario split` on a fresh database (its one-table design is installed
     before any reliable queue: it once failed there for want of the schema), every size

@@ -522,3 +522,9 @@ SELECT count(*) FROM {{schema}}.pgqueuer WHERE status = 'queued'
 -- Jobs still in PgQueuer's queue table: waiting, or picked and not yet completed (it
 -- deletes a job once its completion is written, in buffered batches).
 SELECT count(*) FROM {{schema}}.pgqueuer
+
+-- name: sessions_by_name
+-- The server pids of this database's sessions named :names (application_name), for a probe
+-- that reads their CPU from /proc (bench/lab/archive_load.py).
+SELECT pid, application_name FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = ANY (CAST(:names AS text[]))
