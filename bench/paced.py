@@ -38,6 +38,31 @@ def paced_worker(spec: PacedSpec, ready: Any, go: Any, stop: Any, results: Any, 
     run_loop(spec, ready, go, stop, results, lambda session: loop(session, spec))
 
 
+class Schedule:
+    """A paced producer's sends: the k-th is due at its start + k periods (one batch per
+    period at spec.rate), producers spread over one period by spec.phase; what each send
+    carried is recorded beside when it was due and when it went."""
+
+    def __init__(self, spec: PacedSpec) -> None:
+        self.batch = spec.batch
+        self.period = spec.batch / spec.rate
+        self.t0 = time.time() + spec.phase * self.period
+        self.k = 0
+        self.due_at, self.sent_at, self.accepted = array("d"), array("d"), array("l")
+
+    def next_due(self) -> float:
+        return self.t0 + self.k * self.period
+
+    def sent(self, due: float, at: float, accepted: int) -> None:
+        self.due_at.append(due)
+        self.sent_at.append(at)
+        self.accepted.append(accepted)
+        self.k += 1
+
+    def report(self) -> dict[str, Any]:
+        return {"batch": self.batch, "due": self.due_at, "sent": self.sent_at, "accepted": self.accepted}
+
+
 def producer(session: Any, spec: PacedSpec) -> Iterator[Any]:
     from queuectl.client import QueueFullError
 
@@ -54,22 +79,15 @@ def producer(session: Any, spec: PacedSpec) -> Iterator[Any]:
 
     warm = sum(send(pick_batch(pool, rng, n, WARMUP_STAMP)) for _ in range(WARMUP_CALLS))
     stop = yield warm
-    period = n / spec.rate
-    t0 = time.time() + spec.phase * period
-    due_at, sent_at, accepted = array("d"), array("d"), array("l")
-    k = 0
+    schedule = Schedule(spec)
     while not stop.is_set():
-        due = t0 + k * period
+        due = schedule.next_due()
         wait = due - time.time()
         if wait > 0 and stop.wait(wait):
             break
         now = time.time()
-        ok = send(pick_batch(pool, rng, n, now))
-        due_at.append(due)
-        sent_at.append(now)
-        accepted.append(ok)
-        k += 1
-    yield {"batch": n, "due": due_at, "sent": sent_at, "accepted": accepted}
+        schedule.sent(due, now, send(pick_batch(pool, rng, n, now)))
+    yield schedule.report()
 
 
 def consumer(session: Any, spec: PacedSpec) -> Iterator[Any]:

@@ -31,7 +31,7 @@ import struct
 import time
 import traceback
 from array import array
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -74,7 +74,17 @@ class PeerSpec:
 
 def peer_worker(spec: PeerSpec, ready: Any, go: Any, stop: Any, results: Any, backlog: Backlog) -> None:
     """Process entry point (a bench worker process): one asyncio loop running one producer or consumer."""
-    report: dict[str, Any] = {"role": spec.role, "pid": os.getpid(), "count": 0, "t_start": None, "t_end": None}
+    main = {"pgqueuer": _pgqueuer, "procrastinate": _procrastinate, ASYNCIO: _queuectl_asyncio}[spec.peer]
+    run_async_worker(spec.role, spec.peer, lambda signal_ready: main(spec, signal_ready, go, stop, backlog), ready,
+                     results)
+
+
+def run_async_worker(role: str, label: str, main: Callable[[Callable[[], None]], Awaitable[dict[str, Any]]],
+                     ready: Any, results: Any) -> None:
+    """A bench worker process's life on one asyncio loop: run main(signal_ready), which calls
+    signal_ready() once warmed up and returns what goes into the report; every outcome (a
+    failure too, labelled) is one report on `results`, and ready is signalled whatever happens."""
+    report: dict[str, Any] = {"role": role, "pid": os.getpid(), "count": 0, "t_start": None, "t_end": None}
     signalled = False
 
     def signal_ready() -> None:
@@ -84,10 +94,9 @@ def peer_worker(spec: PeerSpec, ready: Any, go: Any, stop: Any, results: Any, ba
             ready.put(os.getpid())
 
     try:
-        main = {"pgqueuer": _pgqueuer, "procrastinate": _procrastinate, ASYNCIO: _queuectl_asyncio}[spec.peer]
-        report.update(asyncio.run(main(spec, signal_ready, go, stop, backlog)))
-    except BaseException as exc:
-        report["error"] = f"{spec.peer}: {type(exc).__name__}: {exc}"
+        report.update(asyncio.run(main(signal_ready)))
+    except BaseException as exc:  # reported to the parent, which fails the run with it
+        report["error"] = f"{label}: {type(exc).__name__}: {exc}"
         report["traceback"] = traceback.format_exc(limit=8)
     finally:
         signal_ready()

@@ -29,13 +29,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import math
-import os
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
-import traceback
 from array import array
 from pathlib import Path
 from typing import Any, Iterator
@@ -205,24 +203,10 @@ async def _pgqueuer_connect(url: str, schema: str) -> Any:
 def pgqueuer_paced_worker(spec: Any, ready: Any, go: Any, stop: Any, results: Any, backlog: Any) -> None:
     """Process entry point: a paced PgQueuer producer or a QueueManager consumer, reporting as
     the sustained scenario's workers do."""
-    report: dict[str, Any] = {"role": spec.role, "pid": os.getpid(), "count": 0, "t_start": None, "t_end": None}
-    signalled = False
+    from queuectl.bench.peers import run_async_worker
 
-    def signal_ready() -> None:
-        nonlocal signalled
-        if not signalled:
-            signalled = True
-            ready.put(os.getpid())
-
-    try:
-        main = _pgqueuer_producer if spec.role == "producer" else _pgqueuer_consumer
-        report.update(asyncio.run(main(spec, signal_ready, go, stop, report)))
-    except BaseException as exc:  # reported to the parent, which fails the run with it
-        report["error"] = f"pgqueuer: {type(exc).__name__}: {exc}"
-        report["traceback"] = traceback.format_exc(limit=6)
-    finally:
-        signal_ready()
-        results.put(report)
+    main = _pgqueuer_producer if spec.role == "producer" else _pgqueuer_consumer
+    run_async_worker(spec.role, "pgqueuer", lambda signal_ready: main(spec, signal_ready, go, stop), ready, results)
 
 
 async def _until(event: Any, pause: float = 0.02) -> None:
@@ -230,7 +214,7 @@ async def _until(event: Any, pause: float = 0.02) -> None:
         await asyncio.sleep(pause)
 
 
-async def _pgqueuer_producer(spec: Any, signal_ready: Any, go: Any, stop: Any, report: dict[str, Any]) -> dict[str, Any]:
+async def _pgqueuer_producer(spec: Any, signal_ready: Any, go: Any, stop: Any) -> dict[str, Any]:
     import random
 
     from pgqueuer.queries import Queries
@@ -250,32 +234,24 @@ async def _pgqueuer_producer(spec: Any, signal_ready: Any, go: Any, stop: Any, r
         warm = 0
         for _ in range(WARMUP_CALLS):
             warm += await send(paced.WARMUP_STAMP)
-        report["warmup_count"] = warm
         signal_ready()
         await _until(go, 0.001)
-        period = n / spec.rate
-        t0 = time.time() + spec.phase * period
-        due_at, sent_at, accepted = array("d"), array("d"), array("l")
-        k = 0
+        schedule = paced.Schedule(spec)
         while not stop.is_set():
-            due = t0 + k * period
+            due = schedule.next_due()
             wait = due - time.time()
             if wait > 0:
-                await asyncio.sleep(min(wait, 0.1))
+                await asyncio.sleep(min(wait, 0.1))  # short sleeps: the stop is seen soon
                 if time.time() < due:
                     continue
             now = time.time()
-            ok = await send(now)
-            due_at.append(due)
-            sent_at.append(now)
-            accepted.append(ok)
-            k += 1
-        return {"batch": n, "due": due_at, "sent": sent_at, "accepted": accepted}
+            schedule.sent(due, now, await send(now))
+        return {"warmup_count": warm, **schedule.report()}
     finally:
         await conn.close()
 
 
-async def _pgqueuer_consumer(spec: Any, signal_ready: Any, go: Any, stop: Any, report: dict[str, Any]) -> dict[str, Any]:
+async def _pgqueuer_consumer(spec: Any, signal_ready: Any, go: Any, stop: Any) -> dict[str, Any]:
     from datetime import timedelta
 
     from pgqueuer import QueueManager
@@ -307,8 +283,7 @@ async def _pgqueuer_consumer(spec: Any, signal_ready: Any, go: Any, stop: Any, r
         await _until(stop)
         qm.shutdown.set()
         await asyncio.wait_for(runner, timeout=30)
-        report["warmup_count"] = warm
-        return {"done": done_at, "latency": latency}
+        return {"warmup_count": warm, "done": done_at, "latency": latency}
     finally:
         await conn.close()
 
