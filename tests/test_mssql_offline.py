@@ -478,7 +478,7 @@ def test_ring_install_script_ends_with_ring_0003s_procedures():
     batches = split_go_batches(install_script(None, "orders", "ring", dialect="mssql"))
     release = [b for b in batches if '"queuectl"."orders_ring_release"' in b]
     assert [b.split(None, 4)[:4] for b in release] == [
-        ["CREATE", "PROCEDURE", '"queuectl"."orders_ring_release"', "WITH"],
+        ["CREATE", "OR", "ALTER", "PROCEDURE"],
         ["DROP", "PROCEDURE", "IF", "EXISTS"],
         ["CREATE", "OR", "ALTER", "PROCEDURE"], ["CREATE", "OR", "ALTER", "PROCEDURE"]]
     assert "@timeout float = 0.1" not in release[0] and "@timeout float = 0.1" in release[2]
@@ -610,6 +610,42 @@ def test_job_lock_timeouts_reach_sql_server_rendered(method):
     check_tsql(text)
     getattr(JobTarget(QueueNames("orders"), None, "mssql"), method)(mock, lock_timeout=0.0001, statement_timeout=30)
     assert "SET LOCK_TIMEOUT 1;" in sent[-1]  # never 0, which on SQL Server means "do not wait at all"
+
+
+def test_tsql_names_the_version_its_statements_need():
+    """STRING_AGG and sys.sequences.last_used_value are SQL Server 2017's, and the ring and the
+    watermark kind use them: every minimum version the T-SQL files and the docs state is 2017."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    used = [f for f in sql_files("mssql") if re.search(r"STRING_AGG|last_used_value", (root / "sql" / "mssql" / f"{f}.sql").read_text())]
+    assert {"ring", "watermark"} <= set(used)
+    stated = re.compile(r"(?:SQL Server )?(20\d\d)(?: SP\d)? or later", re.I)
+    for path in [*(root / "sql" / "mssql").rglob("*.sql"), root / "README.md", *(root / "docs").glob("*.md")]:
+        for version in stated.findall(path.read_text()):
+            assert version == "2017", (path.name, version)
+
+
+def test_every_tsql_module_is_created_or_altered():
+    """CREATE OR ALTER everywhere a procedure is made (reliable.sql's header says why: it keeps
+    the grants and lets a section run again), never a plain CREATE, which fails on a second
+    run and was used for ack_dequeue and the kinds' enqueue procedures."""
+    for file, name in mssql_sections():
+        for batch in split_go_batches(rendered(file, name)):
+            statement = re.sub(r"^(\s*--[^\n]*\n)*", "", batch).lstrip()
+            assert not re.match(r"CREATE\s+(PROCEDURE|FUNCTION|TRIGGER)\b", statement, re.I), (file, name)
+
+
+def test_the_rings_first_wait_is_a_real_pause():
+    """The ring's push and pop back off with WAITFOR DELAY of a datetime, whose precision is
+    1/300 s: a first pause of 1 ms rounded to no wait at all, so a full ring was looked at
+    twice at once. Each backing-off procedure starts at a pause that a datetime keeps."""
+    for file, name in mssql_sections():
+        text = rendered(file, name)
+        if "WAITFOR DELAY @pause" not in text:
+            continue
+        first = int(re.search(r"@pause_ms int = (\d+)", text).group(1))
+        assert round(first * 0.3) / 300 > 0, (file, name, first)  # datetime's ticks: 1/300 s
 
 
 def test_ddl_sections_hold_no_bind_parameters():

@@ -31,7 +31,7 @@ CREATE TABLE {{items}} (
 -- The SQL API shared by lax and strict FIFO queues (the dequeue is in the next sections).
 
 -- enqueue one item; returns its id.
-CREATE PROCEDURE {{fn_enqueue}}
+CREATE OR ALTER PROCEDURE {{fn_enqueue}}
     @payload varbinary(max),
     @headers nvarchar(max) = NULL
 AS
@@ -46,7 +46,7 @@ GO
 -- enqueue many items in one call; ids are drawn in input order and returned in it.
 -- @items is a JSON array of {"payload": "<hex>", "headers": {...} | null} (why JSON and
 -- not a table-valued parameter: reliable.sql).
-CREATE PROCEDURE {{fn_enqueue_many}}
+CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
     @items nvarchar(max)
 AS
 BEGIN

@@ -24,7 +24,7 @@ CREATE TABLE {{items}} (
 -- The SQL API as stored procedures, callable from any language.
 
 -- enqueue one item; returns its id.
-CREATE PROCEDURE {{fn_enqueue}}
+CREATE OR ALTER PROCEDURE {{fn_enqueue}}
     @payload varbinary(max),
     @headers nvarchar(max) = NULL
 AS
@@ -39,7 +39,7 @@ GO
 -- enqueue many items in one call; ids are drawn in input order and returned in it.
 -- @items is a JSON array of {"payload": "<hex>", "headers": {...} | null} (why JSON and
 -- not a table-valued parameter: reliable.sql).
-CREATE PROCEDURE {{fn_enqueue_many}}
+CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
     @items nvarchar(max)
 AS
 BEGIN

@@ -29,7 +29,7 @@ CREATE INDEX {{due_idx}} ON {{items}} (due_at, id);
 -- The SQL API as stored procedures, callable from any language.
 
 -- enqueue one item, due at @due_at (UTC), else now + @delay_seconds, else now; returns its id.
-CREATE PROCEDURE {{fn_enqueue}}
+CREATE OR ALTER PROCEDURE {{fn_enqueue}}
     @payload       varbinary(max),
     @headers       nvarchar(max) = NULL,
     @due_at        datetime2(6)  = NULL,
@@ -51,7 +51,7 @@ GO
 -- enqueue many items in one call; ids come back in input order. @items is a JSON array
 -- of {"payload": "<hex>", "headers": {...} | null, "due_at": "<ISO 8601 UTC>" | null,
 -- "delay": seconds | null} (why JSON and not a table-valued parameter: reliable.sql).
-CREATE PROCEDURE {{fn_enqueue_many}}
+CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
     @items nvarchar(max)
 AS
 BEGIN

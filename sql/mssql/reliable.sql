@@ -1,5 +1,7 @@
--- The reliable status queue on SQL Server (2016 SP1 or later: DROP ... IF EXISTS, OPENJSON,
--- compatibility level 130+). The same sections as sql/postgresql/reliable.sql.
+-- The reliable status queue on SQL Server (2017 or later, as every kind: DROP ... IF EXISTS
+-- and OPENJSON are 2016's, compatibility level 130+; the ring's and the watermark's
+-- sys.sequences.last_used_value and STRING_AGG are 2017's). The same sections as
+-- sql/postgresql/reliable.sql.
 --
 -- Layout: <queue>_meta holds only what dequeue searches and updates (narrow rows, so a
 -- dequeue touches few pages); <queue>_data holds the payload, written once at enqueue and
@@ -433,7 +435,7 @@ DROP SEQUENCE IF EXISTS {{meta_seq}};
 -- procedure itself, whose OUTPUT is this procedure's only result set. XACT_ABORT: an
 -- error anywhere rolls back both, so an ack never commits without the claim's outcome.
 -- @ack_ids is a JSON array of ids (may be NULL or empty).
-CREATE PROCEDURE {{fn_ack_dequeue}}
+CREATE OR ALTER PROCEDURE {{fn_ack_dequeue}}
     @ack_ids       nvarchar(max) = NULL,
     @batch         int           = 1,
     @lease_seconds float         = NULL,

@@ -107,7 +107,8 @@ BEGIN
     DECLARE @key sysname = CONCAT(N'queuectl.rpush.', OBJECT_ID({{ring_regclass}}));
     DECLARE @deadline datetime2(6) = DATEADD(millisecond,
         CAST(ROUND(CASE WHEN @timeout > 0 THEN @timeout ELSE 0 END * 1000e0, 0) AS int), SYSUTCDATETIME());
-    DECLARE @pause_ms int = 1, @pause datetime, @n int, @done int = 0, @run int, @draw int;
+    DECLARE @pause_ms int = 4,  -- WAITFOR takes a datetime (1/300 s): 1 ms would round to no wait
+            @pause datetime, @n int, @done int = 0, @run int, @draw int;
     DECLARE @first sql_variant, @pos bigint, @held bigint, @stop bigint, @kept nvarchar(4000);
     DECLARE @src TABLE (ord int NOT NULL PRIMARY KEY, payload varbinary(max) NULL,
                         headers nvarchar(max) NULL);
@@ -239,7 +240,8 @@ BEGIN
     DECLARE @key sysname = CONCAT(N'queuectl.rpop.', OBJECT_ID({{ring_regclass}}));
     DECLARE @deadline datetime2(6) = DATEADD(millisecond,
         CAST(ROUND(CASE WHEN @timeout > 0 THEN @timeout ELSE 0 END * 1000e0, 0) AS int), SYSUTCDATETIME());
-    DECLARE @pause_ms int = 1, @pause datetime, @taken int = 0, @got int, @need int, @have int;
+    DECLARE @pause_ms int = 4,  -- WAITFOR takes a datetime (1/300 s): 1 ms would round to no wait
+            @pause datetime, @taken int = 0, @got int, @need int, @have int;
     DECLARE @more bigint, @first sql_variant, @kept nvarchar(4000);
     DECLARE @claims TABLE (pos bigint NOT NULL PRIMARY KEY);
     DECLARE @out TABLE (id bigint NOT NULL PRIMARY KEY, payload varbinary(max) NULL,

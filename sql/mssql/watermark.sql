@@ -61,7 +61,7 @@ INSERT INTO {{watermark}} DEFAULT VALUES;
 -- The SQL API as stored procedures, callable from any language.
 
 -- enqueue one item; returns its id.
-CREATE PROCEDURE {{fn_enqueue}}
+CREATE OR ALTER PROCEDURE {{fn_enqueue}}
     @payload varbinary(max),
     @headers nvarchar(max) = NULL
 AS
@@ -75,7 +75,7 @@ END
 GO
 -- enqueue many items in one call; ids are drawn in input order and returned in it.
 -- @items is a JSON array of {"payload": "<hex>", "headers": {...} | null}.
-CREATE PROCEDURE {{fn_enqueue_many}}
+CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
     @items nvarchar(max)
 AS
 BEGIN
@@ -107,7 +107,7 @@ GO
 --    never past the candidate this procedure recorded on its previous run (ids drawn
 --    before that run have long since inserted their rows), so a fresh raise takes two runs.
 -- Returns one row: old_low, new_low, true_low, changed, reason.
-CREATE PROCEDURE {{fn_correct_watermark}}
+CREATE OR ALTER PROCEDURE {{fn_correct_watermark}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN

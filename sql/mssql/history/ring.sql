@@ -21,7 +21,8 @@ BEGIN
     DECLARE @pos bigint = CAST(SESSION_CONTEXT(@key) AS bigint);
     DECLARE @deadline datetime2(6) = DATEADD(millisecond,
         CAST(ROUND(CASE WHEN @timeout > 0 THEN @timeout ELSE 0 END * 1000e0, 0) AS int), SYSUTCDATETIME());
-    DECLARE @pause_ms int = 1, @held bigint, @pause datetime;
+    DECLARE @pause_ms int = 4,  -- WAITFOR takes a datetime (1/300 s): 1 ms would round to no wait
+            @held bigint, @pause datetime;
     WHILE 1 = 1
     BEGIN
         IF @pos IS NULL
@@ -105,7 +106,8 @@ BEGIN
     DECLARE @pos bigint = CAST(SESSION_CONTEXT(@key) AS bigint);
     DECLARE @deadline datetime2(6) = DATEADD(millisecond,
         CAST(ROUND(CASE WHEN @timeout > 0 THEN @timeout ELSE 0 END * 1000e0, 0) AS int), SYSUTCDATETIME());
-    DECLARE @pause_ms int = 1, @taken int = 0, @held bigint, @held_state smallint, @pause datetime;
+    DECLARE @pause_ms int = 4,  -- WAITFOR takes a datetime (1/300 s): 1 ms would round to no wait
+            @taken int = 0, @held bigint, @held_state smallint, @pause datetime;
     DECLARE @out TABLE (id bigint NOT NULL PRIMARY KEY, payload varbinary(max) NULL,
                         headers nvarchar(max) NULL, enqueued_at datetime2(6) NULL,
                         dequeued_at datetime2(6) NOT NULL);
@@ -144,7 +146,7 @@ END
 -- its connection); a claim whose slot is free for it is tombstoned at once. Returns the
 -- released positions. A section of its own, so that ring_0002 replaces it
 -- (create_ring_release_0002) and its downgrade restores it.
-CREATE PROCEDURE {{fn_ring_release}}
+CREATE OR ALTER PROCEDURE {{fn_ring_release}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
