@@ -636,6 +636,15 @@ def test_every_tsql_module_is_created_or_altered():
             assert not re.match(r"CREATE\s+(PROCEDURE|FUNCTION|TRIGGER)\b", statement, re.I), (file, name)
 
 
+def test_the_heap_kind_is_clustered_on_sql_server_and_says_why():
+    """The heap kind keeps a clustered primary key on SQL Server: a heap drained by row-locked
+    DELETEs (READPAST) keeps its emptied pages allocated, and only a table-locked DELETE,
+    which would serialise consumers, gives them back. The section says so."""
+    text = section("mssql", "heap", "create_tables")
+    assert "PRIMARY KEY CLUSTERED" in rendered("heap", "create_tables")
+    assert "Why not a heap" in text and "TABLOCK" in text and "stay allocated" in text
+
+
 def test_the_rings_first_wait_is_a_real_pause():
     """The ring's push and pop back off with WAITFOR DELAY of a datetime, whose precision is
     1/300 s: a first pause of 1 ms rounded to no wait at all, so a full ring was looked at

@@ -11,6 +11,13 @@
 -- name: create_tables
 -- The queue's id sequence and its one table; the clustered primary key is the dequeue's
 -- index for the id order.
+-- Why not a heap (a table without a clustered index), as the kind's name and the seed
+-- suggest: this queue is drained by DELETE, and SQL Server deallocates the pages a DELETE
+-- empties in a heap only when the delete holds a table lock (TABLOCK), which would
+-- serialise every consumer; with row or page locks, as READPAST dequeues take, the emptied
+-- pages stay allocated to the heap, so a heap queue keeps the size of its largest backlog
+-- and its scans read the empty pages. A clustered index gives them back as ghost cleanup
+-- removes the deleted rows, and lets the scan start at the low end.
 CREATE SEQUENCE {{items_seq}} AS bigint START WITH 1 INCREMENT BY 1 CACHE 1000;
 GO
 CREATE TABLE {{items}} (
