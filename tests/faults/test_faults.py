@@ -125,20 +125,31 @@ class Load:
         return i
 
     def kill_consumer_mid_batch(self) -> int:
-        """SIGKILL a live consumer right after it logged a batch it got (so it holds items)."""
+        """SIGKILL a live consumer right after it logged a batch it got (so it holds items).
+
+        A consumer works about 10 ms on a batch before it acks it, so only the ledger's new
+        bytes are read at each look: parsing the whole file took as long as that window once
+        the file had grown, and the kill then came after the ack (the test saw no item come
+        back). It fails if no batch was caught."""
         i = random.choice([k for k, p in self.consumers.items() if p.is_alive()])
         path = self.tmp / f"consumer-{i}.jsonl"
         deadline = time.monotonic() + 10
-        seen = len(_read(path))
-        while time.monotonic() < deadline:
-            records = _read(path)
-            if len(records) > seen and records[-1]["ev"] == "got":
-                break
-            seen = len(records)
-            time.sleep(0.001)
+        caught = False
+        with open(path, "rb") as ledger:
+            ledger.seek(0, os.SEEK_END)
+            tail = b""
+            while time.monotonic() < deadline:
+                tail += ledger.read()
+                lines = tail.split(b"\n")
+                tail = lines.pop()  # an unfinished line, if any
+                if lines and json.loads(lines[-1])["ev"] == "got" and not tail:
+                    caught = True
+                    break
+                time.sleep(0.0005)
         os.kill(self.consumers[i].pid, signal.SIGKILL)
         self.consumers[i].join(10)
         self.killed.append(i)
+        assert caught, f"consumer {i} logged no batch within 10 s before it was killed"
         return i
 
     def wait_produced(self, timeout: float) -> None:
