@@ -157,23 +157,17 @@ def horizon(run: BenchRun, holder: Connection) -> dict[str, Any]:
 
 
 class Sampler(threading.Thread):
-    """One sample of the queue's tables at t_go + k * interval, k = 0 .. count."""
+    """One sample of the subject's tables at t_go + k * interval, k = 0 .. count."""
 
-    def __init__(self, run: BenchRun, names: QueueNames, kind: str, interval: float, count: int, *,
-                 peer: Any = None) -> None:
+    def __init__(self, run: BenchRun, names: QueueNames, subject: Any, interval: float, count: int) -> None:
         super().__init__(daemon=True)
-        self.run_, self.names, self.kind, self.peer = run, names, kind, peer
+        self.run_, self.names, self.subject = run, names, subject
         self.interval, self.count = interval, count
         self.t_go: float | None = None
         self.started = threading.Event()
         self.cancelled = threading.Event()
         self.samples: list[dict[str, Any]] = []
         self.error: BaseException | None = None
-        # the queue's own tables (those that are tables are found); the reliable kind's history,
-        # which the archive job beside the load fills, is the archive, bounded by retention
-        self.tables = ([names.table(s) for s in QUEUE_OBJECT_SUFFIXES[kind] if not s.startswith("history")]
-                       if peer is None else [])
-        self.schema = names.schema if peer is None else peer.schema
 
     def go(self, t_go: float) -> None:
         self.t_go = t_go
@@ -185,15 +179,10 @@ class Sampler(threading.Thread):
         self.started.set()
 
     def sample(self, conn: Connection) -> dict[str, Any]:
-        from queuectl.stats import queue_counts
-
-        tables = self.tables if self.peer is None else list(self.peer.tables)
-        row = conn.execute(sa.text(bench_sql("sustained_tables", {})), {"schema": self.schema, "tables": tables}).one()
-        if self.peer is None:
-            backlog = int(queue_counts(conn, self.names.queue, self.kind, self.names.schema)["ready"])
-        else:
-            backlog = self.peer.waiting(conn, self.names)
-        return {"backlog": backlog, "dead_rows": int(row.dead_rows), "total_bytes": int(row.total_bytes),
+        row = conn.execute(sa.text(bench_sql("sustained_tables", {})),
+                           {"schema": self.subject.schema, "tables": list(self.subject.tables)}).one()
+        return {"backlog": self.subject.waiting(conn, self.names), "dead_rows": int(row.dead_rows),
+                "total_bytes": int(row.total_bytes),
                 "autovacuum_runs": int(row.autovacuum_runs)}
 
     def run(self) -> None:
@@ -261,6 +250,42 @@ def left_in_queue(run: BenchRun, names: QueueNames, kind: str) -> int:
     return counts["ready"] + counts["scheduled"] + counts["processing"]
 
 
+class KindSubject:
+    """A queuectl kind as measure() runs it, through its bench driver. The peers
+    (queuectl.bench.sustained_peers) answer the same calls: install / uninstall, the kind (a
+    peer's own name, which no upkeep job serves), the tables to sample (in `schema`), the
+    backlog (`waiting`), what a run `left`, the process target of the paced workers and the
+    most consumer processes it runs (None: --consumers)."""
+
+    label: str | None = None  # a peer's name and version; a kind is reported as "queuectl <kind>"
+    max_consumers = None
+    paced_target = staticmethod(paced_worker)
+
+    def __init__(self, driver: str) -> None:
+        self.driver = driver
+        self.kind = ""
+        self.schema = ""
+        self.tables: list[str] = []
+
+    def install(self, run: BenchRun, names: QueueNames) -> None:
+        driver_for(self.driver).install(run.engine, names)
+        self.kind, self.schema = installed_kind(run, names), names.schema
+        # the queue's own tables (those that are tables are found); the reliable kind's history,
+        # which the archive job beside the load fills, is the archive, bounded by retention
+        self.tables = [names.table(s) for s in QUEUE_OBJECT_SUFFIXES[self.kind] if not s.startswith("history")]
+
+    def uninstall(self, run: BenchRun, names: QueueNames) -> None:
+        driver_for(self.driver).uninstall(run.engine, names)
+
+    def waiting(self, conn: Connection, names: QueueNames) -> int:
+        from queuectl.stats import queue_counts
+
+        return int(queue_counts(conn, names.queue, self.kind, names.schema)["ready"])
+
+    def left(self, run: BenchRun, names: QueueNames) -> int:
+        return left_in_queue(run, names, self.kind)
+
+
 def measure(run: BenchRun, driver: str, hold: str, rate: float) -> dict[str, Any]:
     """One run of a kind (or a peer, sustained_peers) at `rate` msgs/s for the window, `hold`
     held; a fresh queue."""
@@ -268,24 +293,19 @@ def measure(run: BenchRun, driver: str, hold: str, rate: float) -> dict[str, Any
 
     o = run.options
     names = run.names(queue_name(driver))
-    peer = peer_for(driver)
-    if peer is None:
-        driver_for(driver).install(run.engine, names)
-        kind = installed_kind(run, names)
-    else:
-        peer.install(run, names)
-        kind = driver
+    subject = peer_for(driver) or KindSubject(driver)
+    subject.install(run, names)
     count = max(1, math.ceil(o.minutes * 60.0 / o.interval))
     seconds = count * o.interval
     common = dict(driver=driver, url=run.url, queue=names.queue, schema=names.schema, batch=o.batch,
                   payload_bytes=o.payload_bytes)
     specs = [PacedSpec(role="producer", seed=1000 + i, rate=rate / o.producers, phase=i / o.producers, **common)
              for i in range(o.producers)]
-    consumers = o.consumers if peer is None or peer.max_consumers is None else min(o.consumers, peer.max_consumers)
+    consumers = min(o.consumers, subject.max_consumers or o.consumers)
     specs += [PacedSpec(role="consumer", seed=2000 + i, **common) for i in range(consumers)]
-    sampler = Sampler(run, names, kind, o.interval, count, peer=peer)
+    sampler = Sampler(run, names, subject, o.interval, count)
     bystander = Bystander(run)
-    upkeep = Upkeep(run, names, kind) if peer is None and Upkeep.serves(kind) else None
+    upkeep = Upkeep(run, names, subject.kind) if Upkeep.serves(subject.kind) else None
     held: dict[str, Any] = {}
     holder_facts: dict[str, Any] | None = None
     sampler.start()
@@ -303,8 +323,8 @@ def measure(run: BenchRun, driver: str, hold: str, rate: float) -> dict[str, Any
                     upkeep.start()
 
             try:
-                target = paced_worker if peer is None else peer.paced_target
-                t_go, reports = run.run_workers(target, specs, seconds, mode=f"sustained {driver}", on_go=on_go)
+                t_go, reports = run.run_workers(subject.paced_target, specs, seconds, mode=f"sustained {driver}",
+                                                on_go=on_go)
             except BaseException:
                 sampler.cancel()
                 raise
@@ -324,22 +344,15 @@ def measure(run: BenchRun, driver: str, hold: str, rate: float) -> dict[str, Any
         for thread in (sampler, bystander, upkeep):
             if thread is not None and thread.error is not None:
                 raise thread.error
-        if peer is None:
-            left = left_in_queue(run, names, kind)
-        else:
-            with run.engine.connect() as conn:
-                left = peer.left(conn, names)
+        left = subject.left(run, names)
     finally:
-        if peer is None:
-            driver_for(driver).uninstall(run.engine, names)
-        else:
-            peer.uninstall(run, names)
+        subject.uninstall(run, names)
     result = summarise(kind=driver, hold=hold, rate=rate, interval=o.interval, count=count, t_go=t_go,
                        reports=reports, samples=sampler.samples, bystander=bystander.timings, left=left,
                        holder=holder_facts)
     result["upkeep"] = upkeep.result if upkeep is not None else None
-    if peer is not None:
-        result["peer"] = {"label": peer.label, "consumers": consumers}
+    if subject.label is not None:
+        result["peer"] = {"label": subject.label, "consumers": consumers}
     return result
 
 

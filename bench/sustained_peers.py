@@ -43,6 +43,7 @@ from sqlalchemy.engine import Connection, make_url
 
 from queuectl.bench import paced
 from queuectl.bench.drivers import bench_sql
+from queuectl.bench.peers import _until, _version, _wait, run_async_worker
 from queuectl.bench.workers import STAMP, WARMUP_CALLS, payload_pool, pick_batch, run_loop
 from queuectl.names import QueueNames, quote_ident
 
@@ -50,6 +51,7 @@ PGQ_CONSUMER = "bench"
 PGQUEUER_ENTRYPOINT = "bench"
 PGQD_START_SECONDS = 1.0
 PGQUEUER_SCHEMA = "bench_pgqueuer"
+_PGQUEUER_VALUES: dict[str, str | int] = {"schema": quote_ident(PGQUEUER_SCHEMA)}
 
 
 def peer_for(name: str) -> Any | None:
@@ -141,7 +143,7 @@ class Pgqd:
 
 
 class PgqPeer:
-    name = "pgq"
+    name = kind = "pgq"
     label = "PgQ 3.5 (pgqd)"
     max_consumers = 1
     paced_target = staticmethod(pgq_paced_worker)
@@ -184,7 +186,11 @@ class PgqPeer:
         return int(conn.execute(sa.text(bench_sql("pgq_pending", {})),
                                 {"queue": names.queue, "consumer": PGQ_CONSUMER}).scalar_one())
 
-    left = waiting
+    def left(self, run: Any, names: QueueNames) -> int:
+        events = f"{quote_ident(self.schema)}.{quote_ident(self.tables[0])}"  # the parent event table
+        with run.engine.connect() as conn:
+            return int(conn.execute(sa.text(bench_sql("pgq_left", {"pgq_events": events})),
+                                    {"queue": names.queue, "consumer": PGQ_CONSUMER}).scalar_one())
 
 
 # -- PgQueuer -----------------------------------------------------------------------------------
@@ -203,15 +209,8 @@ async def _pgqueuer_connect(url: str, schema: str) -> Any:
 def pgqueuer_paced_worker(spec: Any, ready: Any, go: Any, stop: Any, results: Any, backlog: Any) -> None:
     """Process entry point: a paced PgQueuer producer or a QueueManager consumer, reporting as
     the sustained scenario's workers do."""
-    from queuectl.bench.peers import run_async_worker
-
     main = _pgqueuer_producer if spec.role == "producer" else _pgqueuer_consumer
     run_async_worker(spec.role, "pgqueuer", lambda signal_ready: main(spec, signal_ready, go, stop), ready, results)
-
-
-async def _until(event: Any, pause: float = 0.02) -> None:
-    while not event.is_set():
-        await asyncio.sleep(pause)
 
 
 async def _pgqueuer_producer(spec: Any, signal_ready: Any, go: Any, stop: Any) -> dict[str, Any]:
@@ -235,7 +234,7 @@ async def _pgqueuer_producer(spec: Any, signal_ready: Any, go: Any, stop: Any) -
         for _ in range(WARMUP_CALLS):
             warm += await send(paced.WARMUP_STAMP)
         signal_ready()
-        await _until(go, 0.001)
+        await _wait(go)
         schedule = paced.Schedule(spec)
         while not stop.is_set():
             due = schedule.next_due()
@@ -278,7 +277,7 @@ async def _pgqueuer_consumer(spec: Any, signal_ready: Any, go: Any, stop: Any) -
         runner = asyncio.create_task(qm.run(batch_size=spec.batch, dequeue_timeout=timedelta(seconds=1)))
         await asyncio.sleep(0.5)  # takes the warm-up jobs (in the ledger, not in the series)
         signal_ready()
-        await _until(go, 0.001)
+        await _wait(go)
         counting = True
         await _until(stop)
         qm.shutdown.set()
@@ -289,7 +288,7 @@ async def _pgqueuer_consumer(spec: Any, signal_ready: Any, go: Any, stop: Any) -
 
 
 class PgQueuerPeer:
-    name = "pgqueuer"
+    name = kind = "pgqueuer"
     label = "PgQueuer"
     max_consumers = None
     paced_target = staticmethod(pgqueuer_paced_worker)
@@ -305,16 +304,11 @@ class PgQueuerPeer:
         absent = [m for m in ("pgqueuer", "asyncpg") if importlib.util.find_spec(m) is None]
         return f"not installed ({', '.join(absent)}): pip install 'queuectl[bench-peers]'" if absent else None
 
-    def values(self, names: QueueNames) -> dict[str, str | int]:
-        return {"schema": quote_ident(PGQUEUER_SCHEMA)}
-
     def install(self, run: Any, names: QueueNames) -> None:
-        from queuectl.bench.peers import _version
-
         self.label = f"PgQueuer {_version('pgqueuer')}"
         with run.engine.begin() as conn:
-            conn.execute(sa.text(bench_sql("pgqueuer_drop", self.values(names))))
-            conn.execute(sa.text(bench_sql("pgqueuer_schema", self.values(names))))
+            conn.execute(sa.text(bench_sql("pgqueuer_drop", _PGQUEUER_VALUES)))
+            conn.execute(sa.text(bench_sql("pgqueuer_schema", _PGQUEUER_VALUES)))
 
         async def install() -> None:
             from pgqueuer.queries import Queries
@@ -329,13 +323,14 @@ class PgQueuerPeer:
 
     def uninstall(self, run: Any, names: QueueNames) -> None:
         with run.engine.begin() as conn:
-            conn.execute(sa.text(bench_sql("pgqueuer_drop", self.values(names))))
+            conn.execute(sa.text(bench_sql("pgqueuer_drop", _PGQUEUER_VALUES)))
 
     def waiting(self, conn: Connection, names: QueueNames) -> int:
-        return int(conn.execute(sa.text(bench_sql("pgqueuer_waiting", self.values(names)))).scalar_one())
+        return int(conn.execute(sa.text(bench_sql("pgqueuer_waiting", _PGQUEUER_VALUES))).scalar_one())
 
-    def left(self, conn: Connection, names: QueueNames) -> int:
-        return int(conn.execute(sa.text(bench_sql("pgqueuer_left", self.values(names)))).scalar_one())
+    def left(self, run: Any, names: QueueNames) -> int:
+        with run.engine.connect() as conn:
+            return int(conn.execute(sa.text(bench_sql("pgqueuer_left", _PGQUEUER_VALUES))).scalar_one())
 
 
 def _statements(section: str, values: dict[str, str | int]) -> Iterator[str]:
