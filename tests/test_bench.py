@@ -556,7 +556,7 @@ def test_tiny_sustained_run_measures_its_peers_beside_queuectl_or_says_how_to_in
     for peer, reason in missing.items():  # said so, with the way to install it, not faked
         assert ("apt-get install postgresql-15-pgq3" in reason) if peer == "PgQ" else ("bench-peers" in reason)
     for r in su["runs"]:
-        assert r["ledger"]["enqueued"] > 0 and r["ledger"]["lost"] == 0, r["ledger"]
+        assert r["ledger"]["enqueued"] > 0 and r["ledger"]["lost"] == 0, (r["kind"], r["hold"], r["ledger"])
         assert r["summary"]["completed_per_s"] > 0
         if r["kind"] == "reliable":
             assert "peer" not in r

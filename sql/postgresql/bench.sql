@@ -491,20 +491,36 @@ SELECT ev_data FROM pgq.get_batch_events(:batch)
 SELECT pgq.finish_batch(:batch)
 
 -- name: pgq_tables
--- The queue's event tables (the parent and its rotated children) by name, in schema pgq,
--- and the tables PgQ updates per tick and batch.
+-- The queue's event tables (the parent first, then its rotated children) by name, in schema
+-- pgq, and the tables PgQ updates per tick and batch.
 SELECT array_cat(
            ARRAY(SELECT split_part(q.queue_data_pfx, '.', 2) || s
                  FROM unnest(ARRAY(SELECT '' UNION ALL SELECT '_' || g
-                                   FROM generate_series(0, q.queue_ntables - 1) AS g)) AS s),
+                                   FROM generate_series(0, q.queue_ntables - 1) AS g)) AS s
+                 ORDER BY s),
            ARRAY['tick', 'subscription', 'queue', 'consumer', 'retry_queue'])
 FROM pgq.queue AS q WHERE q.queue_name = :queue
 
 -- name: pgq_pending
--- Events the consumer has not finished: those of ticks after its last finished batch
--- (pending_events) and those no tick covers yet (ev_new).
+-- Events the consumer has not finished, as PgQ counts them for its own status (a sample of
+-- the backlog): those of ticks after its last finished batch (pending_events) and those no
+-- tick covers yet (ev_new). Both are differences of the event sequence, so an insert in
+-- flight while a tick is taken is counted in the wrong batch: pgq_left is the exact count.
 SELECT coalesce(c.pending_events, 0) + coalesce(q.ev_new, 0)
 FROM pgq.get_consumer_info(:queue, :consumer) AS c, pgq.get_queue_info(:queue) AS q
+
+-- name: pgq_left
+-- Events the consumer has not finished, exactly (the ledger at the end of a run): those whose
+-- transaction the snapshot of its last finished tick does not see. {{pgq_events}} is the
+-- queue's parent event table (its rotated children inherit from it).
+SELECT count(*) FROM {{pgq_events}} AS e
+WHERE NOT txid_visible_in_snapshot(e.ev_txid, (
+    SELECT t.tick_snapshot
+    FROM pgq.subscription AS s
+    JOIN pgq.queue AS q ON q.queue_id = s.sub_queue
+    JOIN pgq.consumer AS c ON c.co_id = s.sub_consumer
+    JOIN pgq.tick AS t ON t.tick_queue = s.sub_queue AND t.tick_id = s.sub_last_tick
+    WHERE q.queue_name = :queue AND c.co_name = :consumer))
 
 -- name: pgqueuer_schema
 -- PgQueuer, a peer of `queuectl bench --scenario sustained`, installs into its own schema
