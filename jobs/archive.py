@@ -193,7 +193,7 @@ class Archiver:
                 self._archive,
                 {"batch": c.batch, "min_age_seconds": c.min_age, "dead_min_age_seconds": c.dead_min_age},
             )
-            return max(result.rowcount, 0)
+            return rows_changed(result)
 
     def purge_batch(self) -> int:
         """One transaction: delete up to `batch` history rows older than the retention."""
@@ -204,7 +204,17 @@ class Archiver:
             result = conn.execute(
                 self._purge, {"batch": c.batch, "retention_seconds": c.history_retention, "queue": self.target.names.queue}
             )
-            return max(result.rowcount, 0)
+            return rows_changed(result)
+
+
+def rows_changed(result: sa.CursorResult[Any]) -> int:
+    """How many rows a batch statement moved or deleted. PostgreSQL's statement is one DML, whose
+    row count the driver reports; SQL Server's is a batch under SET NOCOUNT ON (the driver
+    then reports -1) that ends by selecting its count (`SELECT @rows AS moved`): read that."""
+    if result.returns_rows:
+        row = result.first()
+        return int(row[0]) if row is not None and row[0] is not None else 0
+    return max(result.rowcount, 0)
 
 
 def rotation_blockers(conn: Connection, names: QueueNames, sql_dir: str, epoch: int, min_age_s: float) -> list[str]:

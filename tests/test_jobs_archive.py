@@ -168,3 +168,13 @@ def test_durations_parse_with_units():
     assert [parse_duration(v) for v in ("250ms", "30s", "5m", "2h", "30d", 7, "1.5")] == [0.25, 30, 300, 7200, 2592000, 7, 1.5]
     with pytest.raises(UsageError):
         parse_duration("soon")
+
+
+def test_a_batchs_count_is_read_from_the_row_count_or_from_the_row_it_selects(engine):
+    # PostgreSQL's batch is one DML statement (the driver's row count); SQL Server's ends with
+    # `SELECT @rows AS moved` under SET NOCOUNT ON, where pyodbc's row count is -1.
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TEMP TABLE counted (n int)"))
+        assert archive.rows_changed(conn.execute(sa.text("INSERT INTO counted SELECT generate_series(1, 3)"))) == 3
+        assert archive.rows_changed(conn.execute(sa.text("SELECT 7 AS moved"))) == 7
+        assert archive.rows_changed(conn.execute(sa.text("SELECT n FROM counted WHERE n > 5"))) == 0
