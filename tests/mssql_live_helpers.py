@@ -182,3 +182,28 @@ def push_then_die(url: str, schema: str, name: str, ready: Any) -> None:
 
 def spawn() -> Any:
     return mp.get_context("spawn")
+
+
+def check_server() -> int:
+    """`python tests/mssql_live_helpers.py` (the first step of `make test-mssql`): connect to
+    the URL once, so a missing driver, a wrong password or a server that is not up yet is one
+    line (exit 2) instead of the same error in every test."""
+    import sys
+
+    from queuectl.engine.urls import mask_url
+    from queuectl.errors import QueuectlError
+
+    if not MSSQL_URL:
+        print(f"make test-mssql: {SKIP_REASON}", file=sys.stderr)
+        return 2
+    try:
+        make_engine(MSSQL_URL).dispose()
+    except QueuectlError as exc:
+        print(f"make test-mssql: {exc}", file=sys.stderr)
+        return 2
+    print(f"make test-mssql: connected to {mask_url(MSSQL_URL)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(check_server())
