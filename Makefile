@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test check pipeline reliability imports graph bytecode venv venv-test venv-spark postgres jdbc clean
+.PHONY: demo test check test-mssql mssql-url pipeline reliability imports graph bytecode venv venv-test venv-mssql venv-spark postgres jdbc clean
 
 demo: venv postgres
 	$(BIN)/queuectl demo
@@ -19,6 +19,27 @@ TEST_WORKERS ?= 2
 test: venv-test postgres jdbc bytecode
 	@$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
+
+# SQL Server, live: every tests/test_mssql_live*.py (each kind, each job, health) against the
+# database QUEUECTL_TEST_MSSQL_URL names, then the offline T-SQL tests; not part of `make test`
+# (no SQL Server runs in CI). The venv gets the test and mssql extras (pyodbc); the ODBC driver
+# is the system's (msodbcsql18: docs/sqlserver.md). A server in Docker, its database, the run:
+#   docker run -e ACCEPT_EULA=Y -e MSSQL_SA_PASSWORD='Queuectl-Test-1' -p 1433:1433 -d mcr.microsoft.com/mssql/server:2022-latest
+#   .venv/bin/python -c "import pyodbc; pyodbc.connect('DRIVER={ODBC Driver 18 for SQL Server};SERVER=localhost,1433;UID=sa;PWD=Queuectl-Test-1;TrustServerCertificate=yes', autocommit=True).execute('CREATE DATABASE queuectl_test')"
+#   QUEUECTL_TEST_MSSQL_URL='mssql+pyodbc://sa:Queuectl-Test-1@localhost:1433/queuectl_test?driver=ODBC+Driver+18+for+SQL+Server&TrustServerCertificate=yes' make test-mssql
+# Without the URL it refuses in one line (exit 2); a URL it cannot connect to, likewise.
+MSSQL_LIVE_TESTS = $(sort $(wildcard tests/test_mssql_live*.py))
+MSSQL_OFFLINE_TESTS = $(sort $(filter-out $(MSSQL_LIVE_TESTS),$(wildcard tests/test_mssql_*.py tests/test_tsql*.py))) \
+	tests/test_jobs_upkeep.py tests/test_health_words.py
+
+test-mssql: mssql-url venv-mssql
+	@$(BIN)/python tests/mssql_live_helpers.py
+	$(BIN)/python -m pytest -p no:cacheprovider -rs $(MSSQL_LIVE_TESTS) $(MSSQL_OFFLINE_TESTS) $(PYTEST_ARGS)
+
+mssql-url:
+	@if [ -z "$$QUEUECTL_TEST_MSSQL_URL" ]; then \
+	  echo "make test-mssql: QUEUECTL_TEST_MSSQL_URL is not set: give it a SQL Server database URL (a server: docker run -e ACCEPT_EULA=Y -e MSSQL_SA_PASSWORD=... -p 1433:1433 -d mcr.microsoft.com/mssql/server:2022-latest; the driver, the database and the URL: docs/sqlserver.md)" >&2; \
+	  exit 2; fi
 
 # The pipeline on the embedded server: the spark extra in the venv, the JDBC jar, a demo run
 # whose queue (PIPELINE_QUEUE) is kept and archived (only when that queue is not there yet),
@@ -67,6 +88,7 @@ bytecode:
 
 venv: $(VENV)/.installed-base
 venv-test: $(VENV)/.installed-test
+venv-mssql: $(VENV)/.installed-mssql
 venv-spark: $(VENV)/.installed-spark
 
 $(VENV)/bin/python:
@@ -79,7 +101,11 @@ $(VENV)/.installed-base: pyproject.toml | $(VENV)/bin/python
 
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
 	$(BIN)/python -m pip install --quiet -e '.[test,mssql,spark]'
-	touch $@ $(VENV)/.installed-base $(VENV)/.installed-spark
+	touch $@ $(VENV)/.installed-base $(VENV)/.installed-spark $(VENV)/.installed-mssql
+
+$(VENV)/.installed-mssql: pyproject.toml | $(VENV)/bin/python
+	$(BIN)/python -m pip install --quiet -e '.[test,mssql]'
+	touch $@ $(VENV)/.installed-base
 
 $(VENV)/.installed-spark: pyproject.toml | $(VENV)/bin/python
 	$(BIN)/python -m pip install --quiet -e '.[spark]'

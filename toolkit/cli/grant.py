@@ -30,7 +30,7 @@ def grant(
 ) -> None:
     """Let existing roles call the queue's SQL API, with no access to its tables.
 
-    The roles may execute the queue's functions (PostgreSQL) or procedures (SQL Server) and read the catalog's registry; they cannot select from, change or delete the queue's tables.
+    The roles may execute the queue's functions (PostgreSQL) or procedures (SQL Server: parse- and reference-checked, not run live) and read the catalog's registry; they cannot select from, change or delete the queue's tables.
 
     On PostgreSQL the queue's functions become SECURITY DEFINER (they run as the role that installed the queue) with a fixed search_path, and EXECUTE is revoked from PUBLIC. Run it again after `queuectl upgrade`.
     """  # noqa: E501 (one line per paragraph: --help wraps them itself)

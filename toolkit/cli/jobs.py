@@ -209,7 +209,7 @@ def reorganize(
     bloat: Annotated[float, typer.Option("--bloat", help="Rebuild at or above this estimated bloat % (PostgreSQL).")] = 30.0,
     fragmentation: Annotated[float, typer.Option("--fragmentation", help="Rebuild at or above this leaf fragmentation %.")] = 30.0,
     lock_timeout: LockTimeoutOption = None,
-    time_limit: Annotated[Optional[str], typer.Option("--time-limit", help="Longest REINDEX / VACUUM (statement_timeout; SQL Server: a resumable rebuild's MAX_DURATION), e.g. 10m.", show_default=False)] = None,
+    time_limit: Annotated[Optional[str], typer.Option("--time-limit", help="Longest REINDEX / VACUUM (statement_timeout; SQL Server, parse- and reference-checked, not run live: a resumable rebuild's MAX_DURATION), e.g. 10m.", show_default=False)] = None,
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
     as_json: JsonOption = False,
@@ -218,10 +218,11 @@ def reorganize(
 
     PostgreSQL: indexes measured with pgstatindex (the pgstattuple extension is created
     when missing and permitted) are rebuilt with REINDEX CONCURRENTLY, then VACUUM
-    (ANALYZE); leftovers of an interrupted earlier rebuild are dropped first. SQL Server:
-    sys.dm_db_index_physical_stats; ALTER INDEX ... REORGANIZE from 5 % fragmentation (or
-    pages under 70 % full), REBUILD WITH (ONLINE = ON, RESUMABLE = ON) above --fragmentation
-    where the edition allows, then UPDATE STATISTICS; a paused resumable rebuild is resumed.
+    (ANALYZE); leftovers of an interrupted earlier rebuild are dropped first. SQL Server
+    (parse- and reference-checked, not run live): sys.dm_db_index_physical_stats; ALTER
+    INDEX ... REORGANIZE from 5 % fragmentation (or pages under 70 % full), REBUILD WITH
+    (ONLINE = ON, RESUMABLE = ON) above --fragmentation where the edition allows, then
+    UPDATE STATISTICS; a paused resumable rebuild is resumed.
     """
     options = _options(dry_run=dry_run, min_pages=min_pages, rebuild_bloat_pct=bloat,
                        rebuild_fragmentation_pct=fragmentation, lock_timeout=lock_timeout, statement_timeout=time_limit)
