@@ -35,12 +35,16 @@
 --  4. The new low is the smallest of: the candidate + 1; the smallest id still present at
 --     or above the old low; the smallest id this session deleted in a caller's transaction
 --     that is still open (step 5). "Present" counts every row that can still be dequeued,
---     read twice: first WITH (NOLOCK), which sees uncommitted inserts, then WITH
---     (READCOMMITTED), which under READ_COMMITTED_SNAPSHOT reads row versions (a row whose
---     DELETE has not committed is still there, and nothing waits) and without it takes
---     shared locks, waiting for those rows. Every lock wait of a move is bounded (SET
---     LOCK_TIMEOUT 50 ms inside the procedure); when one runs out (error 1222) the move
---     does nothing: the old low and the candidate stay and the next move retries. Without
+--     read twice: first WITH (NOLOCK), which sees uncommitted inserts (not uncommitted
+--     deletes: those rows are ghosts to it), then WITH (READCOMMITTED), which under
+--     READ_COMMITTED_SNAPSHOT reads row versions (a row whose DELETE has not committed is
+--     still there, and nothing waits) and without it takes shared locks, released after
+--     the read whatever the caller's isolation level, waiting for those rows (table hints,
+--     READCOMMITTED: https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table).
+--     In that order, a row cannot slip between the two reads. Every lock wait of a move is
+--     bounded (SET LOCK_TIMEOUT 50 ms inside the procedure); when one runs out (error 1222)
+--     the move does nothing: the old low and the candidate stay and the next move retries
+--     (likewise error 601, a NOLOCK read that lost its page to ghost cleanup). Without
 --     READ_COMMITTED_SNAPSHOT, consumers that keep their batch in a long transaction hold
 --     moves back this way; the low stays correct.
 --  5. ROLLBACK: SESSION_CONTEXT is not transactional. Rows this session deleted in a
@@ -178,7 +182,7 @@ BEGIN
         SELECT @committed = MIN(i.id) FROM {{items}} AS i WITH (READCOMMITTED);
     END TRY
     BEGIN CATCH
-        IF ERROR_NUMBER() <> 1222 OR XACT_STATE() = -1
+        IF ERROR_NUMBER() NOT IN (1222, 601) OR XACT_STATE() = -1
             THROW;
         SELECT @old = w.low FROM {{watermark}} AS w WITH (NOLOCK);
         SELECT @old AS old_low, @old AS new_low, CAST(NULL AS bigint) AS true_low,
@@ -356,10 +360,11 @@ BEGIN
             EXEC sys.sp_set_session_context @key = @k_cand_at, @value = @cand_at;
         END TRY
         BEGIN CATCH
-            IF ERROR_NUMBER() <> 1222 OR XACT_STATE() = -1
+            IF ERROR_NUMBER() NOT IN (1222, 601) OR XACT_STATE() = -1
                 THROW;
-            -- a lock wait ran out: no move; the session's low and candidate stay as they
-            -- were and the next move retries
+            -- a lock wait ran out (1222), or a NOLOCK read lost its place to a page that
+            -- ghost cleanup freed (601): no move; the session's low and candidate stay as
+            -- they were and the next move retries
         END CATCH
     END
     EXEC sys.sp_set_session_context @key = @k_calls, @value = @calls;
