@@ -58,12 +58,13 @@ class QueueFullError(QueuectlError):
 
 @dataclass(frozen=True)
 class WatermarkCorrection:
-    """What correct_watermark changed: the stored low watermark before and after."""
+    """What correct_watermark changed: the stored low watermark before and after. true_low is
+    None when the run deferred (SQL Server: its index walk ran out of lock wait)."""
 
     queue: str
     old_low: int
     new_low: int
-    true_low: int
+    true_low: int | None
     changed: bool
     reason: str
 
