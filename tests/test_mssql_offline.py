@@ -203,7 +203,7 @@ def test_reliable_install_script_holds_the_seed_forms():
     flat = " ".join(script.split())
     # filtered index on ready rows; the one-statement dequeue through an ordered CTE
     assert 'CREATE INDEX "orders_meta_ready" ON "queuectl"."orders_meta" (priority, due_at, id) WHERE status = 0' in flat
-    assert "WITH picked AS ( SELECT TOP (@n)" in flat and "WITH (UPDLOCK, READPAST, ROWLOCK)" in flat
+    assert "WITH picked AS ( SELECT TOP (@n)" in flat and 'WITH (UPDLOCK, READPAST, ROWLOCK, INDEX("orders_meta_ready"))' in flat
     assert "ORDER BY m.priority, m.due_at, m.id ) UPDATE p SET" in flat
     assert "OUTPUT inserted.id," in flat and "d.payload, d.headers INTO @claimed" in flat
     assert "FROM @claimed AS c ORDER BY c.priority, c.due_at, c.id; END" in flat

@@ -157,6 +157,14 @@ def install_queue(
         return require_queue(conn, name, schema)
 
 
+def database_report(engine: Engine) -> str | None:
+    """One line on a database setting that changes how the installed queue's statements, or
+    the user's own reads of its tables, behave (SQL Server's read committed snapshot); None
+    where the engine has none to report (PostgreSQL)."""
+    with engine.connect() as conn:
+        return adapter_for(conn).install_report(conn)
+
+
 def install_script(
     engine: Engine | None,
     name: str,
@@ -216,7 +224,8 @@ def review_script(
     why = ("no --url or $" + URL_ENV + " given") if not resolved else f"{adapter.dialect} scripts are made offline"
     note = (f"written without reading a database ({why}): this script installs the catalog and queue {name!r} "
             "from scratch, as on an empty database, whether or not they exist where it runs")
-    return f"-- {note}\n{script}", note
+    notes = "".join(f"-- {line}\n" for line in adapter.review_script_notes())
+    return f"-- {note}\n{notes}{script}", note
 
 
 def upgrade_queue(engine: Engine, name: str, schema: str = DEFAULT_SCHEMA,

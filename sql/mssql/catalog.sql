@@ -32,3 +32,14 @@ IF SCHEMA_ID({{schema_literal}}) IS NULL
 -- QUOTED_IDENTIFIER and ANSI_NULLS ON (a procedure keeps the values it was created with).
 SET QUOTED_IDENTIFIER ON;
 SET ANSI_NULLS ON;
+
+-- name: row_versioning
+-- The database's row-versioning settings, which `queuectl install` reports in one line
+-- (queuectl.engine.mssql.row_versioning_report says what each changes). The connected
+-- database's row of sys.databases is visible to any user of it, whatever else the login
+-- may see.
+SELECT DB_NAME() AS database_name,
+       d.is_read_committed_snapshot_on,
+       d.snapshot_isolation_state_desc
+FROM sys.databases AS d
+WHERE d.database_id = DB_ID()

@@ -73,6 +73,16 @@ END
 -- (fifo_0001's; CREATE OR ALTER, so fifo_0002's downgrade can run it again.)
 -- dequeue: ONE statement takes up to @batch items, oldest first; READPAST skips
 -- rows other consumers hold.
+-- The plan it needs: an ordered scan of the clustered primary key (index 1, key id) from
+-- its low end, in key order, which is the ORDER BY (no sort), TOP stopping after @n rows;
+-- READPAST skips keys other consumers hold, UPDLOCK keeps each taken key locked until
+-- commit; the clustered row holds every column (no lookup). It is the table's only index,
+-- so no other access path exists; WITH (INDEX(1)) keeps it so if an index is ever added.
+-- A sort before TOP would read and lock every row: the key order makes it needless.
+-- FORCESEEK is not added: there is no predicate to seek on (the hint would leave no plan,
+-- error 8622). Table hints: https://learn.microsoft.com/en-us/sql/t-sql/queries/hints-transact-sql-table
+-- Row versioning: UPDLOCK takes update locks with READ_COMMITTED_SNAPSHOT on too, so
+-- READPAST skips rows in flight as with it off (reliable.sql, create_dequeue).
 CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch int = 1
 AS
@@ -84,7 +94,7 @@ BEGIN
                           headers nvarchar(max) NULL, enqueued_at datetime2(6) NOT NULL);
     WITH picked AS (
         SELECT TOP (@n) i.id, i.payload, i.headers, i.enqueued_at
-        FROM {{items}} AS i WITH (UPDLOCK, READPAST, ROWLOCK)
+        FROM {{items}} AS i WITH (UPDLOCK, READPAST, ROWLOCK, INDEX(1))
         ORDER BY i.id
     )
     DELETE FROM picked
@@ -101,6 +111,10 @@ END
 -- (fifo_0001's; CREATE OR ALTER, so fifo_0002's downgrade can run it again.)
 -- dequeue: ONE statement takes up to @batch items in id order. No READPAST: a consumer
 -- waits for the head rows another consumer's transaction holds (see the header).
+-- The plan it needs is the lax dequeue's (an ordered scan of the clustered primary key,
+-- TOP stopping after @n rows), without READPAST: the scan waits at the first locked key.
+-- A sort before TOP would lock, and so wait for, every row of the queue. UPDLOCK makes it a
+-- locking read with READ_COMMITTED_SNAPSHOT on too, so it still waits for rows in flight.
 CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch int = 1
 AS
@@ -112,7 +126,7 @@ BEGIN
                           headers nvarchar(max) NULL, enqueued_at datetime2(6) NOT NULL);
     WITH picked AS (
         SELECT TOP (@n) i.id, i.payload, i.headers, i.enqueued_at
-        FROM {{items}} AS i WITH (UPDLOCK, ROWLOCK)
+        FROM {{items}} AS i WITH (UPDLOCK, ROWLOCK, INDEX(1))
         ORDER BY i.id
     )
     DELETE FROM picked

@@ -75,6 +75,14 @@ END
 
 -- dequeue: ONE statement takes up to @batch items: no ORDER BY, any unlocked rows will do,
 -- so the scan stops at the first rows it can lock. Rows come back in no particular order.
+-- The plan it needs: a scan of the clustered primary key (index 1), TOP stopping after @n
+-- rows, so the scan reads little more than it takes; READPAST skips keys others hold,
+-- UPDLOCK keeps each taken key locked until commit; no lookup, no sort (no ORDER BY). It is
+-- the table's only index; WITH (INDEX(1)) keeps it so if an index is ever added. FORCESEEK
+-- is not added: there is no predicate to seek on (error 8622). Table hints:
+-- https://learn.microsoft.com/en-us/sql/t-sql/queries/hints-transact-sql-table
+-- Row versioning: UPDLOCK takes update locks with READ_COMMITTED_SNAPSHOT on too, so
+-- READPAST skips rows in flight as with it off (reliable.sql, create_dequeue).
 CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch int = 1
 AS
@@ -84,7 +92,7 @@ BEGIN
     DECLARE @now datetime2(6) = SYSUTCDATETIME();
     WITH picked AS (
         SELECT TOP (@n) i.id, i.payload, i.headers, i.enqueued_at
-        FROM {{items}} AS i WITH (UPDLOCK, READPAST, ROWLOCK)
+        FROM {{items}} AS i WITH (UPDLOCK, READPAST, ROWLOCK, INDEX(1))
     )
     DELETE FROM picked
     OUTPUT deleted.id, deleted.payload, deleted.headers, deleted.enqueued_at, @now AS dequeued_at;

@@ -39,6 +39,13 @@ SET DEADLOCK_PRIORITY LOW;
 --     their payloads. The history table has no trigger, foreign key or CHECK constraint
 --     (OUTPUT INTO refuses them). This TOP chooses nothing (DELETE TOP has no ORDER BY):
 --     the join to @moved names the rows, the ordered pick in step 1 chose them.
+-- Plans, pinned by hints (https://learn.microsoft.com/en-us/sql/t-sql/queries/hints-transact-sql-table):
+-- the pick is a range seek of finished_idx (status >= 2) in key order, which is its ORDER
+-- BY, reading only the index (id is its row locator), TOP stopping after @batch rows,
+-- READPAST skipping keys others hold; the data and meta rows are then found by one seek of
+-- each clustered primary key (index 1) per id. INDEX + FORCESEEK leave only those paths, so
+-- no scan of meta or data reads, sorts or locks rows outside the batch. UPDLOCK makes the
+-- pick a locking read with READ_COMMITTED_SNAPSHOT on too (reliable.sql, create_dequeue).
 -- Returns one row: moved.
 SET NOCOUNT ON;
 SET XACT_ABORT ON;
@@ -53,14 +60,14 @@ IF @batch IS NULL OR @batch < 1 OR @batch > 4000
 BEGIN TRANSACTION;
 WITH picked AS (
     SELECT TOP (@batch) m.id
-    FROM {{meta}} AS m WITH (UPDLOCK, READPAST, ROWLOCK)
+    FROM {{meta}} AS m WITH (UPDLOCK, READPAST, ROWLOCK, INDEX({{finished_idx}}), FORCESEEK)
     WHERE m.status >= 2
       AND m.finished_at < CASE WHEN m.status = 2 THEN @done_before ELSE @dead_before END
     ORDER BY m.status, m.finished_at
 )
 DELETE d
 OUTPUT deleted.id, deleted.payload, deleted.headers INTO @moved (id, payload, headers)
-FROM {{data}} AS d WITH (ROWLOCK)
+FROM {{data}} AS d WITH (ROWLOCK, INDEX(1), FORCESEEK)
 JOIN picked AS p ON p.id = d.id;
 DELETE TOP (@batch) m
 OUTPUT deleted.id, deleted.priority, deleted.due_at, deleted.status, deleted.title,
@@ -70,7 +77,7 @@ OUTPUT deleted.id, deleted.priority, deleted.due_at, deleted.status, deleted.tit
 INTO {{history}} (id, priority, due_at, status, title, attempts, max_attempts, lease_owner,
                   enqueued_at, dequeued_at, finished_at, last_error, payload, headers,
                   archived_at)
-FROM {{meta}} AS m WITH (ROWLOCK)
+FROM {{meta}} AS m WITH (ROWLOCK, INDEX(1), FORCESEEK)
 JOIN @moved AS mv ON mv.id = m.id;
 SET @rows = @@ROWCOUNT;
 COMMIT TRANSACTION;
@@ -80,6 +87,10 @@ SELECT @rows AS moved;
 -- Delete one batch of history rows archived more than :retention_seconds ago, oldest
 -- first (an index on history (archived_at) makes this a seek). Returns one row: purged.
 -- When the history is exported to a Parquet lake, only rows some lake holds may go.
+-- Plan: a range seek of history_at_idx (archived_at < @before) in key order, which is the
+-- ORDER BY, reading only the index (id is its row locator), TOP stopping after @batch
+-- rows, READPAST skipping keys others hold; INDEX + FORCESEEK leave only that path. UPDLOCK
+-- makes it a locking read with READ_COMMITTED_SNAPSHOT on too.
 SET NOCOUNT ON;
 DECLARE @batch int = :batch;
 DECLARE @before datetime2(6) = DATEADD(second, -CAST(:retention_seconds AS int), SYSUTCDATETIME());
@@ -87,7 +98,7 @@ IF @batch IS NULL OR @batch < 1 OR @batch > 4000
     THROW 50002, 'queuectl: purge batch must be 1 to 4000 rows (lock escalation starts at 5000)', 1;
 WITH old AS (
     SELECT TOP (@batch) h.id
-    FROM {{history}} AS h WITH (UPDLOCK, READPAST, ROWLOCK)
+    FROM {{history}} AS h WITH (UPDLOCK, READPAST, ROWLOCK, INDEX({{history_at_idx}}), FORCESEEK)
     WHERE h.archived_at < @before
       AND (NOT EXISTS (SELECT 1 FROM {{exports}} AS e WHERE e.queue = :queue)
            OR EXISTS (SELECT 1 FROM {{exports}} AS e
@@ -102,6 +113,10 @@ SELECT @@ROWCOUNT AS purged;
 -- Expired leases: the consumer died or stalled. Back to READY (the expired attempt was
 -- already counted when the item was claimed), or DEAD when that was its last attempt.
 -- READPAST: a consumer still inside its transaction is skipped, never waited for.
+-- Plan: the dequeue's first step (reliable.sql, create_dequeue): a range seek of leased_idx
+-- (leased_until < @now) in key order, which is the ORDER BY, TOP stopping after @batch
+-- rows; INDEX + FORCESEEK leave only that path. UPDLOCK makes it a locking read with
+-- READ_COMMITTED_SNAPSHOT on too, so READPAST skips a consumer's rows in flight.
 -- Returns the rows changed (id, status).
 SET NOCOUNT ON;
 DECLARE @batch int = :batch;
@@ -109,7 +124,7 @@ DECLARE @now datetime2(6) = SYSUTCDATETIME();
 WITH stale AS (
     SELECT TOP (@batch) m.id, m.status, m.attempts, m.max_attempts, m.lease_owner,
                         m.leased_until, m.finished_at, m.last_error
-    FROM {{meta}} AS m WITH (UPDLOCK, READPAST, ROWLOCK)
+    FROM {{meta}} AS m WITH (UPDLOCK, READPAST, ROWLOCK, INDEX({{leased_idx}}), FORCESEEK)
     WHERE m.status = 1 AND m.leased_until < @now
     ORDER BY m.leased_until
 )

@@ -1,29 +1,38 @@
 -- The pending queue on SQL Server: items become ready at their due time (UTC). The same
 -- sections as sql/postgresql/pending.sql.
 --
--- One table holds id, due_at, payload and headers, with an index on (due_at, id).
--- Dequeue is ONE statement: DELETE through a CTE that picks the earliest-due n rows whose
--- due_at <= SYSUTCDATETIME() it can lock (READPAST), OUTPUT deleted.* returns them. An
--- item is never returned before its due time, on the server's clock.
+-- One table holds id, due_at, payload and headers, clustered on (due_at, id): the table's
+-- own order is the dequeue's. Dequeue is ONE statement: DELETE through a CTE that picks the
+-- earliest-due n rows whose due_at <= SYSUTCDATETIME() it can lock (READPAST), OUTPUT
+-- deleted.* returns them. An item is never returned before its due time, on the server's
+-- clock.
 --
 -- Batches inside a section are separated by GO lines (see reliable.sql). Sections are
 -- filled by queuectl.sqlfiles.render() with quoted identifiers only.
 
 -- name: create_tables
--- The queue's id sequence and its one table; the clustered primary key is the dequeue's
--- index.
+-- The queue's id sequence and its one table, clustered on (due_at, id).
+--
+-- The clustered index is the dequeue's order: the dequeue seeks the table itself from its
+-- low end (due items first, then by id) and reads every column there, so it needs no
+-- lookup, and each taken row leaves two indexes (this one and the primary key). Clustered
+-- on id with a second index on (due_at, id), each taken row would cost a lookup into the
+-- clustered index and deletes from both all the same. UNIQUE (id is): SQL Server adds no
+-- uniquifier to the key. Items due now append at the high end; a delayed item lands inside
+-- the index and may split a page there, the price of a dequeue that reads one index.
+-- The primary key on id stays, nonclustered: ids are what enqueue returns and how a row is
+-- named, and it keeps them unique.
 CREATE SEQUENCE {{items_seq}} AS bigint START WITH 1 INCREMENT BY 1 CACHE 1000;
 GO
 CREATE TABLE {{items}} (
-    id          bigint         NOT NULL DEFAULT (NEXT VALUE FOR {{items_seq}}) PRIMARY KEY CLUSTERED,
+    id          bigint         NOT NULL DEFAULT (NEXT VALUE FOR {{items_seq}}) PRIMARY KEY NONCLUSTERED,
     due_at      datetime2(6)   NOT NULL DEFAULT SYSUTCDATETIME(),
     payload     varbinary(max) NOT NULL,
     headers     nvarchar(max)  NULL CHECK (headers IS NULL OR ISJSON(headers) = 1),
     enqueued_at datetime2(6)   NOT NULL DEFAULT SYSUTCDATETIME()
 );
 GO
--- The dequeue reads this index from its low end: due items first, then by id.
-CREATE INDEX {{due_idx}} ON {{items}} (due_at, id);
+CREATE UNIQUE CLUSTERED INDEX {{due_idx}} ON {{items}} (due_at, id);
 
 -- name: create_functions
 -- The SQL API as stored procedures, callable from any language.
@@ -87,6 +96,20 @@ END
 
 -- dequeue: ONE statement takes up to @batch due items, earliest due first (then id),
 -- skipping rows others hold.
+--
+-- The plan it needs, and the only one its hints leave: a range seek of the clustered index
+-- {{due_idx}} (due_at, id) from its low end to due_at <= @now, read in key order (the ORDER
+-- BY's order, so no sort), TOP stopping after @n rows; READPAST skips keys other consumers
+-- hold, UPDLOCK locks each key taken until the transaction ends; every column is in the
+-- clustered row (no lookup); the DELETE then removes each taken row from the clustered
+-- index and the primary key. A sort before TOP would read every due row, and under UPDLOCK
+-- lock each of them until commit: the index order makes the sort needless, and
+-- INDEX + FORCESEEK rule out a scan of the table. FORCESEEK takes no index parameters on the
+-- target of a DELETE (this CTE's table), hence INDEX (...), FORCESEEK. Table hints:
+-- https://learn.microsoft.com/en-us/sql/t-sql/queries/hints-transact-sql-table
+-- Row versioning: UPDLOCK takes update locks whatever READ_COMMITTED_SNAPSHOT says, so the
+-- pick is a locking read with RCSI on too and READPAST skips rows in flight as with it off
+-- (reliable.sql, create_dequeue, says why READCOMMITTEDLOCK is not added).
 CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch int = 1
 AS
@@ -99,7 +122,7 @@ BEGIN
                           due_at datetime2(6) NOT NULL);
     WITH picked AS (
         SELECT TOP (@n) i.id, i.payload, i.headers, i.enqueued_at, i.due_at
-        FROM {{items}} AS i WITH (UPDLOCK, READPAST, ROWLOCK)
+        FROM {{items}} AS i WITH (UPDLOCK, READPAST, ROWLOCK, INDEX({{due_idx}}), FORCESEEK)
         WHERE i.due_at <= @now
         ORDER BY i.due_at, i.id
     )

@@ -91,9 +91,20 @@ SET LOCK_TIMEOUT {{lock_timeout_ms}};
 -- name: purge_batch
 -- Delete one batch of exported rows in id order after :after_id; returns how many and the
 -- highest id deleted. TOP (:batch) stays under the 5,000-lock escalation threshold.
+-- READPAST needs a locking read to have locks to skip. Under READ_COMMITTED_SNAPSHOT a
+-- DELETE still picks its rows with update locks, except where optimized locking is on
+-- (always in Azure SQL Database): its lock after qualification tests rows on their last
+-- committed version without locks, and honours lock hints. UPDLOCK keeps the pick a locking
+-- read in every case, so READPAST skips rows another purge holds (guides:
+-- https://learn.microsoft.com/en-us/sql/relational-databases/sql-server-transaction-locking-and-row-versioning-guide,
+-- https://learn.microsoft.com/en-us/sql/relational-databases/performance/optimized-locking).
+-- Plan: a range seek of the clustered primary key (index 1) on id in key order, which is
+-- the ORDER BY, TOP stopping after :batch rows; INDEX + FORCESEEK leave no seek of the
+-- archived_at index followed by a sort of every row it finds. Table hints:
+-- https://learn.microsoft.com/en-us/sql/t-sql/queries/hints-transact-sql-table
 DECLARE @gone TABLE (id bigint NOT NULL);
 WITH doomed AS (
-    SELECT TOP (:batch) id FROM {{history}} WITH (ROWLOCK, READPAST)
+    SELECT TOP (:batch) id FROM {{history}} WITH (UPDLOCK, READPAST, ROWLOCK, INDEX(1), FORCESEEK)
     WHERE id > :after_id AND id <= :upto_id AND archived_at < :archived_before
     ORDER BY id
 )

@@ -103,10 +103,13 @@ CREATE INDEX {{history_at_idx}} ON {{history}} (archived_at);
 -- On PostgreSQL, ack, nack, extend_lease and release write their lease check so that it does
 -- not match the leased index's predicate: plpgsql's cached generic plan read that whole
 -- index on every call. These procedures take their ids from OPENJSON and check
--- `m.status = 1`, which matches the filtered leased index here too; whether SQL Server's
--- optimizer ever scans that index instead of seeking the clustered primary key (it compiles
--- for the first call's parameters and recompiles when statistics change) was not measured
--- (no SQL Server runs on these machines), so nothing is changed on a guess.
+-- `m.status = 1`, which matches the filtered leased index here too, and OPENJSON's row
+-- estimate is a fixed guess, so the optimizer could scan the leased index or the table.
+-- The plan they need: for each id of the list, one seek of the clustered primary key
+-- (index 1, key id), the row checked (status, lease owner) and updated there; nothing else
+-- is read or locked. WITH (INDEX(1), FORCESEEK) leaves only that access path (FORCESEEK
+-- with an index but no column list: the parameterized form is refused on an UPDATE's
+-- target; https://learn.microsoft.com/en-us/sql/t-sql/queries/hints-transact-sql-table).
 
 -- ack: the items are done. Only the current lease holder (when @worker is given) may ack,
 -- so a consumer whose lease expired and was taken over cannot finish the item twice.
@@ -118,7 +121,7 @@ AS
 BEGIN
     SET NOCOUNT ON;
     UPDATE m SET status = 2, finished_at = SYSUTCDATETIME(), leased_until = NULL
-    FROM {{meta}} AS m WITH (ROWLOCK)
+    FROM {{meta}} AS m WITH (ROWLOCK, INDEX(1), FORCESEEK)
     WHERE m.id IN (SELECT i.id FROM OPENJSON(@ids) WITH (id bigint '$') AS i)
       AND m.status = 1
       AND (@worker IS NULL OR m.lease_owner = @worker);
@@ -148,7 +151,7 @@ BEGIN
         leased_until = NULL,
         last_error   = @error
     OUTPUT inserted.id, inserted.status, inserted.due_at
-    FROM {{meta}} AS m WITH (ROWLOCK)
+    FROM {{meta}} AS m WITH (ROWLOCK, INDEX(1), FORCESEEK)
     CROSS APPLY (
         SELECT @base * POWER(2e0, CASE WHEN m.attempts < 1 THEN 0
                                        WHEN m.attempts > 41 THEN 40
@@ -176,7 +179,7 @@ BEGIN
     DECLARE @lease_ms int = CAST(ROUND(COALESCE(@lease_seconds, {{lease_seconds}}) * 1000e0, 0) AS int);
     UPDATE m SET leased_until = DATEADD(millisecond, @lease_ms, SYSUTCDATETIME())
     OUTPUT inserted.id, inserted.leased_until
-    FROM {{meta}} AS m WITH (ROWLOCK)
+    FROM {{meta}} AS m WITH (ROWLOCK, INDEX(1), FORCESEEK)
     WHERE m.id IN (SELECT i.id FROM OPENJSON(@ids) WITH (id bigint '$') AS i)
       AND m.status = 1
       AND (@worker IS NULL OR m.lease_owner = @worker);
@@ -195,7 +198,7 @@ BEGIN
         attempts     = CASE WHEN m.attempts > 0 THEN m.attempts - 1 ELSE 0 END,
         leased_until = NULL,
         lease_owner  = NULL
-    FROM {{meta}} AS m WITH (ROWLOCK)
+    FROM {{meta}} AS m WITH (ROWLOCK, INDEX(1), FORCESEEK)
     WHERE m.id IN (SELECT i.id FROM OPENJSON(@ids) WITH (id bigint '$') AS i)
       AND m.status = 1
       AND (@worker IS NULL OR m.lease_owner = @worker);
@@ -225,8 +228,18 @@ END
 --     ORDER BY, hence the CTE: TOP with ORDER BY inside, the UPDATE through it. OUTPUT
 --     returns the updated meta row joined to its payload in the same statement, into a
 --     table variable (OUTPUT has no order): the batch is returned sorted from there.
--- Row versioning caveat: READPAST is rejected under SNAPSHOT isolation (error 650); run
--- consumers at READ COMMITTED (the default).
+-- The plans both statements need, pinned by their hints, are stated above each. A plan that
+-- sorts before TOP would read every qualifying row first and, under UPDLOCK, lock each of
+-- them until the transaction ends; an index whose key order is the ORDER BY, forced with
+-- INDEX (...), makes the sort needless (table hints:
+-- https://learn.microsoft.com/en-us/sql/t-sql/queries/hints-transact-sql-table).
+-- Row versioning: UPDLOCK takes update locks whatever the database's READ_COMMITTED_SNAPSHOT
+-- setting, so both picks are locking reads with RCSI on, and READPAST skips rows other
+-- transactions hold exactly as with it off. READCOMMITTEDLOCK, which the table-hints page
+-- names for READPAST under RCSI, is not added: beside UPDLOCK it is ignored (same page,
+-- UPDLOCK), and the page allows one hint of the granularity group it shares with ROWLOCK.
+-- READPAST is rejected under SNAPSHOT isolation (error 650): run consumers at READ
+-- COMMITTED (the default), with RCSI on or off.
 CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch         int           = 1,
     @lease_seconds float         = NULL,
@@ -239,10 +252,15 @@ BEGIN
     -- leases are at most 7 days: the milliseconds fit DATEADD's int
     DECLARE @lease_ms int = CAST(ROUND(COALESCE(@lease_seconds, {{lease_seconds}}) * 1000e0, 0) AS int);
 
+    -- Plan: a range seek of the filtered leased index {{leased_idx}} (leased_until)
+    -- WHERE status = 1, from its low end to leased_until < @now, in key order (the ORDER BY),
+    -- TOP stopping after @n rows, READPAST skipping keys others hold; each row taken is found
+    -- by id in the clustered index, which the UPDATE writes anyway. INDEX + FORCESEEK leave
+    -- only that seek (no scan of meta, no sort of every expired lease).
     WITH expired AS (
         SELECT TOP (@n) m.status, m.attempts, m.max_attempts, m.lease_owner, m.leased_until,
                         m.finished_at, m.last_error
-        FROM {{meta}} AS m WITH (UPDLOCK, READPAST, ROWLOCK)
+        FROM {{meta}} AS m WITH (UPDLOCK, READPAST, ROWLOCK, INDEX({{leased_idx}}), FORCESEEK)
         WHERE m.status = 1 AND m.leased_until < @now
         ORDER BY m.leased_until
     )
@@ -261,12 +279,22 @@ BEGIN
         title nvarchar(400) NULL, attempts int NOT NULL, max_attempts int NOT NULL,
         enqueued_at datetime2(6) NOT NULL, dequeued_at datetime2(6) NULL,
         leased_until datetime2(6) NULL, payload varbinary(max) NOT NULL, headers nvarchar(max) NULL);
+    -- Plan: an ordered scan of the filtered ready index {{ready_idx}} (priority, due_at, id)
+    -- WHERE status = 0 in key order, which is the ORDER BY (no sort); due_at <= @now is
+    -- tested on the index key, TOP stops after @n rows, READPAST skips keys other consumers
+    -- hold and UPDLOCK keeps each taken key locked until commit. Each taken row is then found
+    -- by id in the clustered index (a key lookup that the UPDATE needs anyway, since it writes
+    -- that row: rows are looked up only once taken, so INCLUDE columns would save nothing)
+    -- and moves from the ready index to the leased one. INDEX (...) rules out a scan of meta
+    -- (rows of every status) and the sort it would need. FORCESEEK is not added: a seek needs
+    -- a predicate on the leading key, priority, which the claim does not have (the hint would
+    -- leave no plan: error 8622).
     WITH picked AS (
         -- every column the OUTPUT names: inserted.* of a CTE target has the CTE's columns
         SELECT TOP (@n) m.id, m.priority, m.due_at, m.status, m.title, m.attempts,
                         m.max_attempts, m.lease_owner, m.leased_until, m.enqueued_at,
                         m.dequeued_at
-        FROM {{meta}} AS m WITH (UPDLOCK, READPAST, ROWLOCK)
+        FROM {{meta}} AS m WITH (UPDLOCK, READPAST, ROWLOCK, INDEX({{ready_idx}}))
         WHERE m.status = 0 AND m.due_at <= @now
         ORDER BY m.priority, m.due_at, m.id
     )
@@ -282,7 +310,7 @@ BEGIN
     INTO @claimed (id, priority, due_at, title, attempts, max_attempts, enqueued_at,
                    dequeued_at, leased_until, payload, headers)
     FROM picked AS p
-    JOIN {{data}} AS d ON d.id = p.id;
+    JOIN {{data}} AS d WITH (INDEX(1), FORCESEEK) ON d.id = p.id;
     -- The ORDER BY in the pick chooses WHICH rows (the oldest ready ones); OUTPUT returns
     -- them in no defined order. Hand the batch out in the queue's order, as PostgreSQL's
     -- dequeue does.
@@ -445,9 +473,10 @@ BEGIN
     SET NOCOUNT ON;
     SET XACT_ABORT ON;
     BEGIN TRANSACTION;
+    -- The ack's plan is ack's: one seek of the clustered primary key per id (create_functions).
     IF @ack_ids IS NOT NULL
         UPDATE m SET status = 2, finished_at = SYSUTCDATETIME(), leased_until = NULL
-        FROM {{meta}} AS m WITH (ROWLOCK)
+        FROM {{meta}} AS m WITH (ROWLOCK, INDEX(1), FORCESEEK)
         WHERE m.id IN (SELECT i.id FROM OPENJSON(@ack_ids) WITH (id bigint '$') AS i)
           AND m.status = 1
           AND (@worker IS NULL OR m.lease_owner = @worker);
@@ -468,7 +497,8 @@ DROP PROCEDURE IF EXISTS {{fn_ack_dequeue}};
 -- queue tables, LOCK_ESCALATION, stays at its default: its advice is to keep each
 -- statement under the 5,000 locks that trigger escalation, which the archive and purge
 -- batches do (jobs.sql, dba.md 1.12). Statistics options: the reference gives none per
--- table, and the dequeue seeks through its filtered index whatever the statistics say.
+-- table, and the dequeue reads its filtered index, which it names in a hint, whatever the
+-- statistics say.
 -- Empty on purpose (no batch runs).
 
 -- name: reset_autovacuum
@@ -479,10 +509,10 @@ DROP PROCEDURE IF EXISTS {{fn_ack_dequeue}};
 -- sequential scans (a plan cached while the table held one page). SQL Server caches one
 -- plan per procedure too, compiled for the first call's parameters and recompiled when the
 -- statistics change (auto update after ~sqrt(1000 x rows) modifications on a large table,
--- 500 + 20% on a small one); its procedures here seek through the filtered ready index or
--- the primary key with TOP and READPAST. Whether a plan compiled on a nearly empty table
--- stays on a scan after growth was not measured here (no SQL Server runs on these
--- machines); nothing is set. Empty on purpose (no batch runs).
+-- 500 + 20% on a small one). Its procedures here name their access path in table hints
+-- (INDEX, FORCESEEK: create_functions, create_dequeue), so a plan compiled while the table
+-- was nearly empty cannot stay on a scan; nothing else is set. Empty on purpose (no batch
+-- runs).
 
 -- name: reset_plan_guard
 -- reliable_0008 downgrade: nothing was set (see set_plan_guard). Empty on purpose.

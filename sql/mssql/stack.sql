@@ -67,6 +67,16 @@ END
 -- join to the picks, so stack_0002's PostgreSQL change has nothing to fix here.
 
 -- dequeue: ONE statement takes up to @batch items, newest first, skipping rows others hold.
+-- The plan it needs: an ordered scan of the clustered primary key (index 1, key id) from
+-- its high end, backwards, which is the ORDER BY id DESC (no sort), TOP stopping after @n rows;
+-- READPAST skips keys other consumers hold, UPDLOCK keeps each taken key locked until
+-- commit; the clustered row holds every column (no lookup). It is the table's only index,
+-- so no other access path exists; WITH (INDEX(1)) keeps it so if an index is ever added.
+-- A sort before TOP would read and lock every row: the key order makes it needless.
+-- FORCESEEK is not added: there is no predicate to seek on (the hint would leave no plan,
+-- error 8622). Table hints: https://learn.microsoft.com/en-us/sql/t-sql/queries/hints-transact-sql-table
+-- Row versioning: UPDLOCK takes update locks with READ_COMMITTED_SNAPSHOT on too, so
+-- READPAST skips rows in flight as with it off (reliable.sql, create_dequeue).
 CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch int = 1
 AS
@@ -78,7 +88,7 @@ BEGIN
                           headers nvarchar(max) NULL, enqueued_at datetime2(6) NOT NULL);
     WITH picked AS (
         SELECT TOP (@n) i.id, i.payload, i.headers, i.enqueued_at
-        FROM {{items}} AS i WITH (UPDLOCK, READPAST, ROWLOCK)
+        FROM {{items}} AS i WITH (UPDLOCK, READPAST, ROWLOCK, INDEX(1))
         ORDER BY i.id DESC
     )
     DELETE FROM picked

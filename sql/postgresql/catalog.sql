@@ -18,3 +18,8 @@ CREATE SCHEMA IF NOT EXISTS {{schema}}
 
 -- name: session_settings
 -- Settings every install session and review script starts with: none needed on PostgreSQL.
+
+-- name: row_versioning
+-- SQL Server's read committed snapshot and snapshot isolation settings, reported at install
+-- there. PostgreSQL reads snapshots always and its claims lock with FOR UPDATE SKIP LOCKED
+-- whatever the isolation: nothing to report. Empty on purpose.

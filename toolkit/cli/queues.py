@@ -42,7 +42,7 @@ def install(
     validate_queue_name(name)  # names first: a refused name loads no library
     validate_schema_name(schema)
     from queuectl.catalog import QueueSettings
-    from queuectl.install import install_queue, review_script
+    from queuectl.install import database_report, install_queue, review_script
     from queuectl.kindspec import settings_for
 
     settings = settings_for(kind, strict=strict, size=size, reliable=QueueSettings(
@@ -55,9 +55,13 @@ def install(
         if note:
             print_error(note, prefix="note")
         return
-    info = install_queue(make_engine(url), name, kind, settings, schema, lock_wait=lock_wait)
+    engine = make_engine(url)
+    info = install_queue(engine, name, kind, settings, schema, lock_wait=lock_wait)
     out.print(Text.assemble("installed queue ", (info.name, "bold"),
                             f" (kind {info.kind}, version {info.schema_version}) in schema {schema}"))
+    report = database_report(engine)
+    if report:
+        print_fact(f"note: {report}")
 
 
 @app.command()

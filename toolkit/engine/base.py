@@ -168,6 +168,19 @@ class Adapter:
         JSON texts, and for pending queues due times (aware, UTC) and delays in seconds."""
         raise NotImplementedError
 
+    # -- what install reports ----------------------------------------------------------
+
+    def install_report(self, conn: sa.Connection) -> str | None:
+        """One line on a database setting that changes how queuectl's statements, or the
+        user's own reads of queue tables, behave here; read when a queue is installed. None
+        where no setting does (PostgreSQL)."""
+        return None
+
+    def review_script_notes(self) -> list[str]:
+        """Comment lines that open a review script made without a connection (`install
+        --sql`): what install would have reported, and the query that shows it."""
+        return []
+
     # -- maintenance and health --------------------------------------------------------
 
     @property

@@ -142,6 +142,23 @@ class MssqlAdapter(Adapter):
             doc.append(item)
         return {"items": json.dumps(doc)}
 
+    def install_report(self, conn: sa.Connection) -> str | None:
+        """READ_COMMITTED_SNAPSHOT and ALLOW_SNAPSHOT_ISOLATION of the connected database
+        (catalog.sql: row_versioning), as row_versioning_report words them."""
+        row = conn.execute(sa.text(self._sql("catalog", "row_versioning"))).one()
+        return row_versioning_report(row.database_name, bool(row.is_read_committed_snapshot_on),
+                                     row.snapshot_isolation_state_desc)
+
+    def review_script_notes(self) -> list[str]:
+        """What the installed queue's calls do under either setting, and the query that shows
+        the database's (run it where the script will run)."""
+        query = " ".join(line for line in self._sql("catalog", "row_versioning").splitlines()
+                         if not line.lstrip().startswith("--"))
+        return [
+            "Row versioning: " + ROW_VERSIONING_BOTH,
+            "See the database's settings with: " + " ".join(query.split()) + ";",
+        ]
+
     @property
     def advice_words(self) -> "MssqlWords":
         """Ghost records, the version store, KILL <session>, ALTER INDEX ... REORGANIZE."""
@@ -152,6 +169,38 @@ class MssqlAdapter(Adapter):
         """sys.dm_db_index_physical_stats, ALTER INDEX ... REORGANIZE / REBUILD (ONLINE,
         RESUMABLE where the edition allows) and UPDATE STATISTICS."""
         return MssqlIndexUpkeep()
+
+
+# What the claims do under either read committed setting: they are locking reads (UPDLOCK, or
+# READCOMMITTEDLOCK where a read only looks), so READPAST skips rows in flight whether the
+# database reads row versions or not (sql/mssql/reliable.sql: create_dequeue).
+ROW_VERSIONING_BOTH = (
+    "queuectl's claims and locking reads carry lock hints (UPDLOCK with READPAST, or READCOMMITTEDLOCK) that "
+    "behave the same whether READ_COMMITTED_SNAPSHOT is on or off; with it ON, your own READ COMMITTED reads "
+    "of queue tables see the last committed rows (an item a consumer has taken but not committed still shows), "
+    "with it OFF they wait for consumers' open transactions; under SNAPSHOT isolation queuectl's calls fail "
+    "(READPAST: error 650): call them at READ COMMITTED"
+)
+
+
+def row_versioning_report(database: str, rcsi_on: bool, snapshot_state: str) -> str:
+    """The line `queuectl install` prints about the database's row versioning: which
+    READ_COMMITTED_SNAPSHOT setting it has, that queuectl's claims behave the same under
+    either, what the user's own reads see, and, where SNAPSHOT isolation is allowed, that
+    queuectl's calls must not run under it (READPAST raises error 650 there)."""
+    if rcsi_on:
+        line = (f"database {database!r} has READ_COMMITTED_SNAPSHOT ON (Azure SQL's default): queuectl's claims "
+                "and locking reads carry lock hints (UPDLOCK with READPAST, or READCOMMITTEDLOCK) and skip or wait "
+                "for rows in flight as with it off; your own READ COMMITTED reads of queue tables see the last "
+                "committed rows, so an item a consumer has taken but not committed still shows as waiting")
+    else:
+        line = (f"database {database!r} has READ_COMMITTED_SNAPSHOT OFF: queuectl's claims and locking reads carry "
+                "lock hints that behave the same with it on or off; your own READ COMMITTED reads of queue tables "
+                "take shared locks and wait for rows consumers hold until they commit")
+    if snapshot_state in ("ON", "IN_TRANSITION_TO_ON"):
+        line += ("; ALLOW_SNAPSHOT_ISOLATION is ON: call queuectl at READ COMMITTED, never under SNAPSHOT "
+                 "isolation (its READPAST hints raise error 650 there)")
+    return line
 
 
 class MssqlWords(AdviceWords):
