@@ -47,7 +47,10 @@
 -- skip is a locking read: UPDLOCK, or READCOMMITTEDLOCK (a read-committed read with shared
 -- locks even when READ_COMMITTED_SNAPSHOT is ON). Under RCSI a plain read, READPAST or not,
 -- reads the last committed version of a locked slot instead of skipping it, and READPAST is
--- what makes an uncommitted push "not there yet" (dba.md 1.13). The target rows of an UPDATE
+-- what makes an uncommitted push "not there yet" (table hints: READPAST, READCOMMITTEDLOCK,
+-- https://learn.microsoft.com/en-us/sql/t-sql/queries/hints-transact-sql-table; NServiceBus's
+-- SQL transport reads its queue WITH (UPDLOCK, READPAST, ROWLOCK, READCOMMITTEDLOCK) for
+-- this reason). The target rows of an UPDATE
 -- are read with update locks under RCSI too (the same guide: "a blocking scan where an
 -- update (U) lock is acquired on the data row"), so an UPDATE ... WHERE slot = ... needs no
 -- hint. READCOMMITTEDLOCK also holds a read to READ COMMITTED's rule (locks released row by
