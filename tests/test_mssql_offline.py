@@ -436,8 +436,9 @@ def test_ring_release_returns_postgresqls_columns(name):
 def test_ring_release_0002_tsql_rescues_through_the_push_procedure_under_a_savepoint():
     """The T-SQL counterpart of PostgreSQL's rescue (no server here: its form, not its run).
     The message is read with the file's lock hints, the old slot marked RESCUED and the push
-    procedure called inside one transaction; a full ring rolls back to the savepoint, and the
-    push claim the failed push kept in the (non-transactional) session context is dropped."""
+    procedure called inside one transaction, with no wait (@timeout = 0: the transaction holds
+    the old slot's lock); a full ring rolls back to the savepoint, and the push claim the
+    failed push kept in the (non-transactional) session context is dropped."""
     flat = " ".join(rendered("ring", "create_ring_release_0002").split())
     assert "@timeout float = 0.1" in flat
     read = flat.index('FROM "queuectl"."orders_ring" AS o WITH (UPDLOCK, READPAST, ROWLOCK) '
@@ -445,7 +446,7 @@ def test_ring_release_0002_tsql_rescues_through_the_push_procedure_under_a_savep
     begin, save = flat.index("BEGIN TRANSACTION;"), flat.index("SAVE TRANSACTION ring_rescue;")
     rescued = flat.index("SET state = 3, payload = NULL, headers = NULL")
     push = flat.index('INSERT INTO @pushed (id) EXEC "queuectl"."orders_enqueue" @payload = @payload, '
-                      "@headers = @headers, @timeout = @timeout;")
+                      "@headers = @headers, @timeout = 0;")
     assert begin < read < save < rescued < push
     deferred = flat[push:]
     assert deferred.index("ROLLBACK TRANSACTION ring_rescue; COMMIT TRANSACTION; "
@@ -483,7 +484,7 @@ def test_ring_install_script_ends_with_ring_0003s_procedures():
         ["CREATE", "OR", "ALTER", "PROCEDURE"], ["CREATE", "OR", "ALTER", "PROCEDURE"]]
     assert "@timeout float = 0.1" not in release[0] and "@timeout float = 0.1" in release[2]
     assert "WHILE EXISTS (SELECT 1 FROM @claims)" not in release[2] and "WHILE EXISTS (SELECT 1 FROM @claims)" in release[3]
-    ring_0003 = {"enqueue": "FOR JSON PATH", "enqueue_many": "sp_sequence_get_range", "dequeue": "sp_sequence_get_range"}
+    ring_0003 = {"enqueue": "FOR JSON PATH", "enqueue_many": "orders_ring_push", "dequeue": "sp_sequence_get_range"}
     for fn, mark in ring_0003.items():
         defined = [b for b in batches if re.match(r'CREATE (?:OR ALTER )?PROCEDURE "queuectl"\."orders_%s"\s' % fn, b)]
         assert len(defined) == 2 and mark not in defined[0] and mark in defined[1], fn
@@ -497,8 +498,11 @@ _RING_0003 = ("enqueue_many", "enqueue", "dequeue", "ring_release")
 
 
 def ring_0003_procedures() -> dict[str, str]:
-    """The T-SQL of ring_0003's procedures by name, one batch each."""
+    """The T-SQL of ring_0003's procedures by name, one batch each; enqueue_many's section
+    creates SQL Server's push procedure (ring_push) first, in a batch of its own."""
     procedures = {fn: split_go_batches(rendered("ring", f"create_{fn}_0003")) for fn in _RING_0003}
+    procedures["ring_push"] = procedures["enqueue_many"][:1]
+    procedures["enqueue_many"] = procedures["enqueue_many"][1:]
     assert all(len(batches) == 1 for batches in procedures.values()), procedures
     return {fn: batches[0] for fn, batches in procedures.items()}
 
@@ -510,38 +514,46 @@ def test_ring_0003_tsql_pushes_and_pops_sets_of_kept_claims():
     UPDATE inside one short transaction, the unwritten claims go back to SESSION_CONTEXT and
     the positions come back in input order. Pop: claims topped up below the push high mark,
     every FULL claimed slot taken by one UPDATE ... OUTPUT through a READPAST pick, the rest
-    kept. Release: a row per kept claim, push claims first, rescues through enqueue_many."""
+    kept. Release: a row per kept claim, push claims first, rescues through ring_push.
+    (The push itself is ring_push; enqueue_many and enqueue return its OUTPUT ids.)"""
     procedures = ring_0003_procedures()
-    push, push_one, pop, release = (" ".join(procedures[fn].split()) for fn in _RING_0003)
+    push_many, push_one, pop, release = (" ".join(procedures[fn].split()) for fn in _RING_0003)
+    push = " ".join(procedures["ring_push"].split())
     ring = '"queuectl"."orders_ring"'
     kept = "OPENJSON(CONCAT(N'[', CAST(SESSION_CONTEXT(@{}) AS nvarchar(4000)), N']')) AS k"
     write_back = "STRING_AGG(CAST({0}.pos AS nvarchar(20)), N',') WITHIN GROUP (ORDER BY {0}.pos)"
     assert "STRING_SPLIT" not in " ".join(procedures.values())  # its ordinal needs SQL Server 2022
 
-    # push: same parameters as before (the client's JSON array), one lock pass and one write
-    assert push.startswith('CREATE OR ALTER PROCEDURE "queuectl"."orders_enqueue_many" @items nvarchar(max), '
-                           "@timeout float = 1.0 WITH EXECUTE AS OWNER AS BEGIN")
+    # push: same parameters as before (the client's JSON array), one probe and one write
+    assert push_many.startswith('CREATE OR ALTER PROCEDURE "queuectl"."orders_enqueue_many" @items nvarchar(max), '
+                                "@timeout float = 1.0 WITH EXECUTE AS OWNER AS BEGIN")
+    assert push.startswith('CREATE OR ALTER PROCEDURE "queuectl"."orders_ring_push" @items nvarchar(max), '
+                           "@timeout float = 1.0, @ids nvarchar(max) = NULL OUTPUT WITH EXECUTE AS OWNER AS BEGIN")
     assert kept.format("key") in push and "FROM OPENJSON(@items) AS j" in push
     assert ("EXEC sys.sp_sequence_get_range @sequence_name = '\"queuectl\".\"orders_push_seq\"', "
             "@range_size = @draw, @range_first_value = @first OUTPUT;") in push
-    begin = push.index("BEGIN TRANSACTION;")
-    lock = push.index(f"JOIN {ring} AS s WITH (UPDLOCK, READPAST, ROWLOCK) ON s.slot = c.pos % 1024 "
-                      "WHERE s.msg_id = c.pos - 1024 AND s.state <> 1;")
+    probe = push.index(f"JOIN {ring} AS s WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK) ON s.slot = c.pos % 1024;")
     stop = push.index("SELECT @stop = MIN(c.pos) FROM @claims AS c WHERE NOT EXISTS")
+    begin = push.index("BEGIN TRANSACTION;")
     write = push.index("OUTPUT w.ord, inserted.msg_id INTO @written (ord, id)")
+    recheck = push.index("WHERE r.msg_id = w.pos - 1024 AND r.state <> 1;")
     commit = push.index("COMMIT TRANSACTION;")
-    assert begin < lock < stop < write < commit and push.count("UPDATE r SET") == 1
+    assert probe < stop < begin < write < recheck < commit and push.count("UPDATE r SET") == 1
     assert "INSERT INTO @claims (pos) VALUES (NEXT VALUE FOR \"queuectl\".\"orders_push_seq\");" in push  # tombstoned
     assert push.index(write_back.format("k")) < push.index("EXEC sys.sp_set_session_context @key = @key, @value = @kept;")
-    assert push.endswith("SELECT w.id FROM @written AS w ORDER BY w.ord; END")
+    assert push.endswith("SELECT @ids = STRING_AGG(CAST(w.id AS nvarchar(max)), N',') WITHIN GROUP (ORDER BY w.ord) "
+                         "FROM @written AS w; END")
+    call = 'EXEC "queuectl"."orders_ring_push" @items = @items, @timeout = @timeout, @ids = @ids OUTPUT;'
+    assert call in push_many and push_many.endswith(
+        "SELECT CAST(j.[value] AS bigint) AS id FROM OPENJSON(CONCAT(N'[', @ids, N']')) AS j "
+        "ORDER BY CAST(j.[key] AS int); END")
 
-    # push one: the batch push of one, one row (NULL: full)
-    assert 'INSERT INTO @pushed (id) EXEC "queuectl"."orders_enqueue_many" @items = @items, @timeout = @timeout;' in push_one
-    assert push_one.endswith("SELECT MAX(p.id) AS id FROM @pushed AS p; END")
+    # push one: the push of one, one row (NULL: full)
+    assert call in push_one and push_one.endswith("SELECT CAST(@ids AS bigint) AS id; END")
 
     # pop: top-up bound, one take, the rest kept, written back
     assert kept.format("key") in pop and "q.last_used_value" in pop and "p.last_used_value" in pop
-    take = pop.index(f"JOIN {ring} AS r WITH (UPDLOCK, READPAST, ROWLOCK) ON r.slot = c.pos % 1024 "
+    take = pop.index(f"JOIN {ring} AS r WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK) ON r.slot = c.pos % 1024 "
                      "WHERE r.msg_id = c.pos AND r.state = 1 ORDER BY c.pos ) UPDATE full_slots SET state = 0")
     assert pop.index("SELECT TOP (@need)") < take < pop.index("OUTPUT deleted.msg_id, deleted.payload")
     assert "WHERE s.msg_id > c.pos OR (s.msg_id = c.pos AND s.state <> 1);" in pop  # taken, skipped, rescued
@@ -554,7 +566,7 @@ def test_ring_0003_tsql_pushes_and_pops_sets_of_kept_claims():
     cleared = release.index("EXEC sys.sp_set_session_context @key = @k_push, @value = NULL;")
     assert loops[0] < cleared < release.index("WHILE EXISTS") < loops[1]
     save, push_call = release.index("SAVE TRANSACTION ring_rescue;"), release.index(
-        'INSERT INTO @pushed (id) EXEC "queuectl"."orders_enqueue_many" @items = @one, @timeout = @timeout;')
+        'EXEC "queuectl"."orders_ring_push" @items = @one, @timeout = 0, @ids = @ids OUTPUT;')
     assert release.index("BEGIN TRANSACTION;") < save < push_call < release.index("ROLLBACK TRANSACTION ring_rescue;")
     assert release.count("BEGIN TRANSACTION;") == 1 and release.count("COMMIT TRANSACTION;") == 3
     assert release.endswith("EXEC sys.sp_set_session_context @key = @k_pop, @value = NULL; "

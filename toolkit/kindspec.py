@@ -169,6 +169,7 @@ def kind_template_values(names: QueueNames, kind: str) -> dict[str, str]:
             ring_regclass=regclass("ring"),
             fn_ring_repair=q("ring_repair"),
             fn_ring_release=q("ring_release"),
+            fn_ring_push=q("ring_push"),  # SQL Server's push procedure (names.SQL_SERVER_ONLY_SUFFIXES)
         )
         return values
     values.update(

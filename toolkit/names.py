@@ -50,8 +50,12 @@ QUEUE_OBJECT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "stack": (*_COMMON_SUFFIXES, *_ITEMS_SUFFIXES),
     "pending": (*_COMMON_SUFFIXES, *_ITEMS_SUFFIXES, "items_due"),
     "watermark": (*_COMMON_SUFFIXES, *_ITEMS_SUFFIXES, "watermark", "watermark_pkey", "correct_watermark"),
-    "ring": (*_COMMON_SUFFIXES, "ring", "ring_pkey", "push_seq", "pop_seq", "ring_repair", "ring_release"),
+    "ring": (*_COMMON_SUFFIXES, "ring", "ring_pkey", "push_seq", "pop_seq", "ring_repair", "ring_release",
+             "ring_push"),
 }
+# Suffixes whose objects exist on SQL Server only: the ring's push procedure, which enqueue,
+# enqueue_many and ring_release call through an OUTPUT parameter (sql/mssql/ring.sql).
+SQL_SERVER_ONLY_SUFFIXES: dict[str, tuple[str, ...]] = {"ring": ("ring_push",)}
 OBJECT_SUFFIXES = frozenset(s for suffixes in QUEUE_OBJECT_SUFFIXES.values() for s in suffixes)
 # The catalog's own objects, in the same schema (catalog_*.py revisions and the lock seed).
 CATALOG_OBJECTS = frozenset({

@@ -15,8 +15,8 @@
 -- tombstone into a slot free for longer than the grace, so pops skip it and pushes find
 -- the slot free. It also re-pushes messages whose pop claimed them and vanished.
 --
--- A pop never reads a push that has not committed: its UPDATE uses UPDLOCK, READPAST,
--- so a slot locked by an open push is skipped (treated as "not there yet"), never read.
+-- A pop never reads a push that has not committed: its UPDATE reads with READPAST, so a
+-- slot locked by an open push is skipped (treated as "not there yet"), never read.
 -- Claims a push or pop keeps for its next call (a full ring, an empty queue) live in the
 -- session (SESSION_CONTEXT, keyed by the procedure's object id; not transactional: a
 -- rollback leaves it as it was set); ring_release gives them up, tombstoning a claim whose
@@ -24,17 +24,77 @@
 -- committed at the session's own pop claim after its last pop (otherwise orphaned until
 -- ring_repair's grace has passed).
 --
+-- Locks and waits. No procedure backs off (WAITFOR) while it holds a lock on the ring:
+--  * the push (ring_push, which enqueue and enqueue_many call) writes each run of slots in a
+--    short transaction of its own and commits it before it backs off, and inside a caller's
+--    transaction (@@TRANCOUNT > 0 at the back-off) it does not wait at all: the slots it
+--    wrote stay locked until the caller commits, and pops skip them (READPAST) meanwhile;
+--  * procedures call the push with EXEC and an OUTPUT parameter (the ids), never with
+--    INSERT ... EXEC: that INSERT is one transaction around the whole call, so the push's
+--    COMMIT would only lower @@TRANCOUNT and its locks would last through its back-off,
+--    keeping away the very pop that frees the slot it waits for;
+--  * the pop backs off only while it has taken nothing, and it reads slots it does not
+--    take without keeping a lock on them (no UPDLOCK: an UPDATE releases the update lock of
+--    a row that does not qualify), so even inside a caller's transaction (the client's
+--    processing()) it waits holding no lock on the ring;
+--  * ring_release's rescue and ring_repair's rescues run in a transaction of their own
+--    (the old slot stays locked until the new one is written) and so never wait: one try.
+-- Transaction locking and row versioning guide: "If the data row doesn't meet the update
+-- criteria, the update lock is released on that row"
+-- (https://learn.microsoft.com/en-us/sql/relational-databases/sql-server-transaction-locking-and-row-versioning-guide).
+--
+-- Read committed snapshot (RCSI). Every read of the ring that chooses what to write or to
+-- skip is a locking read: UPDLOCK, or READCOMMITTEDLOCK (a read-committed read with shared
+-- locks even when READ_COMMITTED_SNAPSHOT is ON). Under RCSI a plain read, READPAST or not,
+-- reads the last committed version of a locked slot instead of skipping it, and READPAST is
+-- what makes an uncommitted push "not there yet" (table hints: READPAST, READCOMMITTEDLOCK,
+-- https://learn.microsoft.com/en-us/sql/t-sql/queries/hints-transact-sql-table; NServiceBus's
+-- SQL transport reads its queue WITH (UPDLOCK, READPAST, ROWLOCK, READCOMMITTEDLOCK) for
+-- this reason). The target rows of an UPDATE
+-- are read with update locks under RCSI too (the same guide: "a blocking scan where an
+-- update (U) lock is acquired on the data row"), so an UPDATE ... WHERE slot = ... needs no
+-- hint. READCOMMITTEDLOCK also holds a read to READ COMMITTED's rule (locks released row by
+-- row) when the caller's session runs at REPEATABLE READ or SERIALIZABLE. SNAPSHOT isolation
+-- is refused: READPAST raises error 650 there. A read that may see a version says so in a
+-- comment starting "version read:".
+--
 -- Procedures that read catalog metadata (sys.sequences, OBJECT_ID) run WITH EXECUTE AS
 -- OWNER: metadata visibility follows the caller, and a role granted only EXECUTE
--- (`queuectl grant`) would see no sequence and no table.
+-- (`queuectl grant`) would see no sequence and no table. ring_push needs no grant of its
+-- own: enqueue, enqueue_many and ring_release reach it by ownership chaining (grant.sql).
 --
 -- Batches inside a section are separated by GO lines (see reliable.sql). Sections are
 -- filled by queuectl.sqlfiles.render() with quoted identifiers only.
 
 -- name: create_tables
 -- The slots (all of them, now), and the two position sequences.
+--
+-- Row width and page splits. A slot's row grows when a push writes its payload and shrinks
+-- when the pop empties it, so a page filled with empty rows splits as soon as its rows fill
+-- up. An empty slot is 37 bytes in the row (4 header, 30 of fixed columns: slot 4, msg_id 8,
+-- state 2, pushed_at 8, changed_at 8, 2 column count, 1 null bitmap; trailing NULL payload
+-- and headers take no bytes) plus 2 of the page's slot array: 39. A FULL slot adds 6 bytes
+-- (variable-column count and two offsets) and the payload and headers themselves (headers in
+-- UTF-16); row versioning (RCSI, or a readable secondary) adds 14 bytes to a row it updates.
+-- A page holds 8,096 bytes of rows and slot array. The clustered index is built with
+-- FILLFACTOR 20: about 41 empty slots per page (8,096 x 20 % / 39), which all fit FULL when
+-- each holds up to 8,096 / 41 - 45 = 152 bytes of payload and headers (138 with row
+-- versioning): a ring of small messages never splits a page, full or empty. The seed is
+-- INSERTed (the fill factor does not apply to DML) and the index then rebuilt, which packs
+-- each page to the fill factor; REBUILD and REORGANIZE keep to it afterwards (both use the
+-- index's stored fill factor), so maintenance does not pack the empty slots back to full
+-- pages that the next lap would split again. Larger messages split a page once, and the ring
+-- settles at the density its messages need. The cost: five times the pages of a packed
+-- ring (65,536 slots: about 1,600 pages, 12.5 MB; the largest ring, 16 Mi slots: about 3.3 GB).
+-- The popped slot's payload is set to NULL, not kept as padding: a popped message should not
+-- linger in the table, and the next payload need not be the same size.
+-- A payload that does not fit in the row (a varbinary(max) over 8,000 bytes, or one that
+-- would take the row past 8,060) goes to LOB pages with a 24-byte pointer in the row, so a
+-- row never grows past about 8,060 bytes. 'large value types out of row' stays OFF: ON would
+-- give every row a fixed width (a 16-byte pointer) but write and free a LOB page for every
+-- message, small ones included.
 CREATE TABLE {{ring}} (
-    slot       int            NOT NULL PRIMARY KEY CLUSTERED,
+    slot       int            NOT NULL PRIMARY KEY CLUSTERED WITH (FILLFACTOR = 20),
     msg_id     bigint         NOT NULL,
     state      smallint       NOT NULL DEFAULT 0 CHECK (state BETWEEN 0 AND 3),
     payload    varbinary(max) NULL,
@@ -52,15 +112,18 @@ WITH numbers AS (
 INSERT INTO {{ring}} (slot, msg_id, state)
 SELECT CAST(g AS int), g - {{size}}, 0 FROM numbers;
 GO
+-- the INSERT packed its pages full: rebuild them at the index's FILLFACTOR (above)
+ALTER INDEX ALL ON {{ring}} REBUILD;
+GO
 CREATE SEQUENCE {{push_seq}} AS bigint START WITH 0 MINVALUE 0 INCREMENT BY 1 CACHE 1000;
 GO
 CREATE SEQUENCE {{pop_seq}} AS bigint START WITH 0 MINVALUE 0 INCREMENT BY 1 CACHE 1000;
 
 -- name: create_enqueue_many
 -- The SQL API as stored procedures, callable from any language, one section per procedure:
--- the batch push (enqueue_many, this section), the single push (enqueue), the pop (dequeue),
--- the recovery path (ring_repair) and the session's release (ring_release). The batch push
--- and the pop share the design below.
+-- the batch push (enqueue_many, this section, with the push itself, ring_push), the single
+-- push (enqueue), the pop (dequeue), the recovery path (ring_repair) and the session's
+-- release (ring_release). The push and the pop share the design below.
 --
 -- Set-based (since ring_0003; sql/postgresql/ring.sql explains why: one statement per position
 -- cost as much server time per message at every batch size). A batch claims its positions with
@@ -84,21 +147,28 @@ CREATE SEQUENCE {{pop_seq}} AS bigint START WITH 0 MINVALUE 0 INCREMENT BY 1 CAC
 -- (whose count is computed) does not have. A position that replaces a tombstoned claim is
 -- one NEXT VALUE FOR.
 -- Same parameters and result columns as before; CREATE OR ALTER keeps the EXECUTE grants.
+-- ring_push is SQL Server's own: PostgreSQL's functions call each other directly, T-SQL's
+-- procedures hand results over through OUTPUT parameters (the header: never INSERT ... EXEC).
 
--- push many messages in input order; returns their positions. Claims (the session's kept
--- ones first, then new ones) are written in one UPDATE for the longest run of them whose
--- slots are free, from the first unwritten one; when the next slot is not free (the ring
--- is full there) it backs off (1 ms doubling to 50 ms) and retries until @timeout, then
--- returns the positions written so far (always the first payloads: input order is kept)
--- and keeps the unwritten claims for the session's next push. PostgreSQL locks and writes
--- a run in one statement; here a lock pass and the UPDATE share one short transaction (the
--- prefix is known only once the locks are taken), and each run commits on its own, so the
--- slots' locks are not held through the back-off (in autocommit, as the clients call it;
--- inside a caller's transaction, the caller's commit decides).
+-- ring_push: push many messages in input order; @ids returns their positions, comma-separated
+-- in input order (NULL: none), and no result set. Claims (the session's kept ones first, then
+-- new ones) are written in one UPDATE for the longest run of them whose slots are free, from
+-- the first unwritten one; when the next slot is not free (the ring is full there) it backs
+-- off (4 ms doubling to 50 ms) and retries until @timeout, then returns the positions written
+-- so far (always the first payloads: input order is kept) and keeps the unwritten claims for
+-- the session's next push. PostgreSQL locks and writes a run in one statement; here a probe
+-- finds the run (a locking read that keeps no lock: nothing is held between calls or while
+-- waiting) and one UPDATE writes it, re-checking each slot under its update lock, in a short
+-- transaction of its own that commits before any back-off. If a slot of the run changed in
+-- between (ring_repair tombstoned the claim, or it is locked now), the UPDATE writes fewer
+-- rows than the run: the run is rolled back to its savepoint, so the written positions stay
+-- the first payloads, and tried again. Inside a caller's transaction it never waits (see the
+-- header): what it cannot write at once is kept for the next push, as on a timeout.
 -- @items is a JSON array of {"payload": "<hex>", "headers": {...} | null}, as before.
-CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
+CREATE OR ALTER PROCEDURE {{fn_ring_push}}
     @items   nvarchar(max),
-    @timeout float = 1.0
+    @timeout float         = 1.0,
+    @ids     nvarchar(max) = NULL OUTPUT
 WITH EXECUTE AS OWNER
 AS
 BEGIN
@@ -108,15 +178,17 @@ BEGIN
     DECLARE @deadline datetime2(6) = DATEADD(millisecond,
         CAST(ROUND(CASE WHEN @timeout > 0 THEN @timeout ELSE 0 END * 1000e0, 0) AS int), SYSUTCDATETIME());
     DECLARE @pause_ms int = 4,  -- WAITFOR takes a datetime (1/300 s): 1 ms would round to no wait
-            @pause datetime, @n int, @done int = 0, @run int, @draw int;
-    DECLARE @first sql_variant, @pos bigint, @held bigint, @stop bigint, @kept nvarchar(4000);
+            @pause datetime, @n int, @done int = 0, @run int, @want int, @draw int;
+    DECLARE @first sql_variant, @pos bigint, @stop bigint, @kept nvarchar(4000);
     DECLARE @src TABLE (ord int NOT NULL PRIMARY KEY, payload varbinary(max) NULL,
                         headers nvarchar(max) NULL);
     -- @claims: this call's unwritten claims, in input order (ascending positions); @spare:
-    -- kept claims this call has no payload for; @free: the claims whose slots are locked
+    -- kept claims this call has no payload for; @seen: the probe's view of the claims' slots
+    -- (free for the claim; passed: the slot holds the claim's position or a later one, so the
+    -- claim was tombstoned)
     DECLARE @claims TABLE (pos bigint NOT NULL PRIMARY KEY);
     DECLARE @spare TABLE (pos bigint NOT NULL PRIMARY KEY);
-    DECLARE @free TABLE (pos bigint NOT NULL PRIMARY KEY);
+    DECLARE @seen TABLE (pos bigint NOT NULL PRIMARY KEY, free bit NOT NULL, passed bit NOT NULL);
     DECLARE @written TABLE (ord int NOT NULL PRIMARY KEY, id bigint NOT NULL);
     INSERT INTO @src (ord, payload, headers)
     SELECT CAST(j.[key] AS int), CONVERT(varbinary(max), v.payload_hex, 2), v.headers
@@ -146,38 +218,58 @@ BEGIN
             SELECT TOP (@draw) CAST(@first AS bigint) + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) - 1
             FROM sys.all_columns;
         END
-        BEGIN TRANSACTION;
-        -- lock the slots free for the unwritten claims. READPAST: a slot locked now (a pop
-        -- emptying it, ring_repair) is not free yet; UPDLOCK holds the free ones until the
-        -- write below, so the run stays free between the two statements.
-        DELETE FROM @free;
-        INSERT INTO @free (pos)
-        SELECT c.pos
+        -- the probe: the claims' slots as they are now. READCOMMITTEDLOCK, READPAST: a slot
+        -- locked now (a pop emptying it, ring_repair) is skipped, so it is neither free nor
+        -- passed yet, also under RCSI; the shared locks go row by row, none is kept.
+        DELETE FROM @seen;
+        INSERT INTO @seen (pos, free, passed)
+        SELECT c.pos,
+               CASE WHEN s.msg_id = c.pos - {{size}} AND s.state <> 1 THEN 1 ELSE 0 END,
+               CASE WHEN s.msg_id >= c.pos THEN 1 ELSE 0 END
         FROM @claims AS c
-        JOIN {{ring}} AS s WITH (UPDLOCK, READPAST, ROWLOCK) ON s.slot = c.pos % {{size}}
-        WHERE s.msg_id = c.pos - {{size}} AND s.state <> 1;
-        -- the run to write: the claims before the first one not locked free, so input
-        -- order is never broken (the k-th claim of the run takes payload @done + k - 1)
-        SELECT @stop = MIN(c.pos) FROM @claims AS c WHERE NOT EXISTS (SELECT 1 FROM @free AS f WHERE f.pos = c.pos);
-        UPDATE r SET msg_id = w.pos, state = 1, payload = s.payload, headers = s.headers,
-                     pushed_at = SYSUTCDATETIME(), changed_at = SYSUTCDATETIME()
-        OUTPUT w.ord, inserted.msg_id INTO @written (ord, id)
-        FROM {{ring}} AS r WITH (ROWLOCK)
-        JOIN (
-            SELECT c.pos, @done - 1 + ROW_NUMBER() OVER (ORDER BY c.pos) AS ord
-            FROM @claims AS c
-            WHERE @stop IS NULL OR c.pos < @stop
-        ) AS w ON r.slot = w.pos % {{size}}
-        JOIN @src AS s ON s.ord = w.ord;
-        SET @run = @@ROWCOUNT;
-        COMMIT TRANSACTION;
-        DELETE FROM @claims WHERE @stop IS NULL OR pos < @stop;
+        JOIN {{ring}} AS s WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK) ON s.slot = c.pos % {{size}};
+        -- the run to write: the claims before the first one not seen free, so input order is
+        -- never broken (the k-th claim of the run takes payload @done + k - 1)
+        SELECT @stop = MIN(c.pos) FROM @claims AS c
+        WHERE NOT EXISTS (SELECT 1 FROM @seen AS f WHERE f.pos = c.pos AND f.free = 1);
+        SELECT @want = COUNT(*) FROM @claims AS c WHERE @stop IS NULL OR c.pos < @stop;
+        SET @run = 0;
+        IF @want > 0
+        BEGIN
+            BEGIN TRANSACTION;
+            SAVE TRANSACTION ring_run;
+            -- READCOMMITTEDLOCK, READPAST, no UPDLOCK: each slot is re-checked under the
+            -- UPDATE's own update lock, a slot locked now is skipped (not waited for), and a
+            -- slot that is no longer free keeps no lock (see the header)
+            UPDATE r SET msg_id = w.pos, state = 1, payload = s.payload, headers = s.headers,
+                         pushed_at = SYSUTCDATETIME(), changed_at = SYSUTCDATETIME()
+            OUTPUT w.ord, inserted.msg_id INTO @written (ord, id)
+            FROM {{ring}} AS r WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
+            JOIN (
+                SELECT c.pos, @done - 1 + ROW_NUMBER() OVER (ORDER BY c.pos) AS ord
+                FROM @claims AS c
+                WHERE @stop IS NULL OR c.pos < @stop
+            ) AS w ON r.slot = w.pos % {{size}}
+            JOIN @src AS s ON s.ord = w.ord
+            WHERE r.msg_id = w.pos - {{size}} AND r.state <> 1;
+            SET @run = @@ROWCOUNT;
+            IF @run < @want
+            BEGIN
+                -- a slot of the run changed since the probe: undo the run, try again. A table
+                -- variable keeps its rows through a rollback: forget the run's outputs too.
+                ROLLBACK TRANSACTION ring_run;
+                DELETE FROM @written WHERE ord >= @done;
+                SET @run = 0;
+            END
+            COMMIT TRANSACTION;
+        END
+        IF @run > 0
+            DELETE FROM @claims WHERE @stop IS NULL OR pos < @stop;
         SET @done += @run;
         IF @done = @n BREAK;
         IF NOT EXISTS (SELECT 1 FROM @claims) CONTINUE;  -- 200 written: draw the next ones
         SELECT @pos = MIN(c.pos) FROM @claims AS c;
-        SELECT @held = h.msg_id FROM {{ring}} AS h WHERE h.slot = @pos % {{size}};
-        IF @held >= @pos
+        IF EXISTS (SELECT 1 FROM @seen AS f WHERE f.pos = @pos AND f.passed = 1)
         BEGIN
             -- the claim was tombstoned (ring_repair: we looked dead; or our own release):
             -- drop it and claim a new position at the end, so positions stay in input order
@@ -185,8 +277,9 @@ BEGIN
             INSERT INTO @claims (pos) VALUES (NEXT VALUE FOR {{push_seq}});
             CONTINUE;
         END
-        -- full there (the slot still holds an unpopped earlier lap), or busy right now
-        IF SYSUTCDATETIME() >= @deadline BREAK;
+        -- full there (the slot still holds an unpopped earlier lap), or busy right now. No
+        -- transaction of ours is open here; inside a caller's, do not wait (the header).
+        IF @@TRANCOUNT > 0 OR SYSUTCDATETIME() >= @deadline BREAK;
         SET @pause = DATEADD(millisecond, @pause_ms, CAST(0 AS datetime));
         WAITFOR DELAY @pause;
         SET @pause_ms = CASE WHEN @pause_ms * 2 > 50 THEN 50 ELSE @pause_ms * 2 END;
@@ -195,16 +288,31 @@ BEGIN
     SELECT @kept = STRING_AGG(CAST(k.pos AS nvarchar(20)), N',') WITHIN GROUP (ORDER BY k.pos)
     FROM (SELECT c.pos FROM @claims AS c UNION ALL SELECT s.pos FROM @spare AS s) AS k;
     EXEC sys.sp_set_session_context @key = @key, @value = @kept;
-    SELECT w.id FROM @written AS w ORDER BY w.ord;
+    -- nvarchar(max): STRING_AGG of a shorter type fails past 8,000 bytes (a batch of ~400)
+    SELECT @ids = STRING_AGG(CAST(w.id AS nvarchar(max)), N',') WITHIN GROUP (ORDER BY w.ord)
+    FROM @written AS w;
+END
+GO
+-- enqueue_many: ring_push's positions as rows, in input order (column id), as before.
+CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
+    @items   nvarchar(max),
+    @timeout float = 1.0
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @ids nvarchar(max);
+    EXEC {{fn_ring_push}} @items = @items, @timeout = @timeout, @ids = @ids OUTPUT;
+    SELECT CAST(j.[value] AS bigint) AS id
+    FROM OPENJSON(CONCAT(N'[', @ids, N']')) AS j
+    ORDER BY CAST(j.[key] AS int);
 END
 
 -- name: create_enqueue
 -- The single push, enqueue (since ring_0003).
--- push one message: the batch push of one (one row, column id; NULL when the ring stayed
--- full for @timeout: the claim is kept for this session's next push). The message travels
--- as enqueue_many's JSON array; INSERT ... EXEC reads its result, so this procedure cannot
--- itself be called by INSERT ... EXEC (SQL Server refuses nested INSERT ... EXEC): call
--- enqueue_many there, as ring_release does.
+-- push one message: ring_push of one (one row, column id; NULL when the ring stayed full
+-- for @timeout: the claim is kept for this session's next push). The message travels as
+-- ring_push's JSON array and its id comes back in the OUTPUT parameter.
 CREATE OR ALTER PROCEDURE {{fn_enqueue}}
     @payload varbinary(max),
     @headers nvarchar(max) = NULL,
@@ -212,13 +320,13 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue}}
 AS
 BEGIN
     SET NOCOUNT ON;
-    DECLARE @pushed TABLE (id bigint NOT NULL);
+    DECLARE @ids nvarchar(max);
     DECLARE @items nvarchar(max) = (
         SELECT CONVERT(varchar(max), @payload, 2) AS payload, JSON_QUERY(@headers) AS headers
         FOR JSON PATH
     );
-    INSERT INTO @pushed (id) EXEC {{fn_enqueue_many}} @items = @items, @timeout = @timeout;
-    SELECT MAX(p.id) AS id FROM @pushed AS p;
+    EXEC {{fn_ring_push}} @items = @items, @timeout = @timeout, @ids = @ids OUTPUT;
+    SELECT CAST(@ids AS bigint) AS id;
 END
 
 -- name: create_dequeue
@@ -230,6 +338,9 @@ END
 -- committed) are kept for the next pop; those ring_repair skipped or rescued are dropped.
 -- Waits up to @timeout seconds only while it has nothing (an empty ring: it claims the
 -- next position and waits for it); returns what it has as soon as nothing more is there.
+-- No transaction of its own: in autocommit each statement commits by itself, and inside a
+-- caller's transaction (processing()) it holds, while it waits, no lock on the ring: it
+-- has taken nothing, and its reads keep no lock on the slots they pass over (the header).
 CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch   int   = 1,
     @timeout float = 0
@@ -277,11 +388,14 @@ BEGIN
         END
         IF @have = 0 BREAK;
         -- take the FULL slots among the claims, first positions first. READPAST: a slot
-        -- locked now is a push not committed yet (or ring_repair rescuing it): not there.
+        -- locked now is a push not committed yet (or ring_repair rescuing it): not there;
+        -- READCOMMITTEDLOCK makes that so under RCSI too. No UPDLOCK: the UPDATE's own update
+        -- lock is released from a claimed slot that is not FULL yet, where UPDLOCK would keep
+        -- it to the end of a caller's transaction and keep that position's push out.
         WITH full_slots AS (
             SELECT TOP (@need) r.msg_id, r.state, r.payload, r.headers, r.pushed_at, r.changed_at
             FROM @claims AS c
-            JOIN {{ring}} AS r WITH (UPDLOCK, READPAST, ROWLOCK) ON r.slot = c.pos % {{size}}
+            JOIN {{ring}} AS r WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK) ON r.slot = c.pos % {{size}}
             WHERE r.msg_id = c.pos AND r.state = 1
             ORDER BY c.pos
         )
@@ -293,13 +407,16 @@ BEGIN
         -- keep the claims still to come: not pushed yet (the slot holds an earlier lap), or
         -- FULL but locked now or past this batch; drop the taken, skipped and rescued ones
         -- (all of them taken: nothing to look up). READPAST: a slot locked now is kept and
-        -- looked at again, never waited for.
+        -- looked at again, never waited for; READCOMMITTEDLOCK: skipped under RCSI too (a
+        -- version would do no harm here, as any committed state drops only dead claims, but
+        -- one rule for every read of the ring is easier to check), its locks released row
+        -- by row.
         IF @got = @have
             DELETE FROM @claims;
         ELSE
             DELETE c
             FROM @claims AS c
-            JOIN {{ring}} AS s WITH (READPAST) ON s.slot = c.pos % {{size}}
+            JOIN {{ring}} AS s WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK) ON s.slot = c.pos % {{size}}
             WHERE s.msg_id > c.pos OR (s.msg_id = c.pos AND s.state <> 1);
         IF @taken >= @batch BREAK;
         IF @got > 0 OR NOT EXISTS (SELECT 1 FROM @claims) CONTINUE;
@@ -322,6 +439,25 @@ END
 -- changed within @grace_seconds. Returns one row per action: tombstone (item_id = the
 -- skipped position), rescue (item_id = old position, new_item_id = new position), or
 -- deferred (a rescue found no free slot; the message stays and waits for the next run).
+--
+-- Bounded, and no table lock. The ring is walked in slot order, up to 1,000 candidates at a
+-- step, by a read that keeps no lock (READCOMMITTEDLOCK, READPAST, ROWLOCK: shared row locks
+-- released as it goes, so it holds one at a time; a locked slot is busy, not dead, and is
+-- skipped); each candidate is then locked by its key and re-checked by the statement that
+-- changes it. A tombstone statement locks at most 1,000 slots (TOP over the step's
+-- candidates), a rescue 2 (the orphan and its new slot) in a transaction of its own: well
+-- under the 5,000 locks one statement takes before SQL Server escalates them to a table lock,
+-- which READPAST cannot skip and which would stop every push and pop until the repair ends
+-- (escalation can still follow lock-memory pressure on the whole instance, which no bound
+-- here prevents). LOCK_ESCALATION stays at its default: with every statement bounded it never
+-- fires, and DISABLE would take away the instance's relief under lock-memory pressure.
+-- No index for the search: an index on (state, changed_at), filtered or not, would be
+-- written by every push and pop (both change state and changed_at) to serve a job that runs
+-- every few minutes. The walk reads the clustered index once per run, in key order with no
+-- sort (65,536 slots: about 1,600 pages at FILLFACTOR 20, see create_tables).
+-- @timeout is the PostgreSQL function's wait for a rescue's free slot. Here a rescue runs
+-- in its own transaction, holding the orphan's lock, and must not wait (the header): it is
+-- one try, and the parameter is accepted for the shared signature and not used.
 CREATE OR ALTER PROCEDURE {{fn_ring_repair}}
     @grace_seconds float = 30,
     @timeout       float = 1.0
@@ -334,6 +470,9 @@ BEGIN
         -CAST(ROUND(COALESCE(@grace_seconds, 30) * 1000e0, 0) AS int), SYSUTCDATETIME());
     DECLARE @push_high bigint, @pop_high bigint, @slot int, @msg bigint, @new bigint;
     DECLARE @payload varbinary(max), @headers nvarchar(max);
+    DECLARE @after int = -1, @found int, @full bit = 0;
+    -- one step's candidates: holes (orphan = 0) and orphans (orphan = 1), as the walk saw them
+    DECLARE @candidates TABLE (slot int NOT NULL PRIMARY KEY, orphan bit NOT NULL, msg_id bigint NOT NULL);
     DECLARE @actions TABLE (action nvarchar(16) NOT NULL, item_id bigint NULL,
                             new_item_id bigint NULL, slot int NOT NULL);
     -- the highest position each side has handed out (-1: none yet; last_used_value is
@@ -343,45 +482,75 @@ BEGIN
     SELECT @pop_high = COALESCE(CAST(s.last_used_value AS bigint), -1)
     FROM sys.sequences AS s WHERE s.object_id = OBJECT_ID({{pop_seq_regclass}});
 
-    -- holes: a free slot whose next position(s) were claimed by pushes that never wrote.
-    UPDATE r SET msg_id = r.msg_id + {{size}} * ((@push_high - r.msg_id) / {{size}}),
-                 state = 2, payload = NULL, headers = NULL, changed_at = SYSUTCDATETIME()
-    OUTPUT N'tombstone', inserted.msg_id, NULL, inserted.slot INTO @actions
-    FROM {{ring}} AS r WITH (UPDLOCK, READPAST, ROWLOCK)
-    WHERE r.state <> 1 AND r.msg_id + {{size}} <= @push_high AND r.changed_at < @cutoff;
-
-    -- orphans: FULL slots whose position a pop already claimed, waiting past the grace.
     WHILE 1 = 1
     BEGIN
-        SET @slot = NULL;
-        BEGIN TRANSACTION;
-        SELECT TOP (1) @slot = o.slot, @msg = o.msg_id, @payload = o.payload, @headers = o.headers
-        FROM {{ring}} AS o WITH (UPDLOCK, READPAST, ROWLOCK)
-        WHERE o.state = 1 AND o.msg_id <= @pop_high AND o.changed_at < @cutoff
-        ORDER BY o.msg_id;
-        IF @slot IS NULL
+        -- the next candidates after slot @after: holes, a free slot whose next position(s)
+        -- were claimed by pushes that never wrote; orphans, FULL slots whose position a pop
+        -- already claimed (none once a rescue found the ring full: no slot for them now)
+        DELETE FROM @candidates;
+        INSERT INTO @candidates (slot, orphan, msg_id)
+        SELECT TOP (1000) r.slot, CASE WHEN r.state = 1 THEN 1 ELSE 0 END, r.msg_id
+        FROM {{ring}} AS r WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
+        WHERE r.slot > @after AND r.changed_at < @cutoff
+          AND ((r.state <> 1 AND r.msg_id + {{size}} <= @push_high)
+               OR (r.state = 1 AND r.msg_id <= @pop_high AND @full = 0))
+        ORDER BY r.slot;
+        SET @found = @@ROWCOUNT;
+        IF @found = 0 BREAK;
+        SELECT @after = MAX(c.slot) FROM @candidates AS c;
+
+        -- the holes, locked by key and re-checked (READPAST: one that became busy is left)
+        UPDATE TOP (1000) r
+        SET msg_id = r.msg_id + {{size}} * ((@push_high - r.msg_id) / {{size}}),
+            state = 2, payload = NULL, headers = NULL, changed_at = SYSUTCDATETIME()
+        OUTPUT N'tombstone', inserted.msg_id, NULL, inserted.slot INTO @actions
+        FROM {{ring}} AS r WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
+        JOIN @candidates AS c ON c.slot = r.slot AND c.orphan = 0
+        WHERE r.state <> 1 AND r.msg_id + {{size}} <= @push_high AND r.changed_at < @cutoff;
+
+        -- the orphans, oldest position first, one transaction each
+        WHILE @full = 0
         BEGIN
+            SET @slot = NULL;
+            SELECT TOP (1) @slot = c.slot FROM @candidates AS c WHERE c.orphan = 1 ORDER BY c.msg_id;
+            IF @slot IS NULL BREAK;
+            DELETE FROM @candidates WHERE slot = @slot;
+            SET @msg = NULL;
+            BEGIN TRANSACTION;
+            -- a savepoint, not the whole transaction, is rolled back below: a caller's
+            -- transaction around this call survives a deferred rescue
+            SAVE TRANSACTION ring_rescue;
+            SELECT @msg = o.msg_id, @payload = o.payload, @headers = o.headers
+            FROM {{ring}} AS o WITH (UPDLOCK, READPAST, ROWLOCK)
+            WHERE o.slot = @slot AND o.state = 1 AND o.msg_id <= @pop_high AND o.changed_at < @cutoff;
+            IF @msg IS NULL
+            BEGIN
+                COMMIT TRANSACTION;  -- taken, rescued or busy since the walk saw it
+                CONTINUE;
+            END
+            -- one try at a new position: claimed and filled only if its slot is free now
+            SET @new = NEXT VALUE FOR {{push_seq}};
+            UPDATE r SET msg_id = @new, state = 1, payload = @payload, headers = @headers,
+                         pushed_at = SYSUTCDATETIME(), changed_at = SYSUTCDATETIME()
+            FROM {{ring}} AS r WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
+            WHERE r.slot = @new % {{size}} AND r.msg_id = @new - {{size}} AND r.state <> 1;
+            IF @@ROWCOUNT = 0
+            BEGIN
+                -- the ring is full there: keep the orphan; the unused position becomes a hole
+                -- that a later run tombstones. No more rescues this run; the walk goes on
+                -- for the holes.
+                ROLLBACK TRANSACTION ring_rescue;
+                COMMIT TRANSACTION;
+                INSERT INTO @actions VALUES (N'deferred', @msg, NULL, @slot);
+                SET @full = 1;
+                BREAK;
+            END
+            UPDATE {{ring}} SET state = 3, payload = NULL, headers = NULL, changed_at = SYSUTCDATETIME()
+            WHERE slot = @slot;
             COMMIT TRANSACTION;
-            BREAK;
+            INSERT INTO @actions VALUES (N'rescue', @msg, @new, @slot);
         END
-        -- one try at a new position: claimed and filled only if its slot is free now
-        SET @new = NEXT VALUE FOR {{push_seq}};
-        UPDATE r SET msg_id = @new, state = 1, payload = @payload, headers = @headers,
-                     pushed_at = SYSUTCDATETIME(), changed_at = SYSUTCDATETIME()
-        FROM {{ring}} AS r WITH (UPDLOCK, READPAST, ROWLOCK)
-        WHERE r.slot = @new % {{size}} AND r.msg_id = @new - {{size}} AND r.state <> 1;
-        IF @@ROWCOUNT = 0
-        BEGIN
-            -- the ring is full there: keep the orphan; the unused position becomes a hole
-            -- that a later run tombstones
-            ROLLBACK TRANSACTION;
-            INSERT INTO @actions VALUES (N'deferred', @msg, NULL, @slot);
-            BREAK;
-        END
-        UPDATE {{ring}} SET state = 3, payload = NULL, headers = NULL, changed_at = SYSUTCDATETIME()
-        WHERE slot = @slot;
-        COMMIT TRANSACTION;
-        INSERT INTO @actions VALUES (N'rescue', @msg, @new, @slot);
+        IF @found < 1000 BREAK;  -- the walk reached the last slot
     END
     SELECT action, item_id, new_item_id, slot FROM @actions;
 END
@@ -390,9 +559,14 @@ END
 -- The session's release, ring_release: give up its kept claims (since ring_0003).
 
 -- ring_release for a session that may keep several claims per side: ring_0002's rules
--- (create_ring_release_0002 above), one row per claim, push claims first, oldest first.
--- A rescue pushes through enqueue_many (a JSON array of one): enqueue reads enqueue_many
--- with INSERT ... EXEC itself, and SQL Server refuses a nested INSERT ... EXEC.
+-- (sql/mssql/history/ring.sql: create_ring_release_0002), one row per claim, push claims
+-- first, oldest first. A rescue pushes through ring_push (a JSON array of one; the new id
+-- comes back in its OUTPUT parameter) inside the release's transaction, which holds the old
+-- slot's lock until the message is written anew. So the rescue never waits: ring_push is
+-- called with @timeout = 0 (and does not wait inside a transaction anyway, the header), one
+-- try; when the ring is full there, the rescue is rolled back to its savepoint and the
+-- message stays FULL at its position for ring_repair ('deferred'). @timeout is the
+-- PostgreSQL function's wait for that slot, accepted for the shared signature and not used.
 CREATE OR ALTER PROCEDURE {{fn_ring_release}}
     @timeout float = 0.1
 WITH EXECUTE AS OWNER
@@ -406,9 +580,8 @@ BEGIN
     DECLARE @out TABLE (seq int IDENTITY(1, 1) PRIMARY KEY, side nvarchar(4) NOT NULL,
                         item_id bigint NOT NULL, tombstoned bit NOT NULL,
                         new_item_id bigint NULL, outcome nvarchar(10) NOT NULL);
-    DECLARE @pushed TABLE (id bigint NULL);
     DECLARE @pos bigint, @done int, @slot int, @new bigint, @payload varbinary(max), @headers nvarchar(max);
-    DECLARE @one nvarchar(max);
+    DECLARE @one nvarchar(max), @ids nvarchar(max);
     INSERT INTO @claims (pos)
     SELECT CAST(k.[value] AS bigint)
     FROM OPENJSON(CONCAT(N'[', CAST(SESSION_CONTEXT(@k_push) AS nvarchar(4000)), N']')) AS k;
@@ -466,12 +639,12 @@ BEGIN
             SELECT CONVERT(varchar(max), @payload, 2) AS payload, JSON_QUERY(@headers) AS headers
             FOR JSON PATH
         );
-        DELETE FROM @pushed;
-        INSERT INTO @pushed (id) EXEC {{fn_enqueue_many}} @items = @one, @timeout = @timeout;
-        SET @new = (SELECT MAX(p.id) FROM @pushed AS p);
+        SET @ids = NULL;
+        EXEC {{fn_ring_push}} @items = @one, @timeout = 0, @ids = @ids OUTPUT;
+        SET @new = CAST(@ids AS bigint);
         IF @new IS NULL
         BEGIN
-            -- the ring stayed full: the message stays FULL at @pos for ring_repair. The push
+            -- the ring is full there: the message stays FULL at @pos for ring_repair. The push
             -- kept the position it drew in the session, and session context is not
             -- transactional: drop it (a hole, which ring_repair tombstones).
             ROLLBACK TRANSACTION ring_rescue;
@@ -510,6 +683,7 @@ DROP PROCEDURE IF EXISTS {{fn_ring_repair}};
 DROP PROCEDURE IF EXISTS {{fn_dequeue}};
 DROP PROCEDURE IF EXISTS {{fn_enqueue_many}};
 DROP PROCEDURE IF EXISTS {{fn_enqueue}};
+DROP PROCEDURE IF EXISTS {{fn_ring_push}};
 
 -- name: drop_tables
 -- Remove the slots and the sequences.
@@ -540,6 +714,9 @@ EXEC {{fn_ring_repair}} @grace_seconds = :grace, @timeout = :timeout
 EXEC {{fn_ring_release}}
 
 -- name: counts
--- Depth for `queuectl list`: the FULL slots.
+-- Depth for `queuectl list`: the FULL slots. READPAST: a slot locked now (a push not
+-- committed yet, a pop taking it, a processing() block holding it) is not counted and never
+-- waited for; READCOMMITTEDLOCK makes READPAST skip it under RCSI too, shared row locks
+-- released as the scan goes (one at a time, so no escalation).
 SELECT CAST(0 AS smallint) AS status, CAST(0 AS bit) AS scheduled, COUNT_BIG(*) AS n
-FROM {{ring}} WHERE state = 1
+FROM {{ring}} WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK) WHERE state = 1

@@ -9,6 +9,10 @@
 -- its section again; ALTER keeps the procedures' EXECUTE grants.
 -- push (enqueue) one message; returns its position (id), or NULL if the ring stayed full
 -- for @timeout seconds (the claimed position is kept for this session's next push).
+-- enqueue_many_0001 and ring_release_0002 call it through INSERT ... EXEC, whose INSERT is
+-- one transaction around the whole call: so its reads keep no lock on a slot they do not
+-- write (no UPDLOCK; READCOMMITTEDLOCK for RCSI, sql/mssql/ring.sql's header), and nothing
+-- of the ring is locked while it backs off.
 CREATE OR ALTER PROCEDURE {{fn_enqueue}}
     @payload varbinary(max),
     @headers nvarchar(max) = NULL,
@@ -29,7 +33,7 @@ BEGIN
             SET @pos = NEXT VALUE FOR {{push_seq}};
         UPDATE r SET msg_id = @pos, state = 1, payload = @payload, headers = @headers,
                      pushed_at = SYSUTCDATETIME(), changed_at = SYSUTCDATETIME()
-        FROM {{ring}} AS r WITH (UPDLOCK, READPAST, ROWLOCK)
+        FROM {{ring}} AS r WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
         WHERE r.slot = @pos % {{size}} AND r.msg_id = @pos - {{size}} AND r.state <> 1;
         IF @@ROWCOUNT = 1
         BEGIN
@@ -37,7 +41,10 @@ BEGIN
             SELECT @pos AS id;
             RETURN;
         END
-        SELECT @held = h.msg_id FROM {{ring}} AS h WHERE h.slot = @pos % {{size}};
+        -- locked now (a pop emptying it): @held stays NULL, so not passed; back off
+        SET @held = NULL;
+        SELECT @held = h.msg_id FROM {{ring}} AS h WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
+        WHERE h.slot = @pos % {{size}};
         IF @held >= @pos
         BEGIN
             SET @pos = NULL;  -- ring_repair tombstoned our claim (we looked dead): take a new one
@@ -90,6 +97,10 @@ BEGIN
     END
     SELECT o.id FROM @out AS o WHERE o.id IS NOT NULL ORDER BY o.ord;
 END
+GO
+-- SQL Server's push procedure of today's enqueue_many (sql/mssql/ring.sql), which nothing
+-- calls at this revision: ring_0003's downgrade runs this section and leaves none behind.
+DROP PROCEDURE IF EXISTS {{fn_ring_push}};
 
 -- name: create_dequeue_0001
 -- The pop as ring_0001 made it: one position per statement.
@@ -115,17 +126,22 @@ BEGIN
     BEGIN
         IF @pos IS NULL
             SET @pos = NEXT VALUE FOR {{pop_seq}};
+        -- no UPDLOCK: a slot not pushed yet keeps no lock of this pop (inside a caller's
+        -- transaction it would keep that position's push out); READCOMMITTEDLOCK for RCSI
         UPDATE r SET state = 0, payload = NULL, headers = NULL, changed_at = SYSUTCDATETIME()
         OUTPUT @pos, deleted.payload, deleted.headers, deleted.pushed_at, SYSUTCDATETIME()
         INTO @out (id, payload, headers, enqueued_at, dequeued_at)
-        FROM {{ring}} AS r WITH (UPDLOCK, READPAST, ROWLOCK)
+        FROM {{ring}} AS r WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
         WHERE r.slot = @pos % {{size}} AND r.msg_id = @pos AND r.state = 1;
         IF @@ROWCOUNT = 1
         BEGIN
             SELECT @taken += 1, @pos = NULL;
             CONTINUE;
         END
-        SELECT @held = h.msg_id, @held_state = h.state FROM {{ring}} AS h WHERE h.slot = @pos % {{size}};
+        -- locked now (its push in flight, a rescue): @held stays NULL, so not skipped; wait
+        SELECT @held = NULL, @held_state = NULL;
+        SELECT @held = h.msg_id, @held_state = h.state
+        FROM {{ring}} AS h WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK) WHERE h.slot = @pos % {{size}};
         IF @held > @pos OR (@held = @pos AND @held_state <> 1)
         BEGIN
             SET @pos = NULL;  -- skipped or rescued by ring_repair: take the next position
@@ -184,9 +200,11 @@ DROP PROCEDURE IF EXISTS {{fn_ring_release}};
 -- and close the race that version leaves to ring_repair (sql/postgresql/ring.sql explains it):
 -- a pop claim whose slot holds its position FULL (the push committed after this session's last
 -- pop looked) holds this session's own message, so it is re-pushed at once, without the grace,
--- as ring_repair rescues an orphan: the old slot marked RESCUED and the push procedure called,
--- waiting up to @timeout seconds for a free slot, in one transaction. If the ring stays full
--- that long, a rollback to the savepoint leaves the message FULL for ring_repair. One row per
+-- as ring_repair rescues an orphan: the old slot marked RESCUED and the push procedure called
+-- in one transaction. That transaction holds the old slot's lock (and the INSERT ... EXEC
+-- wraps the push in it), so the push is one try, @timeout = 0, never a wait: if the ring is
+-- full there, a rollback to the savepoint leaves the message FULL for ring_repair. @timeout is
+-- the PostgreSQL function's wait, accepted for the shared signature and not used. One row per
 -- claim: side, item_id, tombstoned (ring_0001's columns), new_item_id (the rescued message's
 -- new id) and outcome: tombstoned, rescued, deferred (the ring stayed full) or left (the slot
 -- was not free for the claim: ring_repair's).
@@ -247,11 +265,11 @@ BEGIN
                 UPDATE {{ring}} SET state = 3, payload = NULL, headers = NULL, changed_at = SYSUTCDATETIME()
                 WHERE slot = @slot;
                 INSERT INTO @pushed (id)
-                EXEC {{fn_enqueue}} @payload = @payload, @headers = @headers, @timeout = @timeout;
+                EXEC {{fn_enqueue}} @payload = @payload, @headers = @headers, @timeout = 0;
                 SELECT @new = p.id FROM @pushed AS p;
                 IF @new IS NULL
                 BEGIN
-                    -- the ring stayed full: the message stays FULL at @pos for ring_repair.
+                    -- the ring is full there: the message stays FULL at @pos for ring_repair.
                     -- The push kept the position it drew in the session, and session context
                     -- is not transactional: drop it (a hole, which ring_repair tombstones).
                     ROLLBACK TRANSACTION ring_rescue;
