@@ -19,6 +19,7 @@ from queuectl.catalog import QueueInfo
 from queuectl.durations import duration_seconds
 from queuectl.engine import adapter_for
 from queuectl.errors import QueuectlError, UsageError
+from queuectl.kindspec import UPKEEP_TABLES, kind_template_values
 from queuectl.registry import require_queue
 from queuectl.names import QueueNames
 from queuectl.sqlfiles import render
@@ -126,8 +127,18 @@ class JobTarget:
                              f"this job works on {', '.join(kinds)} queues")
         return target
 
+    @property
+    def kind(self) -> str:
+        return self.info.kind if self.info is not None else "reliable"
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The suffixes of the queue's tables the upkeep jobs look after (kindspec.UPKEEP_TABLES)."""
+        return UPKEEP_TABLES[self.kind]
+
     def sql(self, section: str, **extra: str | int) -> sa.TextClause:
-        values: dict[str, str | int] = {**self.names.template_values(), **extra}
+        values: dict[str, str | int] = {**self.names.template_values(), **kind_template_values(self.names, self.kind),
+                                        **extra}
         return sa.text(render(self.sql_dir, "jobs", section, values))
 
     def set_local_timeouts(self, conn: Connection, lock_timeout: float, statement_timeout: float) -> None:

@@ -2,11 +2,17 @@
 
 What it records, so trends can be drawn later (`queuectl health` reads the table):
   * items by status (ready, scheduled, processing, done, dead);
-  * per table (meta, data, history) the statistics collector's live/dead tuples, HOT
-    update share, last (auto)vacuum and sizes (pg_stat_user_tables: cheap, no scan);
-  * physical numbers when pgstattuple is installed and `physical` is on: the meta
+  * per upkeep table of the queue's kind (kindspec.UPKEEP_TABLES: a reliable queue's meta
+    and data, the items table of heap/fifo/stack/pending/watermark queues and a watermark
+    queue's hint, the ring's slots) the statistics collector's live/dead tuples, HOT
+    update share, last (auto)vacuum and sizes (pg_stat_user_tables: cheap, no scan); the
+    columns meta_* hold the first of them, data_* and history_* a reliable queue's;
+  * the kind's own numbers (KIND_FIELDS, details["kind_fields"]): a ring's free slots, the
+    gap between its push and pop sequences and its HOT update share (SQL Server: page
+    splits); a pending queue's overdue items; a watermark queue's low-mark lag;
+  * physical numbers when pgstattuple is installed and `physical` is on: each upkeep
     table's free space (pgstattuple_approx) and its indexes' leaf density, fragmentation
-    and estimated bloat (pgstatindex). The meta table is small by design, so this is cheap;
+    and estimated bloat (pgstatindex). Queue tables are small by design, so this is cheap;
   * what holds the cleanup horizon back: the oldest snapshot of this database's sessions
     (age in transactions and seconds, and who), replication slots with an xmin, prepared
     transactions. Dead tuples newer than that horizon cannot be removed by any VACUUM.
@@ -38,11 +44,13 @@ from queuectl.engine.base import Adapter, num
 from queuectl.engine.urls import error_text
 from queuectl.errors import UsageError
 from queuectl.jobs.base import JobTarget, check_number
+from queuectl.kindspec import KINDS as KIND_NAMES
 from queuectl.names import DEFAULT_SCHEMA, quote_ident
 from queuectl.sqlfiles import render
 from queuectl.stats import queue_counts
+from queuectl.thresholds import OVERDUE_AFTER_S
 
-KINDS = ("reliable",)
+KINDS = KIND_NAMES  # every kind: its upkeep tables (kindspec.UPKEEP_TABLES) and KIND_FIELDS
 
 
 DEFAULT_LOCK_TIMEOUT = 2.0          # reads take ACCESS SHARE locks: never queue behind DDL for long
@@ -93,48 +101,90 @@ def _vitals(conn: Connection, target: JobTarget, table: str) -> dict[str, Any]:
     return dict(row) if row else {}
 
 
+def _plain(row: Any) -> dict[str, Any]:
+    """A row as JSON-friendly values (measurements rounded)."""
+    return {k: num(v) if isinstance(v, float) or type(v).__name__ == "Decimal" else v for k, v in dict(row).items()}
+
+
+# Each kind's own numbers beside its tables' (jobs.sql sections kind_<kind>, with their
+# parameters): a ring's free slots, sequence gap and HOT share (SQL Server: page splits); a
+# pending queue's overdue items; a watermark queue's low-mark lag. The other kinds have
+# only their items table's numbers.
+KIND_FIELDS: dict[str, tuple[str, dict[str, Any]]] = {
+    "ring": ("kind_ring", {}),
+    "pending": ("kind_pending", {"overdue_s": OVERDUE_AFTER_S}),
+    "watermark": ("kind_watermark", {}),
+}
+
+
+def kind_fields(conn: Connection, target: JobTarget) -> dict[str, Any]:
+    """The kind's own numbers (KIND_FIELDS), {} for a kind without any."""
+    if target.kind not in KIND_FIELDS:
+        return {}
+    section, params = KIND_FIELDS[target.kind]
+    row = conn.execute(target.sql(section), params).mappings().one()
+    return _plain(row)
+
+
 def take_snapshot(conn: Connection, target: JobTarget, config: InspectConfig) -> dict[str, Any]:
+    """One snapshot. The columns meta_* describe the queue's first upkeep table (a reliable
+    queue's meta, the items table of the destructive kinds, the ring's slots) and data_*
+    its data table (reliable only); details["tables"] has every upkeep table's numbers and
+    details["kind_fields"] the kind's own (KIND_FIELDS)."""
     names = target.names
     snap: dict[str, Any] = dict(queue_counts(conn, names.queue, target.info.kind, names.schema))
-    meta, data, history = (_vitals(conn, target, t) for t in ("meta", "data", "history"))
+    vitals = {table: _vitals(conn, target, table) for table in target.tables}
+    main = vitals[target.tables[0]]
+    data = vitals.get("data", {})
+    history = _vitals(conn, target, "history") if "data" in vitals else {}
     snap.update(
-        meta_live_tuples=meta.get("n_live_tup"), meta_dead_tuples=meta.get("n_dead_tup"),
-        meta_dead_pct=num(meta.get("dead_pct")), meta_hot_update_pct=num(meta.get("hot_pct")),
-        meta_table_bytes=meta.get("table_bytes"), meta_index_bytes=meta.get("index_bytes"),
+        meta_live_tuples=main.get("n_live_tup"), meta_dead_tuples=main.get("n_dead_tup"),
+        meta_dead_pct=num(main.get("dead_pct")), meta_hot_update_pct=num(main.get("hot_pct")),
+        meta_table_bytes=main.get("table_bytes"), meta_index_bytes=main.get("index_bytes"),
         data_live_tuples=data.get("n_live_tup"), data_dead_tuples=data.get("n_dead_tup"),
         data_table_bytes=data.get("table_bytes"), data_index_bytes=data.get("index_bytes"),
         history_rows=history.get("n_live_tup"),
         history_bytes=(history.get("table_bytes") or 0) + (history.get("index_bytes") or 0) if history else None,
-        last_autovacuum=meta.get("last_autovacuum"), last_vacuum=meta.get("last_vacuum"),
+        last_autovacuum=main.get("last_autovacuum"), last_vacuum=main.get("last_vacuum"),
         meta_free_pct=None, min_index_leaf_density=None, max_index_fragmentation=None, index_bloat_pct=None,
     )
-    details: dict[str, Any] = {"indexes": []}
+    details: dict[str, Any] = {
+        "kind": target.kind, "main_table": names.table(target.tables[0]),
+        "tables": {names.table(t): _plain(v) for t, v in vitals.items()},
+        "indexes": [],
+    }
+    snap["kind_fields"] = details["kind_fields"] = kind_fields(conn, target)
     upkeep = adapter_for(conn).index_upkeep
-    indexes = upkeep.indexes(conn, target, "meta")
-    snap["invalid_indexes"] = sum(1 for i in indexes if not i["valid"])
+    indexes = {table: upkeep.indexes(conn, target, table) for table in target.tables}
+    snap["invalid_indexes"] = sum(1 for rows in indexes.values() for i in rows if not i["valid"])
     can = upkeep.prepare(conn, target, create=False)
     if not can.measured:
         details["note"] = upkeep.unmeasured_note
     elif config.physical:
-        phys = upkeep.table_physical(conn, target, can, "meta")
-        snap["meta_free_pct"] = num(phys["approx_free_percent"])
-        details["meta_physical"] = {k: num(v) for k, v in phys.items()}
+        for table in target.tables:
+            phys = {k: num(v) for k, v in upkeep.table_physical(conn, target, can, table).items()}
+            details["tables"][names.table(table)]["physical"] = phys
+            if table == target.tables[0]:
+                snap["meta_free_pct"] = phys["approx_free_percent"]
+                details["meta_physical"] = phys
         total_pages = needed_pages = 0.0
-        for idx in indexes:
-            if not idx["valid"] or idx["method"] != "btree":
-                continue
-            m = upkeep.measure(conn, target, can, "meta", idx)
-            if m.leaf_pages is None:  # an empty index on SQL Server: nothing to measure
-                continue
-            entry = {"index": idx["index_name"], "bytes": m.bytes, "pages": m.pages,
-                     "leaf_density": m.leaf_density, "leaf_fragmentation": m.leaf_fragmentation,
-                     "bloat_pct": m.bloat_pct, "deleted_pages": m.deleted_pages, "empty_pages": m.empty_pages}
-            entry.update({k: v for k, v in (("ghost_rows", m.ghost_rows), ("version_ghost_rows", m.version_ghost_rows))
-                          if v is not None})
-            details["indexes"].append(entry)
-            if m.bloat_pct is not None:
-                total_pages += m.pages
-                needed_pages += m.pages * (1 - m.bloat_pct / 100)
+        for table, rows in indexes.items():
+            for idx in rows:
+                if not idx["valid"] or idx["method"] != "btree":
+                    continue
+                m = upkeep.measure(conn, target, can, table, idx)
+                if m.leaf_pages is None:  # an empty index on SQL Server: nothing to measure
+                    continue
+                entry = {"table": names.table(table), "index": idx["index_name"], "bytes": m.bytes, "pages": m.pages,
+                         "leaf_density": m.leaf_density, "leaf_fragmentation": m.leaf_fragmentation,
+                         "bloat_pct": m.bloat_pct, "deleted_pages": m.deleted_pages, "empty_pages": m.empty_pages}
+                entry.update({k: v for k, v in (("ghost_rows", m.ghost_rows),
+                                                ("version_ghost_rows", m.version_ghost_rows),
+                                                ("fill_factor", m.fill_factor)) if v is not None})
+                details["indexes"].append(entry)
+                if m.bloat_pct is not None:
+                    total_pages += m.pages
+                    needed_pages += m.pages * (1 - m.bloat_pct / 100)
         densities = [e["leaf_density"] for e in details["indexes"] if e["leaf_density"] is not None]
         fragmentations = [e["leaf_fragmentation"] for e in details["indexes"] if e["leaf_fragmentation"] is not None]
         snap["min_index_leaf_density"] = min(densities, default=None)

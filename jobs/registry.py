@@ -10,6 +10,8 @@ from typing import Any
 
 from queuectl.errors import UsageError
 from queuectl.jobs import archive, inspect, reorganize, stale, watermark
+from queuectl.kindspec import DESTRUCTIVE_KINDS
+from queuectl.thresholds import UPKEEP_MIN_DEAD_ROWS
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,13 @@ class JobSpec:
     interval: float | None = None    # default trigger: every `interval` seconds ...
     cron: str | None = None          # ... or this crontab expression
     scheduled: tuple[tuple[str, Any], ...] = ()  # options the scheduler gives a run unless its config does
+    # Jobs that must not run at once on one queue share a single-runner lock (the measured
+    # upkeep and reorganize would both rebuild the same indexes): the lock is named by this.
+    lock_with: str | None = None
+
+    @property
+    def lock_name(self) -> str:
+        return self.lock_with or self.name
 
 
 JOBS: dict[str, JobSpec] = {
@@ -40,6 +49,17 @@ JOBS: dict[str, JobSpec] = {
                 inspect.KINDS, inspect.InspectConfig, inspect.run_once, interval=300.0),
         JobSpec("reorganize", "keep indexes compact online (REINDEX CONCURRENTLY / ALTER INDEX), then VACUUM or UPDATE STATISTICS",
                 reorganize.KINDS, reorganize.ReorganizeConfig, reorganize.run_once, cron="17 3 * * *"),
+        # The kinds drained by DELETE pile up dead rows and index ghosts at the rate they are
+        # used (a FIFO's dequeue walks them), so a nightly pass is too late for a busy one:
+        # every 5 minutes their tables and indexes are measured and acted on only over the
+        # thresholds (reorganize's, and the dead rows of health's dead_tuples warning), with
+        # a short lock timeout: a REINDEX CONCURRENTLY's lock waits give up rather than hold
+        # producers back, and VACUUM takes no lock they wait for.
+        JobSpec("upkeep", "measured upkeep of the DELETE-drained kinds: reorganize's rebuild over its thresholds, "
+                f"VACUUM / UPDATE STATISTICS of a table over {UPKEEP_MIN_DEAD_ROWS:,} dead rows",
+                DESTRUCTIVE_KINDS, reorganize.ReorganizeConfig, reorganize.run_once, interval=300.0,
+                scheduled=(("vacuum_min_dead", UPKEEP_MIN_DEAD_ROWS), ("lock_timeout", "2s")),
+                lock_with="reorganize"),
         JobSpec("correct_watermark", "recompute a watermark queue's low bound and fix it",
                 watermark.KINDS, watermark.WatermarkConfig, watermark.run_once, interval=300.0),
     )

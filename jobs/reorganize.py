@@ -1,6 +1,8 @@
 """reorganize: keep the queue's indexes compact online, acting only above thresholds.
 
-Every index of the meta and data tables is measured and judged against the classic
+Every index of the queue's upkeep tables (queuectl.kindspec.UPKEEP_TABLES: a reliable
+queue's meta and data, the destructive kinds' items table, a watermark queue's one-row
+hint, the ring's slots) is measured and judged against the classic
 5 % / 30 % rules (Paul Randal's numbers for SQL Server Books Online, "a starting point,
 not a law"), with a minimum size below which an index is left alone. The engine decides
 how (the adapter's `index_upkeep`, in queuectl.engine.postgresql and queuectl.engine.mssql):
@@ -17,10 +19,15 @@ how (the adapter's `index_upkeep`, in queuectl.engine.postgresql and queuectl.en
     thing in every run.
   * SQL Server: sys.dm_db_index_physical_stats (fragmentation, page density, ghost and
     version-ghost records). `ALTER INDEX ... REORGANIZE` (+ UPDATE STATISTICS of the
-    index) from 5 % fragmentation or a leaf level less than 70 % full; above 30 %
+    index) from 5 % fragmentation or a leaf level less than 70 % of its fill factor full
+    (a ring's slots, built at FILLFACTOR 20, are judged against 14 %); above 30 %
     `REBUILD WITH (ONLINE = ON (WAIT_AT_LOW_PRIORITY ...), RESUMABLE = ON, MAX_DURATION =
     ...)` where the edition allows (else REORGANIZE, and the reason says so); then UPDATE
     STATISTICS of both tables. A rebuild paused by its time limit is resumed first.
+
+The table step (VACUUM (ANALYZE) / UPDATE STATISTICS) runs on each upkeep table, or, with
+`vacuum_min_dead`, only on those with that many dead rows (the scheduler's measured
+`upkeep` job for the DELETE-drained kinds: a quiet queue is measured, not vacuumed).
 
 `dry_run` measures and reports what it would do and changes nothing (on PostgreSQL it
 does not even create the pgstattuple extension).
@@ -48,20 +55,18 @@ from queuectl.engine.base import Adapter, IndexMeasure, ServerAbilities
 from queuectl.engine.urls import error_text
 from queuectl.errors import UsageError
 from queuectl.jobs.base import JobTarget, check_number
+from queuectl.kindspec import KINDS as KIND_NAMES
 from queuectl.names import DEFAULT_SCHEMA
+from queuectl.thresholds import (
+    MIN_INDEX_PAGES, MIN_PAGE_DENSITY_PCT, REBUILD_BLOAT_PCT, REBUILD_FRAGMENTATION_PCT, WATCH_PCT,
+)
 
 log = logging.getLogger("queuectl.jobs.reorganize")
 
-KINDS = ("reliable",)
-MIN_INDEX_PAGES = 1000              # smaller indexes are left alone (Randal / Ola Hallengren: 1000)
-REBUILD_BLOAT_PCT = 30.0            # rebuild above this estimated bloat (PostgreSQL) ...
-REBUILD_FRAGMENTATION_PCT = 30.0    # ... or this leaf fragmentation (the classic 30 %)
-WATCH_PCT = 5.0                     # watch (PostgreSQL) / reorganize (SQL Server) from this (the classic 5 %)
-MIN_PAGE_DENSITY_PCT = 70.0         # SQL Server: reorganize a leaf level less full than this (dba.md 1.8: 60-70 %)
+KINDS = KIND_NAMES                  # every kind: its tables are kindspec.UPKEEP_TABLES[kind]
 DEFAULT_LOCK_TIMEOUT = 5.0          # above deadlock_timeout (1 s), so a blocking autovacuum yields first
 DEFAULT_STATEMENT_TIMEOUT = 600.0   # time limit for one REINDEX / VACUUM; a resumable rebuild's MAX_DURATION
 RECONNECT_S = 30.0                  # after a lost connection, how long to try for one to clean up on
-TABLES = ("meta", "data")
 ACTION_DONE = {"rebuild": "rebuilt", "reorganize": "reorganized"}
 
 
@@ -77,6 +82,9 @@ class ReorganizeConfig:
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT
     statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT
     vacuum: bool = True
+    # The table step runs on a table only from this many dead rows (its statistics'
+    # n_dead_tup; SQL Server: ghost + version-ghost records); 0: on every table, every run.
+    vacuum_min_dead: int = 0
 
     DURATIONS = ("lock_timeout", "statement_timeout")
 
@@ -84,6 +92,7 @@ class ReorganizeConfig:
         if not all(isinstance(v, bool) for v in (self.dry_run, self.vacuum, self.resumable)):
             raise UsageError("dry-run, vacuum and resumable must be true or false")
         check_number("min_pages", self.min_pages, 0, 2**31, integer=True)
+        check_number("vacuum_min_dead", self.vacuum_min_dead, 0, 2**62, integer=True)
         for name in ("rebuild_bloat_pct", "rebuild_fragmentation_pct", "watch_pct", "min_page_density_pct"):
             check_number(name, getattr(self, name), 0, 100)
         check_number("lock_timeout", self.lock_timeout, 0.001, 3600)
@@ -235,7 +244,7 @@ class _Reorganizer:
         try:
             with connect_within(self.engine, RECONNECT_S) as conn:
                 self.target.set_session_timeouts(conn, self.config.lock_timeout, self.config.statement_timeout)
-                for table in TABLES:
+                for table in self.target.tables:
                     self.drop_leftovers(conn, table)
         except DBAPIError as again:
             self.result.notes.append(f"no connection to clean up on within {RECONNECT_S:g} s "
@@ -247,9 +256,9 @@ class _Reorganizer:
         self.can = self.upkeep.prepare(conn, self.target, create=not c.dry_run)
         if not self.can.measured:
             self.result.notes.append(self.upkeep.sizes_only_note)
-        for table in TABLES:
+        for table in self.target.tables:
             self.drop_leftovers(conn, table)
-        for table in TABLES:
+        for table in self.target.tables:
             for row in self.upkeep.indexes(conn, self.target, table):
                 if not row["valid"]:
                     continue
@@ -266,9 +275,11 @@ class _Reorganizer:
                 else:
                     self.act(conn, table, report, statements)
         if not c.dry_run and c.vacuum:
-            for table, section in self.upkeep.table_step:
+            for table, statement in self.upkeep.table_step(self.target):
                 try:
-                    conn.execute(self.target.sql(section))
+                    if c.vacuum_min_dead and not self.enough_dead_rows(conn, table):
+                        continue
+                    conn.execute(statement)
                     self.result.vacuumed.append(self.target.names.table(table))
                 except DBAPIError as exc:
                     self.result.errors.append(f"{self.upkeep.table_step_error} {table}: {error_text(exc, self.engine)}")
@@ -280,6 +291,18 @@ class _Reorganizer:
                                  if r["index_name"] == report.index), None)
                 if size_row is not None:
                     report.after = self.upkeep.measure(conn, self.target, self.can, report.table, size_row)
+
+    def enough_dead_rows(self, conn: Connection, table: str) -> bool:
+        """Whether the table has vacuum_min_dead dead rows (table_vitals); a table it skips
+        gets a note with its count."""
+        row = conn.execute(self.target.sql("table_vitals"),
+                           {"table_name": self.target.names.qualified(table)}).mappings().first()
+        dead = int((row or {}).get("n_dead_tup") or 0)
+        if dead >= self.config.vacuum_min_dead:
+            return True
+        self.result.notes.append(f"{self.upkeep.table_step_error} {table} skipped: {dead:,} dead rows "
+                                 f"< {self.config.vacuum_min_dead:,}")
+        return False
 
     def act(self, conn: Connection, table: str, report: IndexReport, statements: list) -> None:
         t0 = time.monotonic()

@@ -42,7 +42,7 @@ from queuectl.engine.urls import mask_url
 from queuectl.errors import ConnectionFailed, QueuectlError
 from queuectl.engine.urls import error_text
 from queuectl.jobs.base import JobBusy, JobResult, JobTarget
-from queuectl.jobs.registry import JobSpec, job_spec
+from queuectl.jobs.registry import JOBS, JobSpec, job_spec
 from queuectl.locks import Lock
 from queuectl.names import DEFAULT_SCHEMA, quote_ident
 from queuectl.sqlfiles import render
@@ -246,7 +246,7 @@ def run_job(
     config = config if config is not None else spec.config_cls()
     call = call or spec.run_once
     params = {"job": spec.name, "queue": queue}
-    with single_runner(engine, lock_key(schema, spec.name, queue), f"{spec.name} on queue {queue}") as lock:
+    with single_runner(engine, lock_key(schema, spec.lock_name, queue), f"{spec.lock_name} on queue {queue}") as lock:
         try:
             abandoned = lock.execute(catalog_sql(engine, "run_abandon", schema), params).rowcount
             started = lock.execute(
@@ -297,8 +297,9 @@ def abandon_orphaned_runs(engine: Engine, *, schema: str = DEFAULT_SCHEMA) -> in
             raise _missing_catalog(exc) from None
     marked = 0
     for job, queue in pairs:
+        held_as = JOBS[job].lock_name if job in JOBS else job
         try:
-            with single_runner(engine, lock_key(schema, job, queue), f"{job} on queue {queue}") as lock:
+            with single_runner(engine, lock_key(schema, held_as, queue), f"{held_as} on queue {queue}") as lock:
                 marked += lock.execute(catalog_sql(engine, "run_abandon", schema), {"job": job, "queue": queue}).rowcount
         except JobBusy:
             continue

@@ -194,7 +194,7 @@ def test_mssql_no_statement_when_nothing_is_to_be_done(decision_input):
 def test_mssql_table_step_and_leftover_resume_render_as_tsql():
     target = mssql_target()
     upkeep = MssqlIndexUpkeep()
-    steps = [sql_lines(str(target.sql(section))) for _table, section in upkeep.table_step]
+    steps = [sql_lines(str(statement)) for _table, statement in upkeep.table_step(target)]
     assert steps == ['UPDATE STATISTICS "queuectl"."orders_meta"', 'UPDATE STATISTICS "queuectl"."orders_data"']
     resume = str(upkeep._statement(target, "meta", PK, "resume_rebuild", ReorganizeConfig(statement_timeout=90)))
     assert sql_lines(resume) == (

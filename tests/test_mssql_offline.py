@@ -52,12 +52,12 @@ ENGINE_SPECIFIC = {
     "jobs": {
         "postgresql": {
             "pgstattuple_schema", "create_pgstattuple", "drop_index_concurrently", "reindex_concurrently",
-            "vacuum_meta", "vacuum_data",
+            "vacuum_table",
         },
         "mssql": {
             "index_capabilities", "reorganize_index", "update_index_statistics", "rebuild_index_online",
-            "rebuild_index_resumable", "paused_rebuilds", "resume_rebuild", "update_statistics_meta",
-            "update_statistics_data", "version_store", "snapshot_holders",
+            "rebuild_index_resumable", "paused_rebuilds", "resume_rebuild", "update_statistics_table",
+            "version_store", "snapshot_holders",
         },
     },
 }
@@ -115,7 +115,7 @@ def kind_values(kind: str) -> dict[str, str | int]:
         from queuectl.kindspec import kind_template_values
 
         values.update(kind_template_values(names, kind) if kind in ("heap", "fifo", "stack", "pending", "watermark", "ring") else {})
-        if kind == "health":  # one probe per kind: the destructive kinds' and the ring's names
+        if kind in ("health", "jobs"):  # one probe per kind: the destructive kinds' and the ring's names
             values.update({**kind_template_values(names, "watermark"), **kind_template_values(names, "ring")})
     except ImportError:
         values.update(

@@ -32,16 +32,18 @@ from sqlalchemy.exc import DBAPIError
 
 from queuectl.catalog import QueueInfo
 from queuectl.engine import adapter_for
-from queuectl.engine.base import AdviceWords
+from queuectl.engine.base import AdviceWords, IndexUpkeep, ServerAbilities
 from queuectl.engine.urls import first_line, mask_url
 from queuectl.errors import UsageError
+from queuectl.kindspec import DESTRUCTIVE_KINDS, UPKEEP_TABLES
 from queuectl.names import DEFAULT_SCHEMA, QueueNames, quote_ident, validate_queue_name, validate_schema_name
 from queuectl.registry import did_you_mean, list_queues
 from queuectl.sqlfiles import render
 from queuectl.stats import STATUS_CODES
 from queuectl.thresholds import (
-    CRITICAL, DEFAULT_THRESHOLDS, EXIT_CODES, INFO, OK, RANK, STATUSES, WARNING, Threshold, apply_settings, check_order,
-    fmt_bytes, fmt_count, fmt_duration, parse_value, with_threshold, worst,
+    CRITICAL, DEFAULT_THRESHOLDS, EXIT_CODES, INFO, MIN_INDEX_PAGES, OK, OVERDUE_AFTER_S, RANK, REBUILD_BLOAT_PCT,
+    STATUSES, WARNING, Threshold, apply_settings, check_order, fmt_bytes, fmt_count, fmt_duration, parse_value,
+    with_threshold, worst,
 )
 
 REPORT_FORMAT = 1  # bumped when the JSON object changes incompatibly (see health_schema.json)
@@ -67,7 +69,9 @@ class HealthOptions:
     rate_window_s: float = 300.0  # enqueue/completion rates over the last 5 minutes
     history_scan: int = 10_000  # newest archived rows looked at for the rates (bounded cost)
     physical_max_bytes: int = 128 * 2**20  # pgstatindex / pgstattuple_approx read the whole relation
-    index_min_leaf_pages: int = 8  # smaller indexes are left alone (their density means little)
+    # Smaller indexes are left alone: reorganize's own minimum (its --min-pages), so an index
+    # health calls bloated is one `queuectl reorganize` acts on.
+    index_min_pages: int = MIN_INDEX_PAGES
     table_min_pages: int = 128  # 1 MB: small tables show high bloat ratios naturally
     create_extension: bool = True  # try CREATE EXTENSION pgstattuple when it is available
     job_lookback_s: float = 7 * 86400.0
@@ -80,7 +84,7 @@ class HealthOptions:
 
     _OPTION_KEYS = {
         "rate_window": "seconds", "history_scan": "count", "physical_max_mb": "count",
-        "index_min_leaf_pages": "count", "table_min_pages": "count", "create_extension": "bool",
+        "index_min_pages": "count", "table_min_pages": "count", "create_extension": "bool",
         "job_failure_window": "seconds", "statement_timeout": "seconds",
     }
 
@@ -182,6 +186,10 @@ class QueueFacts:
     ring_fill_pct: float | None = None  # ring kind: slots in use / slots
     rotation_lag: int | None = None  # reliable_0012: ids drawn since the rotator's last switch
     rotation_blocked_by: list[str] = field(default_factory=list)  # sessions keeping a generation's truncate waiting
+    # The kind's own numbers (queuectl.jobs.inspect.KIND_FIELDS, the statements inspect
+    # records): a ring's free slots and push/pop sequence gap, a pending queue's overdue items,
+    # a watermark queue's low mark. None: the kind has none.
+    kind_fields: dict[str, Any] | None = None
     probed: bool = True
     notes: list[str] = field(default_factory=list)
 
@@ -284,6 +292,7 @@ def _probe_destructive(section: str) -> Probe:
         if info.kind == "watermark":
             # signed: below zero the stored hint is above a waiting item (graded CRITICAL)
             facts.watermark_lag = _kind_row(conn, names, info, "watermark_lag", {})["lag"] or 0
+        facts.kind_fields = _kind_fields(conn, names, info)
         return facts
 
     return probe
@@ -296,7 +305,22 @@ def _probe_ring(conn: Connection, names: QueueNames, info: QueueInfo, options: H
         oldest_ready_age_s=row["oldest_ready_age_s"], window_s=options.rate_window_s,
         enqueued_in_window=row["enqueued_in_window"],
         ring_fill_pct=round(100.0 * row["ready"] / row["slots"], 2) if row["slots"] else 0.0,
+        kind_fields=_kind_fields(conn, names, info),
     )  # fmt: skip
+
+
+def _kind_fields(conn: Connection, names: QueueNames, info: QueueInfo) -> dict[str, Any] | None:
+    """The kind's own numbers, read by the statement the inspect job records (jobs.sql)."""
+    from queuectl.jobs.base import JobTarget
+    from queuectl.jobs.inspect import KIND_FIELDS, kind_fields
+
+    if info.kind not in KIND_FIELDS:
+        return None
+    try:
+        with conn.begin_nested():  # e.g. a role that may not read the ring's sequences
+            return kind_fields(conn, JobTarget(names, info, adapter_for(conn).sql_dir))
+    except DBAPIError as exc:
+        return {"not_read": first_line(exc.orig)}
 
 
 # Each kind: its tables (storage section), the churned ones measured with pgstattuple, and
@@ -307,12 +331,12 @@ KIND_HEALTH: dict[str, KindHealth] = {
     "reliable": KindHealth(tables=("meta", *RELIABLE_SLOTS["meta"], "data", *RELIABLE_SLOTS["data"], "history"),
                            measured=("meta", *RELIABLE_SLOTS["meta"], "data", *RELIABLE_SLOTS["data"]),
                            probe=_probe_reliable),
-    "heap": KindHealth(tables=("items",), measured=("items",), probe=_probe_destructive("queue_items")),
-    "fifo": KindHealth(tables=("items",), measured=("items",), probe=_probe_destructive("queue_items")),
-    "stack": KindHealth(tables=("items",), measured=("items",), probe=_probe_destructive("queue_items")),
-    "pending": KindHealth(tables=("items",), measured=("items",), probe=_probe_destructive("queue_pending")),
-    "watermark": KindHealth(tables=("items", "watermark"), measured=("items",), probe=_probe_destructive("queue_items")),
-    "ring": KindHealth(tables=("ring",), measured=("ring",), probe=_probe_ring),
+    # the other kinds: every upkeep table is measured (the one-row watermark hint is
+    # rewritten in place at every correction, so it gathers dead rows of its own)
+    **{kind: KindHealth(tables=UPKEEP_TABLES[kind], measured=UPKEEP_TABLES[kind],
+                        probe=_probe_destructive("queue_pending" if kind == "pending" else "queue_items"))
+       for kind in DESTRUCTIVE_KINDS},
+    "ring": KindHealth(tables=UPKEEP_TABLES["ring"], measured=UPKEEP_TABLES["ring"], probe=_probe_ring),
 }
 
 
@@ -338,6 +362,8 @@ class Facts:
     notes: list[str]
     # The words the advice uses: the engine's (its adapter's advice_words).
     words: AdviceWords = field(default_factory=lambda: adapter_for("postgresql").advice_words)
+    # How the engine judges an index (its adapter's index_upkeep): the reorganize job's rules.
+    upkeep: IndexUpkeep = field(default_factory=lambda: adapter_for("postgresql").index_upkeep)
     unplanned_jobs: list[Any] = field(default_factory=list)  # queuectl.jobs.scheduler.Unplanned
 
 
@@ -473,7 +499,7 @@ def gather_facts(
         generated_at=generated_at, server=server, schema=schema, queues=queue_facts, tables=tables,
         indexes=indexes, sessions=sessions, replication_slots=slots, standby_feedback=feedback,
         prepared_xacts=prepared, jobs=jobs, pgstattuple=pgstattuple, notes=notes,
-        words=adapter_for(engine).advice_words, unplanned_jobs=unplanned_jobs,
+        words=adapter_for(engine).advice_words, upkeep=adapter_for(engine).index_upkeep, unplanned_jobs=unplanned_jobs,
     )
 
 
@@ -625,7 +651,9 @@ def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions
             summary = f"oldest due item waiting {fmt_duration(q.oldest_ready_age_s)} ({fmt_count(q.ready)} ready)"
         advice = None
         if status != OK:
-            if q.completed_in_window == 0:
+            if q.completed_in_window is None:  # the kind deletes what it hands out: no completions to count
+                why = "are consumers running? (this kind keeps no record of what it handed out)"
+            elif q.completed_in_window == 0:
                 why = f"nothing completed in the last {window}: are consumers running?"
             else:
                 why = f"{done_rate:g}/min completed over {window}: add consumers or find what slows them"
@@ -674,7 +702,8 @@ def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions
             status = grade(q.watermark_lag, th["watermark_lag"])
             advice = None if status == OK else (
                 f"queue {q.name}: stored watermark lags the head by {fmt_count(q.watermark_lag)} rows: "
-                "dequeues re-scan them; run the watermark correction job")
+                f"dequeues re-scan them: run queuectl correct-watermark {q.name} (the scheduler's correct_watermark "
+                "job does every 5 minutes)")
             checks.append(Check("queue.watermark_lag", "queues", q.name, status,
                                 f"watermark lag {fmt_count(q.watermark_lag)}", q.watermark_lag, "count", advice))
 
@@ -702,6 +731,35 @@ def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions
                 "add consumers or reinstall with more slots")
             checks.append(Check("queue.ring_fill", "queues", q.name, status, f"{q.ring_fill_pct:.0f}% full",
                                 q.ring_fill_pct, "percent", advice))
+        checks += _kind_checks(q, th)
+    return checks
+
+
+def _kind_checks(q: QueueFacts, th: dict[str, Threshold]) -> list[Check]:
+    """The checks of a kind's own numbers (QueueFacts.kind_fields)."""
+    f = q.kind_fields or {}
+    checks: list[Check] = []
+    if f.get("overdue") is not None:
+        overdue = int(f["overdue"])
+        status = grade(overdue, th["pending_overdue"])
+        advice = None if status == OK else (
+            f"queue {q.name}: {fmt_count(overdue)} item(s) due over {fmt_duration(OVERDUE_AFTER_S)} ago still wait "
+            f"(the oldest for {fmt_duration(f.get('oldest_due_s'))}): consumers do not keep up with what falls due: "
+            "add consumers or find what slows them")
+        checks.append(Check("queue.pending_overdue", "queues", q.name, status,
+                            f"{fmt_count(overdue)} overdue of {fmt_count(f.get('due'))} due", overdue, "count", advice))
+    if f.get("sequence_gap") is not None and f.get("slots"):
+        gap, slots = int(f["sequence_gap"]), int(f["slots"])
+        # Pushes claimed minus pops claimed: the messages in the ring plus the positions
+        # sessions keep. Past the slots, pushers hold positions no slot is free for: they wait.
+        status = WARNING if gap > slots else OK
+        advice = None if status == OK else (
+            f"ring {q.name}: producers have claimed {fmt_count(gap - slots)} position(s) beyond its {fmt_count(slots)} "
+            "slots and wait for consumers: add consumers, or reinstall with more slots; positions of pushers that "
+            f"died are freed by queuectl repair-ring {q.name}")
+        summary = (f"push/pop sequences {fmt_count(f.get('push_position'))} / {fmt_count(f.get('pop_position'))}, "
+                   f"gap {fmt_count(gap)} of {fmt_count(slots)} slots, {fmt_count(f.get('free_slots'))} free")
+        checks.append(Check("queue.ring_sequence_gap", "queues", q.name, status, summary, gap, "count", advice))
     return checks
 
 
@@ -741,19 +799,61 @@ def _storage_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptio
             checks.append(Check("storage.invalid_index", "storage", name, WARNING, words.invalid_index_summary,
                                 advice=words.invalid_index(ix, facts.schema)))
             continue
-        bloat = index_bloat_pct(ix)
-        p = ix.get("physical")
-        if bloat is None or p["leaf_pages"] < options.index_min_leaf_pages:
+        judged = reorganize_judgement(facts, ix, th, options)
+        if judged is None:
             continue
-        status = grade(bloat, th["index_bloat"])
+        bloat, decision, reason, command = judged["bloat_pct"], judged["decision"], judged["reason"], judged["command"]
+        p = ix["physical"]
+        if decision in ("rebuild", "reorganize"):
+            # reorganize acts on it: at least a WARNING, CRITICAL from index_bloat.crit
+            status = worst(WARNING, grade(bloat, th["index_bloat"]))
+        elif decision == "not measured":
+            status = grade(bloat, th["index_bloat"]) if judged["pages"] >= options.index_min_pages else OK
+        else:  # small, ok, watch, skipped: reorganize would leave it alone, so health does
+            status = OK
         advice = None
         if status != OK:
             detail = (f"leaf density {p['avg_leaf_density']:.0f}%, {fmt_count(p['leaf_pages'])} leaf pages, "
                       f"{fmt_bytes(ix['index_bytes'])}")
-            advice = words.index_bloat(ix, bloat, detail, holders[0] if holders else None, fmt_duration)
+            advice = words.index_bloat(ix, bloat, detail, command, holders[0] if holders else None, fmt_duration)
         checks.append(Check("storage.index_bloat", "storage", name, status,
-                            f"{bloat:.0f}% bloat, leaf density {p['avg_leaf_density']:.0f}%", bloat, "percent", advice))
+                            f"{bloat:.0f}% bloat, leaf density {p['avg_leaf_density']:.0f}%; reorganize: {decision}",
+                            bloat, "percent", advice))
     return checks
+
+
+def reorganize_command(queue: str, min_pages: int, bloat_pct: float) -> str:
+    """The `queuectl reorganize` command that judges an index as health did: the queue, and
+    the options whose values health's settings changed."""
+    command = f"queuectl reorganize {queue}"
+    if min_pages != MIN_INDEX_PAGES:
+        command += f" --min-pages {min_pages}"
+    if bloat_pct != REBUILD_BLOAT_PCT:
+        command += f" --bloat {bloat_pct:g}"
+    return command
+
+
+def reorganize_judgement(facts: Facts, ix: dict[str, Any], th: dict[str, Threshold],
+                         options: HealthOptions) -> dict[str, Any] | None:
+    """What `queuectl reorganize` would decide for a measured index (None: not measured),
+    with reorganize's own rules (the engine's decide()) and thresholds: its minimum size is
+    options.index_min_pages and its rebuild bloat index_bloat's warn level, so the command
+    named in the advice acts on exactly the indexes health calls bloated."""
+    from queuectl.jobs.reorganize import ReorganizeConfig
+
+    if not ix.get("physical") or ix["physical"].get("leaf_pages") is None:
+        return None
+    bloat_pct = th["index_bloat"].warn if th["index_bloat"].warn is not None else REBUILD_BLOAT_PCT
+    config = ReorganizeConfig(dry_run=True, min_pages=options.index_min_pages, rebuild_bloat_pct=bloat_pct)
+    measure = facts.upkeep.measure_from_health(ix)
+    decision, reason = facts.upkeep.decide(measure, config, ServerAbilities())
+    bloat = measure.bloat_pct
+    if bloat is None:  # SQL Server: no pgstatindex estimate; the leaf level's free space beyond the fill factor
+        bloat = index_bloat_pct(ix)
+    if bloat is None:
+        return None
+    return {"decision": decision, "reason": reason, "bloat_pct": bloat, "pages": measure.pages,
+            "command": reorganize_command(ix["queue"], options.index_min_pages, bloat_pct)}
 
 
 def _session_label(s: dict[str, Any]) -> str:
@@ -895,7 +995,8 @@ class HealthReport:
             "queues": [_queue_dict(q) for q in f.queues],
             "storage": {
                 "tables": [_table_dict(t) for t in f.tables],
-                "indexes": [_index_dict(ix) for ix in f.indexes],
+                "indexes": [_index_dict(ix, reorganize_judgement(f, ix, self.options.thresholds, self.options))
+                            for ix in f.indexes],
             },
             "blockers": {
                 "sessions": f.sessions, "replication_slots": f.replication_slots,
@@ -921,6 +1022,7 @@ def _queue_dict(q: QueueFacts) -> dict[str, Any]:
                   "completed_per_min": q.per_minute(q.completed_in_window)},
         "watermark_lag": q.watermark_lag, "ring_fill_pct": q.ring_fill_pct,
         "rotation": None if q.rotation_lag is None else {"lag": q.rotation_lag, "blocked_by": q.rotation_blocked_by},
+        "kind_fields": q.kind_fields,
         "notes": q.notes,
     }
 
@@ -951,7 +1053,7 @@ def autovacuum_options(options: list[str] | None) -> dict[str, str] | None:
     return dict(option.split("=", 1) for option in options)
 
 
-def _index_dict(ix: dict[str, Any]) -> dict[str, Any]:
+def _index_dict(ix: dict[str, Any], judged: dict[str, Any] | None) -> dict[str, Any]:
     p = ix.get("physical")
     return {
         "queue": ix["queue"], "index": ix["index_name"], "method": ix["method"], "index_bytes": ix["index_bytes"],
@@ -960,6 +1062,7 @@ def _index_dict(ix: dict[str, Any]) -> dict[str, Any]:
         "avg_leaf_density": p["avg_leaf_density"] if p else None,
         "leaf_fragmentation": p["leaf_fragmentation"] if p else None,
         "bloat_pct": index_bloat_pct(ix), "physical": p,
+        "reorganize": None if judged is None else {k: judged[k] for k in ("decision", "reason", "command")},
     }
 
 

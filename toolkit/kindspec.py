@@ -19,6 +19,21 @@ from queuectl.names import QUEUE_OBJECT_SUFFIXES, QueueNames, quote_ident
 KINDS = ("reliable", "heap", "fifo", "stack", "pending", "watermark", "ring")
 DESTRUCTIVE_KINDS = ("heap", "fifo", "stack", "pending", "watermark")
 
+# The tables of each kind whose indexes and dead rows the upkeep jobs (inspect, reorganize)
+# look after, first the one that takes the queue's churn. A reliable queue's history is
+# append-only and left out; the destructive kinds delete every row at dequeue, so their
+# items table piles up dead rows and index ghosts; the ring updates its slots in place; a
+# watermark queue's one-row hint is rewritten at every correction.
+UPKEEP_TABLES: dict[str, tuple[str, ...]] = {
+    "reliable": ("meta", "data"),
+    "heap": ("items",),
+    "fifo": ("items",),
+    "stack": ("items",),
+    "pending": ("items",),
+    "watermark": ("items", "watermark"),
+    "ring": ("ring",),
+}
+
 RING_DEFAULT_SIZE = 65_536
 RING_MAX_SIZE = 16_777_216  # 16 Mi slots: ~1 GB of preallocated rows at fillfactor 50
 

@@ -36,6 +36,20 @@ def _t(name: str, unit: str, warn: float | None, crit: float | None, help: str) 
     return Threshold(name, unit, warn, crit, help)
 
 
+# The index upkeep's defaults: `queuectl reorganize` acts from these, and health's index
+# check judges with the same values, so an index health calls bloated is one reorganize
+# rebuilds and an index reorganize leaves alone as small is never advised.
+MIN_INDEX_PAGES = 1000              # smaller indexes are left alone (Randal / Ola Hallengren: 1000)
+REBUILD_BLOAT_PCT = 30.0            # rebuild above this estimated bloat (PostgreSQL) ...
+REBUILD_FRAGMENTATION_PCT = 30.0    # ... or this leaf fragmentation (the classic 30 %)
+WATCH_PCT = 5.0                     # watch (PostgreSQL) / reorganize (SQL Server) from this (the classic 5 %)
+MIN_PAGE_DENSITY_PCT = 70.0         # SQL Server: reorganize a leaf level less full than this share of its fill factor
+# The measured upkeep of the scheduler's default plan vacuums a table only from this many
+# dead rows (health's dead_tuples warning), so a quiet queue is not vacuumed every run.
+UPKEEP_MIN_DEAD_ROWS = 10_000
+# A pending item due longer ago than this and still waiting is overdue.
+OVERDUE_AFTER_S = 60.0
+
 # Sources: dba.md 3.6 (suggested checks), PlanetScale's ~24k dead tuples that tripled claim
 # time, pganalyze's xmin-horizon check (24 h there; a queue needs minutes), check_postgres
 # txn_idle, pgstatindex practice (density < 50-60 % = rebuild). A queue is app-specific:
@@ -50,9 +64,11 @@ DEFAULT_THRESHOLDS: dict[str, Threshold] = {
         _t("watermark_lag", "count", 10_000, 1_000_000, "rows between the stored watermark and the head"),
         _t("ring_fill", "percent", 80, 95, "share of a ring's slots in use"),
         _t("rotation_lag", "count", 100_000, 1_000_000, "items since a reliable queue's generations last rotated"),
-        _t("dead_tuples", "count", 10_000, 100_000, "dead row versions in one queue table"),
+        _t("dead_tuples", "count", UPKEEP_MIN_DEAD_ROWS, 100_000, "dead row versions in one queue table"),
         _t("table_bloat", "percent", 40, 70, "free space beyond fillfactor in a queue table (pgstattuple_approx)"),
-        _t("index_bloat", "percent", 30, 60, "wasted leaf space of a B-tree index (pgstatindex)"),
+        _t("index_bloat", "percent", REBUILD_BLOAT_PCT, 60,
+           "estimated bloat of a B-tree index, as queuectl reorganize measures it (its --bloat)"),
+        _t("pending_overdue", "count", 100, 10_000, "pending items due over a minute ago and still waiting"),
         _t("xact_age", "seconds", 300, 3600, "age of a transaction or snapshot that holds back cleanup"),
         _t("idle_in_transaction", "seconds", 60, 600, "time a session has sat idle inside a transaction"),
         _t("prepared_xact_age", "seconds", 300, 3600, "age of a prepared (two-phase) transaction"),

@@ -1,4 +1,5 @@
--- The maintenance jobs' statements on SQL Server (queuectl.jobs.*), per reliable queue.
+-- The maintenance jobs' statements on SQL Server (queuectl.jobs.*), per queue: the batch
+-- jobs serve reliable queues, the upkeep sections (indexes, statistics, kind_*) every kind.
 -- Section names follow sql/postgresql/jobs.sql where the job is the same (table_indexes,
 -- index_measure, table_vitals, table_physical, xmin_holders return PostgreSQL's columns
 -- from DMVs); the index upkeep statements are SQL Server's own (ALTER INDEX, UPDATE
@@ -241,13 +242,65 @@ ALTER INDEX {{index}} ON {{table}} RESUME WITH (
     MAX_DURATION = {{max_duration_minutes}} MINUTES,
     WAIT_AT_LOW_PRIORITY (MAX_DURATION = {{max_wait_minutes}} MINUTES, ABORT_AFTER_WAIT = SELF))
 
--- name: update_statistics_meta
--- The counterpart of PostgreSQL's VACUUM (ANALYZE) step: ghost cleanup needs no command,
--- statistics do (the dequeue's plan reads them).
-UPDATE STATISTICS {{meta}}
+-- name: update_statistics_table
+-- The counterpart of PostgreSQL's VACUUM (ANALYZE) step, for each of the queue's upkeep
+-- tables ({{table}}, its two-part name): ghost cleanup needs no command, statistics do
+-- (the dequeue's plan reads them). UPDATE STATISTICS takes only a schema stability lock,
+-- which no INSERT, UPDATE or DELETE waits for.
+UPDATE STATISTICS {{table}}
 
--- name: update_statistics_data
-UPDATE STATISTICS {{data}}
+-- name: kind_ring
+-- A ring's own numbers (its slots are updated in place, never inserted or deleted): slots
+-- free (not FULL) and FULL; the positions the two sequences have handed out
+-- (last_used_value is NULL until the first draw, SQL Server 2017+) and the gap between
+-- them (pushes claimed minus pops claimed: messages waiting plus claims sessions keep;
+-- below zero, pops wait ahead of the pushes); page splits of the clustered slots since
+-- the index's metadata was last cached (leaf_allocation_count of
+-- sys.dm_db_index_operational_stats: a ring at its FILLFACTOR 20 should show few, a growing
+-- count means its messages outgrow the free space a page keeps). SQL Server has no HOT
+-- updates: hot_update_pct is NULL. The count is a plain read (under READ_COMMITTED_SNAPSHOT
+-- it reads versions and waits for no one; without it it waits at most the job's lock
+-- timeout for a slot a push or pop holds).
+SET NOCOUNT ON;
+SELECT COUNT_BIG(*) AS slots,
+       COUNT_BIG(CASE WHEN r.state <> 1 THEN 1 END) AS free_slots,
+       COUNT_BIG(CASE WHEN r.state = 1 THEN 1 END) AS full_slots,
+       MAX(q.pushed) AS push_position,
+       MAX(q.popped) AS pop_position,
+       MAX(q.pushed) - MAX(q.popped) AS sequence_gap,
+       CAST(NULL AS float) AS hot_update_pct,
+       MAX(o.page_splits) AS page_splits
+FROM {{ring}} AS r
+CROSS JOIN (
+    SELECT COALESCE((SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+                     WHERE s.object_id = OBJECT_ID({{push_seq_regclass}})), -1) + 1 AS pushed,
+           COALESCE((SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+                     WHERE s.object_id = OBJECT_ID({{pop_seq_regclass}})), -1) + 1 AS popped
+) AS q
+OUTER APPLY (
+    SELECT SUM(os.leaf_allocation_count) AS page_splits
+    FROM sys.dm_db_index_operational_stats(DB_ID(), OBJECT_ID({{ring_regclass}}), 1, NULL) AS os
+) AS o;
+
+-- name: kind_pending
+-- A pending queue's items by due time: due (takeable now), not due yet, and overdue (due
+-- more than :overdue_s seconds ago and still waiting: consumers are not keeping up), with
+-- the oldest due item's wait.
+SELECT COUNT_BIG(CASE WHEN i.due_at <= SYSUTCDATETIME() THEN 1 END) AS due,
+       COUNT_BIG(CASE WHEN i.due_at > SYSUTCDATETIME() THEN 1 END) AS not_due,
+       COUNT_BIG(CASE WHEN i.due_at < DATEADD(second, -CAST(:overdue_s AS int), SYSUTCDATETIME())
+                      THEN 1 END) AS overdue,
+       DATEDIFF_BIG(microsecond, MIN(CASE WHEN i.due_at <= SYSUTCDATETIME() THEN i.due_at END),
+                    SYSUTCDATETIME()) / 1e6 AS oldest_due_s
+FROM {{items}} AS i
+
+-- name: kind_watermark
+-- A watermark queue's stored low mark against the oldest waiting item: the lag is the
+-- ghosts a new session walks before its first find (below zero: the hint is above a
+-- waiting item, which correct_watermark must fix).
+SELECT w.low, h.head, h.head - w.low AS lag, w.epoch, w.updated_at, w.corrected_at
+FROM {{watermark}} AS w
+CROSS JOIN (SELECT MIN(i.id) AS head FROM {{items}} AS i) AS h
 
 -- name: table_vitals
 -- Cheap numbers for one of the queue's tables (:table_name), PostgreSQL's columns:

@@ -1,4 +1,5 @@
--- The maintenance jobs' statements on PostgreSQL (queuectl.jobs.*), per reliable queue.
+-- The maintenance jobs' statements on PostgreSQL (queuectl.jobs.*), per queue: the batch
+-- jobs serve reliable queues, the upkeep sections (indexes, VACUUM, kind_*) every kind.
 --
 -- Every batch statement here is one short transaction of its own: the job commits after
 -- each batch, so a killed job loses at most the batch in flight, which rolls back whole.
@@ -139,11 +140,48 @@ DROP INDEX CONCURRENTLY IF EXISTS {{schema}}.{{index}}
 -- Rebuild one index online: writers keep going, the swap takes only brief locks.
 REINDEX INDEX CONCURRENTLY {{schema}}.{{index}}
 
--- name: vacuum_meta
-VACUUM (ANALYZE) {{meta}}
+-- name: vacuum_table
+-- The table step after the indexes, for each of the queue's upkeep tables ({{table}}, its
+-- qualified name): VACUUM takes a SHARE UPDATE EXCLUSIVE lock, which no INSERT, UPDATE,
+-- DELETE or SELECT waits for, so producers and consumers go on; it frees the dead rows
+-- the horizon allows and refreshes the statistics the dequeue's plan reads.
+VACUUM (ANALYZE) {{table}}
 
--- name: vacuum_data
-VACUUM (ANALYZE) {{data}}
+-- name: kind_ring
+-- A ring's own numbers (its slots are updated in place, never inserted or deleted): slots
+-- free (not FULL) and FULL; the positions the two sequences have handed out and the gap
+-- between them (pushes claimed minus pops claimed: messages waiting plus claims sessions
+-- keep; below zero, pops wait ahead of the pushes); the share of its updates that stayed
+-- HOT (fillfactor 50 keeps a slot's new version on its page: no index entry, pruned in
+-- place; a falling share means pages fill up and updates start to leave index entries).
+SELECT count(*) AS slots,
+       count(*) FILTER (WHERE r.state <> 1) AS free_slots,
+       count(*) FILTER (WHERE r.state = 1) AS full_slots,
+       max(q.pushed) AS push_position, max(q.popped) AS pop_position,
+       max(q.pushed) - max(q.popped) AS sequence_gap,
+       (SELECT round(100.0 * s.n_tup_hot_upd / nullif(s.n_tup_upd, 0), 1) FROM pg_stat_user_tables s
+         WHERE s.relid = CAST({{ring_regclass}} AS regclass)) AS hot_update_pct,
+       (SELECT s.n_tup_upd FROM pg_stat_user_tables s WHERE s.relid = CAST({{ring_regclass}} AS regclass)) AS updates
+FROM {{ring}} r,
+     (SELECT (SELECT CASE WHEN p.is_called THEN p.last_value + 1 ELSE p.last_value END FROM {{push_seq}} p) AS pushed,
+             (SELECT CASE WHEN p.is_called THEN p.last_value + 1 ELSE p.last_value END FROM {{pop_seq}} p) AS popped) q
+
+-- name: kind_pending
+-- A pending queue's items by due time: due (takeable now), not due yet, and overdue (due
+-- more than :overdue_s seconds ago and still waiting: consumers are not keeping up), with
+-- the oldest due item's wait.
+SELECT count(*) FILTER (WHERE i.due_at <= now()) AS due,
+       count(*) FILTER (WHERE i.due_at > now()) AS not_due,
+       count(*) FILTER (WHERE i.due_at < now() - make_interval(secs => :overdue_s)) AS overdue,
+       extract(epoch FROM now() - min(i.due_at) FILTER (WHERE i.due_at <= now()))::float8 AS oldest_due_s
+FROM {{items}} i
+
+-- name: kind_watermark
+-- A watermark queue's stored low mark against the oldest waiting item: the lag is the
+-- ghosts a new session walks before its first find (below zero: the hint is above a
+-- waiting item, which correct_watermark must fix).
+SELECT w.low, h.head, h.head - w.low AS lag, w.epoch, w.updated_at, w.corrected_at
+FROM {{watermark}} w, (SELECT min(i.id) AS head FROM {{items}} i) h
 
 -- name: table_vitals
 -- Cheap numbers from the statistics collector for one of the queue's tables (of a

@@ -230,7 +230,7 @@ class AdviceWords:
         raise NotImplementedError
     def table_bloat(self, t: dict[str, Any], bloat: float, size: str) -> str: raise NotImplementedError
     def invalid_index(self, ix: dict[str, Any], schema: str) -> str: raise NotImplementedError
-    def index_bloat(self, ix: dict[str, Any], bloat: float, detail: str, holder: dict[str, Any] | None,
+    def index_bloat(self, ix: dict[str, Any], bloat: float, detail: str, command: str, holder: dict[str, Any] | None,
                     duration: Fmt) -> str:
         raise NotImplementedError
     def open_transaction_summary(self, age: str, label: str) -> str: raise NotImplementedError
@@ -266,6 +266,7 @@ class Target(Protocol):
     """queuectl.jobs.base.JobTarget: the queue's names and its rendered jobs.sql sections."""
 
     names: Any
+    tables: tuple[str, ...]   # the suffixes of the queue's upkeep tables (kindspec.UPKEEP_TABLES)
 
     def sql(self, section: str, **extra: str | int) -> sa.TextClause: ...
 
@@ -327,7 +328,7 @@ class IndexUpkeep:
     """How an engine measures, judges and maintains a queue's indexes online; the reorganize
     and inspect jobs are written once over it."""
 
-    table_step: tuple[tuple[str, str], ...]   # (table, jobs.sql section) run after the indexes
+    table_step_section: str                   # jobs.sql section run on each upkeep table after the indexes
     table_step_error: str                     # "vacuum meta: <error>"
     table_step_done: str
     clean_after_failure: bool                 # a failed rebuild leaves something to clean now
@@ -343,6 +344,17 @@ class IndexUpkeep:
 
     def prepare(self, conn: Connection, target: Target, *, create: bool) -> ServerAbilities:
         """What the server can do, found once per run."""
+        raise NotImplementedError
+
+    def table_step(self, target: Target) -> list[tuple[str, sa.TextClause]]:
+        """(table, statement) of the step after the indexes, for each of the queue's upkeep tables."""
+        return [(table, target.sql(self.table_step_section, table=target.names.qualified(table)))
+                for table in target.tables]
+
+    def measure_from_health(self, ix: dict[str, Any]) -> IndexMeasure:
+        """The measure decide() reads, from one index of a health report (its `physical`
+        numbers, read by sql/<engine>/health.sql: index_physical), so health judges an
+        index with the reorganize job's own rules."""
         raise NotImplementedError
 
     def indexes(self, conn: Connection, target: Target, table: str) -> list[sa.RowMapping]:

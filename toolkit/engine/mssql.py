@@ -245,12 +245,13 @@ class MssqlWords(AdviceWords):
         return (f"index {name} is disabled: no query uses it and writes do not maintain it: enable it with "
                 f"ALTER INDEX {name} ON {schema}.{table} REBUILD WITH (ONLINE = ON), or drop it")
 
-    def index_bloat(self, ix: dict[str, Any], bloat: float, detail: str, holder: dict[str, Any] | None,
+    def index_bloat(self, ix: dict[str, Any], bloat: float, detail: str, command: str, holder: dict[str, Any] | None,
                     duration: Fmt) -> str:
+        """`command` is the reorganize command that acts on this index."""
         wait = (f", after ending {self.holder(holder, duration)}: version ghosts stay until the oldest active "
                 "snapshot transaction ends" if holder else "")
-        return (f"index {ix['index_name']} {bloat:.0f}% bloated ({detail}): run queuectl reorganize {ix['queue']} "
-                f"(ALTER INDEX ... REORGANIZE, online){wait}")
+        return (f"index {ix['index_name']} {bloat:.0f}% bloated ({detail}): run {command} "
+                f"(ALTER INDEX ... REORGANIZE, or REBUILD WITH (ONLINE = ON) past its fragmentation limit){wait}")
 
     def open_transaction_summary(self, age: str, label: str) -> str:
         return f"transaction open {age} holds ghost cleanup back ({label})"
@@ -313,7 +314,8 @@ def decide_mssql(m: IndexMeasure, c: Thresholds, can: ServerAbilities) -> tuple[
     above: REBUILD WITH (ONLINE = ON) where the edition has online index operations, else
     REORGANIZE (and the reason says so). Microsoft's current guidance weighs page density
     more than fragmentation for a small hot table: a leaf level below min_page_density_pct
-    full is reorganized too (REORGANIZE compacts toward the fill factor). Indexes under
+    full (of the index's fill factor: min_page_density_pct x fill_factor / 100) is
+    reorganized too (REORGANIZE compacts toward the fill factor). Indexes under
     min_pages are left alone; REORGANIZE fails when page locks are disallowed, so such an
     index is skipped unless it can be rebuilt online."""
     if m.leaf_fragmentation is None:
@@ -331,7 +333,11 @@ def decide_mssql(m: IndexMeasure, c: Thresholds, can: ServerAbilities) -> tuple[
     if high and can.online_rebuild:
         how = "online, resumable" if can.resumable_rebuild and c.resumable else "online"
         return "rebuild", f"{shown}: at or above {c.rebuild_fragmentation_pct:g} % ({how})"
-    sparse = density is not None and density < c.min_page_density_pct
+    # "Full" is relative to the index's own fill factor: a ring's slots are built at
+    # FILLFACTOR 20 on purpose (sql/mssql/ring.sql), and REORGANIZE compacts only toward it.
+    fill = m.fill_factor or 100
+    floor = c.min_page_density_pct * fill / 100
+    sparse = density is not None and density < floor
     if not (high or sparse or frag >= c.watch_pct):
         return "ok", shown
     if high:
@@ -340,7 +346,8 @@ def decide_mssql(m: IndexMeasure, c: Thresholds, can: ServerAbilities) -> tuple[
     elif frag >= c.watch_pct:
         why = f"from {c.watch_pct:g} % to {c.rebuild_fragmentation_pct:g} %"
     else:
-        why = f"pages less than {c.min_page_density_pct:g} % full"
+        why = (f"pages less than {c.min_page_density_pct:g} % full" if fill == 100 else
+               f"pages less than {floor:g} % full ({c.min_page_density_pct:g} % of fill factor {fill})")
     if m.allow_page_locks is False:
         return "skipped", f"{shown}: {why}; but ALLOW_PAGE_LOCKS is OFF, so REORGANIZE would fail: left alone"
     return "reorganize", f"{shown}: {why}"
@@ -352,7 +359,7 @@ def decide_mssql(m: IndexMeasure, c: Thresholds, can: ServerAbilities) -> tuple[
 class MssqlIndexUpkeep(IndexUpkeep):
     """sys.dm_db_index_physical_stats, ALTER INDEX ... REORGANIZE / REBUILD, UPDATE STATISTICS."""
 
-    table_step = (("meta", "update_statistics_meta"), ("data", "update_statistics_data"))
+    table_step_section = "update_statistics_table"
     table_step_error = "update statistics"
     table_step_done = "updated statistics of"
     clean_after_failure = False            # a cut resumable rebuild pauses: the next run resumes it
@@ -364,7 +371,8 @@ class MssqlIndexUpkeep(IndexUpkeep):
 
     @staticmethod
     def inspect_summary(s: dict[str, Any]) -> str:
-        text = (f"meta {s.get('meta_live_tuples')} live / {s.get('meta_dead_tuples')} ghost records, "
+        table = (s.get("details") or {}).get("main_table", "meta")  # the kind's first upkeep table
+        text = (f"{table} {s.get('meta_live_tuples')} live / {s.get('meta_dead_tuples')} ghost records, "
                 f"oldest cleanup holder open {s.get('oldest_xact_seconds') or 0:g} s")
         if s.get("oldest_xmin_holder"):
             text += f" ({s['oldest_xmin_holder']})"
@@ -413,6 +421,23 @@ class MssqlIndexUpkeep(IndexUpkeep):
                                       else int(m["version_ghost_record_count"]))
         measure.allow_page_locks = bool(m["allow_page_locks"])
         measure.fill_factor = int(m["fill_factor"])
+        return measure
+
+    def measure_from_health(self, ix: dict[str, Any]) -> IndexMeasure:
+        """sys.dm_db_index_physical_stats' leaf numbers as health read them (index_physical)."""
+        p = ix.get("physical") or {}
+        measure = IndexMeasure(bytes=int(ix.get("index_bytes") or 0), pages=int(p.get("leaf_pages") or 0))
+        if p.get("leaf_pages") is None:
+            return measure
+        fragmentation = p.get("avg_fragmentation_in_percent", p.get("leaf_fragmentation"))
+        density = p.get("avg_page_space_used_in_percent", p.get("avg_leaf_density"))
+        measure.leaf_pages = int(p["leaf_pages"])
+        measure.leaf_density = num(density)
+        measure.leaf_fragmentation = num(fragmentation)
+        measure.ghost_rows = None if p.get("ghost_record_count") is None else int(p["ghost_record_count"])
+        measure.version_ghost_rows = (None if p.get("version_ghost_record_count") is None
+                                      else int(p["version_ghost_record_count"]))
+        measure.fill_factor = int(ix.get("fillfactor") or 100)
         return measure
 
     def table_physical(self, conn: Connection, target: Target, can: ServerAbilities, table: str) -> dict[str, Any]:

@@ -358,11 +358,12 @@ class PostgresWords(AdviceWords):
         return (f"index {name} is invalid: writes still maintain it but no query uses it: "
                 f"DROP INDEX CONCURRENTLY {schema}.{name} (queuectl reorganize {ix['queue']} cleans leftovers)")
 
-    def index_bloat(self, ix: dict[str, Any], bloat: float, detail: str, holder: dict[str, Any] | None,
+    def index_bloat(self, ix: dict[str, Any], bloat: float, detail: str, command: str, holder: dict[str, Any] | None,
                     duration: Fmt) -> str:
+        """`command` is the reorganize command that rebuilds this index (REINDEX CONCURRENTLY)."""
         wait = (f", after ending {self.holder(holder, duration)}: the rebuild waits for older snapshots"
                 if holder else "")
-        return f"index {ix['index_name']} {bloat:.0f}% bloated ({detail}): run queuectl reorganize {ix['queue']}{wait}"
+        return f"index {ix['index_name']} {bloat:.0f}% bloated ({detail}): run {command}{wait}"
 
     def open_transaction_summary(self, age: str, label: str) -> str:
         return f"transaction open {age} holds the xmin horizon ({label})"
@@ -446,7 +447,7 @@ def decide_postgresql(m: IndexMeasure, c: Thresholds) -> tuple[str, str]:
 class PostgresIndexUpkeep(IndexUpkeep):
     """pgstatindex, REINDEX INDEX CONCURRENTLY, VACUUM (ANALYZE)."""
 
-    table_step = (("meta", "vacuum_meta"), ("data", "vacuum_data"))
+    table_step_section = "vacuum_table"
     table_step_error = "vacuum"            # "vacuum meta: <error>"
     table_step_done = "vacuumed"
     clean_after_failure = True             # a failed REINDEX CONCURRENTLY leaves *_ccnew: drop it now
@@ -457,7 +458,8 @@ class PostgresIndexUpkeep(IndexUpkeep):
 
     @staticmethod
     def inspect_summary(s: dict[str, Any]) -> str:
-        text = (f"meta {s.get('meta_live_tuples')} live / {s.get('meta_dead_tuples')} dead tuples, "
+        table = (s.get("details") or {}).get("main_table", "meta")  # the kind's first upkeep table
+        text = (f"{table} {s.get('meta_live_tuples')} live / {s.get('meta_dead_tuples')} dead tuples, "
                 f"oldest xmin age {s.get('oldest_xmin_age') or 0} xids")
         if s.get("oldest_xmin_holder"):
             text += f" (held by {s['oldest_xmin_holder']})"
@@ -513,6 +515,21 @@ class PostgresIndexUpkeep(IndexUpkeep):
         measure.empty_pages, measure.deleted_pages = int(m["empty_pages"]), int(m["deleted_pages"])
         measure.leaf_density = num(m["avg_leaf_density"])
         measure.leaf_fragmentation = num(m["leaf_fragmentation"])
+        measure.bloat_pct = estimated_bloat_pct(measure.pages, measure.internal_pages, measure.leaf_pages,
+                                                measure.leaf_density)
+        return measure
+
+    def measure_from_health(self, ix: dict[str, Any]) -> IndexMeasure:
+        """pgstatindex's numbers as health read them (index_physical), judged as measure() does."""
+        p = ix.get("physical") or {}
+        size = int(p.get("index_size") or ix.get("index_bytes") or 0)
+        measure = IndexMeasure(bytes=size, pages=size // 8192)
+        if p.get("leaf_pages") is None or ix.get("method", "btree") != "btree":
+            return measure
+        measure.leaf_pages, measure.internal_pages = int(p["leaf_pages"]), int(p.get("internal_pages") or 0)
+        measure.empty_pages, measure.deleted_pages = int(p.get("empty_pages") or 0), int(p.get("deleted_pages") or 0)
+        measure.leaf_density = num(p.get("avg_leaf_density"))
+        measure.leaf_fragmentation = num(p.get("leaf_fragmentation"))
         measure.bloat_pct = estimated_bloat_pct(measure.pages, measure.internal_pages, measure.leaf_pages,
                                                 measure.leaf_density)
         return measure
