@@ -702,8 +702,8 @@ def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions
             status = grade(q.watermark_lag, th["watermark_lag"])
             advice = None if status == OK else (
                 f"queue {q.name}: stored watermark lags the head by {fmt_count(q.watermark_lag)} rows: "
-                f"dequeues re-scan them: run queuectl correct-watermark {q.name} (the scheduler's correct_watermark "
-                "job does every 5 minutes)")
+                f"dequeues re-scan them: run queuectl correct-watermark {q.name} (the scheduler's watermark correction "
+                "job, correct_watermark, does so every 5 minutes)")
             checks.append(Check("queue.watermark_lag", "queues", q.name, status,
                                 f"watermark lag {fmt_count(q.watermark_lag)}", q.watermark_lag, "count", advice))
 
@@ -802,7 +802,7 @@ def _storage_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptio
         judged = reorganize_judgement(facts, ix, th, options)
         if judged is None:
             continue
-        bloat, decision, reason, command = judged["bloat_pct"], judged["decision"], judged["reason"], judged["command"]
+        bloat, decision, command = judged["bloat_pct"], judged["decision"], judged["command"]
         p = ix["physical"]
         if decision in ("rebuild", "reorganize"):
             # reorganize acts on it: at least a WARNING, CRITICAL from index_bloat.crit
@@ -841,7 +841,8 @@ def reorganize_judgement(facts: Facts, ix: dict[str, Any], th: dict[str, Thresho
     named in the advice acts on exactly the indexes health calls bloated."""
     from queuectl.jobs.reorganize import ReorganizeConfig
 
-    if not ix.get("physical") or ix["physical"].get("leaf_pages") is None:
+    p = ix.get("physical")
+    if not p or not p.get("leaf_pages") or p.get("avg_leaf_density") is None:  # empty, or not a B-tree
         return None
     bloat_pct = th["index_bloat"].warn if th["index_bloat"].warn is not None else REBUILD_BLOAT_PCT
     config = ReorganizeConfig(dry_run=True, min_pages=options.index_min_pages, rebuild_bloat_pct=bloat_pct)
