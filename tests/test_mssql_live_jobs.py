@@ -297,7 +297,8 @@ def test_default_plan_covers_every_job_of_every_installed_queue(mssql_engine, or
     config = replace(load_config(None), schema=schema)
     assert sorted((i.job, i.queue, i.trigger_text) for i in plan(mssql_engine, config)) == sorted(
         [("archive", "orders", "every 1m"), ("reset_stale", "orders", "every 30s"), ("inspect", "orders", "every 5m"),
-         ("reorganize", "orders", "cron 17 3 * * *"), ("correct_watermark", "wm", "every 5m")])
+         ("reorganize", "orders", "cron 17 3 * * *"), ("correct_watermark", "wm", "every 5m"),
+         ("inspect", "wm", "every 5m"), ("reorganize", "wm", "cron 17 3 * * *"), ("upkeep", "wm", "every 5m")])
 
 
 # -- health --------------------------------------------------------------------------------------

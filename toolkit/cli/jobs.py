@@ -34,6 +34,7 @@ from queuectl.cli.options import (
 )
 from queuectl.engine import make_engine
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name, validate_schema_name
+from queuectl.thresholds import MIN_INDEX_PAGES, REBUILD_BLOAT_PCT, REBUILD_FRAGMENTATION_PCT
 
 app = typer.Typer()
 JsonOption = json_flag("Print the result as JSON.")
@@ -205,9 +206,9 @@ def _render_reorganize(result: Any) -> None:
 def reorganize(
     name: QueueArg,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Measure and report what would be done; change nothing.")] = False,
-    min_pages: Annotated[int, typer.Option("--min-pages", help="Leave indexes smaller than this many 8 kB pages alone.")] = 1000,
-    bloat: Annotated[float, typer.Option("--bloat", help="Rebuild at or above this estimated bloat % (PostgreSQL).")] = 30.0,
-    fragmentation: Annotated[float, typer.Option("--fragmentation", help="Rebuild at or above this leaf fragmentation %.")] = 30.0,
+    min_pages: Annotated[int, typer.Option("--min-pages", help="Leave indexes smaller than this many 8 kB pages alone (health's index_min_pages).")] = MIN_INDEX_PAGES,
+    bloat: Annotated[float, typer.Option("--bloat", help="Rebuild at or above this estimated bloat % (PostgreSQL; health's index_bloat.warn).")] = REBUILD_BLOAT_PCT,
+    fragmentation: Annotated[float, typer.Option("--fragmentation", help="Rebuild at or above this leaf fragmentation %.")] = REBUILD_FRAGMENTATION_PCT,
     lock_timeout: LockTimeoutOption = None,
     time_limit: Annotated[Optional[str], typer.Option("--time-limit", help="Longest REINDEX / VACUUM (statement_timeout; SQL Server, parse- and reference-checked, not run live: a resumable rebuild's MAX_DURATION), e.g. 10m.", show_default=False)] = None,
     url: UrlOption = None,
@@ -216,13 +217,16 @@ def reorganize(
 ) -> None:
     """Keep the queue's indexes compact online, acting only above the thresholds.
 
-    PostgreSQL: indexes measured with pgstatindex (the pgstattuple extension is created
-    when missing and permitted) are rebuilt with REINDEX CONCURRENTLY, then VACUUM
-    (ANALYZE); leftovers of an interrupted earlier rebuild are dropped first. SQL Server
-    (parse- and reference-checked, not run live): sys.dm_db_index_physical_stats; ALTER
-    INDEX ... REORGANIZE from 5 % fragmentation (or pages under 70 % full), REBUILD WITH
-    (ONLINE = ON, RESUMABLE = ON) above --fragmentation where the edition allows, then
-    UPDATE STATISTICS; a paused resumable rebuild is resumed.
+    Any kind: the indexes of the tables its kind churns (a reliable queue's meta and data,
+    the items table of heap, fifo, stack, pending and watermark queues and a watermark
+    queue's hint, the ring's slots). PostgreSQL: indexes measured with pgstatindex (the
+    pgstattuple extension is created when missing and permitted) are rebuilt with REINDEX
+    CONCURRENTLY, then VACUUM (ANALYZE) of each table; leftovers of an interrupted earlier
+    rebuild are dropped first. SQL Server (parse- and reference-checked, not run live):
+    sys.dm_db_index_physical_stats; ALTER INDEX ... REORGANIZE from 5 % fragmentation (or
+    pages under 70 % of the index's fill factor full), REBUILD WITH (ONLINE = ON, RESUMABLE
+    = ON) above --fragmentation where the edition allows, then UPDATE STATISTICS; a paused
+    resumable rebuild is resumed.
     """
     options = _options(dry_run=dry_run, min_pages=min_pages, rebuild_bloat_pct=bloat,
                        rebuild_fragmentation_pct=fragmentation, lock_timeout=lock_timeout, statement_timeout=time_limit)
@@ -238,22 +242,26 @@ def _render_inspect(result: Any) -> None:
 
     table = make_table(("measure", "value"), wrap={1: 20},
                        title=f"health snapshot #{result.snapshot_id} at {result.taken_at:%Y-%m-%d %H:%M:%S}")
-    for key, value in result.snapshot.items():
-        if key != "details":
-            shown = fmt_bytes(value) if key.endswith("_bytes") else "-" if value is None else str(value)
-            table.add_row(key, shown)
+    shown_items = [(k, v) for k, v in result.snapshot.items() if k not in ("details", "kind_fields")]
+    kind_fields = result.snapshot.get("kind_fields") or {}  # the kind's own numbers, one row each
+    shown_items += [(f"kind_fields.{k}", v) for k, v in kind_fields.items()] or [("kind_fields", None)]
+    for key, value in shown_items:
+        shown = fmt_bytes(value) if key.endswith("_bytes") else "-" if value is None else str(value)
+        table.add_row(key, shown)
     out.print(Fitted(table))
 
 
 @app.command()
 def inspect(
     name: QueueArg,
-    physical: Annotated[bool, typer.Option("--physical/--no-physical", help="Also measure the meta table and its indexes with pgstattuple (when installed).")] = True,
+    physical: Annotated[bool, typer.Option("--physical/--no-physical", help="Also measure the queue's tables and their indexes with pgstattuple (when installed; SQL Server: sys.dm_db_index_physical_stats, parse- and reference-checked, not run live).")] = True,
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
     as_json: JsonOption = False,
 ) -> None:
-    """Record a health snapshot: dead tuples, bloat, fragmentation, what holds cleanup back."""
+    """Record a health snapshot of a queue of any kind: dead tuples, bloat, fragmentation, what
+    holds cleanup back, and the kind's own numbers (a ring's free slots and push/pop sequence
+    gap, a pending queue's overdue items, a watermark queue's lag)."""
     _run("inspect", name, {"physical": physical}, url, schema, as_json, _render_inspect)
 
 
@@ -341,7 +349,7 @@ def jobs_history(
 
 @jobs_app.command("run")
 def jobs_run(
-    job: Annotated[str, typer.Argument(help="Job: archive, reset_stale, inspect, reorganize, correct_watermark.")],
+    job: Annotated[str, typer.Argument(help="Job: archive, reset_stale, inspect, reorganize, upkeep, correct_watermark.")],
     name: QueueArg,
     option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="Job option key=value (repeatable), e.g. -o batch=500 -o min_age=5m.", show_default=False)] = None,
     url: UrlOption = None,
