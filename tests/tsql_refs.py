@@ -25,14 +25,22 @@ sqlfluff (tsql) parse trees and resolves every reference:
     (one of the procedure's definitions, from any revision, must accept the whole call);
   * INSERT arity: the column list (or the target's insertable columns) against each VALUES
     row or the select list; OUTPUT ... INTO arity the same way;
-  * built-in functions by name, from an allow-list.
+  * a select list's aliases only in its ORDER BY; ROLLBACK TRANSACTION name only to a
+    savepoint the batch SAVEs;
+  * built-in functions by name, from an allow-list;
+  * one sound type case: a literal no implicit conversion fits, in INSERT ... VALUES (with a
+    column list) and UPDATE/MERGE SET (a string with a letter into a numeric column, a
+    number into datetime2/date/time/datetimeoffset). Nothing else about types.
 
-The catalogue is the union of what every kind's install script (`queuectl install --sql`)
-and every section (today's and the history's) create: CREATE TABLE with its columns, CREATE
-SEQUENCE, CREATE [OR ALTER] PROCEDURE with its parameters, CREATE INDEX. One table's columns
-are the union of its definitions (a revision may add one); a call must fit one definition of
-its procedure. Names compare case-insensitively, without their quotes, as SQL Server's
-default collation does.
+The catalogue is what the install script (`queuectl install --sql`) and the sections create:
+CREATE TABLE with its columns and their types, CREATE SEQUENCE, CREATE [OR ALTER] PROCEDURE
+with its parameters, CREATE INDEX. A queue kind's file and install script resolve against
+that kind's own catalogue (its install script and its file's sections, today's and the
+history's): kinds share object names but not their columns or parameters. The other files
+(catalog, jobs, health, pipeline, grant, locks, storage, activation) serve every kind and
+resolve against the union of all. A table's columns are the union of its definitions (a
+revision may add one); a call must fit one whole definition of its procedure. Names compare
+case-insensitively, without their quotes, as SQL Server's default collation does.
 
 The allow-list's rule: a system object is accepted only if it is listed here, with the
 columns (or parameters) the files use and a link to its Microsoft Learn page; nothing is
@@ -40,9 +48,9 @@ accepted for starting with `sys.`. A name neither created nor listed fails.
 
 Not resolved, and counted as skipped (Coverage.skipped names each): the text of dynamic SQL
 (`EXEC (N'...')`, `sp_executesql @sql`), and the result set of `INSERT ... EXEC` (its arity
-depends on the procedure's last SELECT). Not checked at all: data types (no type checking:
-a cheap sound case would need the type of every expression), object permissions, and
-whether an object exists at the moment a batch runs (the catalogue has no order).
+depends on the procedure's last SELECT). Not checked at all: types beyond the literal case,
+object permissions, and whether an object exists at the moment a batch runs (the catalogue
+has no order).
 """
 
 from __future__ import annotations
@@ -597,7 +605,9 @@ class _Batch:
                 got = self.visit(c, scope) if not c.is_type("bracketed") else self.query_in(c, scope)
                 outputs = got if outputs is None else outputs
             elif c.is_type("orderby_clause"):
-                self.visit(c, scope)
+                ordering = Scope(scope)
+                ordering.select_aliases = {o for o in outputs or [] if o}
+                self.visit(c, ordering)
         return outputs or []
 
     def v_select_statement(self, seg, scope):
@@ -609,9 +619,12 @@ class _Batch:
         for c in seg.segments:
             if c.is_type("select_clause"):
                 outputs = self.select_clause(c, local)
-                local.select_aliases = {o for o in outputs if o}
             elif c.is_type("from_clause"):
                 continue
+            elif c.is_type("orderby_clause"):  # the one clause that sees the select list's names
+                ordering = Scope(local)
+                ordering.select_aliases = {o for o in outputs if o}
+                self.visit(c, ordering)
             elif c.is_type("into_table_clause"):
                 self.problems.append("SELECT ... INTO is not resolved")
             else:
@@ -1019,8 +1032,10 @@ class _Batch:
                 positional += 1
                 values = group
             for v in values:
-                if v.is_type("quoted_literal") and named and named[-1][0] == "@sequence_name" and key.endswith("sp_sequence_get_range"):
-                    self.named_in_string(v, ("sequences",), "sequence")
+                literal = _code(v)[0] if v.is_type("expression") and len(_code(v)) == 1 else v
+                if (literal.is_type("quoted_literal") and named and named[-1][0] == "@sequence_name"
+                        and key.endswith("sp_sequence_get_range") and group[0] is named[-1][1]):
+                    self.named_in_string(literal, ("sequences",), "sequence")
                 if not v.is_type("keyword"):  # OUTPUT
                     self.visit(v, scope)
         if signatures is None:
@@ -1099,12 +1114,14 @@ class _Batch:
                 self.constraint(c, own, local)
 
     def constraint(self, seg, own: Source, scope) -> None:
+        """A table constraint: PRIMARY KEY/UNIQUE (columns) name the table's own columns, a
+        CHECK (expression) is resolved in the table's scope, REFERENCES against its table."""
         for c in seg.segments:
-            if c.is_type("bracketed"):
-                self.check_columns([x for x in c.recursive_crawl("column_reference", "naked_identifier", "quoted_identifier",
-                                                                 no_recursive_seg_type="column_reference")
-                                    if not x.is_type("keyword")], own) if not any(
-                    True for _ in c.recursive_crawl("expression")) else self.visit(c, scope)
+            if c.is_type("bracketed") and not any(True for _ in c.recursive_crawl("expression")):
+                self.check_columns(list(c.recursive_crawl("column_reference", "naked_identifier", "quoted_identifier",
+                                                          recurse_into=False)), own)
+            elif c.is_type("bracketed_index_column_list_grammar"):
+                self.check_columns(list(c.recursive_crawl("index_column_definition")), own)
             elif c.is_type("references_constraint_grammar"):
                 self.references(c, scope)
             elif c.get_type() == "object_reference":
@@ -1127,8 +1144,8 @@ class _Batch:
             if c.is_type("table_reference", "object_reference"):
                 target = self.table(c, scope)
             elif c.is_type("bracketed") and target is not None:
-                self.check_columns([x for x in c.recursive_crawl("column_reference", "naked_identifier", "quoted_identifier",
-                                                                 no_recursive_seg_type="column_reference")], target)
+                self.check_columns(list(c.recursive_crawl("column_reference", "naked_identifier", "quoted_identifier",
+                                                          recurse_into=False)), target)
 
     def v_create_index_statement(self, seg, scope):
         table = None
