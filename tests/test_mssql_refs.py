@@ -111,6 +111,13 @@ BREAKS = [
      "UPDATE m SET status = 2,", "UPDATE m SET status = N'done',", "type mismatch: N'done' into status (smallint)"),
     ("rollback to a savepoint never saved", "ring", "create_ring_release",
      "ROLLBACK TRANSACTION ring_rescue;", "ROLLBACK TRANSACTION ring_rescu;", "no SAVE TRANSACTION ring_rescu"),
+    ("OUTPUT of a column the joined table lacks", "reliable", "create_dequeue",
+     "inserted.leased_until, d.payload, d.headers", "inserted.leased_until, d.payloads, d.headers",
+     "orders_data has no column 'payloads'"),
+    ("misspelt data type", "reliable", "create_functions",
+     "@worker nvarchar(200) = NULL", "@worker nvarchr(200) = NULL", "unknown data type nvarchr"),
+    ("foreign key to a missing column", "reliable", "create_tables",
+     '"queuectl"."orders_meta" (id)', '"queuectl"."orders_meta" (ids)', "orders_meta has no column 'ids'"),
     ("index key the table does not have", "reliable", "create_tables",
      "(priority, due_at, id) WHERE status = 0", "(priority, due, id) WHERE status = 0", "has no column 'due'"),
 ]

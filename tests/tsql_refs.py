@@ -207,6 +207,14 @@ BUILTIN_FUNCTIONS: set[str] = {
     "session_context", "newid", "error_message", "error_number", "xact_state",
 }
 
+# System data types. https://learn.microsoft.com/en-us/sql/t-sql/data-types/data-types-transact-sql
+BUILTIN_TYPES: set[str] = {
+    "bigint", "int", "smallint", "tinyint", "bit", "decimal", "numeric", "money", "smallmoney", "float", "real",
+    "date", "time", "datetime2", "datetimeoffset", "datetime", "smalldatetime", "char", "varchar", "nchar",
+    "nvarchar", "binary", "varbinary", "uniqueidentifier", "xml", "sysname", "sql_variant", "rowversion",
+    "integer", "dec",  # ISO synonyms of int and decimal (SQLAlchemy's DDL writes INTEGER)
+}
+
 # https://learn.microsoft.com/en-us/sql/t-sql/functions/configuration-functions-transact-sql
 # and .../rowcount-transact-sql, .../trancount-transact-sql, .../procid-transact-sql
 SYSTEM_VARIABLES: set[str] = {"@@rowcount", "@@spid", "@@procid", "@@trancount", "@@error", "@@version"}
@@ -475,6 +483,22 @@ class _Batch:
     def v_parameter(self, seg, scope):
         self.use_variable(seg)
 
+    def v_data_type(self, seg, scope):
+        """A system type, its arguments integers or max (nvarchar(max), datetime2(6))."""
+        code = _code(seg)
+        name = _ident(code[0].raw)
+        if name not in BUILTIN_TYPES:
+            self.problems.append(f"unknown data type {code[0].raw}")
+            return
+        self.coverage.resolved["data type"] += 1
+        for argument in (a for c in code[1:] for a in c.recursive_crawl("bracketed", recurse_into=False)):
+            for value in _code(argument):
+                while value.is_type("expression") and len(_code(value)) == 1:
+                    value = _code(value)[0]
+                if not (value.is_type("start_bracket", "end_bracket", "comma", "integer_literal", "numeric_literal")
+                        or value.raw.lower() == "max"):
+                    self.problems.append(f"data type {seg.raw}: argument {value.raw!r}")
+
     def v_system_variable(self, seg, scope):
         if seg.raw.lower() in SYSTEM_VARIABLES:
             self.coverage.resolved["system variable"] += 1
@@ -719,6 +743,7 @@ class _Batch:
             if c.is_type("openjson_with_clause"):
                 body = next(x for x in c.segments if x.is_type("bracketed"))
                 columns = {_ident(x.raw) for x in body.segments if x.is_type("naked_identifier", "quoted_identifier")}
+                self.visit_all([x for x in body.segments if x.is_type("data_type")], scope)
             else:
                 self.visit(c, scope)
         self.coverage.resolved["system function"] += 1
@@ -809,7 +834,11 @@ class _Batch:
             if not group:
                 continue
             count += 1
-            if group[0].raw.lower() in ("inserted", "deleted") and len(group) >= 3 and group[1].is_type("dot"):
+            qualified = len(group) >= 3 and group[1].is_type("dot") and group[0].is_type("naked_identifier", "quoted_identifier")
+            if qualified and _ident(group[2].raw) != "*":  # d.payload: the parser leaves OUTPUT's items flat
+                self.resolve_column((_ident(group[0].raw), _ident(group[2].raw)), scope, "".join(g.raw for g in group[:3]))
+                self.visit_all(group[3:], scope)
+            elif group[0].raw.lower() in ("inserted", "deleted") and len(group) >= 3 and group[1].is_type("dot"):
                 column = _ident(group[2].raw)
                 if target is None:
                     pass
@@ -1078,13 +1107,13 @@ class _Batch:
             if c.is_type("object_reference"):
                 self.coverage.resolved["definition"] += 1
             elif c.is_type("procedure_parameter_list"):
-                self.visit_all([x for x in c.segments if x.is_type("expression")], scope)
+                self.visit_all([x for x in c.segments if x.is_type("expression", "data_type")], scope)
             else:
                 self.visit(c, scope)
 
     def v_declare_segment(self, seg, scope):
         for c in seg.segments:
-            if c.is_type("expression"):
+            if c.is_type("expression", "data_type"):
                 self.visit(c, scope)
             elif c.is_type("bracketed"):  # a table variable's columns: their DEFAULT/CHECK expressions
                 self.table_body(c, Source("table variable", set()), scope)
