@@ -1,0 +1,356 @@
+"""Fan-out on the ring (ring_0006): named subscriptions, each reading every message pushed
+after it was added, in order, with competing consumers inside each; the producer gated by
+the slowest subscription; lag limits, behind and dropped subscriptions; leases that expire
+and are taken again within the subscription only; constant size and HOT updates; the
+migration up and down."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from jobs_helpers import scalar
+from queuectl.client import QueueFullError, RingQueue
+from queuectl.errors import UsageError
+from queuectl.install import downgrade_queue, install_queue, uninstall_queue, upgrade_queue
+from queuectl.kindspec import RingSettings
+
+
+def fanout(engine, size: int, name: str = "f", **options) -> RingQueue:
+    install_queue(engine, name, "ring", RingSettings(size=size, fanout=True, **options))
+    return RingQueue(engine, name)
+
+
+def texts(items) -> list[str]:
+    return [m.text for m in items]
+
+
+def test_each_subscription_gets_every_message_in_order(engine):
+    with fanout(engine, 16) as q:
+        q.subscribe("a")
+        q.subscribe("b")
+        q.enqueue_many([f"m{i}" for i in range(10)])
+        a, b = q.subscription("a"), q.subscription("b")
+        got_a = a.dequeue(4) + a.dequeue(10)
+        got_b = b.dequeue(10)
+        assert texts(got_a) == texts(got_b) == [f"m{i}" for i in range(10)]
+        assert [m.id for m in got_a] == list(range(10))
+        assert a.ack(got_a) == list(range(10))
+        assert b.ack(got_b) == list(range(10))
+        assert a.dequeue(5) == [] and b.dequeue(5) == []
+
+
+def test_consumers_of_one_subscription_compete_each_message_once(engine):
+    install_queue(engine, "f", "ring", RingSettings(size=64, fanout=True))
+    with RingQueue(engine, "f") as producer, RingQueue(engine, "f") as c1, RingQueue(engine, "f") as c2:
+        producer.subscribe("a")
+        producer.subscribe("b")
+        ids = producer.enqueue_many([f"m{i}" for i in range(40)])
+        s1, s2 = c1.subscription("a"), c2.subscription("a")
+        seen: list[int] = []
+        while True:
+            got1, got2 = s1.dequeue(3), s2.dequeue(5)
+            if not got1 and not got2:
+                break
+            seen += [m.id for m in got1 + got2]
+            s1.ack(got1)
+            s2.ack(got2)
+        assert sorted(seen) == ids and len(seen) == len(set(seen))  # each once within "a"
+        b = producer.subscription("b")
+        assert [m.id for m in b.dequeue(100)] == ids  # and all of them again in "b"
+
+
+def test_subscription_added_later_sees_only_later_messages(engine):
+    with fanout(engine, 16) as q:
+        q.subscribe("early")
+        q.enqueue_many(["before1", "before2"])
+        info = q.subscribe("late")
+        assert info.start_pos == 2
+        q.enqueue("after")
+        assert texts(q.subscription("late").dequeue(10)) == ["after"]
+        assert texts(q.subscription("early").dequeue(10)) == ["before1", "before2", "after"]
+
+
+def test_messages_without_subscription_are_not_kept(engine):
+    with fanout(engine, 4) as q:
+        assert q.enqueue_many(list("abcdefgh")) == list(range(8))  # two laps: nobody waits for them
+        q.subscribe("a")
+        assert q.subscription("a").dequeue(10) == []
+
+
+def test_slowest_subscription_gates_the_producer_and_unsubscribe_frees_it(engine):
+    with fanout(engine, 8) as q:
+        q.subscribe("fast")
+        q.subscribe("slow")
+        fast, slow = q.subscription("fast"), q.subscription("slow")
+        q.enqueue_many([f"m{i}" for i in range(8)])
+        fast.ack(fast.dequeue(8))
+        with pytest.raises(QueueFullError):
+            q.enqueue("m8", timeout=0.2)  # "slow" has not acknowledged position 0
+        first = slow.dequeue(1)
+        with pytest.raises(QueueFullError):
+            q.enqueue("m8", timeout=0.2)  # claimed is not acknowledged
+        slow.ack(first)
+        assert q.enqueue("m8", timeout=0.2) == 8  # the position kept while full: no hole
+        with pytest.raises(QueueFullError):
+            q.enqueue("m9", timeout=0.2)
+        assert q.unsubscribe("slow") is True
+        assert q.enqueue("m9", timeout=0.2) == 9
+        assert texts(fast.dequeue(10)) == ["m8", "m9"]
+        assert q.unsubscribe("slow") is False
+
+
+def test_lagging_subscription_is_marked_behind_and_dropped_when_it_asked(engine):
+    with fanout(engine, 16, lag_limit=4) as q:
+        q.subscribe("keep")  # the ring's defaults: limit 4, not dropped
+        q.subscribe("drop", drop_when_behind=True)
+        q.subscribe("live", lag_limit=16)
+        live = q.subscription("live")
+        q.enqueue_many([f"m{i}" for i in range(4)])
+        live.ack(live.dequeue(10))
+        subs = {s.name: s for s in q.subscriptions()}
+        assert [(s.lag, s.behind, s.dropped_at) for s in subs.values()] == [(4, False, None), (4, False, None),
+                                                                           (0, False, None)]
+        q.enqueue("m4")  # past the limit: this push drops "drop" (and only it)
+        subs = {s.name: s for s in q.subscriptions()}
+        assert (subs["keep"].lag, subs["keep"].lag_limit, subs["keep"].behind) == (5, 4, True)
+        assert subs["keep"].dropped_at is None
+        assert subs["drop"].dropped_at is not None and subs["drop"].behind
+        assert not subs["live"].behind and subs["live"].lag == 1
+        with pytest.raises(sa.exc.DBAPIError, match="no active subscription"):
+            q.subscription("drop").dequeue(1)
+        # "keep" still gates the producer; "drop" no longer does
+        q.unsubscribe("keep")
+        q.enqueue_many([f"n{i}" for i in range(10)])
+        assert len(live.dequeue(100)) == 11
+
+
+def test_expired_claim_is_taken_again_within_its_subscription_only(engine):
+    install_queue(engine, "f", "ring", RingSettings(size=8, fanout=True))
+    with RingQueue(engine, "f") as producer, RingQueue(engine, "f") as dying, RingQueue(engine, "f") as other:
+        producer.subscribe("a")
+        producer.subscribe("b")
+        producer.enqueue_many(["x", "y"])
+        first = dying.subscription("a").dequeue(1, lease=0.2)
+        assert texts(first) == ["x"]
+        a2 = other.subscription("a")
+        assert texts(a2.dequeue(5)) == ["y"]  # the leased one is not handed out again yet
+        time.sleep(1.3)  # past the lease and the subscription's one-second look at expired claims
+        again = a2.dequeue(5)
+        assert [(m.id, m.text) for m in again] == [(0, "x")] and a2.tries(again[0]) == 2
+        assert dying.subscription("a").ack(first) == []  # taken again: the late ack matches nothing
+        assert a2.ack(again + [1]) == [0, 1]
+        b = producer.subscription("b")
+        got_b = b.dequeue(5)
+        assert texts(got_b) == ["x", "y"] and [b.tries(m) for m in got_b] == [1, 1]
+
+
+def test_ack_after_the_lease_but_before_anyone_took_it_again_counts(engine):
+    with fanout(engine, 8) as q:
+        q.subscribe("a")
+        q.enqueue("x")
+        a = q.subscription("a")
+        got = a.dequeue(1, lease=0.05)
+        time.sleep(0.2)
+        assert a.ack(got) == [0]
+        time.sleep(1.1)
+        assert a.dequeue(1) == []
+
+
+def test_nack_gives_the_message_back_at_once(engine):
+    with fanout(engine, 8) as q:
+        q.subscribe("a")
+        q.enqueue_many(["x", "y"])
+        a = q.subscription("a")
+        got = a.dequeue(1)
+        assert a.nack(got) == [0]
+        again = a.dequeue(5)
+        assert [(m.id, a.tries(m)) for m in again] == [(0, 2), (1, 1)]
+
+
+def test_subscription_never_reads_a_publish_that_has_not_committed(engine, db_url):
+    other = sa.create_engine(db_url)
+    try:
+        with fanout(engine, 8) as q, other.connect() as pusher:
+            q.subscribe("a")
+            pusher.begin()
+            pusher.execute(sa.text("SELECT * FROM queuectl.f_publish(ARRAY['early'::bytea])"))
+            q.enqueue("later")  # position 1, committed
+            a = q.subscription("a")
+            assert a.dequeue(5, timeout=0.2) == []  # position 0 is not committed: the cursor waits there
+            pusher.commit()
+            assert texts(a.dequeue(5)) == ["early", "later"]
+    finally:
+        other.dispose()
+
+
+def test_plain_calls_refuse_a_fanout_ring_and_subscriptions_refuse_a_plain_one(engine):
+    with fanout(engine, 8) as q:
+        with pytest.raises(UsageError, match="dequeue through a subscription"):
+            q.dequeue(1)
+        with engine.connect() as conn, pytest.raises(sa.exc.DBAPIError, match="fans out: push with"):
+            conn.execute(sa.text("SELECT queuectl.f_enqueue('x')"))
+        with engine.connect() as conn:
+            # the plain pop finds no FULL slot there: it takes nothing
+            assert conn.execute(sa.text("SELECT count(*) FROM queuectl.f_dequeue(5)")).scalar() == 0
+    install_queue(engine, "p", "ring", RingSettings(size=8))
+    with RingQueue(engine, "p") as plain:
+        with pytest.raises(UsageError, match="does not fan out"):
+            plain.subscribe("a")
+        with engine.connect() as conn, pytest.raises(sa.exc.DBAPIError, match="does not fan out"):
+            conn.execute(sa.text("SELECT * FROM queuectl.p_subscribe('a')"))
+        assert plain.enqueue("x") == 0 and texts(plain.dequeue(1)) == ["x"]
+
+
+def test_subscribe_checks_its_name_and_limit(engine):
+    with fanout(engine, 8) as q:
+        q.subscribe("a")
+        with pytest.raises(sa.exc.DBAPIError, match="exists"):
+            q.subscribe("a")
+        with pytest.raises(sa.exc.DBAPIError, match="invalid subscription name"):
+            q.subscribe("Bad-Name")
+        with pytest.raises(sa.exc.DBAPIError, match="lag limit must be from 1"):
+            q.subscribe("b", lag_limit=9)
+    with pytest.raises(UsageError, match="lag limit"):
+        RingSettings(size=8, fanout=True, lag_limit=9)
+    with pytest.raises(UsageError, match="fan-out ring only"):
+        RingSettings(size=8, lag_limit=4)
+
+
+def test_dead_publishers_hole_is_tombstoned_and_the_subscriptions_pass_it(engine, db_url):
+    """A publisher that claimed a position and died leaves the subscriptions' cursors
+    waiting there: ring_repair writes a fan-out tombstone once every subscription has
+    acknowledged the slot's previous message, and the cursors move past it."""
+    with fanout(engine, 4) as q:
+        q.subscribe("a")
+        a = q.subscription("a")
+        q.enqueue_many(["m0", "m1", "m2", "m3"])
+        with engine.connect() as conn:  # a push claim for position 4 that never writes
+            conn.execute(sa.text("SELECT nextval('queuectl.f_push_seq')"))
+        got = a.dequeue(4)
+        assert texts(got) == ["m0", "m1", "m2", "m3"]
+        from queuectl.client import repair_ring
+        assert repair_ring(engine, "f", grace=0).tombstoned == []  # m0 not acknowledged yet: not free
+        a.ack(got)
+        assert q.enqueue("m5") == 5
+        assert a.dequeue(5) == []  # the cursor waits at 4
+        repaired = repair_ring(engine, "f", grace=0)
+        assert repaired.tombstoned == [4]
+        assert texts(a.dequeue(5)) == ["m5"]
+
+
+def test_release_gives_up_a_kept_publish_claim_as_a_fanout_tombstone(engine):
+    install_queue(engine, "f", "ring", RingSettings(size=2, fanout=True))
+    with RingQueue(engine, "f") as q:
+        q.subscribe("a")
+        a = q.subscription("a")
+        producer = RingQueue(engine, "f")
+        producer.enqueue_many(["m0", "m1"])
+        with pytest.raises(QueueFullError):
+            producer.enqueue("m2", timeout=0.1)  # keeps its claim on position 2
+        assert a.ack(a.dequeue(2)) == [0, 1]
+        producer.close()
+        assert [(c.side, c.item_id, c.outcome) for c in producer.released] == [("push", 2, "tombstoned")]
+        assert q.enqueue("m3") == 3  # position 2 is a fan-out tombstone now
+        assert texts(a.dequeue(5)) == ["m3"]
+
+
+def test_fanout_updates_stay_hot_and_sizes_constant_over_many_laps(engine, db_url):
+    size = 1024
+    install_queue(engine, "f", "ring", RingSettings(size=size, fanout=True))
+    own = sa.create_engine(db_url)  # disposed below: its backends' exit flushes their statistics
+    with RingQueue(own, "f") as q:
+        for name in ("a", "b", "c"):
+            q.subscribe(name)
+        subs = [q.subscription(n) for n in ("a", "b", "c")]
+
+        def lap():
+            q.enqueue_many([b"payload-%d" % i for i in range(size // 2)])
+            for s in subs:
+                assert len(s.ack(s.dequeue(size))) == size // 2
+        for _ in range(8):  # four laps of the ring: every slot has held a payload
+            lap()
+        with engine.connect() as conn:
+            before = conn.execute(sa.text(
+                "SELECT pg_relation_size('queuectl.f_ring'), pg_relation_size('queuectl.f_sub_slots'), "
+                "pg_relation_size('queuectl.f_sub_slots_pkey'), pg_relation_size('queuectl.f_ring_pkey')")).one()
+        for _ in range(40):  # twenty laps more
+            lap()
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_stat_force_next_flush()"))
+            after = conn.execute(sa.text(
+                "SELECT pg_relation_size('queuectl.f_ring'), pg_relation_size('queuectl.f_sub_slots'), "
+                "pg_relation_size('queuectl.f_sub_slots_pkey'), pg_relation_size('queuectl.f_ring_pkey')")).one()
+        assert after == before
+    own.dispose()
+    deadline = time.monotonic() + 30
+    while True:
+        with engine.connect() as conn:
+            upd, hot = conn.execute(sa.text(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                "WHERE relid = 'queuectl.f_sub_slots'::regclass")).one()
+        if upd >= 2 * 48 * 3 * (size // 2) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert upd == 2 * 48 * 3 * (size // 2)  # a claim and an ack per message and subscription
+    assert hot == upd
+
+
+def test_install_settings_and_cli_defaults_are_recorded(engine):
+    info = install_queue(engine, "f", "ring", RingSettings(size=16, fanout=True))
+    assert info.settings.as_dict() == {"size": 16, "fanout": True, "lag_limit": 8, "drop_when_behind": False}
+    with RingQueue(engine, "f") as q:
+        sub = q.subscribe("a")
+        assert (sub.lag_limit, sub.drop_when_behind) == (8, False)  # half the ring, kept
+
+
+def ring_slots(engine, name: str) -> list[tuple]:
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(sa.text(
+            f'SELECT slot, msg_id, state, payload FROM queuectl."{name}_ring" ORDER BY slot'))]
+
+
+def test_existing_ring_upgrades_to_0006_and_back_with_every_row(engine):
+    install_queue(engine, "old", "ring", RingSettings(size=8), revision="ring_0005")
+    with RingQueue(engine, "old") as q:
+        q.enqueue_many(["a", "b", "c"])
+        assert texts(q.dequeue(1)) == ["a"]
+    before = ring_slots(engine, "old")
+    assert upgrade_queue(engine, "old") == ("ring_0005", "ring_0006")
+    assert ring_slots(engine, "old") == before
+    assert scalar(engine, 'SELECT count(*) FROM queuectl."old_subs"') == 0
+    with RingQueue(engine, "old") as q:
+        assert not q.fanout
+        assert texts(q.dequeue(1)) == ["b"]
+        q.enqueue("d")
+    kept = ring_slots(engine, "old")
+    assert downgrade_queue(engine, "old", "ring_0005") == ("ring_0006", "ring_0005")
+    assert ring_slots(engine, "old") == kept
+    assert scalar(engine, "SELECT to_regclass('queuectl.old_subs')") is None
+    assert scalar(engine, "SELECT to_regproc('queuectl.old_publish')") is None
+    with RingQueue(engine, "old") as q:
+        assert texts(q.dequeue(5)) == ["c", "d"]
+
+
+def test_fanout_ring_downgrade_gives_unacknowledged_messages_to_the_plain_pop(engine):
+    with fanout(engine, 8) as q:
+        q.subscribe("a")
+        q.subscribe("b")
+        q.enqueue_many(["m0", "m1", "m2", "m3"])
+        a, b = q.subscription("a"), q.subscription("b")
+        a.ack(a.dequeue(4))
+        b.ack(b.dequeue(2))
+        b.dequeue(1)  # m2 claimed, not acknowledged
+    assert downgrade_queue(engine, "f", "ring_0005") == ("ring_0006", "ring_0005")
+    with RingQueue(engine, "f") as plain:
+        assert not plain.fanout and plain.info.settings.as_dict() == {"size": 8}
+        assert texts(plain.dequeue(10)) == ["m2", "m3"]  # each once, for the plain pop
+        assert plain.enqueue_many(list("abcdefgh")) == list(range(4, 12))
+        assert texts(plain.dequeue(10)) == list("abcdefgh")
+    assert upgrade_queue(engine, "f") == ("ring_0005", "ring_0006")  # back up: a plain ring at 0006
+    uninstall_queue(engine, "f")
+    install_queue(engine, "g", "ring", RingSettings(size=4, fanout=True))
+    uninstall_queue(engine, "g")  # the downgrade to base passes unmake_fanout too
+    assert scalar(engine, "SELECT to_regclass('queuectl.g_ring')") is None
