@@ -6,6 +6,7 @@ migration up and down."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -354,3 +355,49 @@ def test_fanout_ring_downgrade_gives_unacknowledged_messages_to_the_plain_pop(en
     install_queue(engine, "g", "ring", RingSettings(size=4, fanout=True))
     uninstall_queue(engine, "g")  # the downgrade to base passes unmake_fanout too
     assert scalar(engine, "SELECT to_regclass('queuectl.g_ring')") is None
+
+
+def test_cli_installs_a_fanout_ring_and_manages_its_subscriptions(engine, db_url):
+    from conftest import run_cli
+
+    result = run_cli("install", "cf", "--kind", "ring", "--size", "16", "--fanout", "--lag-limit", "4", url=db_url)
+    assert result.returncode == 0, result.stderr
+    result = run_cli("subscribe", "cf", "audit", url=db_url)
+    assert result.returncode == 0, result.stderr
+    assert "from position 0, lag limit 4, kept when behind" in result.stdout.decode()
+    result = run_cli("subscribe", "cf", "mail", "--lag-limit", "8", "--drop-when-behind", url=db_url)
+    assert "lag limit 8, dropped when behind" in result.stdout.decode()
+    with RingQueue(engine, "cf") as q:
+        q.enqueue_many([f"m{i}" for i in range(6)])
+    listed = json.loads(run_cli("subscriptions", "cf", "--json", url=db_url).stdout)
+    assert [(s["name"], s["lag"], s["lag_limit"], s["behind"]) for s in listed] == [
+        ("audit", 6, 4, True), ("mail", 6, 8, False)]
+    table = run_cli("subscriptions", "cf", url=db_url).stdout.decode()
+    assert "audit" in table and "behind" in table
+    assert run_cli("unsubscribe", "cf", "audit", url=db_url).returncode == 0
+    assert run_cli("unsubscribe", "cf", "audit", url=db_url).returncode == 1
+    assert "--drop-when-behind" in run_cli("subscribe", "--help", url=db_url).stdout.decode()
+    run_cli("install", "cp", "--kind", "ring", "--size", "16", url=db_url)
+    refused = run_cli("subscribe", "cp", "audit", url=db_url)
+    assert refused.returncode == 2 and "does not fan out" in refused.stderr.decode()
+    refused = run_cli("install", "cx", "--kind", "fifo", "--fanout", url=db_url)
+    assert refused.returncode == 2 and "--kind ring only" in refused.stderr.decode()
+
+
+def test_health_marks_a_lagging_subscription_behind_with_advice(engine):
+    from queuectl.health import HealthOptions, health_report
+
+    with fanout(engine, 16, lag_limit=4) as q:
+        q.subscribe("live")
+        q.subscribe("stuck")
+        q.subscribe("gone", drop_when_behind=True)
+        live = q.subscription("live")
+        q.enqueue_many([f"m{i}" for i in range(6)])
+        live.ack(live.dequeue(10))
+        rep = health_report(engine, ["f"], options=HealthOptions())
+    checks = {c.object: c for c in rep.checks if c.id == "queue.subscription"}
+    assert checks["f.live"].status == "OK" and checks["f.live"].advice is None
+    assert checks["f.stuck"].status == "CRITICAL" and checks["f.stuck"].value == 6
+    assert "queuectl unsubscribe f stuck" in checks["f.stuck"].advice
+    assert checks["f.gone"].status == "CRITICAL" and checks["f.gone"].summary.startswith("dropped")
+    assert rep.exit_code == 2
