@@ -401,3 +401,153 @@ def test_health_marks_a_lagging_subscription_behind_with_advice(engine):
     assert "queuectl unsubscribe f stuck" in checks["f.stuck"].advice
     assert checks["f.gone"].status == "CRITICAL" and checks["f.gone"].summary.startswith("dropped")
     assert rep.exit_code == 2
+
+
+# -- the fault run: 3 subscriptions x 2 consumer processes, one of each killed mid-run ---------
+
+
+def read_ledger(path) -> list[dict]:
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a torn last line of a SIGKILLed process
+            pass
+    return records
+
+
+def fanout_fault_run(engine, db_url, tmp_path, messages: int, size: int = 1024) -> dict:
+    """The run of RESULTS and the suite: returns what it measured (the test asserts on it)."""
+    import multiprocessing as mp
+    import os
+    import signal
+
+    import fanout_workers
+    from queuectl.health import HealthOptions, health_report
+
+    install_queue(engine, "fan", "ring", RingSettings(size=size, fanout=True))
+    subs = ("audit", "billing", "search")
+    with RingQueue(engine, "fan") as admin:
+        for s in subs:
+            admin.subscribe(s)
+        # no consumer: behind past half the ring, then dropped by a push
+        admin.subscribe("lagger", drop_when_behind=True)
+
+    def sizes():
+        with engine.connect() as conn:
+            return conn.execute(sa.text(
+                "SELECT pg_relation_size('queuectl.fan_ring'), pg_relation_size('queuectl.fan_ring_pkey'), "
+                "pg_relation_size('queuectl.fan_sub_slots'), pg_relation_size('queuectl.fan_sub_slots_pkey')")).one()
+
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    consumers = {}
+    for s in subs:
+        for k in range(2):
+            path = tmp_path / f"{s}-{k}.jsonl"
+            proc = ctx.Process(target=fanout_workers.consume, args=(db_url, "fan", s, str(path), stop))
+            proc.start()
+            consumers[(s, k)] = (proc, path)
+    producer_path = tmp_path / "producer.jsonl"
+    started = time.monotonic()
+    producer = ctx.Process(target=fanout_workers.produce, args=(db_url, "fan", messages, 100, str(producer_path)))
+    producer.start()
+
+    def published() -> int:
+        return sum(len(r.get("items", [])) for r in read_ledger(producer_path)) if producer_path.exists() else 0
+
+    # health while the run goes on: the subscription without consumers is behind (then dropped)
+    while published() < min(messages // 10, size):
+        time.sleep(0.05)
+    behind = [c for c in health_report(engine, ["fan"], options=HealthOptions()).checks
+              if c.id == "queue.subscription" and c.object == "fan.lagger"]
+    # sizes once every slot has held a payload (three laps), then at the end
+    while published() < 3 * size:
+        time.sleep(0.05)
+    before = sizes()
+    # one consumer of each subscription is killed mid-run, holding claims it has not acknowledged
+    while published() < messages // 3:
+        time.sleep(0.05)
+    killed = []
+    for s in subs:
+        proc, path = consumers[(s, 0)]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        killed.append(s)
+    while published() < messages // 2:
+        time.sleep(0.05)
+    middle = sizes()
+    producer.join(timeout=600)
+    assert producer.exitcode == 0
+
+    def drained() -> bool:
+        with RingQueue(engine, "fan") as q:
+            state = {i.name: i for i in q.subscriptions()}
+        return all(state[s].lag == 0 and state[s].claimed == 0 for s in subs)
+    deadline = time.monotonic() + 600
+    while not drained():
+        assert time.monotonic() < deadline, "the subscriptions did not drain"
+        time.sleep(0.2)
+    elapsed = time.monotonic() - started
+    stop.set()
+    for (s, k), (proc, _path) in consumers.items():
+        if k == 1:
+            proc.join(timeout=60)
+    after = sizes()
+    report = health_report(engine, ["fan"], options=HealthOptions())
+    final = {c.object: c for c in report.checks if c.id == "queue.subscription"}
+
+    pushed = {i: p for r in read_ledger(producer_path) for i, p in r.get("items", [])}
+    result: dict = {"messages": len(pushed), "seconds": round(elapsed, 1), "sizes_before": tuple(before),
+                    "sizes_middle": tuple(middle), "sizes_after": tuple(after), "killed": killed, "lagger_during_run": behind,
+                    "final_checks": final, "per_subscription": {}}
+    for s in subs:
+        acked: list[int] = []
+        got: dict[int, list[str]] = {}
+        retaken = 0
+        unledgered: list[int] = []
+        for k in range(2):
+            pending: list[int] = []
+            for r in read_ledger(consumers[(s, k)][1]):
+                if r["ev"] == "acked":
+                    acked += r["ids"]
+                    pending = []
+                elif r["ev"] == "got":
+                    pending = [i for i, _tries, _text in r["items"]]
+                    for i, tries, text in r["items"]:
+                        got.setdefault(i, []).append(text)
+                        retaken += tries > 1
+            if k == 0:
+                # the killed consumer's last claims with no "acked" line: the ones nobody took
+                # again were acknowledged by its ack before the kill (the subscription drained
+                # with no claim left, so each was acknowledged by someone: by it, then)
+                unledgered = [i for i in pending if i not in acked and len(got[i]) == 1]
+        delivered = acked + [i for i in unledgered if i not in acked]
+        result["per_subscription"][s] = {
+            "acked": len(delivered), "distinct_acked": len(set(delivered)), "acked_before_kill_unledgered": len(unledgered),
+            "every_message_once": sorted(delivered) == sorted(pushed),
+            "payloads_match": all(texts == [pushed[i]] * len(texts) for i, texts in got.items()),
+            "taken_again_after_kill": retaken,
+        }
+    return result
+
+
+@pytest.mark.slow
+def test_fault_run_three_subscriptions_two_consumers_each_one_killed(engine, db_url, tmp_path):
+    import os
+
+    messages = int(os.environ.get("FANOUT_FAULT_MESSAGES", "30000"))
+    result = fanout_fault_run(engine, db_url, tmp_path, messages)
+    print(json.dumps({k: v for k, v in result.items() if k not in ("lagger_during_run", "final_checks")}, indent=1))
+    print("lagger during the run:", [(c.status, c.summary) for c in result["lagger_during_run"]])
+    print("final:", {k: (c.status, c.summary) for k, c in result["final_checks"].items()})
+    assert result["messages"] == messages
+    for s, r in result["per_subscription"].items():
+        assert r["every_message_once"] and r["acked"] == r["distinct_acked"] == messages, (s, r)
+        assert r["payloads_match"], s
+    # the ring and the claims settle within the first laps (pages the concurrent versions need),
+    # then stay constant: the second half of the run (tens of laps) adds no page
+    assert result["sizes_after"] == result["sizes_middle"], (result["sizes_before"], result["sizes_middle"])
+    assert [c.status for c in result["lagger_during_run"]] == ["CRITICAL"]
+    assert result["final_checks"]["fan.lagger"].status == "CRITICAL"
+    assert all(result["final_checks"][f"fan.{s}"].status == "OK" for s in ("audit", "billing", "search"))
