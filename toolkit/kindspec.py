@@ -215,6 +215,8 @@ def kind_template_values(names: QueueNames, kind: str) -> dict[str, str]:
             # fan-out (ring_0006): the subscriptions' tables and calls
             subs=q("subs"),
             sub_slots=q("sub_slots"),
+            subs_regclass=regclass("subs"),
+            sub_slots_regclass=regclass("sub_slots"),
             **{f"fn_{fn}": q(fn) for fn in RING_FANOUT_CALLS},
         )
         return values

@@ -33,17 +33,19 @@ def _settings():
 
 
 def upgrade() -> None:
-    run_section("ring", "create_subscription_tables")
+    settings = _settings()
+    # the subscriptions' defaults: the install settings of a fan-out ring (half the ring, no drop
+    # for a ring installed without them)
+    run_section("ring", "create_subscription_tables", settings.subscription_values())
     for section in _FUNCTIONS:
         run_section("ring", section)
-    settings = _settings()
-    if getattr(settings, "fanout", False):
-        run_section("ring", "make_fanout", settings.subscription_values())
+    if settings.fanout:
+        run_section("ring", "make_fanout")
     set_version(revision)
 
 
 def downgrade() -> None:
-    if getattr(_settings(), "fanout", False):
+    if _settings().fanout:
         run_section("ring", "unmake_fanout")
         record_settings(without=_FANOUT_SETTINGS)
     run_section("ring", "drop_subscription_functions")

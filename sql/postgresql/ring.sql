@@ -532,7 +532,9 @@ $fn$;
 -- sequence). The price: the consumers of one subscription take turns on that row for the
 -- length of one claim statement (not while they process). scan_at: when the claims of the
 -- subscription are next looked at for expired leases. A subscription dropped for lagging
--- keeps its row (dropped_at set) until unsubscribe removes it.
+-- keeps its row (dropped_at set) until unsubscribe removes it. The defaults of lag_limit and
+-- drop_when_behind are the ring's install settings ({{sub_lag_limit}}, {{sub_drop}}: half the
+-- ring and no, unless installed with others).
 --
 -- <queue>_sub_slots: `size` rows per subscription, written at subscribe and then only
 -- UPDATEd: row (sub, s) holds the last position of slot s handed to the subscription (pos),
@@ -554,8 +556,8 @@ CREATE TABLE {{subs}} (
     name             text        NOT NULL UNIQUE,
     start_pos        bigint      NOT NULL,
     next_pos         bigint      NOT NULL,
-    lag_limit        bigint      NOT NULL DEFAULT ({{size}} / 2) CHECK (lag_limit >= 1),
-    drop_when_behind boolean     NOT NULL DEFAULT false,
+    lag_limit        bigint      NOT NULL DEFAULT {{sub_lag_limit}} CHECK (lag_limit >= 1),
+    drop_when_behind boolean     NOT NULL DEFAULT ({{sub_drop}} = 1),
     scan_at          timestamptz NOT NULL DEFAULT now(),
     created_at       timestamptz NOT NULL DEFAULT now(),
     dropped_at       timestamptz
@@ -581,7 +583,6 @@ DROP TABLE IF EXISTS {{subs}};
 --   4 PUBLISHED  position msg_id holds a message for the subscriptions (payload kept until
 --                the slot is reused: subscriptions read it, nobody empties it)
 --   5 PASSED     position msg_id never got a message (a fan-out tombstone)
--- Subscriptions' lag_limit and drop_when_behind default to the ring's install settings.
 -- Every slot starts PUBLISHED at slot - size, a position no subscription wants: free.
 -- The guard trigger keeps the other functions of the ring from breaking a fan-out slot: a
 -- plain push into it fails with advice; a tombstone (ring_repair, ring_release) goes in as
@@ -603,9 +604,6 @@ END
 $make$;
 ALTER TABLE {{ring}} ADD CHECK (state BETWEEN 0 AND 5);
 UPDATE {{ring}} SET state = 4;
--- the ring's defaults for its subscriptions, from its install settings
-ALTER TABLE {{subs}} ALTER COLUMN lag_limit SET DEFAULT {{sub_lag_limit}},
-                     ALTER COLUMN drop_when_behind SET DEFAULT ({{sub_drop}} = 1);
 CREATE TRIGGER fanout_guard BEFORE UPDATE ON {{ring}}
     FOR EACH ROW WHEN (OLD.state >= 4 AND NEW.state < 4) EXECUTE FUNCTION {{fn_fanout_guard}}();
 
@@ -754,8 +752,7 @@ $fn$;
 -- push whose free test sees the new subscription (and a position claimed earlier but written
 -- later is below the start: not the subscription's). Pops and pushes wait for the lock
 -- meanwhile: one short transaction. lag_limit and drop_when_behind, when NULL, take the
--- columns' defaults: the ring's install settings (make_fanout), else half the ring and
--- false. Its `size` slot rows are inserted here; that is the only time they grow.
+-- columns' defaults: the ring's install settings (create_subscription_tables). Its `size` slot rows are inserted here; that is the only time they grow.
 CREATE OR REPLACE FUNCTION {{fn_subscribe}}(
     p_name             text,
     p_lag_limit        bigint  DEFAULT NULL,
