@@ -17,6 +17,8 @@ consumers  each --kind's full cycle and dequeue-only at every --consumer-counts 
        same repeat, with a PNG of the curve.
 cost   claim+ack cost per message at growing backlogs (--rows), and the full cycle per
        payload size (--sizes), with PNG curves (bench/cost.py).
+fanout one fan-out ring with 1, 2, 4 subscriptions vs as many plain rings fed the same
+       messages: messages/s per subscription, WAL bytes per message (bench/fanout.py).
 """
 
 from __future__ import annotations
@@ -302,3 +304,4 @@ from queuectl.bench import ghosts as _ghosts  # noqa: E402,F401
 from queuectl.bench import ring as _ring  # noqa: E402,F401
 from queuectl.bench import sustained as _sustained  # noqa: E402,F401
 from queuectl.bench import cost as _cost  # noqa: E402,F401
+from queuectl.bench import fanout as _fanout  # noqa: E402,F401

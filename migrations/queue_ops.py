@@ -22,12 +22,12 @@ def _target() -> tuple[QueueNames, str, QueueSettings]:
     return QueueNames(attrs["queue"], attrs["schema"]), attrs["kind"], attrs["settings"]
 
 
-def run_section(file: str, section: str, extra: dict[str, str] | None = None) -> None:
+def run_section(file: str, section: str, extra: dict[str, str | int] | None = None) -> None:
     """Execute one named section of sql/<engine>/<file>.sql, batch by batch.
 
     The engine adapter names the SQL folder and splits the section (statements on
     PostgreSQL, GO batches on SQL Server, where Alembic's --sql output puts GO after each).
-    `extra`: more identifiers for the template (quoted ones, from QueueNames).
+    `extra`: more values for the template (quoted identifiers, from QueueNames, or integers).
     """
     names, kind, settings = _target()
     adapter = adapter_for(op.get_context().dialect.name)

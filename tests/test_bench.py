@@ -455,10 +455,10 @@ def test_an_option_the_scenario_does_not_read_is_a_one_line_usage_error(db_url: 
     cases = (
         (("--scenario", "ring", "--sizes", "300"), "--sizes is not used by scenario 'ring' (it is read by: cost, split)"),
         (("--scenario", "split", "--payload-bytes", "4096"),
-         "--payload-bytes is not used by scenario 'split' (it is read by: consumers, cost, kinds, peers, ring, sustained; the split's payload sizes are --sizes)"),
+         "--payload-bytes is not used by scenario 'split' (it is read by: consumers, cost, fanout, kinds, peers, ring, sustained; the split's payload sizes are --sizes)"),
         (("--scenario", "ghosts", "--seconds", "3"), "--seconds is not used by scenario 'ghosts'"),
         (("--scenario", "peers", "--kind", "fifo"), "--kind is not used by scenario 'peers' (it is read by: consumers, cost, kinds, sustained)"),
-        (("--items", "500"), "--items is not used by scenario 'kinds' (it is read by: cost)"),
+        (("--items", "500"), "--items is not used by scenario 'kinds' (it is read by: cost, fanout)"),
         (("--scenario", "cost", "--kind", "ring"), "the ring holds at most its size"),
         (("--batches", "1,10"), "--batches is not used by scenario 'kinds' (it is read by: ring)"),
         (("--payload-content", "json"), "--payload-content is not used by scenario 'kinds' (it is read by: split)"),
@@ -481,7 +481,7 @@ def test_every_bench_option_is_read_by_some_scenario() -> None:
     from queuectl.bench.core import COMMON_OPTIONS, SCENARIO_OPTIONS, BenchOptions
 
     BenchOptions().validate()  # registers the built-in scenarios
-    assert set(SCENARIO_OPTIONS) == {"kinds", "peers", "split", "ghosts", "ring", "sustained", "consumers", "cost"}
+    assert set(SCENARIO_OPTIONS) == {"kinds", "peers", "split", "ghosts", "ring", "sustained", "consumers", "cost", "fanout"}
     named = set(COMMON_OPTIONS).union(*SCENARIO_OPTIONS.values())
     assert {f.name for f in fields(BenchOptions)} - {"given"} <= named
     assert BenchOptions(scenario="ring", sizes=[300]).validate().sizes == [300]  # given by a caller, not the command line

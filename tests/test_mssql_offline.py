@@ -131,6 +131,7 @@ def kind_values(kind: str) -> dict[str, str | int]:
                   upto_id=2000, before_us=1_790_000_000_000_000, after_before_us=1_780_000_000_000_000)
     values.update(job_runs=f"{quote_ident('queuectl')}.{quote_ident('job_runs')}")
     values.update(index=quote_ident("orders_meta_ready"), table=q("meta"), max_wait_minutes=1, max_duration_minutes=10)
+    values.update(sub_lag_limit=512, sub_drop=0)  # the ring's make_fanout: its subscriptions' defaults
     values.update(size=1024, schema_literal="'queuectl'", lock_timeout_ms=5000, role=quote_ident("app_producer"),
                   function_literals="'orders_enqueue', 'orders_enqueue_many'")
     return values

@@ -25,12 +25,12 @@ DEFAULT_PRODUCER_CALLS = ("enqueue", "enqueue_many")
 PRODUCER_CALLS = {
     # A ring producer keeps a push claim in its session when the ring is full; its client's
     # close() gives it up through ring_release, so producers need that call too.
-    "ring": ("enqueue", "enqueue_many", "ring_release"),
+    "ring": ("enqueue", "enqueue_many", "ring_release", "publish"),
 }
 CONSUMER_CALLS = {
     # wait_begin/wait_end (reliable_0006): a consumer registers before it sleeps on the channel
     "reliable": ("dequeue", "ack", "nack", "extend_lease", "release", "ack_dequeue", "wait_begin", "wait_end"),
-    "ring": ("dequeue", "ring_release"),
+    "ring": ("dequeue", "ring_release", "sub_take", "sub_done", "sub_return"),
 }
 DEFAULT_CONSUMER_CALLS = ("dequeue",)
 # Functions granted to nobody but still locked down (SECURITY DEFINER, no EXECUTE for
@@ -39,7 +39,9 @@ DEFAULT_CONSUMER_CALLS = ("dequeue",)
 MAINTENANCE_CALLS = {
     "reliable": ("notify", *ROTATION_CALLS, *CLAIM_CALLS),
     "watermark": ("correct_watermark",),
-    "ring": ("ring_repair",),
+    # the fan-out ring's subscriptions are managed by the owner (queuectl subscribe); its guard
+    # trigger's function runs for the owner's functions only
+    "ring": ("ring_repair", "subscribe", "unsubscribe", "subscriptions", "fanout_guard"),
 }
 # The argument types (PostgreSQL's oidvectortypes form) of each call of each kind, over all
 # of the kind's revisions. A grant matches a function by its name AND these types: a name
@@ -87,6 +89,14 @@ FUNCTION_ARGUMENTS: dict[str, dict[str, tuple[str, ...]]] = {
         "dequeue": ("integer, double precision",),
         "ring_repair": ("interval, double precision",),
         "ring_release": ("", "double precision"),
+        "publish": ("bytea[], jsonb[], double precision",),
+        "sub_take": ("text, integer, double precision, double precision",),
+        "sub_done": ("text, bigint[], integer[]",),
+        "sub_return": ("text, bigint[], integer[]",),
+        "subscribe": ("text, bigint, boolean",),
+        "unsubscribe": ("text",),
+        "subscriptions": ("",),
+        "fanout_guard": ("",),
     },
 }
 ROLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")

@@ -184,6 +184,7 @@ class QueueFacts:
     died_in_window: int | None = None
     watermark_lag: int | None = None  # watermark kind: rows between stored watermark and head
     ring_fill_pct: float | None = None  # ring kind: slots in use / slots
+    subscriptions: list[dict[str, Any]] = field(default_factory=list)  # fan-out ring: its subscriptions' lag
     rotation_lag: int | None = None  # reliable_0012: ids drawn since the rotator's last switch
     rotation_blocked_by: list[str] = field(default_factory=list)  # sessions keeping a generation's truncate waiting
     # The kind's own numbers (queuectl.jobs.inspect.KIND_FIELDS, the statements inspect
@@ -300,13 +301,22 @@ def _probe_destructive(section: str) -> Probe:
 
 def _probe_ring(conn: Connection, names: QueueNames, info: QueueInfo, options: HealthOptions) -> QueueFacts:
     row = _kind_row(conn, names, info, "queue_ring", {"window_s": options.rate_window_s})
-    return QueueFacts(
+    facts = QueueFacts(
         name=info.name, kind=info.kind, ready=row["ready"], scheduled=0,
         oldest_ready_age_s=row["oldest_ready_age_s"], window_s=options.rate_window_s,
         enqueued_in_window=row["enqueued_in_window"],
         ring_fill_pct=round(100.0 * row["ready"] / row["slots"], 2) if row["slots"] else 0.0,
         kind_fields=_kind_fields(conn, names, info),
     )  # fmt: skip
+    if getattr(info.settings, "fanout", False):
+        # a fan-out ring's messages wait for its subscriptions, not in FULL slots: their lag is the fact
+        from queuectl.kindspec import kind_template_values
+
+        values = {**names.template_values(), **kind_template_values(names, info.kind)}
+        sql = render(adapter_for(conn).sql_dir, "ring", "subscriptions", values)
+        facts.subscriptions = [dict(r) for r in conn.execute(sa.text(sql)).mappings().all()]
+        facts.ring_fill_pct = None
+    return facts
 
 
 def _kind_fields(conn: Connection, names: QueueNames, info: QueueInfo) -> dict[str, Any] | None:
@@ -731,6 +741,24 @@ def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions
                 "add consumers or reinstall with more slots")
             checks.append(Check("queue.ring_fill", "queues", q.name, status, f"{q.ring_fill_pct:.0f}% full",
                                 q.ring_fill_pct, "percent", advice))
+        for sub in q.subscriptions:
+            # a subscription past its lag limit holds the producer back once the ring is full for it
+            # (or was dropped and misses messages): CRITICAL either way
+            where = f"{q.name}.{sub['name']}"
+            lag = f"{fmt_count(sub['lag'])} messages behind (limit {fmt_count(sub['lag_limit'])})"
+            if sub["dropped_at"] is not None:
+                checks.append(Check("queue.subscription", "queues", where, CRITICAL, f"dropped; {lag}", sub["lag"],
+                                    "count", f"subscription {sub['name']} of ring {q.name} was dropped for lagging: it "
+                                    f"misses every message since; remove it (queuectl unsubscribe {q.name} "
+                                    f"{sub['name']}) and subscribe again once its consumers run"))
+            elif sub["behind"]:
+                checks.append(Check("queue.subscription", "queues", where, CRITICAL, lag, sub["lag"], "count",
+                                    f"subscription {sub['name']} of ring {q.name} is behind: its consumers stopped or "
+                                    "are too slow, and once the ring is full for it the producer waits: start or add "
+                                    f"consumers, or remove it (queuectl unsubscribe {q.name} {sub['name']}); "
+                                    "subscribe with --drop-when-behind to let the ring drop it instead"))
+            else:
+                checks.append(Check("queue.subscription", "queues", where, OK, lag, sub["lag"], "count"))
         checks += _kind_checks(q, th)
     return checks
 

@@ -36,6 +36,11 @@ UPKEEP_TABLES: dict[str, tuple[str, ...]] = {
 
 RING_DEFAULT_SIZE = 65_536
 RING_MAX_SIZE = 16_777_216  # 16 Mi slots: ~1 GB of preallocated rows at fillfactor 50
+RING_DEFAULT_LAG_LIMIT_SHARE = 2  # a fan-out subscription is behind past size // 2 messages
+
+# The fan-out ring's functions (ring_0006): publish, the subscriptions' admin and their pops.
+RING_FANOUT_CALLS = ("publish", "subscribe", "unsubscribe", "subscriptions", "sub_take", "sub_done", "sub_return",
+                     "fanout_guard")
 
 # PostgreSQL truncates identifiers at 63 bytes; queue names may have 48 characters, which
 # leaves 15 for a suffix. A kind whose objects need a longer suffix takes shorter names.
@@ -101,20 +106,53 @@ class FifoSettings(NoSettings):
 
 @dataclass(frozen=True)
 class RingSettings(NoSettings):
-    """size: the number of preallocated slots (the most items the ring holds at once)."""
+    """size: the number of preallocated slots (the most items the ring holds at once).
+
+    fanout: every message goes to each of the ring's named subscriptions (consumers compete
+    within a subscription) instead of to one consumer; chosen at install. lag_limit and
+    drop_when_behind are the defaults of its subscriptions: a subscription more than
+    lag_limit messages behind the pushes is behind (health CRITICAL), and one that asked to
+    be dropped when behind is dropped by the next push. Default lag limit: half the ring
+    (RING_DEFAULT_LAG_LIMIT_SHARE); default drop: no (a dropped subscription misses messages).
+    """
 
     size: int = RING_DEFAULT_SIZE
+    fanout: bool = False
+    lag_limit: int | None = None  # None: size // 2
+    drop_when_behind: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.size, bool) or not isinstance(self.size, int) or not 2 <= self.size <= RING_MAX_SIZE:
             raise UsageError(f"size must be a whole number from 2 to {RING_MAX_SIZE:,}, got {self.size!r}")
+        if not isinstance(self.fanout, bool) or not isinstance(self.drop_when_behind, bool):
+            raise UsageError("fanout and drop_when_behind must be true or false")
+        if not self.fanout and (self.lag_limit is not None or self.drop_when_behind):
+            raise UsageError("a lag limit and drop-when-behind apply to a fan-out ring only (--fanout)")
+        limit = self.lag_limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= self.size):
+            raise UsageError(f"lag limit must be a whole number from 1 to the ring's size ({self.size:,}), got {limit!r}")
+
+    @property
+    def default_lag_limit(self) -> int:
+        """The lag limit a subscription gets when none is given."""
+        return self.lag_limit if self.lag_limit is not None else max(1, self.size // RING_DEFAULT_LAG_LIMIT_SHARE)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"size": self.size}
+        if not self.fanout:
+            return {"size": self.size}
+        return {"size": self.size, "fanout": True, "lag_limit": self.default_lag_limit,
+                "drop_when_behind": self.drop_when_behind}
+
+    def subscription_values(self) -> dict[str, int]:
+        """make_fanout's template values: the subscriptions' default lag limit and drop (0/1)."""
+        return {"sub_lag_limit": self.default_lag_limit, "sub_drop": int(self.drop_when_behind)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "RingSettings":
-        return cls(size=int(data.get("size", RING_DEFAULT_SIZE)))
+        fanout = bool(data.get("fanout", False))
+        return cls(size=int(data.get("size", RING_DEFAULT_SIZE)), fanout=fanout,
+                   lag_limit=int(data["lag_limit"]) if fanout and data.get("lag_limit") is not None else None,
+                   drop_when_behind=fanout and bool(data.get("drop_when_behind", False)))
 
 
 AnySettings = Union[QueueSettings, NoSettings]
@@ -140,7 +178,8 @@ def check_settings(kind: str, settings: AnySettings | None) -> AnySettings:
 
 
 def settings_for(
-    kind: str, *, reliable: QueueSettings | None = None, strict: bool = False, size: int | None = None
+    kind: str, *, reliable: QueueSettings | None = None, strict: bool = False, size: int | None = None,
+    fanout: bool = False, lag_limit: int | None = None, drop_when_behind: bool = False,
 ) -> AnySettings:
     """Build a kind's settings from command-line options; refuse options of other kinds."""
     validate_kind(kind)
@@ -148,12 +187,15 @@ def settings_for(
         raise UsageError("--strict applies to --kind fifo only")
     if size is not None and kind != "ring":
         raise UsageError("--size applies to --kind ring only")
+    if (fanout or lag_limit is not None or drop_when_behind) and kind != "ring":
+        raise UsageError("--fanout, --lag-limit and --drop-when-behind apply to --kind ring only")
     if kind == "reliable":
         return reliable or QueueSettings()
     if kind == "fifo":
         return FifoSettings(strict=strict)
     if kind == "ring":
-        return RingSettings(size=RING_DEFAULT_SIZE if size is None else size)
+        return RingSettings(size=RING_DEFAULT_SIZE if size is None else size, fanout=fanout, lag_limit=lag_limit,
+                            drop_when_behind=drop_when_behind)
     return NoSettings()
 
 
@@ -185,6 +227,12 @@ def kind_template_values(names: QueueNames, kind: str) -> dict[str, str]:
             fn_ring_repair=q("ring_repair"),
             fn_ring_release=q("ring_release"),
             fn_ring_push=q("ring_push"),  # SQL Server's push procedure (names.SQL_SERVER_ONLY_SUFFIXES)
+            # fan-out (ring_0006): the subscriptions' tables and calls
+            subs=q("subs"),
+            sub_slots=q("sub_slots"),
+            subs_regclass=regclass("subs"),
+            sub_slots_regclass=regclass("sub_slots"),
+            **{f"fn_{fn}": q(fn) for fn in RING_FANOUT_CALLS},
         )
         return values
     values.update(

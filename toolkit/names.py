@@ -51,7 +51,8 @@ QUEUE_OBJECT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "pending": (*_COMMON_SUFFIXES, *_ITEMS_SUFFIXES, "items_due"),
     "watermark": (*_COMMON_SUFFIXES, *_ITEMS_SUFFIXES, "watermark", "watermark_pkey", "correct_watermark"),
     "ring": (*_COMMON_SUFFIXES, "ring", "ring_pkey", "push_seq", "pop_seq", "ring_repair", "ring_release",
-             "ring_push"),
+             "ring_push", "subs", "subs_pkey", "subs_name_key", "sub_slots", "sub_slots_pkey", "publish", "subscribe",
+             "unsubscribe", "subscriptions", "sub_take", "sub_done", "sub_return", "fanout_guard"),
 }
 # Suffixes whose objects exist on SQL Server only: the ring's push procedure, which enqueue,
 # enqueue_many and ring_release call through an OUTPUT parameter (sql/mssql/ring.sql).

@@ -664,6 +664,514 @@ BEGIN
     SELECT side, item_id, tombstoned, new_item_id, outcome FROM @out ORDER BY seq;
 END
 
+-- name: create_subscription_tables
+-- Fan-out (since ring_0006): sql/postgresql/ring.sql, create_subscription_tables, has the
+-- design; the tables are the same. <queue>_sub_slots is updated in place and never on a key
+-- column, like the slots: FILLFACTOR 30 leaves each page room for its rows' row versions
+-- (RCSI) and for the lease column going from NULL to a value, so claims and acks do not split
+-- pages.
+CREATE TABLE {{subs}} (
+    sub_id           int           NOT NULL PRIMARY KEY CLUSTERED,
+    name             nvarchar(48)  NOT NULL UNIQUE,
+    start_pos        bigint        NOT NULL,
+    next_pos         bigint        NOT NULL,
+    lag_limit        bigint        NOT NULL DEFAULT {{sub_lag_limit}} CHECK (lag_limit >= 1),
+    drop_when_behind bit           NOT NULL DEFAULT {{sub_drop}},
+    scan_at          datetime2(6)  NOT NULL DEFAULT SYSUTCDATETIME(),
+    created_at       datetime2(6)  NOT NULL DEFAULT SYSUTCDATETIME(),
+    dropped_at       datetime2(6)  NULL
+);
+GO
+CREATE TABLE {{sub_slots}} (
+    sub_id      int          NOT NULL,
+    slot        int          NOT NULL,
+    pos         bigint       NOT NULL,
+    lease_until datetime2(6) NULL,
+    tries       int          NOT NULL DEFAULT 0,
+    PRIMARY KEY CLUSTERED (sub_id, slot) WITH (FILLFACTOR = 30)
+);
+
+-- name: drop_subscription_tables
+-- Remove the subscriptions (ring_0006's downgrade).
+DROP TABLE IF EXISTS {{sub_slots}};
+GO
+DROP TABLE IF EXISTS {{subs}};
+
+-- name: make_fanout
+-- Turn a ring never used into a fan-out ring (sql/postgresql/ring.sql, make_fanout): states 4
+-- PUBLISHED and 5 PASSED, every slot PUBLISHED at slot - size, and the guard trigger
+-- (create_fanout_guard). The slots' CHECK
+-- constraint has a generated name: found in sys.check_constraints and replaced through
+-- dynamic SQL, the table named by QUOTENAME of its parts.
+DECLARE @ring int = OBJECT_ID({{ring_regclass}});
+DECLARE @table nvarchar(300) = CONCAT(QUOTENAME(OBJECT_SCHEMA_NAME(@ring)), N'.', QUOTENAME(OBJECT_NAME(@ring)));
+DECLARE @name sysname, @sql nvarchar(max);
+IF EXISTS (SELECT 1 FROM {{ring}} WITH (READCOMMITTEDLOCK, ROWLOCK) WHERE state <> 0 OR msg_id >= 0)
+    THROW 50003, N'only a new ring can fan out: this one has been used', 1;
+SELECT @name = c.name FROM sys.check_constraints AS c WHERE c.parent_object_id = @ring;
+IF @name IS NOT NULL
+BEGIN
+    SET @sql = CONCAT(N'ALTER TABLE ', @table, N' DROP CONSTRAINT ', QUOTENAME(@name));
+    EXEC sys.sp_executesql @sql;
+END
+SET @sql = CONCAT(N'ALTER TABLE ', @table, N' ADD CHECK (state BETWEEN 0 AND 5)');
+EXEC sys.sp_executesql @sql;
+GO
+UPDATE {{ring}} SET state = 4;
+GO
+EXEC {{fn_fanout_guard}} @enable = 1;
+
+-- name: unmake_fanout
+-- Back to a plain ring (sql/postgresql/ring.sql, unmake_fanout): the guard trigger dropped,
+-- each message an active subscription has not acknowledged FULL for the plain pop, the
+-- others EMPTY, the fan-out tombstones SKIPPED, the pop sequence restarted at the oldest
+-- FULL message (or past the pushes), the CHECK constraint back to 0..3.
+EXEC {{fn_fanout_guard}} @enable = 0;
+GO
+UPDATE r
+SET state = CASE
+        WHEN r.state = 5 THEN 2
+        WHEN EXISTS (SELECT 1 FROM {{subs}} AS u JOIN {{sub_slots}} AS k ON k.sub_id = u.sub_id AND k.slot = r.slot
+                     WHERE u.dropped_at IS NULL AND u.start_pos <= r.msg_id
+                       AND NOT (k.pos = r.msg_id AND k.lease_until IS NULL)) THEN 1
+        ELSE 0 END
+FROM {{ring}} AS r WITH (UPDLOCK, ROWLOCK)
+WHERE r.state >= 4;
+GO
+UPDATE {{ring}} SET payload = NULL, headers = NULL WHERE state <> 1;
+GO
+DECLARE @restart bigint, @sql nvarchar(max);
+DECLARE @seq int = OBJECT_ID({{pop_seq_regclass}});
+SELECT @restart = MIN(r.msg_id) FROM {{ring}} AS r WITH (READCOMMITTEDLOCK, ROWLOCK) WHERE r.state = 1;
+IF @restart IS NULL
+    SELECT @restart = COALESCE(CAST(s.last_used_value AS bigint), -1) + 1
+    FROM sys.sequences AS s WHERE s.object_id = OBJECT_ID({{push_seq_regclass}});
+SET @sql = CONCAT(N'ALTER SEQUENCE ', QUOTENAME(OBJECT_SCHEMA_NAME(@seq)), N'.', QUOTENAME(OBJECT_NAME(@seq)),
+                  N' RESTART WITH ', @restart);
+EXEC sys.sp_executesql @sql;
+GO
+DECLARE @ring int = OBJECT_ID({{ring_regclass}});
+DECLARE @table nvarchar(300) = CONCAT(QUOTENAME(OBJECT_SCHEMA_NAME(@ring)), N'.', QUOTENAME(OBJECT_NAME(@ring)));
+DECLARE @name sysname, @sql nvarchar(max);
+SELECT @name = c.name FROM sys.check_constraints AS c WHERE c.parent_object_id = @ring;
+IF @name IS NOT NULL
+BEGIN
+    SET @sql = CONCAT(N'ALTER TABLE ', @table, N' DROP CONSTRAINT ', QUOTENAME(@name));
+    EXEC sys.sp_executesql @sql;
+END
+SET @sql = CONCAT(N'ALTER TABLE ', @table, N' ADD CHECK (state BETWEEN 0 AND 3)');
+EXEC sys.sp_executesql @sql;
+
+-- name: create_fanout_guard
+-- The guard (sql/postgresql/ring.sql, make_fanout explains it). SQL Server has no BEFORE
+-- trigger that can skip a row: an AFTER UPDATE trigger on the slots, created (@enable = 1) or
+-- dropped (@enable = 0) by this procedure through dynamic SQL, does the same once the
+-- statement has run, inside its transaction: a plain push that wrote FULL over a fan-out
+-- slot raises (THROW rolls the statement's transaction back); a tombstone (ring_repair,
+-- ring_release) becomes PASSED where no active subscription still waits for the slot's
+-- message, and is undone (the slot's previous row put back from `deleted`) where one does.
+-- The trigger's own UPDATEs keep the state at 4 or 5, so its condition does not hold for
+-- them (and RECURSIVE_TRIGGERS is off by default). ring_repair's OUTPUT is written before the
+-- trigger runs: on SQL Server it may list a tombstone the guard undid.
+CREATE OR ALTER PROCEDURE {{fn_fanout_guard}}
+    @enable bit
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @ring int = OBJECT_ID({{ring_regclass}});
+    DECLARE @schema nvarchar(130) = QUOTENAME(OBJECT_SCHEMA_NAME(@ring));
+    DECLARE @table nvarchar(300) = CONCAT(@schema, N'.', QUOTENAME(OBJECT_NAME(@ring)));
+    DECLARE @trigger nvarchar(300) = CONCAT(@schema, N'.', QUOTENAME(CONCAT(OBJECT_NAME(@ring), N'_fanout_guard')));
+    DECLARE @subs nvarchar(300) = CONCAT(@schema, N'.', QUOTENAME(OBJECT_NAME(OBJECT_ID({{subs_regclass}}))));
+    DECLARE @slots nvarchar(300) = CONCAT(@schema, N'.', QUOTENAME(OBJECT_NAME(OBJECT_ID({{sub_slots_regclass}}))));
+    DECLARE @sql nvarchar(max);
+    IF @enable = 0
+    BEGIN
+        SET @sql = CONCAT(N'DROP TRIGGER IF EXISTS ', @trigger);
+        EXEC sys.sp_executesql @sql;
+        RETURN;
+    END
+    SET @sql = CONCAT(N'CREATE OR ALTER TRIGGER ', @trigger, N' ON ', @table, N' AFTER UPDATE AS
+BEGIN
+    SET NOCOUNT ON;
+    IF EXISTS (SELECT 1 FROM inserted AS i JOIN deleted AS d ON d.slot = i.slot WHERE d.state >= 4 AND i.state = 1)
+        THROW 50003, N''this ring fans out: push with its publish procedure'', 1;
+    UPDATE r SET state = 5, payload = NULL, headers = NULL
+    FROM ', @table, N' AS r JOIN inserted AS i ON i.slot = r.slot JOIN deleted AS d ON d.slot = i.slot
+    WHERE d.state >= 4 AND i.state < 4 AND (d.state = 5 OR NOT EXISTS (
+        SELECT 1 FROM ', @subs, N' AS u JOIN ', @slots, N' AS k ON k.sub_id = u.sub_id AND k.slot = d.slot
+        WHERE u.dropped_at IS NULL AND u.start_pos <= d.msg_id AND NOT (k.pos = d.msg_id AND k.lease_until IS NULL)));
+    UPDATE r SET msg_id = d.msg_id, state = d.state, payload = d.payload, headers = d.headers,
+                 pushed_at = d.pushed_at, changed_at = d.changed_at
+    FROM ', @table, N' AS r JOIN inserted AS i ON i.slot = r.slot JOIN deleted AS d ON d.slot = i.slot
+    WHERE d.state >= 4 AND i.state < 4 AND r.state < 4;
+END');
+    EXEC sys.sp_executesql @sql;
+END
+
+-- name: create_publish
+-- The fan-out push, publish (since ring_0006): sql/postgresql/ring.sql's publish, with the
+-- claims kept in the session under ring_push's key (ring_release gives them up). It first
+-- drops the droppable subscriptions that are behind. Then, like ring_push: claims (the
+-- session's kept ones first, then a range from the sequence) are written in one UPDATE for
+-- the longest run of them whose slots are free in the fan-out sense, found by a locking read
+-- that keeps no lock (READCOMMITTEDLOCK, READPAST: a slot locked now is not free), then
+-- written in a short transaction of its own that re-checks each slot under its update lock;
+-- if that UPDATE writes fewer rows than the run, the run is rolled back and tried again. It
+-- backs off (WAITFOR) only outside any transaction: inside a caller's transaction it keeps
+-- what it could not write for the next call, as on a timeout. @items: the JSON array of
+-- enqueue_many; result: one row per position written, in input order.
+CREATE OR ALTER PROCEDURE {{fn_publish}}
+    @items   nvarchar(max),
+    @timeout float = 1.0
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @key sysname = CONCAT(N'queuectl.rpush.', OBJECT_ID({{ring_regclass}}));
+    DECLARE @deadline datetime2(6) = DATEADD(millisecond,
+        CAST(ROUND(CASE WHEN @timeout > 0 THEN @timeout ELSE 0 END * 1000e0, 0) AS int), SYSUTCDATETIME());
+    DECLARE @pause_ms int = 4, @pause datetime, @n int, @done int = 0, @run int, @wrote int, @draw int;
+    DECLARE @first sql_variant, @high bigint, @kept nvarchar(4000);
+    DECLARE @src TABLE (ord int NOT NULL PRIMARY KEY, payload varbinary(max) NULL, headers nvarchar(max) NULL);
+    DECLARE @claims TABLE (n int NOT NULL PRIMARY KEY, pos bigint NOT NULL UNIQUE);
+    DECLARE @free TABLE (pos bigint NOT NULL PRIMARY KEY);
+    DECLARE @written TABLE (ord int NOT NULL PRIMARY KEY, id bigint NOT NULL);
+    INSERT INTO @src (ord, payload, headers)
+    SELECT CAST(j.[key] AS int), CONVERT(varbinary(max), v.payload_hex, 2), v.headers
+    FROM OPENJSON(@items) AS j
+    CROSS APPLY OPENJSON(j.[value]) WITH (payload_hex nvarchar(max) '$.payload', headers nvarchar(max) '$.headers' AS JSON) AS v;
+    SELECT @n = COUNT(*) FROM @src;
+    IF @n = 0 RETURN;
+    IF @n > 200 THROW 50004, N'publish takes at most 200 messages per call', 1;
+    -- claims: the kept ones first (ascending), then new ones from one range
+    INSERT INTO @claims (n, pos)
+    SELECT TOP (@n) ROW_NUMBER() OVER (ORDER BY CAST(k.[value] AS bigint)) - 1, CAST(k.[value] AS bigint)
+    FROM OPENJSON(CONCAT(N'[', CAST(SESSION_CONTEXT(@key) AS nvarchar(4000)), N']')) AS k
+    ORDER BY CAST(k.[value] AS bigint);
+    SELECT @kept = STRING_AGG(k.[value], N',') FROM (
+        SELECT k.[value] FROM OPENJSON(CONCAT(N'[', CAST(SESSION_CONTEXT(@key) AS nvarchar(4000)), N']')) AS k
+        WHERE CAST(k.[value] AS bigint) NOT IN (SELECT pos FROM @claims)) AS k;
+    SET @draw = @n - (SELECT COUNT(*) FROM @claims);
+    IF @draw > 0
+    BEGIN
+        EXEC sys.sp_sequence_get_range @sequence_name = {{push_seq_regclass}}, @range_size = @draw,
+                                       @range_first_value = @first OUTPUT;
+        INSERT INTO @claims (n, pos)
+        SELECT TOP (@draw) @n - @draw + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) - 1,
+               CAST(@first AS bigint) + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) - 1
+        FROM sys.all_columns;
+    END
+    WHILE @done < @n
+    BEGIN
+        -- the droppable subscriptions past their lag limit are dropped
+        SELECT @high = COALESCE(CAST(s.last_used_value AS bigint), -1)
+        FROM sys.sequences AS s WHERE s.object_id = OBJECT_ID({{push_seq_regclass}});
+        UPDATE {{subs}} SET dropped_at = SYSUTCDATETIME()
+        WHERE dropped_at IS NULL AND drop_when_behind = 1 AND next_pos < @high + 1 - lag_limit;
+        -- the longest run of free slots from the first unwritten claim
+        DELETE FROM @free;
+        INSERT INTO @free (pos)
+        SELECT c.pos FROM @claims AS c
+        JOIN {{ring}} AS s WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK) ON s.slot = c.pos % {{size}}
+        WHERE c.n >= @done AND s.msg_id = c.pos - {{size}} AND s.state >= 4
+          AND (s.state = 5 OR NOT EXISTS (
+              SELECT 1 FROM {{subs}} AS u JOIN {{sub_slots}} AS k ON k.sub_id = u.sub_id AND k.slot = s.slot
+              WHERE u.dropped_at IS NULL AND u.start_pos <= s.msg_id AND NOT (k.pos = s.msg_id AND k.lease_until IS NULL)));
+        SELECT @run = COALESCE(MIN(c.n), @n) - @done FROM @claims AS c
+        WHERE c.n >= @done AND c.pos NOT IN (SELECT pos FROM @free);
+        IF @run > 0
+        BEGIN
+            BEGIN TRANSACTION;
+            SAVE TRANSACTION run;
+            UPDATE r
+            SET msg_id = c.pos, state = 4, payload = p.payload, headers = p.headers,
+                pushed_at = SYSUTCDATETIME(), changed_at = SYSUTCDATETIME()
+            OUTPUT p.ord, inserted.msg_id INTO @written (ord, id)
+            FROM @claims AS c
+            JOIN @src AS p ON p.ord = c.n
+            JOIN {{ring}} AS r WITH (UPDLOCK, ROWLOCK) ON r.slot = c.pos % {{size}}
+            WHERE c.n >= @done AND c.n < @done + @run AND r.msg_id = c.pos - {{size}} AND r.state >= 4
+              AND (r.state = 5 OR NOT EXISTS (
+                  SELECT 1 FROM {{subs}} AS u JOIN {{sub_slots}} AS k ON k.sub_id = u.sub_id AND k.slot = r.slot
+                  WHERE u.dropped_at IS NULL AND u.start_pos <= r.msg_id
+                    AND NOT (k.pos = r.msg_id AND k.lease_until IS NULL)));
+            SET @wrote = @@ROWCOUNT;
+            IF @wrote < @run
+            BEGIN
+                ROLLBACK TRANSACTION run;
+                DELETE FROM @written WHERE ord >= @done;
+                SET @wrote = 0;
+            END
+            COMMIT TRANSACTION;
+            SET @done += @wrote;
+            IF @wrote > 0 CONTINUE;
+        END
+        -- a claim a tombstone passed (ring_repair, ring_release): replaced by a new position
+        IF EXISTS (SELECT 1 FROM @claims AS c
+                   JOIN {{ring}} AS h WITH (READCOMMITTEDLOCK, ROWLOCK) ON h.slot = c.pos % {{size}}
+                   WHERE c.n = @done AND h.msg_id >= c.pos)
+        BEGIN
+            UPDATE @claims SET pos = NEXT VALUE FOR {{push_seq}} WHERE n = @done;
+            CONTINUE;
+        END
+        IF SYSUTCDATETIME() >= @deadline OR @@TRANCOUNT > 0 BREAK;
+        SET @pause = DATEADD(millisecond, @pause_ms, CAST(0 AS datetime));
+        WAITFOR DELAY @pause;
+        SET @pause_ms = CASE WHEN @pause_ms * 2 > 50 THEN 50 ELSE @pause_ms * 2 END;
+    END
+    SELECT @kept = CONCAT_WS(N',', NULLIF(STRING_AGG(CAST(c.pos AS nvarchar(20)), N',') WITHIN GROUP (ORDER BY c.pos), N''),
+                             NULLIF(@kept, N''))
+    FROM @claims AS c WHERE c.n >= @done;
+    EXEC sys.sp_set_session_context @key = @key, @value = @kept;
+    SELECT id FROM @written ORDER BY ord;
+END
+
+-- name: create_subscribe
+-- subscribe (since ring_0006): sql/postgresql/ring.sql's subscribe. The start position is
+-- read under an update lock on the whole slots table (UPDLOCK, TABLOCK, HOLDLOCK: it conflicts
+-- with the intent-exclusive lock of every push, in a transaction of its own:
+-- pushes in flight finish first, new ones wait until this commits), so every position at or
+-- past the start is written by a publish whose free test sees the subscription. One short
+-- transaction; no wait inside it but the lock's.
+CREATE OR ALTER PROCEDURE {{fn_subscribe}}
+    @name             nvarchar(48),
+    @lag_limit        bigint = NULL,
+    @drop_when_behind bit    = NULL
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @id int, @start bigint, @state smallint;
+    IF @name IS NULL OR @name LIKE N'%[^a-z0-9_]%' COLLATE Latin1_General_BIN2
+       OR LEFT(@name, 1) NOT LIKE N'[a-z]' COLLATE Latin1_General_BIN2
+        THROW 50005, N'invalid subscription name: 1-48 lowercase letters, digits and underscores, starting with a letter', 1;
+    IF @lag_limit < 1 OR @lag_limit > {{size}}
+        THROW 50005, N'lag limit must be from 1 to the ring''s size', 1;
+    SELECT @state = r.state FROM {{ring}} AS r WITH (READCOMMITTEDLOCK, ROWLOCK) WHERE r.slot = 0;
+    IF @state < 4
+        THROW 50003, N'this ring does not fan out: install it with fanout to subscribe', 1;
+    BEGIN TRANSACTION;
+    SELECT @state = COUNT(*) FROM {{ring}} WITH (UPDLOCK, TABLOCK, HOLDLOCK) WHERE slot = 0;
+    IF EXISTS (SELECT 1 FROM {{subs}} WITH (UPDLOCK, HOLDLOCK) WHERE name = @name)
+        THROW 50006, N'subscription exists', 1;
+    SELECT @start = COALESCE(CAST(s.last_used_value AS bigint), -1) + 1
+    FROM sys.sequences AS s WHERE s.object_id = OBJECT_ID({{push_seq_regclass}});
+    SELECT @id = COALESCE(MAX(sub_id), 0) + 1 FROM {{subs}} WITH (UPDLOCK, HOLDLOCK);
+    INSERT INTO {{subs}} (sub_id, name, start_pos, next_pos) VALUES (@id, @name, @start, @start);
+    UPDATE {{subs}} SET lag_limit = COALESCE(@lag_limit, lag_limit),
+                        drop_when_behind = COALESCE(@drop_when_behind, drop_when_behind)
+    WHERE sub_id = @id;
+    WITH numbers AS (
+        SELECT TOP ({{size}}) ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) - 1 AS g
+        FROM sys.all_columns AS a CROSS JOIN sys.all_columns AS b
+    )
+    INSERT INTO {{sub_slots}} (sub_id, slot, pos) SELECT @id, CAST(g AS int), -1 FROM numbers;
+    COMMIT TRANSACTION;
+    SELECT name, start_pos, lag_limit, drop_when_behind FROM {{subs}} WHERE sub_id = @id;
+END
+
+-- name: create_unsubscribe
+-- unsubscribe (since ring_0006): remove a subscription and its slot rows, in batches of
+-- 4,000 (under the ~5,000 locks at which SQL Server escalates to a table lock, which would
+-- stop every claim and ack of the other subscriptions). Result: removed (1 if it existed).
+CREATE OR ALTER PROCEDURE {{fn_unsubscribe}}
+    @name nvarchar(48)
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @id int;
+    DECLARE @gone TABLE (sub_id int NOT NULL);
+    DELETE FROM {{subs}} OUTPUT deleted.sub_id INTO @gone (sub_id) WHERE name = @name;
+    SELECT @id = sub_id FROM @gone;
+    WHILE @id IS NOT NULL
+    BEGIN
+        DELETE TOP (4000) FROM {{sub_slots}} WITH (ROWLOCK) WHERE sub_id = @id;
+        IF @@ROWCOUNT < 4000 BREAK;
+    END
+    SELECT CAST(CASE WHEN @id IS NULL THEN 0 ELSE 1 END AS bit) AS removed;
+END
+
+-- name: create_subscriptions
+-- subscriptions (since ring_0006): sql/postgresql/ring.sql's subscriptions. version read:
+-- a monitoring call reads the subscriptions and their slot rows as committed (under RCSI,
+-- versions), never the slots table.
+CREATE OR ALTER PROCEDURE {{fn_subscriptions}}
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @high bigint;
+    SELECT @high = COALESCE(CAST(s.last_used_value AS bigint), -1)
+    FROM sys.sequences AS s WHERE s.object_id = OBJECT_ID({{push_seq_regclass}});
+    SELECT u.name, u.start_pos, u.next_pos, @high + 1 - u.next_pos AS lag, u.lag_limit,
+           CAST(CASE WHEN u.dropped_at IS NOT NULL OR @high + 1 - u.next_pos > u.lag_limit THEN 1 ELSE 0 END AS bit) AS behind,
+           u.drop_when_behind, u.dropped_at, c.claimed, c.expired, c.oldest AS oldest_claim, u.created_at
+    FROM {{subs}} AS u
+    CROSS APPLY (
+        SELECT COUNT_BIG(k.lease_until) AS claimed,
+               SUM(CASE WHEN k.lease_until < SYSUTCDATETIME() THEN 1 ELSE 0 END) AS expired,
+               MIN(CASE WHEN k.lease_until IS NOT NULL THEN k.pos END) AS oldest
+        FROM {{sub_slots}} AS k WHERE k.sub_id = u.sub_id) AS c
+    ORDER BY u.name;
+END
+
+-- name: create_sub_take
+-- A subscription's pop, sub_take (since ring_0006): sql/postgresql/ring.sql's sub_take. The
+-- cursor row is read without a lock first; only when there is something to take (the scan for
+-- expired claims is due, or the slot of the next position holds it or a later one) does it
+-- lock the row (UPDLOCK, ROWLOCK) in a short transaction of its own that claims and moves the
+-- cursor, and commits before it returns: no WAITFOR inside it. The window of positions reads
+-- the slots WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK): a slot locked now is a publish not
+-- committed yet, and the cursor stops there as at a position not published. Waits
+-- (WAITFOR) only before the lock, and never inside a caller's transaction.
+CREATE OR ALTER PROCEDURE {{fn_sub_take}}
+    @name    nvarchar(48),
+    @batch   int   = 1,
+    @lease   float = 30,
+    @timeout float = 0
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @deadline datetime2(6) = DATEADD(millisecond,
+        CAST(ROUND(CASE WHEN @timeout > 0 THEN @timeout ELSE 0 END * 1000e0, 0) AS int), SYSUTCDATETIME());
+    DECLARE @lease_ms int = CAST(ROUND(CASE WHEN @lease > 0 THEN @lease ELSE 0 END * 1000e0, 0) AS int);
+    DECLARE @pause_ms int = 4, @pause datetime, @sub int, @next bigint, @scan datetime2(6), @high bigint,
+            @got int = 0, @n int, @stop bigint;
+    DECLARE @win TABLE (pos bigint NOT NULL PRIMARY KEY, slot int NOT NULL, msg_id bigint NULL, state smallint NULL);
+    DECLARE @out TABLE (id bigint NOT NULL PRIMARY KEY, slot int NOT NULL, tries int NOT NULL);
+    IF @batch IS NULL OR @batch < 1 THROW 50005, N'batch must be at least 1', 1;
+    WHILE 1 = 1
+    BEGIN
+        SELECT @sub = sub_id, @next = next_pos, @scan = scan_at FROM {{subs}} WHERE name = @name AND dropped_at IS NULL;
+        IF @@ROWCOUNT = 0 THROW 50002, N'this ring has no such active subscription', 1;
+        SELECT @high = COALESCE(CAST(s.last_used_value AS bigint), -1)
+        FROM sys.sequences AS s WHERE s.object_id = OBJECT_ID({{push_seq_regclass}});
+        IF @scan <= SYSUTCDATETIME() OR (@next <= @high AND EXISTS (
+               SELECT 1 FROM {{ring}} AS r WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
+               WHERE r.slot = @next % {{size}} AND r.msg_id >= @next))
+        BEGIN
+            BEGIN TRANSACTION;
+            SELECT @next = next_pos, @scan = scan_at FROM {{subs}} WITH (UPDLOCK, ROWLOCK)
+            WHERE sub_id = @sub AND dropped_at IS NULL;
+            IF @@ROWCOUNT = 0
+            BEGIN
+                COMMIT TRANSACTION;
+                CONTINUE;  -- dropped meanwhile: the read above reports it
+            END
+            IF @scan <= SYSUTCDATETIME()
+            BEGIN
+                UPDATE TOP (@batch) k
+                SET lease_until = DATEADD(millisecond, @lease_ms, SYSUTCDATETIME()), tries = k.tries + 1
+                OUTPUT inserted.pos, inserted.slot, inserted.tries INTO @out (id, slot, tries)
+                FROM {{sub_slots}} AS k WITH (ROWLOCK, READPAST)
+                WHERE k.sub_id = @sub AND k.lease_until < SYSUTCDATETIME();
+                SET @got = @@ROWCOUNT;
+                IF @got < @batch
+                    UPDATE {{subs}} SET scan_at = DATEADD(second, 1, SYSUTCDATETIME()) WHERE sub_id = @sub;
+            END
+            IF @got < @batch AND @next <= @high
+            BEGIN
+                SET @n = CASE WHEN @batch - @got < @high - @next + 1 THEN @batch - @got ELSE CAST(@high - @next + 1 AS int) END;
+                INSERT INTO @win (pos, slot, msg_id, state)
+                SELECT g.pos, CAST(g.pos % {{size}} AS int), r.msg_id, r.state
+                FROM (SELECT TOP (@n) @next + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) - 1 AS pos FROM sys.all_columns) AS g
+                LEFT JOIN {{ring}} AS r WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK) ON r.slot = g.pos % {{size}};
+                -- the first position not published, or whose slot is locked now (READPAST: no row)
+                SELECT @stop = COALESCE(MIN(w.pos), @next + @n) FROM @win AS w WHERE w.msg_id IS NULL OR w.msg_id < w.pos;
+                UPDATE k SET pos = w.pos, lease_until = DATEADD(millisecond, @lease_ms, SYSUTCDATETIME()), tries = 1
+                OUTPUT inserted.pos, inserted.slot, inserted.tries INTO @out (id, slot, tries)
+                FROM @win AS w
+                JOIN {{sub_slots}} AS k WITH (ROWLOCK) ON k.sub_id = @sub AND k.slot = w.slot
+                WHERE w.pos < @stop AND w.msg_id = w.pos AND w.state = 4;
+                UPDATE {{subs}} SET next_pos = @stop WHERE sub_id = @sub;
+            END
+            COMMIT TRANSACTION;
+            -- version read: a claimed slot cannot change until the subscription acknowledges
+            -- it (the producer waits for that), so its committed row is the message
+            SELECT o.id, r.payload, r.headers, r.pushed_at AS enqueued_at, SYSUTCDATETIME() AS dequeued_at, o.tries
+            FROM @out AS o JOIN {{ring}} AS r WITH (READCOMMITTEDLOCK, ROWLOCK) ON r.slot = o.slot
+            ORDER BY o.id;
+            RETURN;
+        END
+        IF SYSUTCDATETIME() >= @deadline OR @@TRANCOUNT > 0 BREAK;
+        SET @pause = DATEADD(millisecond, @pause_ms, CAST(0 AS datetime));
+        WAITFOR DELAY @pause;
+        SET @pause_ms = CASE WHEN @pause_ms * 2 > 50 THEN 50 ELSE @pause_ms * 2 END;
+    END
+    SELECT o.id, CAST(NULL AS varbinary(max)) AS payload, CAST(NULL AS nvarchar(max)) AS headers,
+           CAST(NULL AS datetime2(6)) AS enqueued_at, CAST(NULL AS datetime2(6)) AS dequeued_at, o.tries
+    FROM @out AS o WHERE 1 = 0;
+END
+
+-- name: create_sub_done
+-- sub_done (since ring_0006): sql/postgresql/ring.sql's sub_done; @ids and @tries are JSON
+-- arrays of the same length. Result: the ids acknowledged.
+CREATE OR ALTER PROCEDURE {{fn_sub_done}}
+    @name  nvarchar(48),
+    @ids   nvarchar(max),
+    @tries nvarchar(max)
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    UPDATE k SET lease_until = NULL
+    OUTPUT inserted.pos AS id
+    FROM {{subs}} AS u
+    JOIN (SELECT CAST(i.[value] AS bigint) AS pos, CAST(t.[value] AS int) AS tries
+          FROM OPENJSON(@ids) AS i JOIN OPENJSON(@tries) AS t ON t.[key] = i.[key]) AS a ON 1 = 1
+    JOIN {{sub_slots}} AS k WITH (ROWLOCK) ON k.sub_id = u.sub_id AND k.slot = a.pos % {{size}}
+    WHERE u.name = @name AND k.pos = a.pos AND k.tries = a.tries AND k.lease_until IS NOT NULL;
+END
+
+-- name: create_sub_return
+-- sub_return (since ring_0006): sql/postgresql/ring.sql's sub_return (the lease ends now and
+-- the subscription's next sub_take looks for expired claims). Result: the ids given back.
+CREATE OR ALTER PROCEDURE {{fn_sub_return}}
+    @name  nvarchar(48),
+    @ids   nvarchar(max),
+    @tries nvarchar(max)
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @given TABLE (id bigint NOT NULL PRIMARY KEY);
+    UPDATE k SET lease_until = CAST('0001-01-01' AS datetime2(6))
+    OUTPUT inserted.pos INTO @given (id)
+    FROM {{subs}} AS u
+    JOIN (SELECT CAST(i.[value] AS bigint) AS pos, CAST(t.[value] AS int) AS tries
+          FROM OPENJSON(@ids) AS i JOIN OPENJSON(@tries) AS t ON t.[key] = i.[key]) AS a ON 1 = 1
+    JOIN {{sub_slots}} AS k WITH (ROWLOCK) ON k.sub_id = u.sub_id AND k.slot = a.pos % {{size}}
+    WHERE u.name = @name AND k.pos = a.pos AND k.tries = a.tries AND k.lease_until IS NOT NULL;
+    IF EXISTS (SELECT 1 FROM @given)
+        UPDATE {{subs}} SET scan_at = SYSUTCDATETIME() WHERE name = @name;
+    SELECT id FROM @given ORDER BY id;
+END
+
+-- name: drop_subscription_functions
+-- Remove the fan-out API (ring_0006's downgrade).
+DROP PROCEDURE IF EXISTS {{fn_publish}};
+GO
+DROP PROCEDURE IF EXISTS {{fn_subscribe}};
+GO
+DROP PROCEDURE IF EXISTS {{fn_unsubscribe}};
+GO
+DROP PROCEDURE IF EXISTS {{fn_subscriptions}};
+GO
+DROP PROCEDURE IF EXISTS {{fn_sub_take}};
+GO
+DROP PROCEDURE IF EXISTS {{fn_sub_done}};
+GO
+DROP PROCEDURE IF EXISTS {{fn_sub_return}};
+GO
+DROP PROCEDURE IF EXISTS {{fn_fanout_guard}};
+
 -- name: drop_ring_release
 -- Remove ring_0002's ring_release.
 DROP PROCEDURE IF EXISTS {{fn_ring_release}};
@@ -712,6 +1220,34 @@ EXEC {{fn_ring_repair}} @grace_seconds = :grace, @timeout = :timeout
 -- the pop claim with the procedure's default timeout (since ring_0002). No argument: the same
 -- call serves a queue still at ring_0001, whose procedure returns three columns.
 EXEC {{fn_ring_release}}
+
+-- name: publish
+-- Client call: push many messages to a fan-out ring's subscriptions (:items as enqueue_many's).
+EXEC {{fn_publish}} @items = :items, @timeout = :timeout
+
+-- name: sub_take
+-- Client call: up to :batch messages of subscription :name, leased for :lease seconds.
+EXEC {{fn_sub_take}} @name = :name, @batch = :batch, @lease = :lease, @timeout = :timeout
+
+-- name: sub_done
+-- Client call: acknowledge messages of subscription :name (:ids, :tries: JSON arrays).
+EXEC {{fn_sub_done}} @name = :name, @ids = :ids, @tries = :tries
+
+-- name: sub_return
+-- Client call: give claimed messages back to subscription :name at once.
+EXEC {{fn_sub_return}} @name = :name, @ids = :ids, @tries = :tries
+
+-- name: subscribe
+-- Client call: add subscription :name (NULL options: the ring's defaults).
+EXEC {{fn_subscribe}} @name = :name, @lag_limit = :lag_limit, @drop_when_behind = :drop_when_behind
+
+-- name: unsubscribe
+-- Client call: remove subscription :name.
+EXEC {{fn_unsubscribe}} @name = :name
+
+-- name: subscriptions
+-- Client call: the subscriptions and their lag.
+EXEC {{fn_subscriptions}}
 
 -- name: counts
 -- Depth for `queuectl list`: the FULL slots. READPAST: a slot locked now (a push not

@@ -58,6 +58,12 @@
 --  * a rescued message lands at a new push position; if the pop claim for that position
 --    is itself abandoned, the next ring_repair() run moves it again.
 --
+-- Fan-out (since ring_0006; create_subscription_tables has the design): a ring installed
+-- with `fanout` gives every message to each of its named subscriptions, whose consumers
+-- compete within the subscription (claims with leases, acknowledged by (id, tries)). Its
+-- slots are PUBLISHED (4) or PASSED (5), never FULL: publish() writes them, the
+-- subscriptions read them, and a slot is free once every subscription acknowledged it.
+--
 -- Sections are filled by queuectl.sqlfiles.render() with quoted identifiers only.
 
 -- name: create_tables
@@ -514,6 +520,476 @@ BEGIN
 END
 $fn$;
 
+-- name: create_subscription_tables
+-- Fan-out (since ring_0006): named subscriptions, each of which reads every message pushed
+-- after it was added, in order, with competing consumers inside it. A ring installed with
+-- `fanout` takes its pushes through publish() and its pops through the subscriptions only;
+-- a ring without it (the default) keeps these tables empty and works as above.
+--
+-- <queue>_subs: one row per subscription. next_pos is its cursor, the next position to hand
+-- out; it is a column, not a sequence, so that a claim and the cursor's move commit together
+-- (a consumer that dies mid-claim leaves no hole, unlike the pop's non-transactional
+-- sequence). The price: the consumers of one subscription take turns on that row for the
+-- length of one claim statement (not while they process). scan_at: when the claims of the
+-- subscription are next looked at for expired leases. A subscription dropped for lagging
+-- keeps its row (dropped_at set) until unsubscribe removes it. The defaults of lag_limit and
+-- drop_when_behind are the ring's install settings ({{sub_lag_limit}}, {{sub_drop}}: half the
+-- ring and no, unless installed with others).
+--
+-- <queue>_sub_slots: `size` rows per subscription, written at subscribe and then only
+-- UPDATEd: row (sub, s) holds the last position of slot s handed to the subscription (pos),
+-- its lease (lease_until; NULL once acknowledged) and the claim's count of tries, which is
+-- also the claim's token: an ack names (position, tries), so the ack of a consumer whose
+-- lease expired and whose message another consumer took again matches nothing. No indexed
+-- column changes (the key is (sub_id, slot)), so every update can be HOT if its page has
+-- room. fillfactor 30, not the slots' 50: a claim of a batch updates every row of a page in
+-- one statement, and versions that statement just replaced cannot be pruned before it ends;
+-- measured (tests/test_ring_fanout.py, batches of 512 over 1,024 slots, 3 subscriptions) at
+-- 50: 346 of 147,456 updates were not HOT; at 30: none. ~15 MB per subscription at 65,536 slots.
+--
+-- A slot is free for position v when the ring's slot holds v - size and every active
+-- subscription that started at or before v - size has acknowledged v - size there (the
+-- LMAX Disruptor's gating on the slowest consumer, kept per slot instead of as one
+-- sequence per consumer, because competing consumers acknowledge out of order).
+CREATE TABLE {{subs}} (
+    sub_id           integer     PRIMARY KEY,
+    name             text        NOT NULL UNIQUE,
+    start_pos        bigint      NOT NULL,
+    next_pos         bigint      NOT NULL,
+    lag_limit        bigint      NOT NULL DEFAULT {{sub_lag_limit}} CHECK (lag_limit >= 1),
+    drop_when_behind boolean     NOT NULL DEFAULT ({{sub_drop}} = 1),
+    scan_at          timestamptz NOT NULL DEFAULT now(),
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    dropped_at       timestamptz
+) WITH (fillfactor = 50);
+
+CREATE TABLE {{sub_slots}} (
+    sub_id      integer     NOT NULL,
+    slot        integer     NOT NULL,
+    pos         bigint      NOT NULL,
+    lease_until timestamptz,
+    tries       integer     NOT NULL DEFAULT 0,
+    PRIMARY KEY (sub_id, slot)
+) WITH (fillfactor = 30);
+
+-- name: drop_subscription_tables
+-- Remove the subscriptions (ring_0006's downgrade).
+DROP TABLE IF EXISTS {{sub_slots}};
+DROP TABLE IF EXISTS {{subs}};
+
+-- name: make_fanout
+-- Turn a ring that has never been used into a fan-out ring (ring_0006, for a ring installed
+-- with `fanout`). Two more slot states:
+--   4 PUBLISHED  position msg_id holds a message for the subscriptions (payload kept until
+--                the slot is reused: subscriptions read it, nobody empties it)
+--   5 PASSED     position msg_id never got a message (a fan-out tombstone)
+-- Every slot starts PUBLISHED at slot - size, a position no subscription wants: free.
+-- The guard trigger keeps the other functions of the ring from breaking a fan-out slot: a
+-- plain push into it fails with advice; a tombstone (ring_repair, ring_release) goes in as
+-- PASSED where no subscription still waits for the slot's message, else is not written
+-- (the BEFORE trigger returns NULL). The plain pop takes FULL slots only, so it finds
+-- nothing here. The WHEN clause is evaluated without calling the function, so publish and
+-- the subscriptions' own updates (which keep the state at 4 or 5) pay nothing for it.
+DO $make$
+DECLARE
+    c record;
+BEGIN
+    IF EXISTS (SELECT 1 FROM {{ring}} WHERE state <> 0 OR msg_id >= 0) THEN
+        RAISE EXCEPTION 'ring % has been used: only a new ring can fan out', {{ring_regclass}};
+    END IF;
+    FOR c IN SELECT conname FROM pg_constraint WHERE conrelid = {{ring_regclass}}::regclass AND contype = 'c' LOOP
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', {{ring_regclass}}::regclass, c.conname);
+    END LOOP;
+END
+$make$;
+ALTER TABLE {{ring}} ADD CHECK (state BETWEEN 0 AND 5);
+UPDATE {{ring}} SET state = 4;
+CREATE TRIGGER fanout_guard BEFORE UPDATE ON {{ring}}
+    FOR EACH ROW WHEN (OLD.state >= 4 AND NEW.state < 4) EXECUTE FUNCTION {{fn_fanout_guard}}();
+
+-- name: unmake_fanout
+-- Back to a plain ring (ring_0006's downgrade of a fan-out ring): each message that an
+-- active subscription has not acknowledged becomes FULL, for the plain pop, once; the
+-- others are EMPTY, the fan-out tombstones SKIPPED. The pop sequence restarts at the
+-- oldest such message (or past the pushes), so plain pops do not walk the consumed ones.
+DROP TRIGGER IF EXISTS fanout_guard ON {{ring}};
+UPDATE {{ring}} r
+SET state = CASE
+        WHEN r.state = 5 THEN 2
+        WHEN EXISTS (SELECT 1 FROM {{subs}} u JOIN {{sub_slots}} k ON k.sub_id = u.sub_id AND k.slot = r.slot
+                     WHERE u.dropped_at IS NULL AND u.start_pos <= r.msg_id
+                       AND NOT (k.pos = r.msg_id AND k.lease_until IS NULL)) THEN 1
+        ELSE 0 END
+WHERE r.state >= 4;
+UPDATE {{ring}} SET payload = NULL, headers = NULL WHERE state <> 1;
+SELECT setval({{pop_seq_regclass}}::regclass,
+              coalesce((SELECT min(msg_id) FROM {{ring}} WHERE state = 1),
+                       (SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END FROM {{push_seq}} s)),
+              false);
+DO $unmake$
+DECLARE
+    c record;
+BEGIN
+    FOR c IN SELECT conname FROM pg_constraint WHERE conrelid = {{ring_regclass}}::regclass AND contype = 'c' LOOP
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', {{ring_regclass}}::regclass, c.conname);
+    END LOOP;
+END
+$unmake$;
+ALTER TABLE {{ring}} ADD CHECK (state BETWEEN 0 AND 3);
+
+-- name: create_fanout_guard
+-- The guard trigger's function (make_fanout explains it).
+CREATE OR REPLACE FUNCTION {{fn_fanout_guard}}() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF NEW.state = 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'QR003',
+            MESSAGE = format('ring %I.%I fans out: push with %I.%I', TG_TABLE_SCHEMA, TG_TABLE_NAME,
+                             TG_TABLE_SCHEMA, regexp_replace(TG_TABLE_NAME, '_ring$', '_publish')),
+            HINT = 'a fan-out ring takes its messages through publish() and gives them out through subscriptions';
+    END IF;
+    IF OLD.state = 5 OR NOT EXISTS (
+        SELECT 1 FROM {{subs}} u JOIN {{sub_slots}} k ON k.sub_id = u.sub_id AND k.slot = OLD.slot
+        WHERE u.dropped_at IS NULL AND u.start_pos <= OLD.msg_id
+          AND NOT (k.pos = OLD.msg_id AND k.lease_until IS NULL)) THEN
+        NEW.state := 5;
+        NEW.payload := NULL;
+        NEW.headers := NULL;
+        RETURN NEW;
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- name: create_publish
+-- The fan-out push, publish (since ring_0006): enqueue_many's claims and rules (the session
+-- keeps the claims it could not write, under the same setting, so ring_release gives them
+-- up), with the fan-out free test: the slot holds v - size, PUBLISHED or PASSED, and every
+-- active subscription that started at or before v - size acknowledged it. The producer's
+-- back-pressure is so the slowest subscription. Before it claims, it drops the
+-- subscriptions that asked to be dropped when behind and are (lag = positions pushed that
+-- the subscription has not been handed, over its lag_limit), so a stopped subscription
+-- stops the producer only if it did not ask for that.
+CREATE OR REPLACE FUNCTION {{fn_publish}}(
+    p_payloads bytea[],
+    p_headers  jsonb[]          DEFAULT NULL,
+    p_timeout  double precision DEFAULT 1.0
+) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_key      text := 'queuectl.rpush' || {{ring_regclass}}::regclass::oid;
+    v_kept     bigint[] := coalesce(string_to_array(nullif(current_setting(v_key, true), ''), ',')::bigint[], '{}');
+    v_n        integer := coalesce(cardinality(p_payloads), 0);
+    v_claims   bigint[];
+    v_done     integer := 0;
+    v_run      integer;
+    v_pos      bigint;
+    v_held     bigint;
+    v_deadline timestamptz;
+    v_pause    double precision := 0.001;
+BEGIN
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    v_deadline := clock_timestamp() + make_interval(secs => greatest(coalesce(p_timeout, 0), 0));
+    v_claims := v_kept[1:v_n] || ARRAY(
+        SELECT nextval({{push_seq_regclass}}::regclass)
+        FROM generate_series(1, v_n - least(cardinality(v_kept), v_n)));
+    v_kept := v_kept[v_n + 1:];
+    LOOP
+        -- drop the droppable subscriptions that are behind (no row is locked unless one is)
+        UPDATE {{subs}} u SET dropped_at = clock_timestamp()
+        WHERE u.dropped_at IS NULL AND u.drop_when_behind
+          AND u.next_pos < (SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END FROM {{push_seq}} s)
+                           + 1 - u.lag_limit;
+        RETURN QUERY
+        WITH c AS (
+            SELECT u.pos, u.ord FROM unnest(v_claims[v_done + 1:]) WITH ORDINALITY AS u(pos, ord)
+        ), locked AS MATERIALIZED (
+            SELECT s.slot, c.pos, c.ord FROM c
+            JOIN {{ring}} s ON s.slot = mod(c.pos, {{size}})
+            WHERE s.msg_id = c.pos - {{size}} AND s.state >= 4
+              AND (s.state = 5 OR NOT EXISTS (
+                  SELECT 1 FROM {{subs}} u JOIN {{sub_slots}} k ON k.sub_id = u.sub_id AND k.slot = s.slot
+                  WHERE u.dropped_at IS NULL AND u.start_pos <= s.msg_id
+                    AND NOT (k.pos = s.msg_id AND k.lease_until IS NULL)))
+            FOR UPDATE OF s SKIP LOCKED
+        ), run AS (
+            SELECT l.slot, l.pos, l.ord FROM locked l
+            WHERE l.ord < coalesce((SELECT min(c.ord) FROM c WHERE c.ord NOT IN (SELECT ord FROM locked)), v_n - v_done + 1)
+        ), written AS (
+            UPDATE {{ring}} r
+            SET msg_id = run.pos, state = 4, payload = p_payloads[v_done + run.ord],
+                headers = p_headers[v_done + run.ord], pushed_at = clock_timestamp(), changed_at = clock_timestamp()
+            FROM run WHERE r.slot = run.slot
+            RETURNING run.pos, run.ord
+        )
+        SELECT w.pos FROM written w ORDER BY w.ord;
+        GET DIAGNOSTICS v_run = ROW_COUNT;
+        v_done := v_done + v_run;
+        EXIT WHEN v_done = v_n;
+        v_pos := v_claims[v_done + 1];
+        SELECT h.msg_id INTO v_held FROM {{ring}} h WHERE h.slot = mod(v_pos, {{size}});
+        IF v_held >= v_pos THEN
+            -- the claim was tombstoned: drop it and claim a new position at the end
+            v_claims := v_claims[1:v_done] || v_claims[v_done + 2:] || nextval({{push_seq_regclass}}::regclass);
+            CONTINUE;
+        END IF;
+        EXIT WHEN clock_timestamp() >= v_deadline;
+        PERFORM pg_sleep(least(v_pause, greatest(extract(epoch FROM v_deadline - clock_timestamp()), 0)));
+        v_pause := least(v_pause * 2, 0.05);
+    END LOOP;
+    PERFORM set_config(v_key, array_to_string(v_claims[v_done + 1:] || v_kept, ','), false);
+    RETURN;
+END
+$fn$;
+
+-- name: create_subscribe
+-- subscribe (since ring_0006): add a subscription online. It sees every message pushed
+-- after it: its cursor starts past the highest position pushers have claimed, read under a
+-- SHARE ROW EXCLUSIVE lock on the slots. That lock waits for the pushes in flight and holds
+-- new ones back until this commits, so every position at or past the start is written by a
+-- push whose free test sees the new subscription (and a position claimed earlier but written
+-- later is below the start: not the subscription's). Pops and pushes wait for the lock
+-- meanwhile: one short transaction. lag_limit and drop_when_behind, when NULL, take the
+-- columns' defaults: the ring's install settings (create_subscription_tables). Its `size` slot rows are inserted here; that is the only time they grow.
+CREATE OR REPLACE FUNCTION {{fn_subscribe}}(
+    p_name             text,
+    p_lag_limit        bigint  DEFAULT NULL,
+    p_drop_when_behind boolean DEFAULT NULL
+) RETURNS TABLE (name text, start_pos bigint, lag_limit bigint, drop_when_behind boolean)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_id    integer;
+    v_start bigint;
+    v_limit bigint;
+    v_drop  boolean;
+BEGIN
+    IF p_name IS NULL OR p_name !~ '^[a-z][a-z0-9_]{0,47}$' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('invalid subscription name %L: 1-48 lowercase letters, digits and underscores, starting with a letter', p_name);
+    END IF;
+    IF p_lag_limit < 1 OR p_lag_limit > {{size}} THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('lag limit must be from 1 to the ring''s size (%s), got %s', {{size}}, p_lag_limit);
+    END IF;
+    IF (SELECT r.state FROM {{ring}} r WHERE r.slot = 0) < 4 THEN
+        RAISE EXCEPTION USING ERRCODE = 'QR003',
+            MESSAGE = format('ring %s does not fan out: install it with fanout to subscribe', {{ring_regclass}});
+    END IF;
+    LOCK TABLE {{ring}} IN SHARE ROW EXCLUSIVE MODE;
+    IF EXISTS (SELECT 1 FROM {{subs}} u WHERE u.name = p_name) THEN
+        RAISE EXCEPTION USING ERRCODE = '42710', MESSAGE = format('subscription %L exists', p_name);
+    END IF;
+    SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END INTO v_start FROM {{push_seq}} s;
+    SELECT coalesce(max(u.sub_id), 0) + 1 INTO v_id FROM {{subs}} u;
+    INSERT INTO {{subs}} AS u (sub_id, name, start_pos, next_pos) VALUES (v_id, p_name, v_start, v_start)
+    RETURNING u.lag_limit, u.drop_when_behind INTO v_limit, v_drop;
+    v_limit := coalesce(p_lag_limit, v_limit);
+    v_drop := coalesce(p_drop_when_behind, v_drop);
+    UPDATE {{subs}} u SET lag_limit = v_limit, drop_when_behind = v_drop WHERE u.sub_id = v_id;
+    INSERT INTO {{sub_slots}} (sub_id, slot, pos)
+    SELECT v_id, g, -1 FROM generate_series(0, {{size}} - 1) AS g;
+    RETURN QUERY SELECT p_name, v_start, v_limit, v_drop;
+END
+$fn$;
+
+-- name: create_unsubscribe
+-- unsubscribe (since ring_0006): remove a subscription (active or dropped) and its slot
+-- rows; the producer no longer waits for it. Its consumers' next call fails. True if it
+-- existed.
+CREATE OR REPLACE FUNCTION {{fn_unsubscribe}}(p_name text) RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_id integer;
+BEGIN
+    DELETE FROM {{subs}} u WHERE u.name = p_name RETURNING u.sub_id INTO v_id;
+    IF v_id IS NULL THEN
+        RETURN false;
+    END IF;
+    DELETE FROM {{sub_slots}} k WHERE k.sub_id = v_id;
+    RETURN true;
+END
+$fn$;
+
+-- name: create_subscriptions
+-- subscriptions (since ring_0006): one row per subscription, for `queuectl subscriptions`
+-- and health. lag: positions pushed that it has not been handed (what its lag_limit
+-- bounds); behind: lag over the limit, or dropped. claimed: messages handed out and not
+-- acknowledged (expired: of those, leases past), oldest_claim: the lowest of them. Reads
+-- each subscription's `size` slot rows: a monitoring call, not a per-message one.
+CREATE OR REPLACE FUNCTION {{fn_subscriptions}}()
+RETURNS TABLE (name text, start_pos bigint, next_pos bigint, lag bigint, lag_limit bigint, behind boolean,
+               drop_when_behind boolean, dropped_at timestamptz, claimed bigint, expired bigint,
+               oldest_claim bigint, created_at timestamptz)
+LANGUAGE sql STABLE AS $fn$
+    SELECT u.name, u.start_pos, u.next_pos, h.high + 1 - u.next_pos, u.lag_limit,
+           u.dropped_at IS NOT NULL OR h.high + 1 - u.next_pos > u.lag_limit,
+           u.drop_when_behind, u.dropped_at, c.claimed, c.expired, c.oldest, u.created_at
+    FROM {{subs}} u
+    CROSS JOIN (SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END AS high FROM {{push_seq}} s) h
+    CROSS JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE k.lease_until IS NOT NULL) AS claimed,
+               count(*) FILTER (WHERE k.lease_until < now()) AS expired,
+               min(k.pos) FILTER (WHERE k.lease_until IS NOT NULL) AS oldest
+        FROM {{sub_slots}} k WHERE k.sub_id = u.sub_id) c
+    ORDER BY u.name
+$fn$;
+
+-- name: create_sub_take
+-- A subscription's pop, sub_take (since ring_0006): up to p_batch messages of
+-- subscription p_name, each leased for p_lease seconds; id is the position, tries the
+-- claim's token for sub_done/sub_return. First the claims whose lease expired (looked for once
+-- a second per subscription: the scan reads its `size` slot rows, and an index on the lease
+-- would make every claim and ack a non-HOT update), then new positions from the cursor:
+-- from next_pos on, the PUBLISHED ones are claimed, the PASSED ones (and those a tombstone
+-- moved past) skipped, and the cursor stops at the first position not published yet, or
+-- whose publish has not committed (the snapshot shows the slot's previous lap: never read).
+-- The claim and the cursor's move are one statement under the cursor row's lock. Waits up
+-- to p_timeout seconds while nothing is there, holding no lock: the cursor row is read
+-- without one first and locked only when there is something to take.
+CREATE OR REPLACE FUNCTION {{fn_sub_take}}(
+    p_name    text,
+    p_batch   integer          DEFAULT 1,
+    p_lease   double precision DEFAULT 30,
+    p_timeout double precision DEFAULT 0
+) RETURNS TABLE (id bigint, payload bytea, headers jsonb, enqueued_at timestamptz, dequeued_at timestamptz,
+                 tries integer)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_sub      integer;
+    v_next     bigint;
+    v_scan     timestamptz;
+    v_high     bigint;
+    v_got      integer;
+    v_n        integer;
+    v_win      bigint[];
+    v_lease    interval := make_interval(secs => greatest(coalesce(p_lease, 0), 0));
+    v_deadline timestamptz := clock_timestamp() + make_interval(secs => greatest(coalesce(p_timeout, 0), 0));
+    v_pause    double precision := 0.001;
+BEGIN
+    IF p_batch IS NULL OR p_batch < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'batch must be at least 1';
+    END IF;
+    LOOP
+        SELECT u.sub_id, u.next_pos, u.scan_at INTO v_sub, v_next, v_scan
+        FROM {{subs}} u WHERE u.name = p_name AND u.dropped_at IS NULL;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'QR002',
+                MESSAGE = format('ring %s has no active subscription %L', {{ring_regclass}}, p_name);
+        END IF;
+        SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END INTO v_high FROM {{push_seq}} s;
+        IF v_scan <= clock_timestamp() OR (v_next <= v_high AND EXISTS (
+                SELECT 1 FROM {{ring}} r WHERE r.slot = mod(v_next, {{size}}) AND r.msg_id >= v_next)) THEN
+            SELECT u.next_pos, u.scan_at INTO v_next, v_scan
+            FROM {{subs}} u WHERE u.sub_id = v_sub AND u.dropped_at IS NULL FOR UPDATE;
+            IF NOT FOUND THEN
+                CONTINUE;  -- dropped meanwhile: the read above reports it
+            END IF;
+            v_got := 0;
+            IF v_scan <= clock_timestamp() THEN
+                -- claims whose lease expired: taken again, with one more try (a new token)
+                RETURN QUERY
+                WITH e AS MATERIALIZED (
+                    SELECT k.slot FROM {{sub_slots}} k
+                    WHERE k.sub_id = v_sub AND k.lease_until < clock_timestamp()
+                    ORDER BY k.pos LIMIT p_batch
+                    FOR UPDATE SKIP LOCKED
+                ), again AS (
+                    UPDATE {{sub_slots}} k SET lease_until = clock_timestamp() + v_lease, tries = k.tries + 1
+                    FROM e WHERE k.sub_id = v_sub AND k.slot = e.slot AND k.lease_until < clock_timestamp()
+                    RETURNING k.pos, k.slot, k.tries
+                )
+                SELECT a.pos, r.payload, r.headers, r.pushed_at, now(), a.tries
+                FROM again a JOIN {{ring}} r ON r.slot = a.slot ORDER BY a.pos;
+                GET DIAGNOSTICS v_got = ROW_COUNT;
+                IF v_got < p_batch THEN
+                    UPDATE {{subs}} u SET scan_at = clock_timestamp() + interval '1 second' WHERE u.sub_id = v_sub;
+                END IF;
+            END IF;
+            IF v_got < p_batch AND v_next <= v_high THEN
+                v_n := least(p_batch - v_got, v_high - v_next + 1)::integer;
+                v_win := ARRAY(SELECT generate_series(v_next, v_next + v_n - 1));
+                RETURN QUERY
+                WITH w AS MATERIALIZED (
+                    SELECT g.pos, r.slot, r.msg_id, r.state, r.payload, r.headers, r.pushed_at
+                    FROM unnest(v_win) AS g(pos) JOIN {{ring}} r ON r.slot = mod(g.pos, {{size}})
+                ), stop AS (
+                    -- the first position not published (or not committed) yet
+                    SELECT coalesce(min(w.pos), v_next + v_n) AS at FROM w WHERE w.msg_id < w.pos
+                ), c AS MATERIALIZED (
+                    SELECT w.* FROM w WHERE w.pos < (SELECT st.at FROM stop st) AND w.msg_id = w.pos AND w.state = 4
+                ), claimed AS (
+                    UPDATE {{sub_slots}} k SET pos = c.pos, lease_until = clock_timestamp() + v_lease, tries = 1
+                    FROM c WHERE k.sub_id = v_sub AND k.slot = c.slot
+                    RETURNING k.pos, k.tries
+                ), moved AS (
+                    UPDATE {{subs}} u SET next_pos = (SELECT st.at FROM stop st) WHERE u.sub_id = v_sub
+                )
+                SELECT c.pos, c.payload, c.headers, c.pushed_at, now(), cl.tries
+                FROM c JOIN claimed cl ON cl.pos = c.pos ORDER BY c.pos;
+                GET DIAGNOSTICS v_n = ROW_COUNT;
+                v_got := v_got + v_n;
+            END IF;
+            -- something taken, or the cursor's lock held for nothing (another consumer of
+            -- the subscription took it first, or only tombstones were there): return rather
+            -- than wait holding it
+            RETURN;
+        END IF;
+        EXIT WHEN clock_timestamp() >= v_deadline;
+        PERFORM pg_sleep(least(v_pause, greatest(extract(epoch FROM v_deadline - clock_timestamp()), 0)));
+        v_pause := least(v_pause * 2, 0.05);
+    END LOOP;
+END
+$fn$;
+
+-- name: create_sub_done
+-- sub_done (since ring_0006): acknowledge messages of a subscription by (id, tries); returns
+-- the ids acknowledged. A claim taken again since (its lease expired, another consumer has
+-- it under a higher tries) or acknowledged already is not touched: its id is not returned.
+-- An ack after the lease expired but before another consumer took the message counts.
+CREATE OR REPLACE FUNCTION {{fn_sub_done}}(p_name text, p_ids bigint[], p_tries integer[])
+RETURNS SETOF bigint
+LANGUAGE sql AS $fn$
+    UPDATE {{sub_slots}} k SET lease_until = NULL
+    FROM {{subs}} u, unnest(p_ids, p_tries) AS a(pos, tries)
+    WHERE u.name = p_name AND k.sub_id = u.sub_id AND k.slot = mod(a.pos, {{size}})
+      AND k.pos = a.pos AND k.tries = a.tries AND k.lease_until IS NOT NULL
+    RETURNING k.pos
+$fn$;
+
+-- name: create_sub_return
+-- sub_return (since ring_0006): give claimed messages back to the subscription at once (their
+-- lease ends now; the next sub_take of any of its consumers takes them again, with one
+-- more try); same matching and result as sub_done.
+CREATE OR REPLACE FUNCTION {{fn_sub_return}}(p_name text, p_ids bigint[], p_tries integer[])
+RETURNS SETOF bigint
+LANGUAGE sql AS $fn$
+    WITH given AS (
+        UPDATE {{sub_slots}} k SET lease_until = '-infinity'
+        FROM {{subs}} u, unnest(p_ids, p_tries) AS a(pos, tries)
+        WHERE u.name = p_name AND k.sub_id = u.sub_id AND k.slot = mod(a.pos, {{size}})
+          AND k.pos = a.pos AND k.tries = a.tries AND k.lease_until IS NOT NULL
+        RETURNING k.pos, k.sub_id
+    ), look AS (
+        UPDATE {{subs}} u SET scan_at = now() WHERE u.sub_id IN (SELECT g.sub_id FROM given g)
+    )
+    SELECT g.pos FROM given g
+$fn$;
+
+-- name: drop_subscription_functions
+-- Remove the fan-out API (ring_0006's downgrade).
+DROP FUNCTION IF EXISTS {{fn_publish}}(bytea[], jsonb[], double precision);
+DROP FUNCTION IF EXISTS {{fn_subscribe}}(text, bigint, boolean);
+DROP FUNCTION IF EXISTS {{fn_unsubscribe}}(text);
+DROP FUNCTION IF EXISTS {{fn_subscriptions}}();
+DROP FUNCTION IF EXISTS {{fn_sub_take}}(text, integer, double precision, double precision);
+DROP FUNCTION IF EXISTS {{fn_sub_done}}(text, bigint[], integer[]);
+DROP FUNCTION IF EXISTS {{fn_sub_return}}(text, bigint[], integer[]);
+DROP FUNCTION IF EXISTS {{fn_fanout_guard}}();
+
 -- name: drop_ring_release
 -- Remove ring_0002's ring_release.
 DROP FUNCTION IF EXISTS {{fn_ring_release}}(double precision);
@@ -584,6 +1060,35 @@ SELECT * FROM {{fn_ring_repair}}(make_interval(secs => :grace), CAST(:timeout AS
 -- the pop claim with the function's default timeout (since ring_0002). No argument and `*`:
 -- the same call serves a queue still at ring_0001, whose function has three columns.
 SELECT * FROM {{fn_ring_release}}()
+
+-- name: publish
+-- Client call: push many messages to a fan-out ring's subscriptions in one round trip.
+SELECT id FROM {{fn_publish}}(CAST(:payloads AS bytea[]), CAST(:headers AS jsonb[]),
+                              CAST(:timeout AS double precision)) AS id
+
+-- name: sub_take
+-- Client call: up to :batch messages of subscription :name, leased for :lease seconds.
+SELECT * FROM {{fn_sub_take}}(:name, :batch, CAST(:lease AS double precision), CAST(:timeout AS double precision))
+
+-- name: sub_done
+-- Client call: acknowledge messages of subscription :name by (id, tries).
+SELECT id FROM {{fn_sub_done}}(:name, CAST(:ids AS bigint[]), CAST(:tries AS integer[])) AS id
+
+-- name: sub_return
+-- Client call: give claimed messages back to subscription :name at once.
+SELECT id FROM {{fn_sub_return}}(:name, CAST(:ids AS bigint[]), CAST(:tries AS integer[])) AS id
+
+-- name: subscribe
+-- Client call: add subscription :name (NULL options: the ring's defaults).
+SELECT * FROM {{fn_subscribe}}(:name, CAST(:lag_limit AS bigint), CAST(:drop_when_behind AS boolean))
+
+-- name: unsubscribe
+-- Client call: remove subscription :name.
+SELECT {{fn_unsubscribe}}(:name) AS removed
+
+-- name: subscriptions
+-- Client call: the subscriptions and their lag.
+SELECT * FROM {{fn_subscriptions}}()
 
 -- name: counts
 -- Depth for `queuectl list`: the FULL slots.

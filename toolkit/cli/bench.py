@@ -43,8 +43,8 @@ def bench(
     repeat: Annotated[int, typer.Option(help="Repeats; medians are reported.")] = 3,
     scenario: Annotated[
         str,
-        typer.Option(help="kinds (default), peers, split, ghosts, ring, sustained, consumers, cost; see the README's "
-                     "bench section."),
+        typer.Option(help="kinds (default), peers, split, ghosts, ring, sustained, consumers, cost, fanout; see the "
+                     "README's bench section."),
     ] = "kinds",
     rows: Annotated[
         Optional[str],
@@ -103,7 +103,8 @@ def bench(
     ] = None,
     items: Annotated[
         int,
-        typer.Option(help="cost: messages one consumer claims and acks at each backlog and payload size."),
+        typer.Option(help="cost: messages one consumer claims and acks at each backlog and payload size; fanout: "
+                     "messages pushed per run, which every subscription (or copy) receives."),
     ] = 10_000,
     json_file: Annotated[
         Optional[Path], typer.Option("--json", help="Also write the result as JSON to this file ('-': stdout).")

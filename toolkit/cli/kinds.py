@@ -1,15 +1,18 @@
-"""Maintenance commands of two queue kinds: `queuectl correct-watermark` and `queuectl repair-ring`."""
+"""Commands of two queue kinds: `queuectl correct-watermark`, `queuectl repair-ring`, and a fan-out
+ring's subscriptions: `queuectl subscribe`, `unsubscribe` and `subscriptions`."""
 
 from __future__ import annotations
 
 import json
 import sys
 from dataclasses import asdict
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
-from queuectl.cli.options import JobQueueArg as QueueArg, SchemaOption, UrlOption
+from queuectl.cli.options import (
+    Fitted, JobQueueArg as QueueArg, SchemaOption, UrlOption, fail, json_flag, make_table, out, print_fact,
+)
 from queuectl.engine import make_engine
 from queuectl.names import DEFAULT_SCHEMA, validate_queue_name
 
@@ -40,3 +43,89 @@ def repair_ring_command(
     result = repair_ring(make_engine(url), name, schema=schema, grace=grace)
     sys.stdout.write(json.dumps(asdict(result)) + "\n")
 
+
+
+SubscriptionArg = Annotated[str, typer.Argument(
+    help="Subscription name: 1-48 lowercase letters, digits and underscores, starting with a letter.")]
+
+
+def _fanout_ring(url: str | None, name: str, schema: str):  # -> RingQueue
+    from queuectl.client import RingQueue
+
+    queue = RingQueue(make_engine(url), name, schema=schema)
+    if not queue.fanout:
+        queue.close()
+        fail(f"ring {name!r} does not fan out: subscriptions need a ring installed with --fanout")
+    return queue
+
+
+@app.command("subscribe")
+def subscribe_command(
+    name: QueueArg,
+    subscription: SubscriptionArg,
+    lag_limit: Annotated[Optional[int], typer.Option(
+        "--lag-limit", min=1, help="Messages the subscription may fall behind the pushes before it is marked "
+        "behind (health CRITICAL) \\[default: the ring's, set at install; half the ring unless given].",
+        show_default=False)] = None,
+    drop_when_behind: Annotated[Optional[bool], typer.Option(
+        "--drop-when-behind/--keep-when-behind", help="Past its lag limit, let the next push drop the "
+        "subscription (it misses the messages from then on; the producer stops waiting for it), or keep it and "
+        "let it hold the producer back once the ring is full for it \\[default: the ring's, set at install; keep].",
+        show_default=False)] = None,
+    url: UrlOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Add a subscription to a fan-out ring, online: it receives every message pushed from now on.
+
+    Each subscription reads every message in order; its consumers compete (each message once per
+    subscription). The producer waits for the slowest subscription when the ring is full for it."""
+    validate_queue_name(name)
+    queue = _fanout_ring(url, name, schema)
+    with queue:
+        info = queue.subscribe(subscription, lag_limit=lag_limit, drop_when_behind=drop_when_behind)
+    print_fact(f"subscribed {info.name} to ring {name}: from position {info.start_pos}, lag limit {info.lag_limit}, "
+               f"{'dropped' if info.drop_when_behind else 'kept'} when behind")
+
+
+@app.command("unsubscribe")
+def unsubscribe_command(
+    name: QueueArg,
+    subscription: SubscriptionArg,
+    url: UrlOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Remove a subscription (active or dropped) from a fan-out ring: the producer stops waiting for it
+    and its consumers' next call fails. Exit code 1 if there was no such subscription."""
+    validate_queue_name(name)
+    with _fanout_ring(url, name, schema) as queue:
+        removed = queue.unsubscribe(subscription)
+    if not removed:
+        print_fact(f"ring {name} has no subscription {subscription}")
+        raise typer.Exit(1)
+    print_fact(f"unsubscribed {subscription} from ring {name}")
+
+
+@app.command("subscriptions")
+def subscriptions_command(
+    name: QueueArg,
+    as_json: json_flag("Print a JSON list, one object per subscription (the columns below, times in ISO "
+                       "8601).") = False,
+    url: UrlOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """List a fan-out ring's subscriptions: lag (messages pushed that it has not been handed), its lag
+    limit, whether it is behind (over the limit, or dropped), and its claims not yet acknowledged."""
+    validate_queue_name(name)
+    with _fanout_ring(url, name, schema) as queue:
+        subs = queue.subscriptions()
+    if as_json:
+        sys.stdout.write(json.dumps([{k: (v.isoformat() if hasattr(v, "isoformat") else v)
+                                      for k, v in s._asdict().items()} for s in subs]) + "\n")
+        return
+    table = make_table(["subscription", "lag", "lag limit", "state", "claimed", "expired", "from", "next"],
+                       right=(1, 2, 4, 5, 6, 7))
+    for s in subs:
+        state = "dropped" if s.dropped_at else ("behind" if s.behind else "ok")
+        table.add_row(s.name, f"{s.lag:,}", f"{s.lag_limit:,}", state, f"{s.claimed:,}", f"{s.expired:,}",
+                      f"{s.start_pos:,}", f"{s.next_pos:,}")
+    out.print(Fitted(table))

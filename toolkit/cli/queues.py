@@ -28,6 +28,9 @@ def install(
     kind: Annotated[str, typer.Option(help="Queue kind: reliable, heap, fifo, stack, pending, watermark or ring.")] = "reliable",
     strict: Annotated[bool, typer.Option("--strict", help="fifo only: consumers wait for each other, so order holds across rollbacks.")] = False,
     size: Annotated[Optional[int], typer.Option(help="ring only: number of preallocated slots \\[default: 65536].", show_default=False)] = None,
+    fanout: Annotated[bool, typer.Option("--fanout", help="ring only: every message goes to each of the ring's named subscriptions (queuectl subscribe), whose consumers compete, instead of to one consumer.")] = False,
+    lag_limit: Annotated[Optional[int], typer.Option("--lag-limit", min=1, help="fan-out ring only: the subscriptions' default lag limit, messages a subscription may fall behind before it is marked behind \\[default: half the ring].", show_default=False)] = None,
+    drop_when_behind: Annotated[bool, typer.Option("--drop-when-behind", help="fan-out ring only: by default, let a push drop a subscription past its lag limit instead of waiting for it.")] = False,
     sql: Annotated[bool, typer.Option("--sql", help="Print the exact SQL script for review; change nothing.")] = False,
     max_attempts: Annotated[int, typer.Option(help="Attempts before an item goes DEAD.")] = 5,
     lease: Annotated[int, typer.Option(help="Default lease in seconds.")] = 30,
@@ -45,7 +48,8 @@ def install(
     from queuectl.install import database_report, install_queue, review_script
     from queuectl.kindspec import settings_for
 
-    settings = settings_for(kind, strict=strict, size=size, reliable=QueueSettings(
+    settings = settings_for(kind, strict=strict, size=size, fanout=fanout, lag_limit=lag_limit,
+                            drop_when_behind=drop_when_behind, reliable=QueueSettings(
         max_attempts=max_attempts, lease_seconds=lease, backoff_base_seconds=backoff_base, backoff_max_seconds=backoff_max,
         max_payload_bytes=max_payload_bytes,
     ))

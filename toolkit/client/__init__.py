@@ -7,12 +7,12 @@ the other kinds' clients (heap, fifo, stack, pending, watermark, ring) are in ki
 
 from queuectl.client.kinds import (
     CLIENTS, FifoQueue, HeapQueue, KindQueue, PendingQueue, QueueFullError, ReleasedClaim, RingQueue,
-    StackQueue, WatermarkQueue, correct_watermark, open_queue, repair_ring,
+    StackQueue, Subscription, SubscriptionInfo, WatermarkQueue, correct_watermark, open_queue, repair_ring,
 )
 from queuectl.client.reliable import EnqueueOutcomeUnknown, Queue
 
 __all__ = [
     "CLIENTS", "EnqueueOutcomeUnknown", "FifoQueue", "HeapQueue", "KindQueue", "PendingQueue", "Queue",
-    "QueueFullError", "ReleasedClaim", "RingQueue", "StackQueue", "WatermarkQueue",
+    "QueueFullError", "ReleasedClaim", "RingQueue", "StackQueue", "Subscription", "SubscriptionInfo", "WatermarkQueue",
     "correct_watermark", "open_queue", "repair_ring",
 ]

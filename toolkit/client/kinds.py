@@ -48,6 +48,32 @@ RING_PUSH_TIMEOUT = 1.0  # seconds a push waits for a free slot before reporting
 RING_REPAIR_GRACE = 30.0  # seconds a slot must sit unchanged before ring_repair touches it
 
 
+SUB_LEASE = 30.0  # seconds a fan-out subscription's consumer holds a message before another may take it
+RING_FANOUT_CLIENT_CALLS = ("publish", "sub_take", "sub_done", "sub_return", "subscribe", "unsubscribe",
+                            "subscriptions")
+
+
+class SubscriptionInfo(NamedTuple):
+    """A subscription of a fan-out ring (a row of <queue>_subscriptions()).
+
+    lag: messages pushed that it has not been handed; behind: lag over lag_limit, or
+    dropped (dropped_at: when a push dropped it for lagging, with drop_when_behind);
+    claimed: handed out and not acknowledged (expired: of those, past their lease)."""
+
+    name: str
+    start_pos: int
+    next_pos: int | None = None
+    lag: int | None = None
+    lag_limit: int | None = None
+    behind: bool | None = None
+    drop_when_behind: bool | None = None
+    dropped_at: datetime | None = None
+    claimed: int | None = None
+    expired: int | None = None
+    oldest_claim: int | None = None
+    created_at: datetime | None = None
+
+
 class QueueFullError(QueuectlError):
     """A ring stayed full for the whole push timeout; `enqueued` holds the ids that got in."""
 
@@ -465,7 +491,76 @@ class RingQueue(RingCalls, KindQueue):
     def __init__(self, url_or_engine: str | Engine | None, name: str, *, schema: str = DEFAULT_SCHEMA,
                  info: QueueInfo | None = None) -> None:
         self.released: list[ReleasedClaim] = []  # what close() gave up (its release())
+        self._subscriptions: dict[str, Subscription] = {}
         super().__init__(url_or_engine, name, schema=schema, info=info)
+        try:
+            if self.fanout:
+                # the fan-out calls exist from ring_0006 on: rendered for fan-out rings only
+                values = {**self.names.template_values(), **kind_template_values(self.names, self.kind)}
+                for key in RING_FANOUT_CLIENT_CALLS:
+                    self._sql[key] = sa.text(render(self._adapter.sql_dir, self.kind, key, values))
+                for key in ("publish", "sub_take", "sub_done"):
+                    self._hot[key] = self._adapter.client_statement(self.engine, self._sql[key])
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def fanout(self) -> bool:
+        """Whether this ring gives every message to each of its subscriptions (install --fanout)."""
+        return bool(getattr(self.info.settings, "fanout", False))
+
+    def _require_fanout(self) -> None:
+        if not self.fanout:
+            raise UsageError(f"ring {self.name!r} does not fan out: install it with --fanout to use subscriptions")
+
+    def _run(self, call: Call[T]) -> T:
+        if self.fanout and call.key == "enqueue_many":
+            call = self._publish_call(call)
+        elif self.fanout and call.key == "dequeue":
+            raise UsageError(f"ring {self.name!r} fans out: dequeue through a subscription "
+                             f"(queue.subscription(name).dequeue(n))")
+        return super()._run(call)
+
+    def _publish_call(self, call: Call[Any]) -> Call[Any]:
+        """A fan-out ring's push: enqueue_many through publish() (same claims, same
+        QueueFullError), one statement per call."""
+        return call if call.params is None else Call("publish", call.params, call.fetch, resend=False)
+
+    def _run_plain(self, call: Call[T]) -> T:
+        return KindQueue._run(self, call)
+
+    # -- fan-out: subscriptions --------------------------------------------------------
+
+    def subscribe(self, name: str, *, lag_limit: int | None = None,
+                  drop_when_behind: bool | None = None) -> SubscriptionInfo:
+        """Add subscription `name` online: it receives every message pushed from now on.
+        lag_limit / drop_when_behind: None takes the ring's install settings."""
+        self._require_fanout()
+        if lag_limit is not None and (isinstance(lag_limit, bool) or not isinstance(lag_limit, int)):
+            raise UsageError(f"lag_limit must be a whole number, got {lag_limit!r}")
+        row = self._conn.execute(self._sql["subscribe"], {
+            "name": name, "lag_limit": lag_limit, "drop_when_behind": drop_when_behind}).mappings().one()
+        return self._subscription_info(row)
+
+    def unsubscribe(self, name: str) -> bool:
+        """Remove subscription `name` (the producer stops waiting for it); False if none."""
+        self._require_fanout()
+        return bool(self._conn.execute(self._sql["unsubscribe"], {"name": name}).scalar_one())
+
+    def subscriptions(self) -> list[SubscriptionInfo]:
+        """The ring's subscriptions, with their lag and claims."""
+        self._require_fanout()
+        return [self._subscription_info(r) for r in self._conn.execute(self._sql["subscriptions"]).mappings().all()]
+
+    def _subscription_info(self, row: Any) -> SubscriptionInfo:
+        return SubscriptionInfo(**{f: row.get(f) for f in SubscriptionInfo._fields})
+
+    def subscription(self, name: str) -> "Subscription":
+        """This client's consumer of subscription `name` (one per name: it keeps the tokens
+        of the claims it holds)."""
+        self._require_fanout()
+        return self._subscriptions.setdefault(name, Subscription(self, name))
 
     def enqueue(
         self,
@@ -479,6 +574,12 @@ class RingQueue(RingCalls, KindQueue):
         due_at: datetime | None = None,
     ) -> int:
         """Push one message; returns its id (its position). QueueFullError when full."""
+        if self.fanout:
+            self._refuse_options(priority, delay, title, due_at)
+            try:
+                return self.enqueue_many([payload], headers=None if headers is None else [headers], timeout=timeout)[0]
+            except QueueFullError as full:
+                raise QueueFullError(f"ring {self.name!r} stayed full for {timeout:g} s: nothing was enqueued") from full
         return self._run(self._enqueue_call(payload, headers, priority, delay, title, due_at, timeout))
 
     def enqueue_many(
@@ -514,6 +615,76 @@ class RingQueue(RingCalls, KindQueue):
                 self.released = self.release()
         finally:
             super().close()
+
+
+class Subscription:
+    """One consumer's handle on a subscription of a fan-out ring (RingQueue.subscription).
+
+    dequeue(n, lease=...) claims up to n messages of the subscription, in position order,
+    each for `lease` seconds; ack(items) acknowledges them, nack(items) gives them back at
+    once. The consumers of one subscription compete: each message goes to one of them, once,
+    unless its lease expires first (the consumer died or was too slow): then another
+    consumer of the same subscription takes it again (Item.id unchanged, one more try), and
+    the first consumer's ack matches nothing (ack returns the ids it acknowledged).
+    """
+
+    def __init__(self, queue: RingQueue, name: str) -> None:
+        self.queue = queue
+        self.name = name
+        self._tries: dict[int, int] = {}  # id -> the claim's tries (its token for ack/nack)
+
+    def dequeue(self, n: int = 1, *, lease: float = SUB_LEASE, timeout: float = 0.0) -> list[Item]:
+        """Claim up to n messages, waiting up to `timeout` s for the first."""
+        params = {"name": self.name, "batch": check_batch(n), "lease": check_positive_seconds(lease, "lease"),
+                  "timeout": check_positive_seconds(timeout, "timeout")}
+
+        def claimed(result: Any) -> list[Item]:
+            keys = list(result.keys())
+            rows = result.all()
+            i_id, i_tries = keys.index("id"), keys.index("tries")
+            for r in rows:
+                self._tries[r[i_id]] = r[i_tries]
+            return items_from(_Rows(keys, rows), self.queue._adapter.json_value)
+        return self.queue._run_plain(Call("sub_take", params, claimed, resend=False))
+
+    def tries(self, item: Item | int) -> int:
+        """How many times the message was handed out in this subscription (1: the first)."""
+        return self._tries[item if isinstance(item, int) else item.id]
+
+    def _settle(self, key: str, items: Iterable[Item | int]) -> list[int]:
+        ids = [i if isinstance(i, int) else i.id for i in items]
+        if not ids:
+            return []
+        missing = [i for i in ids if i not in self._tries]
+        if missing:
+            raise UsageError(f"messages {missing} were not claimed by this consumer of subscription {self.name!r}")
+        params = {"name": self.name, "ids": ids, "tries": [self._tries[i] for i in ids]}
+        done = self.queue._run_plain(Call(key, params, _scalars, resend=False))
+        for i in ids:
+            self._tries.pop(i, None)
+        return sorted(int(i) for i in done)
+
+    def ack(self, items: Iterable[Item | int]) -> list[int]:
+        """Acknowledge claimed messages; returns the ids acknowledged (a claim taken again
+        by another consumer after its lease expired is not)."""
+        return self._settle("sub_done", items)
+
+    def nack(self, items: Iterable[Item | int]) -> list[int]:
+        """Give claimed messages back to the subscription at once."""
+        return self._settle("sub_return", items)
+
+
+class _Rows:
+    """A result already read, for items_from (keys() and all())."""
+
+    def __init__(self, keys: list[str], rows: list[Any]) -> None:
+        self._keys, self._rows = keys, rows
+
+    def keys(self) -> list[str]:
+        return self._keys
+
+    def all(self) -> list[Any]:
+        return self._rows
 
 
 CLIENTS: dict[str, type[KindQueue]] = {
