@@ -147,6 +147,10 @@ SYSTEM_VIEWS: dict[str, set[str]] = {
                                             "synchronization_state_desc", "log_send_queue_size", "redo_queue_size",
                                             "low_water_mark_for_ghosts"},
     # _LEARN + system-dynamic-management-views/sys-dm-hadr-availability-replica-states-transact-sql
+    # _LEARN + system-catalog-views/sys-check-constraints-transact-sql (sys.objects' columns and its own)
+    "sys.check_constraints": _OBJECT_COLUMNS | {"is_disabled", "is_not_for_replication", "is_not_trusted",
+                                                "parent_column_id", "definition", "uses_database_collation",
+                                                "is_system_named"},
     "sys.dm_hadr_availability_replica_states": {"replica_id", "group_id", "is_local", "role", "role_desc",
                                                 "connected_state", "connected_state_desc", "synchronization_health"},
 }
@@ -160,6 +164,14 @@ SYSTEM_TABLE_FUNCTIONS: dict[str, set[str]] = {
         "page_count", "avg_page_space_used_in_percent", "record_count", "ghost_record_count",
         "version_ghost_record_count", "min_record_size_in_bytes", "max_record_size_in_bytes",
         "avg_record_size_in_bytes", "forwarded_record_count", "compressed_page_count"},
+    # _LEARN + system-dynamic-management-views/sys-dm-db-index-operational-stats-transact-sql
+    "sys.dm_db_index_operational_stats": {
+        "database_id", "object_id", "index_id", "partition_number", "hobt_id", "leaf_insert_count",
+        "leaf_delete_count", "leaf_update_count", "leaf_ghost_count", "nonleaf_insert_count",
+        "nonleaf_delete_count", "nonleaf_update_count", "leaf_allocation_count", "nonleaf_allocation_count",
+        "leaf_page_merge_count", "nonleaf_page_merge_count", "range_scan_count", "singleton_lookup_count",
+        "row_lock_count", "row_lock_wait_count", "row_lock_wait_in_ms", "page_lock_count", "page_lock_wait_count",
+        "page_lock_wait_in_ms", "index_lock_promotion_attempt_count", "index_lock_promotion_count"},
     # _LEARN + system-dynamic-management-views/sys-dm-exec-sql-text-transact-sql
     "sys.dm_exec_sql_text": {"dbid", "objectid", "number", "encrypted", "text"},
     # https://learn.microsoft.com/en-us/sql/t-sql/functions/openjson-transact-sql (without WITH;
@@ -202,7 +214,8 @@ BUILTIN_FUNCTIONS: set[str] = {
     # aggregates and ranking
     "count", "count_big", "sum", "min", "max", "avg", "percentile_cont", "row_number", "rank", "dense_rank",
     # metadata and security
-    "object_id", "object_name", "objectproperty", "schema_id", "schema_name", "db_id", "db_name",
+    "object_id", "object_name", "object_schema_name", "objectproperty", "schema_id", "schema_name", "db_id",
+    "db_name", "current_transaction_id",
     "databasepropertyex", "serverproperty", "stats_date", "has_perms_by_name", "database_principal_id",
     "session_context", "newid", "error_message", "error_number", "xact_state",
 }
