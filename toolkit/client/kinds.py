@@ -658,7 +658,8 @@ class Subscription:
         missing = [i for i in ids if i not in self._tries]
         if missing:
             raise UsageError(f"messages {missing} were not claimed by this consumer of subscription {self.name!r}")
-        params = {"name": self.name, "ids": ids, "tries": [self._tries[i] for i in ids]}
+        adapter = self.queue._adapter  # lists travel as each engine takes them (SQL Server: JSON text)
+        params = {"name": self.name, "ids": adapter.id_array(ids), "tries": adapter.list_param([self._tries[i] for i in ids])}
         done = self.queue._run_plain(Call(key, params, _scalars, resend=False))
         for i in ids:
             self._tries.pop(i, None)
