@@ -49,8 +49,10 @@ RING_REPAIR_GRACE = 30.0  # seconds a slot must sit unchanged before ring_repair
 
 
 SUB_LEASE = 30.0  # seconds a fan-out subscription's consumer holds a message before another may take it
-RING_FANOUT_CLIENT_CALLS = ("publish", "sub_take", "sub_done", "sub_return", "subscribe", "unsubscribe",
-                            "subscriptions")
+# A fan-out ring's client calls (sections of sql/<engine>/ring.sql since ring_0006): rendered
+# for fan-out rings only; the per-message ones are sent straight to the driver.
+RING_FANOUT_CALLS = ("publish", "sub_take", "sub_done", "sub_return", "subscribe", "unsubscribe", "subscriptions")
+RING_FANOUT_HOT_CALLS = ("publish", "sub_take", "sub_done")
 
 
 class SubscriptionInfo(NamedTuple):
@@ -72,6 +74,11 @@ class SubscriptionInfo(NamedTuple):
     expired: int | None = None
     oldest_claim: int | None = None
     created_at: datetime | None = None
+
+
+def _subscription_info(row: Any) -> SubscriptionInfo:
+    """A row of subscribe or subscriptions (subscribe's has only some of the columns)."""
+    return SubscriptionInfo(**{f: row.get(f) for f in SubscriptionInfo._fields})
 
 
 class QueueFullError(QueuectlError):
@@ -146,12 +153,19 @@ class KindCalls:
 
     kind = ""
     _calls: tuple[str, ...] = ("enqueue", "enqueue_many", "dequeue")
+    _hot_calls: tuple[str, ...] = HOT_CALLS
     _adapter: Adapter
     names: QueueNames
+    info: QueueInfo
 
     @property
     def name(self) -> str:
         return self.names.queue
+
+    def _statement_keys(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The sections this client renders, and those of them it sends straight to the driver
+        (read once the queue's registry entry is known: a fan-out ring has more)."""
+        return self._calls, self._hot_calls
 
     def _refuse_options(self, priority: int, delay: float, title: str | None, due_at: datetime | None) -> None:
         """The reliable queue's options mean nothing here: refuse them rather than drop them
@@ -202,11 +216,12 @@ class KindQueue(KindCalls):
                 raise UsageError(f"queue {name!r} is of kind {self.info.kind!r}, not {self.kind!r}: use open_queue()")
             values = {**self.names.template_values(), **kind_template_values(self.names, self.kind)}
             self._adapter = adapter_for(self.engine)
-            self._sql = {key: sa.text(render(self._adapter.sql_dir, self.kind, key, values)) for key in self._calls}
+            calls, hot_calls = self._statement_keys()
+            self._sql = {key: sa.text(render(self._adapter.sql_dir, self.kind, key, values)) for key in calls}
             # The per-message calls run as the reliable client's do (Adapter.client_statement:
             # on psycopg, straight on the driver connection); the upkeep calls keep
             # SQLAlchemy's rows, which their callers read by name.
-            self._hot = {key: self._adapter.client_statement(self.engine, self._sql[key]) for key in HOT_CALLS}
+            self._hot = {key: self._adapter.client_statement(self.engine, self._sql[key]) for key in hot_calls}
         except BaseException:
             self.close()
             raise
@@ -401,14 +416,31 @@ class WatermarkQueue(WatermarkCalls, KindQueue):
 
 
 class RingCalls(KindCalls):
-    """The ring's calls, built without I/O (RingQueue's docstring has the ring's rules)."""
+    """The ring's calls, built without I/O (RingQueue's docstring has the ring's rules; a
+    fan-out ring's pushes go through publish and its pops through a subscription)."""
 
     kind = "ring"
     _calls: tuple[str, ...] = ("enqueue", "enqueue_many", "dequeue", "ring_repair", "ring_release")
 
+    @property
+    def fanout(self) -> bool:
+        """Whether this ring gives every message to each of its subscriptions (install --fanout)."""
+        return bool(getattr(self.info.settings, "fanout", False))
+
+    def _statement_keys(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        if not self.fanout:
+            return self._calls, self._hot_calls
+        return self._calls + RING_FANOUT_CALLS, self._hot_calls + RING_FANOUT_HOT_CALLS
+
+    def _require_fanout(self) -> None:
+        if not self.fanout:
+            raise UsageError(f"ring {self.name!r} does not fan out: install it with --fanout to use subscriptions")
+
     def _enqueue_call(self, payload: bytes | str, headers: dict[str, Any] | None, priority: int, delay: float,
                       title: str | None, due_at: datetime | None, timeout: float = RING_PUSH_TIMEOUT) -> Call[int]:
         self._refuse_options(priority, delay, title, due_at)
+        if self.fanout:
+            return self._publish_one_call(payload, headers, timeout)
         wait = check_positive_seconds(timeout, "timeout")
         params = {"payload": payload_bytes(payload), "headers": headers_json(headers), "timeout": wait}
 
@@ -419,11 +451,25 @@ class RingCalls(KindCalls):
             return int(item_id)
         return Call("enqueue", params, pushed, resend=False)
 
+    def _publish_one_call(self, payload: bytes | str, headers: dict[str, Any] | None, timeout: float) -> Call[int]:
+        """A fan-out ring's enqueue: a publish of one message (the only push it takes)."""
+        many = self._enqueue_many_call([payload], None if headers is None else [headers], timeout)
+
+        def published(result: Any) -> int:
+            try:
+                return many.fetch(result)[0]
+            except QueueFullError as full:
+                raise QueueFullError(f"ring {self.name!r} stayed full for {timeout:g} s: nothing was enqueued") from full
+        return Call(many.key, many.params, published, resend=False)
+
     def _enqueue_many_call(self, payloads: Iterable[bytes | str], headers: Sequence[dict[str, Any] | None] | None,
                            timeout: float = RING_PUSH_TIMEOUT) -> Call[list[int]]:
+        # A fan-out ring takes its pushes through publish (same claims, same QueueFullError):
+        # its plain push refuses, so that no message bypasses the subscriptions.
+        key = "publish" if self.fanout else "enqueue_many"
         items = payload_list(payloads)
         if not items:
-            return Call("enqueue_many", None, _scalars, empty=[])
+            return Call(key, None, _scalars, empty=[])
         wait = check_positive_seconds(timeout, "timeout")
         params = {**self._adapter.kind_enqueue_many_params(items, headers_list(headers, len(items))), "timeout": wait}
 
@@ -435,11 +481,34 @@ class RingCalls(KindCalls):
                     ids,
                 )
             return ids
-        return Call("enqueue_many", params, pushed, resend=False)
+        return Call(key, params, pushed, resend=False)
 
     def _dequeue_call(self, n: int, timeout: float = 0.0) -> Call[list[Item]]:
         params = {"batch": check_batch(n), "timeout": check_positive_seconds(timeout, "timeout")}
+        if self.fanout:
+            raise UsageError(f"ring {self.name!r} fans out: dequeue through a subscription "
+                             f"(queue.subscription(name).dequeue(n))")
         return Call("dequeue", params, self._items, resend=False)
+
+    # -- fan-out: subscriptions (the calls; SubscriptionCalls has a consumer's) --------------
+
+    def _subscribe_call(self, name: str, lag_limit: int | None, drop_when_behind: bool | None,
+                        ) -> Call[SubscriptionInfo]:
+        self._require_fanout()
+        if lag_limit is not None and (isinstance(lag_limit, bool) or not isinstance(lag_limit, int)):
+            raise UsageError(f"lag_limit must be a whole number, got {lag_limit!r}")
+        params = {"name": name, "lag_limit": lag_limit, "drop_when_behind": drop_when_behind}
+        # not sent again after a lost connection: a subscribe that committed would fail as "exists"
+        return Call("subscribe", params, lambda result: _subscription_info(result.mappings().one()), resend=False)
+
+    def _unsubscribe_call(self, name: str) -> Call[bool]:
+        self._require_fanout()
+        # not sent again: a second unsubscribe would report False for one that removed it
+        return Call("unsubscribe", {"name": name}, lambda result: bool(result.scalar_one()), resend=False)
+
+    def _subscriptions_call(self) -> Call[list[SubscriptionInfo]]:
+        self._require_fanout()
+        return Call("subscriptions", {}, lambda result: [_subscription_info(r) for r in result.mappings().all()])
 
     def _repair_call(self, grace: float, timeout: float) -> Call[RingRepair]:
         params = {"grace": check_positive_seconds(grace, "grace"), "timeout": check_positive_seconds(timeout, "timeout")}
@@ -493,42 +562,6 @@ class RingQueue(RingCalls, KindQueue):
         self.released: list[ReleasedClaim] = []  # what close() gave up (its release())
         self._subscriptions: dict[str, Subscription] = {}
         super().__init__(url_or_engine, name, schema=schema, info=info)
-        try:
-            if self.fanout:
-                # the fan-out calls exist from ring_0006 on: rendered for fan-out rings only
-                values = {**self.names.template_values(), **kind_template_values(self.names, self.kind)}
-                for key in RING_FANOUT_CLIENT_CALLS:
-                    self._sql[key] = sa.text(render(self._adapter.sql_dir, self.kind, key, values))
-                for key in ("publish", "sub_take", "sub_done"):
-                    self._hot[key] = self._adapter.client_statement(self.engine, self._sql[key])
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def fanout(self) -> bool:
-        """Whether this ring gives every message to each of its subscriptions (install --fanout)."""
-        return bool(getattr(self.info.settings, "fanout", False))
-
-    def _require_fanout(self) -> None:
-        if not self.fanout:
-            raise UsageError(f"ring {self.name!r} does not fan out: install it with --fanout to use subscriptions")
-
-    def _run(self, call: Call[T]) -> T:
-        if self.fanout and call.key == "enqueue_many":
-            call = self._publish_call(call)
-        elif self.fanout and call.key == "dequeue":
-            raise UsageError(f"ring {self.name!r} fans out: dequeue through a subscription "
-                             f"(queue.subscription(name).dequeue(n))")
-        return super()._run(call)
-
-    def _publish_call(self, call: Call[Any]) -> Call[Any]:
-        """A fan-out ring's push: enqueue_many through publish() (same claims, same
-        QueueFullError), one statement per call."""
-        return call if call.params is None else Call("publish", call.params, call.fetch, resend=False)
-
-    def _run_plain(self, call: Call[T]) -> T:
-        return KindQueue._run(self, call)
 
     # -- fan-out: subscriptions --------------------------------------------------------
 
@@ -536,27 +569,17 @@ class RingQueue(RingCalls, KindQueue):
                   drop_when_behind: bool | None = None) -> SubscriptionInfo:
         """Add subscription `name` online: it receives every message pushed from now on.
         lag_limit / drop_when_behind: None takes the ring's install settings."""
-        self._require_fanout()
-        if lag_limit is not None and (isinstance(lag_limit, bool) or not isinstance(lag_limit, int)):
-            raise UsageError(f"lag_limit must be a whole number, got {lag_limit!r}")
-        row = self._conn.execute(self._sql["subscribe"], {
-            "name": name, "lag_limit": lag_limit, "drop_when_behind": drop_when_behind}).mappings().one()
-        return self._subscription_info(row)
+        return self._run(self._subscribe_call(name, lag_limit, drop_when_behind))
 
     def unsubscribe(self, name: str) -> bool:
         """Remove subscription `name` (the producer stops waiting for it); False if none."""
-        self._require_fanout()
-        return bool(self._conn.execute(self._sql["unsubscribe"], {"name": name}).scalar_one())
+        return self._run(self._unsubscribe_call(name))
 
     def subscriptions(self) -> list[SubscriptionInfo]:
         """The ring's subscriptions, with their lag and claims."""
-        self._require_fanout()
-        return [self._subscription_info(r) for r in self._conn.execute(self._sql["subscriptions"]).mappings().all()]
+        return self._run(self._subscriptions_call())
 
-    def _subscription_info(self, row: Any) -> SubscriptionInfo:
-        return SubscriptionInfo(**{f: row.get(f) for f in SubscriptionInfo._fields})
-
-    def subscription(self, name: str) -> "Subscription":
+    def subscription(self, name: str) -> Subscription:
         """This client's consumer of subscription `name` (one per name: it keeps the tokens
         of the claims it holds)."""
         self._require_fanout()
@@ -574,12 +597,6 @@ class RingQueue(RingCalls, KindQueue):
         due_at: datetime | None = None,
     ) -> int:
         """Push one message; returns its id (its position). QueueFullError when full."""
-        if self.fanout:
-            self._refuse_options(priority, delay, title, due_at)
-            try:
-                return self.enqueue_many([payload], headers=None if headers is None else [headers], timeout=timeout)[0]
-            except QueueFullError as full:
-                raise QueueFullError(f"ring {self.name!r} stayed full for {timeout:g} s: nothing was enqueued") from full
         return self._run(self._enqueue_call(payload, headers, priority, delay, title, due_at, timeout))
 
     def enqueue_many(
@@ -617,7 +634,54 @@ class RingQueue(RingCalls, KindQueue):
             super().close()
 
 
-class Subscription:
+class SubscriptionCalls:
+    """A consumer's calls on one subscription of a fan-out ring, built without I/O: the
+    blocking Subscription and the asyncio AsyncSubscription (queuectl.client.aio) run them.
+    It keeps each claim's tries, the token its ack or nack sends with the id, so that a
+    claim taken again by another consumer (a later try) is not settled by this one."""
+
+    def __init__(self, queue: RingCalls, name: str) -> None:
+        self.name = name
+        self._adapter = queue._adapter
+        self._tries: dict[int, int] = {}  # id -> the claim's tries (its token for ack/nack)
+
+    def tries(self, item: Item | int) -> int:
+        """How many times the message was handed out in this subscription (1: the first)."""
+        return self._tries[item if isinstance(item, int) else item.id]
+
+    def _take_call(self, n: int, lease: float, timeout: float) -> Call[list[Item]]:
+        params = {"name": self.name, "batch": check_batch(n), "lease": check_positive_seconds(lease, "lease"),
+                  "timeout": check_positive_seconds(timeout, "timeout")}
+
+        def claimed(result: Any) -> list[Item]:
+            keys = list(result.keys())
+            rows = result.all()
+            i_id, i_tries = keys.index("id"), keys.index("tries")
+            for r in rows:
+                self._tries[r[i_id]] = r[i_tries]
+            return items_from(_Rows(keys, rows), self._adapter.json_value)
+        # a take that reached the server may have claimed: never sent again
+        return Call("sub_take", params, claimed, resend=False)
+
+    def _settle_call(self, key: str, items: Iterable[Item | int]) -> Call[list[int]]:
+        """sub_done (ack) or sub_return (nack) of claimed messages: the ids it matched, sorted."""
+        ids = [i if isinstance(i, int) else i.id for i in items]
+        missing = [i for i in ids if i not in self._tries]
+        if missing:
+            raise UsageError(f"messages {missing} were not claimed by this consumer of subscription {self.name!r}")
+        # lists travel as each engine takes them (SQL Server's procedures: JSON text)
+        params = {"name": self.name, "ids": self._adapter.id_array(ids),
+                  "tries": self._adapter.list_param([self._tries[i] for i in ids])} if ids else None
+
+        def settled(result: Any) -> list[int]:
+            for i in ids:
+                self._tries.pop(i, None)
+            return sorted(int(i) for i in result.scalars())
+        # not sent again: a settle that committed would match nothing the second time
+        return Call(key, params, settled, resend=False, held=len(ids), empty=[])
+
+
+class Subscription(SubscriptionCalls):
     """One consumer's handle on a subscription of a fan-out ring (RingQueue.subscription).
 
     dequeue(n, lease=...) claims up to n messages of the subscription, in position order,
@@ -629,50 +693,21 @@ class Subscription:
     """
 
     def __init__(self, queue: RingQueue, name: str) -> None:
+        super().__init__(queue, name)
         self.queue = queue
-        self.name = name
-        self._tries: dict[int, int] = {}  # id -> the claim's tries (its token for ack/nack)
 
     def dequeue(self, n: int = 1, *, lease: float = SUB_LEASE, timeout: float = 0.0) -> list[Item]:
         """Claim up to n messages, waiting up to `timeout` s for the first."""
-        params = {"name": self.name, "batch": check_batch(n), "lease": check_positive_seconds(lease, "lease"),
-                  "timeout": check_positive_seconds(timeout, "timeout")}
-
-        def claimed(result: Any) -> list[Item]:
-            keys = list(result.keys())
-            rows = result.all()
-            i_id, i_tries = keys.index("id"), keys.index("tries")
-            for r in rows:
-                self._tries[r[i_id]] = r[i_tries]
-            return items_from(_Rows(keys, rows), self.queue._adapter.json_value)
-        return self.queue._run_plain(Call("sub_take", params, claimed, resend=False))
-
-    def tries(self, item: Item | int) -> int:
-        """How many times the message was handed out in this subscription (1: the first)."""
-        return self._tries[item if isinstance(item, int) else item.id]
-
-    def _settle(self, key: str, items: Iterable[Item | int]) -> list[int]:
-        ids = [i if isinstance(i, int) else i.id for i in items]
-        if not ids:
-            return []
-        missing = [i for i in ids if i not in self._tries]
-        if missing:
-            raise UsageError(f"messages {missing} were not claimed by this consumer of subscription {self.name!r}")
-        adapter = self.queue._adapter  # lists travel as each engine takes them (SQL Server: JSON text)
-        params = {"name": self.name, "ids": adapter.id_array(ids), "tries": adapter.list_param([self._tries[i] for i in ids])}
-        done = self.queue._run_plain(Call(key, params, _scalars, resend=False))
-        for i in ids:
-            self._tries.pop(i, None)
-        return sorted(int(i) for i in done)
+        return self.queue._run(self._take_call(n, lease, timeout))
 
     def ack(self, items: Iterable[Item | int]) -> list[int]:
         """Acknowledge claimed messages; returns the ids acknowledged (a claim taken again
         by another consumer after its lease expired is not)."""
-        return self._settle("sub_done", items)
+        return self.queue._run(self._settle_call("sub_done", items))
 
     def nack(self, items: Iterable[Item | int]) -> list[int]:
         """Give claimed messages back to the subscription at once."""
-        return self._settle("sub_return", items)
+        return self.queue._run(self._settle_call("sub_return", items))
 
 
 class _Rows:
