@@ -35,8 +35,8 @@ from queuectl.catalog import QueueInfo
 from queuectl.client.calls import RELIABLE_CALLS, Call, Reconnecting, ReliableCalls, T, refusal
 from queuectl.defaults import RETRY_TOTAL_S
 from queuectl.client.kinds import (
-    HOT_CALLS, RING_PUSH_TIMEOUT, RING_REPAIR_GRACE, KindCalls, PendingCalls, ReleasedClaim, RingCalls, RingRepair,
-    WatermarkCalls, WatermarkCorrection,
+    RING_PUSH_TIMEOUT, RING_REPAIR_GRACE, SUB_LEASE, KindCalls, PendingCalls, ReleasedClaim, RingCalls, RingRepair,
+    SubscriptionCalls, SubscriptionInfo, WatermarkCalls, WatermarkCorrection,
 )
 from queuectl.client.reliable import client_worker_name
 from queuectl.engine import adapter_for, make_async_engine
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AsyncFifoQueue", "AsyncHeapQueue", "AsyncKindQueue", "AsyncPendingQueue", "AsyncQueue", "AsyncRingQueue",
-    "AsyncStackQueue", "AsyncWatermarkQueue", "open_async_queue",
+    "AsyncStackQueue", "AsyncSubscription", "AsyncWatermarkQueue", "open_async_queue",
 ]
 
 
@@ -80,9 +80,10 @@ class _AsyncClient:
         if info.kind != self.kind:
             raise UsageError(f"queue {name!r} is of kind {info.kind!r}, not {self.kind!r}: use open_async_queue()")
         values: dict[str, str | int] = {**self.names.template_values(), **kind_template_values(self.names, self.kind)}
-        self._clauses = {key: sa.text(render(self._adapter.sql_dir, self.kind, key, values)) for key in self._calls}
+        calls, hot_calls = self._statement_keys()
+        self._clauses = {key: sa.text(render(self._adapter.sql_dir, self.kind, key, values)) for key in calls}
         self._hot = {key: self._adapter.async_client_statement(engine.sync_engine, self._clauses[key])
-                     for key in self._hot_calls}
+                     for key in hot_calls}
         self._conn: AsyncConnection | None = None
         self._driver: Any = None  # psycopg's AsyncConnection under self._conn
         self._tx_owner: asyncio.Task[Any] | None = None  # the task inside transaction()
@@ -93,6 +94,11 @@ class _AsyncClient:
     @property
     def name(self) -> str:
         return self.names.queue
+
+    def _statement_keys(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The sections this client renders, and those it sends straight to the driver
+        (KindCalls._statement_keys for the other kinds)."""
+        return self._calls, self._hot_calls
 
     @property
     def backend_pid(self) -> int | None:
@@ -338,8 +344,6 @@ class AsyncKindQueue(KindCalls, _AsyncClient):
     blocking KindQueue's calls, awaited. Dequeue deletes what it returns; processing()
     takes a batch inside a transaction that rolls back (the items are back) if the block raises."""
 
-    _hot_calls = HOT_CALLS
-
     async def enqueue(
         self,
         payload: bytes | str,
@@ -417,12 +421,33 @@ class AsyncWatermarkQueue(WatermarkCalls, AsyncKindQueue):
 
 class AsyncRingQueue(RingCalls, AsyncKindQueue):
     """The ring buffer's asyncio client (queuectl.client.RingQueue's rules): close() gives up
-    this client's claims and keeps what became of them in `released`."""
+    this client's claims and keeps what became of them in `released`. A fan-out ring's
+    enqueue and enqueue_many publish to its subscriptions; its consumers take messages
+    through subscription(name), and its plain dequeue is refused."""
 
     def __init__(self, engine: AsyncEngine, name: str, *, schema: str = DEFAULT_SCHEMA, info: QueueInfo,
                  owns_engine: bool = False) -> None:
         self.released: list[ReleasedClaim] = []
+        self._subscriptions: dict[str, AsyncSubscription] = {}
         super().__init__(engine, name, schema=schema, info=info, owns_engine=owns_engine)
+
+    async def subscribe(self, name: str, *, lag_limit: int | None = None,
+                        drop_when_behind: bool | None = None) -> SubscriptionInfo:
+        """Add subscription `name` online (RingQueue.subscribe)."""
+        return await self._run(self._subscribe_call(name, lag_limit, drop_when_behind))
+
+    async def unsubscribe(self, name: str) -> bool:
+        """Remove subscription `name`; False if none (RingQueue.unsubscribe)."""
+        return await self._run(self._unsubscribe_call(name))
+
+    async def subscriptions(self) -> list[SubscriptionInfo]:
+        """The ring's subscriptions, with their lag and claims."""
+        return await self._run(self._subscriptions_call())
+
+    def subscription(self, name: str) -> AsyncSubscription:
+        """This client's consumer of subscription `name`, one per name (RingQueue.subscription)."""
+        self._require_fanout()
+        return self._subscriptions.setdefault(name, AsyncSubscription(self, name))
 
     async def enqueue(
         self,
@@ -467,6 +492,27 @@ class AsyncRingQueue(RingCalls, AsyncKindQueue):
                 self.released = await self.release()
         finally:
             await super().close()
+
+
+class AsyncSubscription(SubscriptionCalls):
+    """One consumer's handle on a subscription of a fan-out ring (AsyncRingQueue.subscription):
+    queuectl.client.Subscription's calls and rules, awaited."""
+
+    def __init__(self, queue: AsyncRingQueue, name: str) -> None:
+        super().__init__(queue, name)
+        self.queue = queue
+
+    async def dequeue(self, n: int = 1, *, lease: float = SUB_LEASE, timeout: float = 0.0) -> list[Item]:
+        """Claim up to n messages for `lease` seconds, waiting up to `timeout` s for the first."""
+        return await self.queue._run(self._take_call(n, lease, timeout))
+
+    async def ack(self, items: Iterable[Item | int]) -> list[int]:
+        """Acknowledge claimed messages; returns the ids acknowledged (Subscription.ack)."""
+        return await self.queue._run(self._settle_call("sub_done", items))
+
+    async def nack(self, items: Iterable[Item | int]) -> list[int]:
+        """Give claimed messages back to the subscription at once; returns the ids given back."""
+        return await self.queue._run(self._settle_call("sub_return", items))
 
 
 ASYNC_CLIENTS: dict[str, type[_AsyncClient]] = {

@@ -459,7 +459,8 @@ class RingCalls(KindCalls):
             try:
                 return many.fetch(result)[0]
             except QueueFullError as full:
-                raise QueueFullError(f"ring {self.name!r} stayed full for {timeout:g} s: nothing was enqueued") from full
+                raise QueueFullError(
+                    f"ring {self.name!r} stayed full for {timeout:g} s: nothing was enqueued") from full
         return Call(many.key, many.params, published, resend=False)
 
     def _enqueue_many_call(self, payloads: Iterable[bytes | str], headers: Sequence[dict[str, Any] | None] | None,
