@@ -228,8 +228,9 @@ def refusal(adapter: Adapter, call: Call[Any], queue: str, exc: Any, reason: str
     refused = adapter.isolation_refusal(exc)
     if refused is not None:
         return UsageError(refused)
-    undone = {"dequeue": "nothing was claimed", "enqueue": "nothing was enqueued",
-              "enqueue_many": "nothing was enqueued"}.get(call.key, "the items stay as they were")
+    undone = {"dequeue": "nothing was claimed", "sub_take": "nothing was claimed", "enqueue": "nothing was enqueued",
+              "enqueue_many": "nothing was enqueued", "publish": "nothing was enqueued"}.get(
+                  call.key, "the items stay as they were")
     if adapter.canceled(exc):
         return StatementCanceled(
             f"{call.key} on queue {queue!r} was canceled by the server and rolled back "
