@@ -10,6 +10,7 @@ import json
 import multiprocessing as mp
 import os
 import re
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -20,7 +21,7 @@ from jobs_helpers import scalar, wait_until
 from queuectl.client import QueueFullError, ReleasedClaim, RingQueue, repair_ring
 from queuectl.defaults import DEFAULT_MAX_PAYLOAD_BYTES
 from queuectl.errors import PayloadTooLarge, UsageError
-from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue
+from queuectl.install import downgrade_queue, head_of, install_queue, uninstall_queue, upgrade_queue
 from queuectl.kindspec import RING_DEFAULT_SLOT_BYTES, RingSettings, settings_for
 from test_mssql_offline import check_tsql, rendered
 
@@ -300,6 +301,143 @@ def test_settings_and_the_install_option(db_url, engine):
                                                "over max_payload_bytes 100: nothing was enqueued")
     bad = run_cli("install", "other", "--kind", "fifo", "--slot-bytes", "10", url=db_url)
     assert bad.returncode == 2 and bad.stderr.decode().strip() == "error: --slot-bytes applies to --kind ring only"
+
+
+# -- fan-out rings: every subscription reads the side row; the slot's reuse deletes it -----------
+
+
+def fanout_ring(engine, size: int = 8, name: str = "f", **settings) -> RingQueue:
+    install_queue(engine, name, "ring", RingSettings(size=size, fanout=True, **settings))
+    return RingQueue(engine, name)
+
+
+def side_ids(engine, name: str = "f") -> set[int]:
+    with engine.connect() as conn:
+        return set(conn.execute(sa.text(f'SELECT id FROM queuectl."{name}_ring_large"')).scalars())
+
+
+def slot_pointers(engine, name: str = "f") -> set[int]:
+    """The side-table ids the slots point to, whatever their state."""
+    with engine.connect() as conn:
+        return set(conn.execute(sa.text(
+            f'SELECT large_id FROM queuectl."{name}_ring" WHERE large_id IS NOT NULL')).scalars())
+
+
+def test_a_fanout_ring_gives_every_subscription_every_large_message_over_several_laps(engine):
+    """Two subscriptions, payloads under and over slot_bytes, five laps of an 8-slot ring: each
+    subscription gets every payload and header byte-exact (a lease that expires and a nack
+    read the side row again); the side table holds only the messages still in slots, at most
+    `size` rows, and each row a slot points to."""
+    size, laps = 8, 5
+    with fanout_ring(engine, size=size) as q:
+        q.subscribe("a")
+        q.subscribe("b")
+        a, b = q.subscription("a"), q.subscription("b")
+        sent: list[tuple[bytes, dict]] = []
+        got: dict[str, list[tuple[int, bytes, dict]]] = {"a": [], "b": []}
+        for lap in range(laps):
+            batch = [(os.urandom(n), {"lap": lap, "i": i})
+                     for i, n in enumerate([10, WIDTH - 20, WIDTH + 1, 4_000, 70_000, 0, 2_500, 100_000])]
+            ids = q.enqueue_many([p for p, _ in batch], headers=[h for _, h in batch])
+            assert ids == list(range(lap * size, (lap + 1) * size))
+            sent += batch
+            # 5 of 8 over the width: 5 side rows for this lap, the last lap's gone with their slots
+            assert len(side_ids(engine)) == 5 and side_ids(engine) == slot_pointers(engine)
+            first = a.dequeue(3)
+            assert a.nack(first[:1]) == [first[0].id]  # given back: taken again, through the pointer
+            rest = a.dequeue(size)
+            assert a.ack(first[1:] + rest) == sorted(m.id for m in first[1:] + rest)
+            got["a"] += [(m.id, m.payload, m.headers) for m in first[1:] + rest]
+            # "a" is done with the lap, "b" has not started it: the side rows stay for "b"
+            assert len(side_ids(engine)) == 5
+            taken = b.dequeue(size, lease=0.001)
+            time.sleep(0.01)  # the leases expire: a take hands them out again once it looks (once a second)
+            again = b.dequeue(size, timeout=5)
+            assert [m.id for m in again] == [m.id for m in taken] and all(b.tries(m) == 2 for m in again)
+            assert b.ack(again) == [m.id for m in again]
+            got["b"] += [(m.id, m.payload, m.headers) for m in again]
+            assert len(side_ids(engine)) <= size and side_ids(engine) == slot_pointers(engine)
+        expected = [(i, p, h) for i, (p, h) in enumerate(sent)]
+        assert sorted(got["a"]) == expected and got["b"] == expected
+
+
+def test_a_fanout_ring_leaks_no_side_row_through_tombstones_unsubscribe_or_uninstall(engine):
+    big = [os.urandom(3_000 + i) for i in range(12)]
+    with fanout_ring(engine, size=4) as q, RingQueue(engine, "f") as stuck:
+        q.subscribe("a")
+        a = q.subscription("a")
+        assert q.enqueue_many(big[:4]) == [0, 1, 2, 3]
+        # the ring is full for "a": the push keeps its claim on position 4
+        with pytest.raises(QueueFullError):
+            stuck.enqueue(big[4], timeout=0.1)
+        assert len(side_ids(engine)) == 4  # its side row was deleted with the failed call
+        assert [m.payload for m in a.dequeue(4)] == big[:4]
+        a.ack(range(4))
+        # the release tombstones position 4 in slot 0: "a" is done with message 0, so the guard
+        # writes the tombstone and deletes the side row of the message it replaces
+        stuck.close()
+        assert stuck.released == [ReleasedClaim("push", 4, True, None, "tombstoned")]
+        assert len(side_ids(engine)) == 3 and side_ids(engine) == slot_pointers(engine)
+        assert q.enqueue_many(big[5:8]) == [5, 6, 7]
+        assert [m.payload for m in a.dequeue(10)] == big[5:8]  # past the tombstone
+        a.ack([5, 6, 7])
+        # ring_repair's tombstones go through the same guard: a claim it skips leaves nothing
+        assert q.unsubscribe("a")
+        for lap in range(3):  # no subscription: every slot is reused at once
+            assert len(q.enqueue_many(big[8:12])) == 4
+            assert len(side_ids(engine)) == 4 and side_ids(engine) == slot_pointers(engine)
+    uninstall_queue(engine, "f")
+    assert scalar(engine, "SELECT to_regclass('queuectl.f_ring_large')") is None
+
+
+def test_a_fanout_ring_refuses_a_message_over_the_maximum_in_one_line(engine, db_url):
+    with fanout_ring(engine, size=4, max_payload_bytes=5_000) as q:
+        q.subscribe("a")
+        with pytest.raises(PayloadTooLarge) as refused:
+            q.enqueue_many([b"x" * 4_000, b"y" * 5_001])
+        assert str(refused.value) == ("queue 'f': message 2 of 2 is 5001 bytes (payload 5001 + headers 0), "
+                                      "over max_payload_bytes 5000: nothing was enqueued")
+        assert side_ids(engine) == set() and q.subscription("a").dequeue(5) == []
+        assert q.enqueue(b"z" * 5_000) == 0  # nothing drawn by the refused call
+    with sa.create_engine(db_url).connect() as conn:
+        with pytest.raises(sa.exc.DBAPIError, match="over max_payload_bytes 5000"):
+            conn.execute(sa.text('SELECT * FROM queuectl."f_publish"(CAST(:p AS bytea[]))'), {"p": [b"q" * 5_001]})
+
+
+def test_fanout_ring_with_large_messages_upgrades_from_ring_0006_and_back_losing_nothing(engine):
+    """Messages in flight and subscriptions in place across the upgrade: a message published at
+    ring_0006 (in its slot) and one at the head (in the side table) reach both subscriptions;
+    the downgrade moves the side rows back into their slots, restores ring_0006's functions
+    exactly, and the subscriptions read on."""
+    m0, m1, m2, m3 = (os.urandom(n) for n in (5_000, 100, 9_000, 7_000))
+    install_queue(engine, "witness", "ring", RingSettings(size=8, fanout=True), revision="ring_0006")
+    at_0006 = functions(engine, "witness")
+    install_queue(engine, "f", "ring", RingSettings(size=8, fanout=True), revision="ring_0006")
+    with RingQueue(engine, "f") as q:
+        q.subscribe("a")
+        q.subscribe("b")
+        a, b = q.subscription("a"), q.subscription("b")
+        assert q.enqueue_many([m0, m1]) == [0, 1]
+        [held] = a.dequeue(1)  # claimed at ring_0006, acknowledged at the head
+        assert upgrade_queue(engine, "f") == ("ring_0006", head_of("ring"))
+        assert [s.name for s in q.subscriptions()] == ["a", "b"]
+        assert q.enqueue_many([m2, m3]) == [2, 3] and len(side_ids(engine)) == 2
+        assert a.ack([held]) == [0]
+        assert [(m.id, m.payload) for m in a.dequeue(10)] == [(1, m1), (2, m2), (3, m3)]
+        a.ack([1, 2, 3])
+        assert [(m.id, m.payload) for m in b.dequeue(2)] == [(0, m0), (1, m1)]  # b: 2 and 3 left
+        b.ack([0, 1])
+    assert downgrade_queue(engine, "f", "ring_0006") == (head_of("ring"), "ring_0006")
+    assert functions(engine, "f") == at_0006
+    assert scalar(engine, "SELECT to_regclass('queuectl.f_ring_large')") is None
+    assert scalar(engine, "SELECT settings FROM queuectl.queues WHERE name = 'f'") == {
+        "size": 8, "fanout": True, "lag_limit": 4, "drop_when_behind": False}
+    with RingQueue(engine, "f") as q:
+        b = q.subscription("b")
+        assert [(m.id, m.payload) for m in b.dequeue(10)] == [(2, m2), (3, m3)]  # back in their slots
+        b.ack([2, 3])
+        assert q.enqueue(m1) == 4
+        assert [m.payload for m in q.subscription("a").dequeue(5)] == [m1]
 
 
 # -- SQL Server: the same design in T-SQL (parse- and reference-checked, not run live) -----------
