@@ -472,3 +472,46 @@ def test_tsql_pop_and_rescues_carry_the_pointer():
         assert "large_id" in body, name
     down = _section("drop_large_table")
     assert "UPDATE" in down and down.index("UPDATE") < down.index("DROP TABLE")
+
+
+def _trigger_text(guard: str) -> str:
+    """The guard trigger's T-SQL, as the guard procedure's CONCAT makes it (names filled)."""
+    body = guard[guard.index("SET @sql = CONCAT(N'CREATE OR ALTER TRIGGER "):]
+    body = body[body.index("AFTER UPDATE AS\n") + len("AFTER UPDATE AS\n"): body.index("END');") + 3]
+    for variable, table in (("@table", "orders_ring"), ("@subs", "orders_subs"), ("@slots", "orders_sub_slots"),
+                            ("@large", "orders_ring_large")):
+        body = body.replace(f"', {variable}, N'", f'"queuectl"."{table}"')
+    return ('CREATE OR ALTER TRIGGER "queuectl"."orders_ring_fanout_guard" ON "queuectl"."orders_ring" AFTER UPDATE AS\n'
+            + body.replace("''", "'"))
+
+
+def test_tsql_fanout_sections_parse_and_the_guard_trigger_too():
+    for name in ("create_fanout_guard", "create_publish", "create_sub_take", "refresh_fanout_guard"):
+        assert check_tsql(_section(name)) > 0, name
+    trigger = _trigger_text(_section("create_fanout_guard"))
+    assert check_tsql(trigger) > 0
+    # a tombstone that stays deletes the side row of the message it replaces; one undone keeps it
+    assert 'OUTPUT d.large_id INTO @passed' in trigger
+    assert 'DELETE FROM "queuectl"."orders_ring_large" WHERE id IN (SELECT p.large_id FROM @passed AS p)' in trigger
+    assert "large_id = d.large_id" in trigger
+    # ring_0006's trigger, remade by the downgrade, reads no side table
+    assert "large" not in _trigger_text(_section("create_fanout_guard_0006"))
+
+
+def test_tsql_publish_checks_sizes_writes_the_side_table_and_deletes_what_a_reused_slot_held():
+    publish = _section("create_publish")
+    assert publish.index("THROW 50413") < publish.index("EXEC sys.sp_sequence_get_range")
+    merge, update = publish.index('MERGE INTO "queuectl"."orders_ring_large"'), publish.index("UPDATE r\n")
+    assert publish.index("BEGIN TRANSACTION") < merge < update  # in the run's transaction, before its slot locks
+    assert "OUTPUT p.ord, inserted.msg_id, deleted.large_id INTO @written (ord, id, replaced)" in publish
+    # the replaced messages' side rows go only when the whole run was written, before its commit
+    freed = publish.index('DELETE FROM "queuectl"."orders_ring_large" WITH (ROWLOCK)')
+    assert update < publish.index("ROLLBACK TRANSACTION run") < freed < publish.index("COMMIT TRANSACTION", freed)
+    assert "DELETE FROM @large WHERE ord >= @done" in publish  # a rolled-back run forgets its side ids
+
+
+def test_tsql_sub_take_reads_large_messages_through_the_pointer_and_deletes_nothing():
+    take = _section("create_sub_take")
+    assert re.search(r'LEFT JOIN "queuectl"\."orders_ring_large" AS l WITH \(READCOMMITTEDLOCK, ROWLOCK\) '
+                     r"ON l\.id = r\.large_id", take)
+    assert not re.search(r"DELETE\b[^;]*_ring_large", take)

@@ -264,6 +264,7 @@ def kind_template_values(names: QueueNames, kind: str) -> dict[str, str]:
             # defaults, "<queue>_ring_large_pkey" and "<queue>_ring_large_id_seq", would not)
             ring_large_pkey=quote_ident(names.table("large_pkey")),  # a constraint: unqualified
             ring_large_seq=q("large_seq"),
+            ring_large_regclass=regclass("ring_large"),
             fn_ring_push=q("ring_push"),  # SQL Server's push procedure (names.SQL_SERVER_ONLY_SUFFIXES)
             # fan-out (ring_0006): the subscriptions' tables and calls
             subs=q("subs"),

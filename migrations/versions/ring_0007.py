@@ -24,6 +24,8 @@ ring_0003's bodies, then ring_0005's where it has one (SQL Server's ring_0005 se
 empty, so there the ring_0003 bodies stay); the fan-out ones are ring_0006's.
 """
 
+from alembic import context
+
 from queuectl.migrations.queue_ops import record_settings, replace_functions, run_section, set_version
 
 revision = "ring_0007"
@@ -34,10 +36,16 @@ depends_on = None
 NEW_SETTINGS = ("slot_bytes", "max_payload_bytes")
 
 
+def _fanout() -> bool:
+    return context.config.attributes["settings"].fanout
+
+
 def upgrade() -> None:
     run_section("ring", "create_large_table")
     replace_functions("ring", "create_enqueue_many", "create_enqueue", "create_dequeue", "create_ring_repair",
                       "create_ring_release", "create_fanout_guard", "create_publish", "create_sub_take")
+    if _fanout():
+        run_section("ring", "refresh_fanout_guard")  # SQL Server's trigger, made from the new guard
     record_settings()
     set_version(revision)
 
@@ -48,6 +56,9 @@ def downgrade() -> None:
                       "create_dequeue_0003", "create_dequeue_0005", "create_ring_repair_0001",
                       "create_ring_release_0003", "create_fanout_guard_0006", "create_publish_0006",
                       "create_sub_take_0006")
+    if _fanout():
+        # SQL Server's trigger back to ring_0006's text, which reads no side table, before it goes
+        run_section("ring", "refresh_fanout_guard")
     run_section("ring", "drop_large_table")
     record_settings(without=NEW_SETTINGS)
     set_version(down_revision)

@@ -150,10 +150,9 @@ CREATE TABLE {{ring_large}} (
 -- the drop (nor, with the procedures replaced in the same transaction, reads a slot whose
 -- payload is still in the side table).
 UPDATE {{ring}} WITH (TABLOCKX)
-SET payload = (SELECT l.payload FROM {{ring_large}} AS l WHERE l.id = large_id),
-    headers = (SELECT l.headers FROM {{ring_large}} AS l WHERE l.id = large_id),
-    large_id = NULL
-WHERE large_id IS NOT NULL;
+SET payload = l.payload, headers = l.headers, large_id = NULL
+FROM {{ring_large}} AS l
+WHERE l.id = large_id;
 GO
 DROP TABLE {{ring_large}};
 GO
@@ -874,7 +873,11 @@ EXEC sys.sp_executesql @sql;
 -- message, and is undone (the slot's previous row put back from `deleted`) where one does.
 -- The trigger's own UPDATEs keep the state at 4 or 5, so its condition does not hold for
 -- them (and RECURSIVE_TRIGGERS is off by default). ring_repair's OUTPUT is written before the
--- trigger runs: on SQL Server it may list a tombstone the guard undid.
+-- trigger runs: on SQL Server it may list a tombstone the guard undid. A tombstone that stays
+-- replaces a message every subscription is done with: that message's side-table row (since
+-- ring_0007) is deleted with it, as when publish reuses the slot; the tombstones leave
+-- large_id as it was, so an undone one keeps its pointer. The trigger's text names the side
+-- table: ring_0007's upgrade and downgrade run refresh_fanout_guard to remake it.
 CREATE OR ALTER PROCEDURE {{fn_fanout_guard}}
     @enable bit
 WITH EXECUTE AS OWNER
@@ -887,6 +890,7 @@ BEGIN
     DECLARE @trigger nvarchar(300) = CONCAT(@schema, N'.', QUOTENAME(CONCAT(OBJECT_NAME(@ring), N'_fanout_guard')));
     DECLARE @subs nvarchar(300) = CONCAT(@schema, N'.', QUOTENAME(OBJECT_NAME(OBJECT_ID({{subs_regclass}}))));
     DECLARE @slots nvarchar(300) = CONCAT(@schema, N'.', QUOTENAME(OBJECT_NAME(OBJECT_ID({{sub_slots_regclass}}))));
+    DECLARE @large nvarchar(300) = CONCAT(@schema, N'.', QUOTENAME(OBJECT_NAME(OBJECT_ID({{ring_large_regclass}}))));
     DECLARE @sql nvarchar(max);
     IF @enable = 0
     BEGIN
@@ -899,18 +903,27 @@ BEGIN
     SET NOCOUNT ON;
     IF EXISTS (SELECT 1 FROM inserted AS i JOIN deleted AS d ON d.slot = i.slot WHERE d.state >= 4 AND i.state = 1)
         THROW 50003, N''this ring fans out: push with its publish procedure'', 1;
-    UPDATE r SET state = 5, payload = NULL, headers = NULL
+    DECLARE @passed TABLE (large_id bigint NULL);
+    UPDATE r SET state = 5, payload = NULL, headers = NULL, large_id = NULL
+    OUTPUT d.large_id INTO @passed (large_id)
     FROM ', @table, N' AS r JOIN inserted AS i ON i.slot = r.slot JOIN deleted AS d ON d.slot = i.slot
     WHERE d.state >= 4 AND i.state < 4 AND (d.state = 5 OR NOT EXISTS (
         SELECT 1 FROM ', @subs, N' AS u JOIN ', @slots, N' AS k ON k.sub_id = u.sub_id AND k.slot = d.slot
         WHERE u.dropped_at IS NULL AND u.start_pos <= d.msg_id AND NOT (k.pos = d.msg_id AND k.lease_until IS NULL)));
+    DELETE FROM ', @large, N' WHERE id IN (SELECT p.large_id FROM @passed AS p);
     UPDATE r SET msg_id = d.msg_id, state = d.state, payload = d.payload, headers = d.headers,
-                 pushed_at = d.pushed_at, changed_at = d.changed_at
+                 large_id = d.large_id, pushed_at = d.pushed_at, changed_at = d.changed_at
     FROM ', @table, N' AS r JOIN inserted AS i ON i.slot = r.slot JOIN deleted AS d ON d.slot = i.slot
     WHERE d.state >= 4 AND i.state < 4 AND r.state < 4;
 END');
     EXEC sys.sp_executesql @sql;
 END
+
+-- name: refresh_fanout_guard
+-- Remake a fan-out ring's guard trigger from the guard procedure now installed (ring_0007's
+-- upgrade and downgrade, after create_fanout_guard): the trigger's text is made by the
+-- procedure, so replacing the procedure alone leaves the old trigger running.
+EXEC {{fn_fanout_guard}} @enable = 1;
 
 -- name: create_publish
 -- The fan-out push, publish (since ring_0006): sql/postgresql/ring.sql's publish, with the
@@ -924,6 +937,11 @@ END
 -- backs off (WAITFOR) only outside any transaction: inside a caller's transaction it keeps
 -- what it could not write for the next call, as on a timeout. @items: the JSON array of
 -- enqueue_many; result: one row per position written, in input order.
+-- Sizes (since ring_0007): ring_push's checks (error 50413 before a position is drawn; the
+-- run's messages over slot_bytes MERGEd into the side table inside the run's transaction).
+-- A fan-out slot keeps its message until the slot is reused, since every subscription reads
+-- it: the run's UPDATE outputs the pointers of the messages it replaces (every subscription
+-- is done with them: the free test) and the run's transaction deletes their side rows.
 CREATE OR ALTER PROCEDURE {{fn_publish}}
     @items   nvarchar(max),
     @timeout float = 1.0
@@ -940,7 +958,10 @@ BEGIN
     DECLARE @src TABLE (ord int NOT NULL PRIMARY KEY, payload varbinary(max) NULL, headers nvarchar(max) NULL);
     DECLARE @claims TABLE (n int NOT NULL PRIMARY KEY, pos bigint NOT NULL UNIQUE);
     DECLARE @free TABLE (pos bigint NOT NULL PRIMARY KEY);
-    DECLARE @written TABLE (ord int NOT NULL PRIMARY KEY, id bigint NOT NULL);
+    -- @written.replaced: the pointer of the message a written slot held before
+    DECLARE @written TABLE (ord int NOT NULL PRIMARY KEY, id bigint NOT NULL, replaced bigint NULL);
+    DECLARE @large TABLE (ord int NOT NULL PRIMARY KEY, id bigint NOT NULL);  -- side-table ids by message
+    DECLARE @over int, @big int, @payload_bytes bigint, @headers_bytes bigint, @refused nvarchar(400);
     INSERT INTO @src (ord, payload, headers)
     SELECT CAST(j.[key] AS int), CONVERT(varbinary(max), v.payload_hex, 2), v.headers
     FROM OPENJSON(@items) AS j
@@ -948,6 +969,21 @@ BEGIN
     SELECT @n = COUNT(*) FROM @src;
     IF @n = 0 RETURN;
     IF @n > 200 THROW 50004, N'publish takes at most 200 messages per call', 1;
+    SELECT TOP (1) @over = s.ord, @payload_bytes = s.payload_bytes, @headers_bytes = s.headers_bytes
+    FROM (SELECT src.ord, CAST(ISNULL(DATALENGTH(src.payload), 0) AS bigint) AS payload_bytes,
+                 CAST(ISNULL(DATALENGTH(src.headers), 0) AS bigint) AS headers_bytes
+          FROM @src AS src) AS s
+    WHERE s.payload_bytes + s.headers_bytes > {{max_payload_bytes}}
+    ORDER BY s.ord;
+    IF @over IS NOT NULL
+    BEGIN
+        SET @refused = CONCAT(N'queue ''', {{queue_literal}}, N''': message ', @over + 1, N' of ', @n, N' is ',
+            @payload_bytes + @headers_bytes, N' bytes (payload ', @payload_bytes, N' + headers ', @headers_bytes,
+            N'), over max_payload_bytes ', {{max_payload_bytes}}, N': nothing was enqueued');
+        THROW 50413, @refused, 1;
+    END;
+    SELECT @big = COUNT(*) FROM @src AS s
+    WHERE ISNULL(DATALENGTH(s.payload), 0) + ISNULL(DATALENGTH(s.headers), 0) > {{slot_bytes}};
     -- claims: the kept ones first (ascending), then new ones from one range
     INSERT INTO @claims (n, pos)
     SELECT TOP (@n) ROW_NUMBER() OVER (ORDER BY CAST(k.[value] AS bigint)) - 1, CAST(k.[value] AS bigint)
@@ -988,12 +1024,23 @@ BEGIN
         BEGIN
             BEGIN TRANSACTION;
             SAVE TRANSACTION run;
+            IF @big > 0
+                -- the run's messages over slot_bytes, into the side table first (ring_push's MERGE)
+                MERGE INTO {{ring_large}} AS l
+                USING (SELECT s.ord, s.payload, s.headers FROM @src AS s
+                       WHERE s.ord >= @done AND s.ord < @done + @run
+                         AND ISNULL(DATALENGTH(s.payload), 0) + ISNULL(DATALENGTH(s.headers), 0) > {{slot_bytes}}) AS m
+                ON 1 = 0
+                WHEN NOT MATCHED THEN INSERT (payload, headers) VALUES (m.payload, m.headers)
+                OUTPUT m.ord, inserted.id INTO @large (ord, id);
             UPDATE r
-            SET msg_id = c.pos, state = 4, payload = p.payload, headers = p.headers,
+            SET msg_id = c.pos, state = 4, payload = CASE WHEN g.id IS NULL THEN p.payload END,
+                headers = CASE WHEN g.id IS NULL THEN p.headers END, large_id = g.id,
                 pushed_at = SYSUTCDATETIME(), changed_at = SYSUTCDATETIME()
-            OUTPUT p.ord, inserted.msg_id INTO @written (ord, id)
+            OUTPUT p.ord, inserted.msg_id, deleted.large_id INTO @written (ord, id, replaced)
             FROM @claims AS c
             JOIN @src AS p ON p.ord = c.n
+            LEFT JOIN @large AS g ON g.ord = c.n
             JOIN {{ring}} AS r WITH (UPDLOCK, ROWLOCK) ON r.slot = c.pos % {{size}}
             WHERE c.n >= @done AND c.n < @done + @run AND r.msg_id = c.pos - {{size}} AND r.state >= 4
               AND (r.state = 5 OR NOT EXISTS (
@@ -1003,10 +1050,15 @@ BEGIN
             SET @wrote = @@ROWCOUNT;
             IF @wrote < @run
             BEGIN
+                -- a table variable keeps its rows through a rollback: forget the run's outputs
                 ROLLBACK TRANSACTION run;
                 DELETE FROM @written WHERE ord >= @done;
+                DELETE FROM @large WHERE ord >= @done;
                 SET @wrote = 0;
             END
+            ELSE
+                DELETE FROM {{ring_large}} WITH (ROWLOCK)
+                WHERE id IN (SELECT w.replaced FROM @written AS w WHERE w.ord >= @done);
             COMMIT TRANSACTION;
             SET @done += @wrote;
             IF @wrote > 0 CONTINUE;
@@ -1196,9 +1248,13 @@ BEGIN
             END
             COMMIT TRANSACTION;
             -- version read: a claimed slot cannot change until the subscription acknowledges
-            -- it (the producer waits for that), so its committed row is the message
-            SELECT o.id, r.payload, r.headers, r.pushed_at AS enqueued_at, SYSUTCDATETIME() AS dequeued_at, o.tries
+            -- it (the producer waits for that), so its committed row is the message, and its
+            -- side-table row (since ring_0007), which only the slot's reuse deletes, is there
+            SELECT o.id, CASE WHEN r.large_id IS NULL THEN r.payload ELSE l.payload END AS payload,
+                   CASE WHEN r.large_id IS NULL THEN r.headers ELSE l.headers END AS headers,
+                   r.pushed_at AS enqueued_at, SYSUTCDATETIME() AS dequeued_at, o.tries
             FROM @out AS o JOIN {{ring}} AS r WITH (READCOMMITTEDLOCK, ROWLOCK) ON r.slot = o.slot
+            LEFT JOIN {{ring_large}} AS l WITH (READCOMMITTEDLOCK, ROWLOCK) ON l.id = r.large_id
             ORDER BY o.id;
             RETURN;
         END

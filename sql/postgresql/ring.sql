@@ -797,6 +797,11 @@ BEGIN
 END
 $fn$;
 
+-- name: refresh_fanout_guard
+-- Nothing on PostgreSQL: the trigger calls the guard function by name, so CREATE OR REPLACE
+-- of create_fanout_guard already changes what it runs (SQL Server's trigger holds the text it
+-- was made with: see there). Empty on purpose.
+
 -- name: create_publish
 -- The fan-out push, publish (since ring_0006): enqueue_many's claims and rules (the session
 -- keeps the claims it could not write, under the same setting, so ring_release gives them
