@@ -515,3 +515,13 @@ def test_tsql_sub_take_reads_large_messages_through_the_pointer_and_deletes_noth
     assert re.search(r'LEFT JOIN "queuectl"\."orders_ring_large" AS l WITH \(READCOMMITTEDLOCK, ROWLOCK\) '
                      r"ON l\.id = r\.large_id", take)
     assert not re.search(r"DELETE\b[^;]*_ring_large", take)
+
+
+def test_upkeep_sees_the_side_table_and_the_subscriptions_of_the_revisions_that_have_them():
+    from queuectl.kindspec import UPKEEP_TABLES, upkeep_tables
+
+    assert UPKEEP_TABLES["ring"] == ("ring", "ring_large", "sub_slots", "subs")
+    assert upkeep_tables("ring") == upkeep_tables("ring", "ring_0007") == UPKEEP_TABLES["ring"]
+    assert upkeep_tables("ring", "ring_0006") == ("ring", "sub_slots", "subs")
+    assert upkeep_tables("ring", "ring_0005") == ("ring",)
+    assert upkeep_tables("heap", "heap_0001") == ("items",)

@@ -23,8 +23,10 @@ DESTRUCTIVE_KINDS = ("heap", "fifo", "stack", "pending", "watermark")
 # The tables of each kind whose indexes and dead rows the upkeep jobs (inspect, reorganize)
 # look after, first the one that takes the queue's churn. A reliable queue's history is
 # append-only and left out; the destructive kinds delete every row at dequeue, so their
-# items table piles up dead rows and index ghosts; the ring updates its slots in place; a
-# watermark queue's one-row hint is rewritten at every correction.
+# items table piles up dead rows and index ghosts; the ring updates its slots in place, its
+# side table of large messages takes an insert and a delete per message, and a fan-out ring's
+# claim rows and cursors are updated at every claim and ack; a watermark queue's one-row hint
+# is rewritten at every correction.
 UPKEEP_TABLES: dict[str, tuple[str, ...]] = {
     "reliable": ("meta", "data"),
     "heap": ("items",),
@@ -32,8 +34,17 @@ UPKEEP_TABLES: dict[str, tuple[str, ...]] = {
     "stack": ("items",),
     "pending": ("items",),
     "watermark": ("items", "watermark"),
-    "ring": ("ring",),
+    "ring": ("ring", "ring_large", "sub_slots", "subs"),
 }
+# Upkeep tables a kind's first revision does not create: the revision that does. A queue at
+# an older revision has no such table, and its upkeep leaves it out (upkeep_tables).
+UPKEEP_TABLES_SINCE: dict[str, str] = {"ring_large": "ring_0007", "sub_slots": "ring_0006", "subs": "ring_0006"}
+
+
+def upkeep_tables(kind: str, revision: str | None = None) -> tuple[str, ...]:
+    """The upkeep tables of a queue of `kind` at `revision` (None: the newest)."""
+    return tuple(t for t in UPKEEP_TABLES[kind]
+                 if revision is None or UPKEEP_TABLES_SINCE.get(t, "") <= revision)
 
 RING_DEFAULT_SIZE = 65_536
 RING_MAX_SIZE = 16_777_216  # 16 Mi slots: ~1 GB of preallocated rows at fillfactor 50

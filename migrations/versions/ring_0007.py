@@ -15,7 +15,8 @@ payload (sql/postgresql/ring.sql, create_large_table, has the measurements). The
 the column (no rewrite: no default) and the table, replaces the functions in place (CREATE OR
 REPLACE keeps grants; SECURITY DEFINER is restored where `queuectl grant` set it) and records
 the two settings in the registry; messages in flight and subscriptions stay as they are (a
-slot without a pointer keeps its payload). A ring installed before this revision has no
+slot without a pointer keeps its payload). On SQL Server a fan-out ring's guard trigger holds
+the text its procedure made, so both directions remake it (refresh_fanout_guard). A ring installed before this revision has no
 limit: the upgrade gives it the defaults; `queuectl install --max-payload-bytes` sets another
 on a new ring. The downgrade moves every message waiting in the side table back into its slot
 (no message is lost), then drops the table and the column and restores ring_0006's functions:
