@@ -19,7 +19,7 @@ from queuectl.catalog import QueueInfo
 from queuectl.durations import duration_seconds
 from queuectl.engine import adapter_for
 from queuectl.errors import QueuectlError, UsageError
-from queuectl.kindspec import UPKEEP_TABLES, kind_template_values
+from queuectl.kindspec import kind_template_values, upkeep_tables
 from queuectl.registry import require_queue
 from queuectl.names import QueueNames
 from queuectl.sqlfiles import render
@@ -133,8 +133,9 @@ class JobTarget:
 
     @property
     def tables(self) -> tuple[str, ...]:
-        """The suffixes of the queue's tables the upkeep jobs look after (kindspec.UPKEEP_TABLES)."""
-        return UPKEEP_TABLES[self.kind]
+        """The suffixes of the queue's tables the upkeep jobs look after (kindspec.UPKEEP_TABLES),
+        those its revision has."""
+        return upkeep_tables(self.kind, getattr(self.info, "schema_version", None))
 
     def sql(self, section: str, **extra: str | int) -> sa.TextClause:
         values: dict[str, str | int] = {**self.names.template_values(), **kind_template_values(self.names, self.kind),

@@ -198,7 +198,7 @@ def test_queuectl_list_shows_each_kinds_depth(db_url, engine):
         assert row["kind"] == kind and row["counts"]["ready"] == n, (kind, row)
     assert listed["d_pending"]["counts"]["scheduled"] == 1
     assert listed["d_reliable"]["counts"]["done"] == 2
-    assert listed["d_ring"]["settings"] == {"size": 16}
+    assert listed["d_ring"]["settings"] == {"size": 16, "slot_bytes": 1800, "max_payload_bytes": 1048576}
     table = run_cli("list", url=db_url).stdout.decode()
     assert "watermark" in table and "ring" in table
 

@@ -55,6 +55,7 @@ def test_the_check_resolves_nearly_everything_and_names_what_it_skips():
         # the fan-out guard trigger and the ring's CHECK constraint and pop sequence, named by
         # QUOTENAME of catalog names (a trigger or an ALTER cannot take a variable name)
         ("ring:create_fanout_guard: EXEC sys.sp_executesql @sql", "dynamic SQL text"),
+        ("ring:create_fanout_guard_0006: EXEC sys.sp_executesql @sql", "dynamic SQL text"),
         ("ring:create_ring_release_0002: INSERT INTO @pushed EXEC", "a procedure's result set"),
         ("ring:make_fanout: EXEC sys.sp_executesql @sql", "dynamic SQL text"),
         ("ring:unmake_fanout: EXEC sys.sp_executesql @sql", "dynamic SQL text"),
@@ -123,6 +124,11 @@ BREAKS = [
      '"queuectl"."orders_meta" (id)', '"queuectl"."orders_meta" (ids)', "orders_meta has no column 'ids'"),
     ("index key the table does not have", "reliable", "create_tables",
      "(priority, due_at, id) WHERE status = 0", "(priority, due, id) WHERE status = 0", "has no column 'due'"),
+    # the ring's side-table pointer: a column ALTER TABLE ... ADD gives the slots, and drops
+    ("column dropped that the table does not have", "ring", "drop_large_table",
+     "DROP COLUMN large_id", "DROP COLUMN large_ids", "column large_ids: no source in scope has it"),
+    ("misspelt column that ALTER TABLE added", "ring", "create_dequeue",
+     "r.changed_at, r.large_id", "r.changed_at, r.larg_id", "orders_ring has no column 'larg_id'"),
 ]
 
 

@@ -462,6 +462,8 @@ def test_ring_0005_serves_claims_kept_across_its_upgrade_and_downgrades_to_ring_
     with RingQueue(engine, "alpha") as consumer, RingQueue(engine, "alpha") as producer:
         assert consumer.dequeue(1) == []  # keeps claim 0 (ring_0004)
         assert upgrade_queue(engine, "alpha") == ("ring_0004", head_of("ring"))
+        if head_of("ring") != "ring_0005":  # back to the revision under test, through the later downgrades
+            assert downgrade_queue(engine, "alpha", "ring_0005") == (head_of("ring"), "ring_0005")
         new = ring_functions(engine, "alpha")
         assert {fn for fn in old if new[fn] != old[fn]} == {"enqueue_many", "dequeue"}
         assert "FOR UPDATE OF s SKIP LOCKED" not in new["dequeue"].split("RETURN QUERY")[1]  # no lock pass
@@ -469,7 +471,7 @@ def test_ring_0005_serves_claims_kept_across_its_upgrade_and_downgrades_to_ring_
         assert [(m.id, m.text) for m in consumer.dequeue(1)] == [(0, "x")]  # the claim kept at ring_0004
         assert [(m.id, m.text) for m in consumer.dequeue(1)] == [(1, "y")]
         assert consumer.dequeue(1) == []  # the ring is empty: claims 2 and keeps it (ring_0005)
-        assert downgrade_queue(engine, "alpha", "ring_0004") == (head_of("ring"), "ring_0004")
+        assert downgrade_queue(engine, "alpha", "ring_0004") == ("ring_0005", "ring_0004")
         assert ring_functions(engine, "alpha") == old  # exactly ring_0004's (ring_0003's) functions
         assert producer.enqueue("z") == 2
         assert [(m.id, m.text) for m in consumer.dequeue(5)] == [(2, "z")]  # the claim kept at ring_0005

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from jobs_helpers import scalar
 from queuectl.client import QueueFullError, RingQueue
 from queuectl.errors import UsageError
-from queuectl.install import downgrade_queue, install_queue, uninstall_queue, upgrade_queue
+from queuectl.install import downgrade_queue, head_of, install_queue, uninstall_queue, upgrade_queue
 from queuectl.kindspec import RingSettings
 
 
@@ -301,7 +301,8 @@ def test_fanout_updates_stay_hot_and_sizes_constant_over_many_laps(engine, db_ur
 
 def test_install_settings_and_cli_defaults_are_recorded(engine):
     info = install_queue(engine, "f", "ring", RingSettings(size=16, fanout=True))
-    assert info.settings.as_dict() == {"size": 16, "fanout": True, "lag_limit": 8, "drop_when_behind": False}
+    assert info.settings.as_dict() == {"size": 16, "fanout": True, "lag_limit": 8, "drop_when_behind": False,
+                                       "slot_bytes": 1_800, "max_payload_bytes": 1024 * 1024}
     with RingQueue(engine, "f") as q:
         sub = q.subscribe("a")
         assert (sub.lag_limit, sub.drop_when_behind) == (8, False)  # half the ring, kept
@@ -319,7 +320,7 @@ def test_existing_ring_upgrades_to_0006_and_back_with_every_row(engine):
         q.enqueue_many(["a", "b", "c"])
         assert texts(q.dequeue(1)) == ["a"]
     before = ring_slots(engine, "old")
-    assert upgrade_queue(engine, "old") == ("ring_0005", "ring_0006")
+    assert upgrade_queue(engine, "old") == ("ring_0005", head_of("ring"))
     assert ring_slots(engine, "old") == before
     assert scalar(engine, 'SELECT count(*) FROM queuectl."old_subs"') == 0
     with RingQueue(engine, "old") as q:
@@ -327,7 +328,7 @@ def test_existing_ring_upgrades_to_0006_and_back_with_every_row(engine):
         assert texts(q.dequeue(1)) == ["b"]
         q.enqueue("d")
     kept = ring_slots(engine, "old")
-    assert downgrade_queue(engine, "old", "ring_0005") == ("ring_0006", "ring_0005")
+    assert downgrade_queue(engine, "old", "ring_0005") == (head_of("ring"), "ring_0005")
     assert ring_slots(engine, "old") == kept
     assert scalar(engine, "SELECT to_regclass('queuectl.old_subs')") is None
     assert scalar(engine, "SELECT to_regproc('queuectl.old_publish')") is None
@@ -344,13 +345,14 @@ def test_fanout_ring_downgrade_gives_unacknowledged_messages_to_the_plain_pop(en
         a.ack(a.dequeue(4))
         b.ack(b.dequeue(2))
         b.dequeue(1)  # m2 claimed, not acknowledged
-    assert downgrade_queue(engine, "f", "ring_0005") == ("ring_0006", "ring_0005")
+    assert downgrade_queue(engine, "f", "ring_0005") == (head_of("ring"), "ring_0005")
     with RingQueue(engine, "f") as plain:
-        assert not plain.fanout and plain.info.settings.as_dict() == {"size": 8}
+        assert not plain.fanout and not plain.info.settings.fanout
+        assert scalar(engine, "SELECT settings FROM queuectl.queues WHERE name = 'f'") == {"size": 8}
         assert texts(plain.dequeue(10)) == ["m2", "m3"]  # each once, for the plain pop
         assert plain.enqueue_many(list("abcdefgh")) == list(range(4, 12))
         assert texts(plain.dequeue(10)) == list("abcdefgh")
-    assert upgrade_queue(engine, "f") == ("ring_0005", "ring_0006")  # back up: a plain ring at 0006
+    assert upgrade_queue(engine, "f") == ("ring_0005", head_of("ring"))  # back up: a plain ring at the head
     uninstall_queue(engine, "f")
     install_queue(engine, "g", "ring", RingSettings(size=4, fanout=True))
     uninstall_queue(engine, "g")  # the downgrade to base passes unmake_fanout too

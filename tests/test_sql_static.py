@@ -40,6 +40,11 @@ ALLOWED = {
     ("bench/lab/health.py", "_write_sample"):
         "VACUUM (ANALYZE) of a bench queue's table for the health sample; VACUUM takes no "
         "bind parameters, the table name comes from QueueNames.qualified",
+    ("bench/lab/ring_large.py", "_vacuum"):
+        "VACUUM of a lab ring's tables between measurements; the table name comes from QueueNames.qualified",
+    ("bench/lab/ring_large.py", "_autovacuum_off"):
+        "ALTER TABLE ... SET (autovacuum_enabled = false) on a lab ring's tables, so a run shows the ring's "
+        "own mechanism; the table name comes from QueueNames.qualified",
 }
 
 

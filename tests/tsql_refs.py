@@ -336,6 +336,17 @@ class Catalogue:
             table.insertable.add(insertable)
             if len(_parts(name)) > 1:
                 self.schemas.add(_parts(name)[0])
+        for seg in tree.recursive_crawl("alter_table_statement"):
+            # ALTER TABLE ... ADD <column definitions>: a revision adds columns to a table
+            added = [c for c in seg.segments if c.is_type("column_definition")]
+            if not added:
+                continue
+            name = next(c for c in seg.segments if c.is_type("table_reference", "object_reference"))
+            table = self.tables.setdefault(_key(_parts(name)), Table())
+            for column in added:
+                table.columns.add(_ident(_code(column)[0].raw))
+                table.types.setdefault(_ident(_code(column)[0].raw), set()).add(_base_type(column))
+            table.insertable |= {width + len(added) for width in table.insertable}
         for seg in tree.recursive_crawl("create_sequence_statement"):
             self.sequences.add(_key(_parts(next(c for c in seg.segments if c.is_type("object_reference")))))
         for seg in tree.recursive_crawl("create_procedure_statement"):
@@ -1142,6 +1153,22 @@ class _Batch:
         for c in seg.segments:
             if c.is_type("bracketed"):
                 self.table_body(c, own, scope)
+
+    def v_alter_table_statement(self, seg, scope):
+        """ALTER TABLE: the table resolves; ADD's column definitions see the table's columns,
+        DROP COLUMN names one of them."""
+        name = next(c for c in seg.segments if c.is_type("table_reference", "object_reference"))
+        own = self.table(name, scope)
+        local = Scope(scope)
+        if own is not None:
+            local.add([("",)], own)
+        for c in seg.segments:
+            if c.is_type("column_definition"):
+                self.visit_all(_code(c)[1:], local)
+            elif c.is_type("column_reference"):
+                self.visit(c, local)
+            elif c is not name:
+                self.visit(c, local)
 
     def table_body(self, body, own: Source, scope) -> None:
         """Column definitions and table constraints: their expressions see the table's columns."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from queuectl.catalog import QueueSettings
+from queuectl.defaults import DEFAULT_MAX_PAYLOAD_BYTES
 from queuectl.errors import UsageError
 from queuectl.names import QUEUE_OBJECT_SUFFIXES, QueueNames, quote_ident
 
@@ -22,8 +23,10 @@ DESTRUCTIVE_KINDS = ("heap", "fifo", "stack", "pending", "watermark")
 # The tables of each kind whose indexes and dead rows the upkeep jobs (inspect, reorganize)
 # look after, first the one that takes the queue's churn. A reliable queue's history is
 # append-only and left out; the destructive kinds delete every row at dequeue, so their
-# items table piles up dead rows and index ghosts; the ring updates its slots in place; a
-# watermark queue's one-row hint is rewritten at every correction.
+# items table piles up dead rows and index ghosts; the ring updates its slots in place, its
+# side table of large messages takes an insert and a delete per message, and a fan-out ring's
+# claim rows and cursors are updated at every claim and ack; a watermark queue's one-row hint
+# is rewritten at every correction.
 UPKEEP_TABLES: dict[str, tuple[str, ...]] = {
     "reliable": ("meta", "data"),
     "heap": ("items",),
@@ -31,8 +34,17 @@ UPKEEP_TABLES: dict[str, tuple[str, ...]] = {
     "stack": ("items",),
     "pending": ("items",),
     "watermark": ("items", "watermark"),
-    "ring": ("ring",),
+    "ring": ("ring", "ring_large", "sub_slots", "subs"),
 }
+# Upkeep tables a kind's first revision does not create: the revision that does. A queue at
+# an older revision has no such table, and its upkeep leaves it out (upkeep_tables).
+UPKEEP_TABLES_SINCE: dict[str, str] = {"ring_large": "ring_0007", "sub_slots": "ring_0006", "subs": "ring_0006"}
+
+
+def upkeep_tables(kind: str, revision: str | None = None) -> tuple[str, ...]:
+    """The upkeep tables of a queue of `kind` at `revision` (None: the newest)."""
+    return tuple(t for t in UPKEEP_TABLES[kind]
+                 if revision is None or UPKEEP_TABLES_SINCE.get(t, "") <= revision)
 
 RING_DEFAULT_SIZE = 65_536
 RING_MAX_SIZE = 16_777_216  # 16 Mi slots: ~1 GB of preallocated rows at fillfactor 50
@@ -41,6 +53,12 @@ RING_DEFAULT_LAG_LIMIT_SHARE = 2  # a fan-out subscription is behind past size /
 # The fan-out ring's functions (ring_0006): publish, the subscriptions' admin and their pops.
 RING_FANOUT_CALLS = ("publish", "subscribe", "unsubscribe", "subscriptions", "sub_take", "sub_done", "sub_return",
                      "fanout_guard")
+# The largest message (payload + headers) a slot holds in its own row; a larger one goes to the
+# ring's side table (<queue>_ring_large) and the slot keeps a pointer. 1,800 bytes keeps a
+# PostgreSQL slot row under the 2,032-byte TOAST threshold (the row's other columns and the
+# headers' binary form take the rest), so the slots are never TOASTed: docs/kinds.md has the
+# measurements behind it.
+RING_DEFAULT_SLOT_BYTES = 1_800
 
 # PostgreSQL truncates identifiers at 63 bytes; queue names may have 48 characters, which
 # leaves 15 for a suffix. A kind whose objects need a longer suffix takes shorter names.
@@ -114,16 +132,34 @@ class RingSettings(NoSettings):
     lag_limit messages behind the pushes is behind (health CRITICAL), and one that asked to
     be dropped when behind is dropped by the next push. Default lag limit: half the ring
     (RING_DEFAULT_LAG_LIMIT_SHARE); default drop: no (a dropped subscription misses messages).
+
+    slot_bytes: the largest message (payload + headers as text) stored in its slot's row; a
+    larger one goes to the side table <queue>_ring_large (ring_0007).
+    max_payload_bytes: the largest message push accepts (payload + headers as text); a larger
+    one is refused by the server in one line (PayloadTooLarge) and nothing is stored.
     """
 
     size: int = RING_DEFAULT_SIZE
     fanout: bool = False
     lag_limit: int | None = None  # None: size // 2
     drop_when_behind: bool = False
+    slot_bytes: int = RING_DEFAULT_SLOT_BYTES
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+
+    LIMITS = {
+        "size": (2, RING_MAX_SIZE),
+        "slot_bytes": (0, 1024**3),
+        # bytea and varbinary(max) values stop at 1 GiB (PostgreSQL) and 2 GiB (SQL Server)
+        "max_payload_bytes": (1, 1024**3),
+    }
 
     def __post_init__(self) -> None:
         if isinstance(self.size, bool) or not isinstance(self.size, int) or not 2 <= self.size <= RING_MAX_SIZE:
             raise UsageError(f"size must be a whole number from 2 to {RING_MAX_SIZE:,}, got {self.size!r}")
+        for key, (low, high) in self.LIMITS.items():
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise UsageError(f"{key.replace('_', '-')} must be a whole number from {low:,} to {high:,}, got {value!r}")
         if not isinstance(self.fanout, bool) or not isinstance(self.drop_when_behind, bool):
             raise UsageError("fanout and drop_when_behind must be true or false")
         if not self.fanout and (self.lag_limit is not None or self.drop_when_behind):
@@ -138,9 +174,10 @@ class RingSettings(NoSettings):
         return self.lag_limit if self.lag_limit is not None else max(1, self.size // RING_DEFAULT_LAG_LIMIT_SHARE)
 
     def as_dict(self) -> dict[str, Any]:
+        limits = {key: getattr(self, key) for key in self.LIMITS}
         if not self.fanout:
-            return {"size": self.size}
-        return {"size": self.size, "fanout": True, "lag_limit": self.default_lag_limit,
+            return limits
+        return {**limits, "fanout": True, "lag_limit": self.default_lag_limit,
                 "drop_when_behind": self.drop_when_behind}
 
     def subscription_values(self) -> dict[str, int]:
@@ -149,10 +186,12 @@ class RingSettings(NoSettings):
 
     @classmethod
     def from_dict(cls, data: dict) -> "RingSettings":
+        # a ring installed before ring_0007 has no slot_bytes / max_payload_bytes: they take their defaults
         fanout = bool(data.get("fanout", False))
-        return cls(size=int(data.get("size", RING_DEFAULT_SIZE)), fanout=fanout,
+        return cls(fanout=fanout,
                    lag_limit=int(data["lag_limit"]) if fanout and data.get("lag_limit") is not None else None,
-                   drop_when_behind=fanout and bool(data.get("drop_when_behind", False)))
+                   drop_when_behind=fanout and bool(data.get("drop_when_behind", False)),
+                   **{k: int(v) for k, v in data.items() if k in cls.LIMITS})
 
 
 AnySettings = Union[QueueSettings, NoSettings]
@@ -180,6 +219,7 @@ def check_settings(kind: str, settings: AnySettings | None) -> AnySettings:
 def settings_for(
     kind: str, *, reliable: QueueSettings | None = None, strict: bool = False, size: int | None = None,
     fanout: bool = False, lag_limit: int | None = None, drop_when_behind: bool = False,
+    slot_bytes: int | None = None,
 ) -> AnySettings:
     """Build a kind's settings from command-line options; refuse options of other kinds."""
     validate_kind(kind)
@@ -189,13 +229,17 @@ def settings_for(
         raise UsageError("--size applies to --kind ring only")
     if (fanout or lag_limit is not None or drop_when_behind) and kind != "ring":
         raise UsageError("--fanout, --lag-limit and --drop-when-behind apply to --kind ring only")
+    if slot_bytes is not None and kind != "ring":
+        raise UsageError("--slot-bytes applies to --kind ring only")
     if kind == "reliable":
         return reliable or QueueSettings()
     if kind == "fifo":
         return FifoSettings(strict=strict)
     if kind == "ring":
         return RingSettings(size=RING_DEFAULT_SIZE if size is None else size, fanout=fanout, lag_limit=lag_limit,
-                            drop_when_behind=drop_when_behind)
+                            drop_when_behind=drop_when_behind,
+                            slot_bytes=RING_DEFAULT_SLOT_BYTES if slot_bytes is None else slot_bytes,
+                            max_payload_bytes=(reliable or QueueSettings()).max_payload_bytes)
     return NoSettings()
 
 
@@ -226,6 +270,12 @@ def kind_template_values(names: QueueNames, kind: str) -> dict[str, str]:
             ring_regclass=regclass("ring"),
             fn_ring_repair=q("ring_repair"),
             fn_ring_release=q("ring_release"),
+            ring_large=q("ring_large"),
+            # its key and ids, named to fit 63 bytes with a 48-character queue name (the
+            # defaults, "<queue>_ring_large_pkey" and "<queue>_ring_large_id_seq", would not)
+            ring_large_pkey=quote_ident(names.table("large_pkey")),  # a constraint: unqualified
+            ring_large_seq=q("large_seq"),
+            ring_large_regclass=regclass("ring_large"),
             fn_ring_push=q("ring_push"),  # SQL Server's push procedure (names.SQL_SERVER_ONLY_SUFFIXES)
             # fan-out (ring_0006): the subscriptions' tables and calls
             subs=q("subs"),

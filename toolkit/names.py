@@ -52,7 +52,9 @@ QUEUE_OBJECT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "watermark": (*_COMMON_SUFFIXES, *_ITEMS_SUFFIXES, "watermark", "watermark_pkey", "correct_watermark"),
     "ring": (*_COMMON_SUFFIXES, "ring", "ring_pkey", "push_seq", "pop_seq", "ring_repair", "ring_release",
              "ring_push", "subs", "subs_pkey", "subs_name_key", "sub_slots", "sub_slots_pkey", "publish", "subscribe",
-             "unsubscribe", "subscriptions", "sub_take", "sub_done", "sub_return", "fanout_guard"),
+             "unsubscribe", "subscriptions", "sub_take", "sub_done", "sub_return", "fanout_guard",
+             # ring_0007's side table for messages larger than a slot's in-row width
+             "ring_large", "large_pkey", "large_seq"),
 }
 # Suffixes whose objects exist on SQL Server only: the ring's push procedure, which enqueue,
 # enqueue_many and ring_release call through an OUTPUT parameter (sql/mssql/ring.sql).

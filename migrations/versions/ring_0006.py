@@ -24,8 +24,12 @@ branch_labels = None
 depends_on = None
 
 _FANOUT_SETTINGS = ("fanout", "lag_limit", "drop_when_behind")
-_FUNCTIONS = ("create_fanout_guard", "create_publish", "create_subscribe", "create_unsubscribe",
-              "create_subscriptions", "create_sub_take", "create_sub_done", "create_sub_return")
+# ring_0007's settings, which the settings read back from the registry fill with their defaults:
+# a ring taken below this revision records none of them
+_LATER_SETTINGS = ("slot_bytes", "max_payload_bytes")
+# this revision's bodies (history sections where a later revision replaced them)
+_FUNCTIONS = ("create_fanout_guard_0006", "create_publish_0006", "create_subscribe_0006", "create_unsubscribe_0006",
+              "create_subscriptions_0006", "create_sub_take_0006", "create_sub_done_0006", "create_sub_return_0006")
 
 
 def _settings():
@@ -47,7 +51,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     if _settings().fanout:
         run_section("ring", "unmake_fanout")
-        record_settings(without=_FANOUT_SETTINGS)
+        record_settings(without=_FANOUT_SETTINGS + _LATER_SETTINGS)
     run_section("ring", "drop_subscription_functions")
     run_section("ring", "drop_subscription_tables")
     set_version(down_revision)

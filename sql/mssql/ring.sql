@@ -119,6 +119,45 @@ CREATE SEQUENCE {{push_seq}} AS bigint START WITH 0 MINVALUE 0 INCREMENT BY 1 CA
 GO
 CREATE SEQUENCE {{pop_seq}} AS bigint START WITH 0 MINVALUE 0 INCREMENT BY 1 CACHE 1000;
 
+-- name: create_large_table
+-- The side table for messages larger than a slot's in-row width (since ring_0007;
+-- sql/postgresql/ring.sql: create_large_table explains the design and has the measurements).
+-- A message whose payload + headers (DATALENGTH: headers are nvarchar, two bytes per UTF-16
+-- code unit) is over slot_bytes is inserted here by the push, in the transaction that writes
+-- its slot, and deleted by the pop in the transaction that empties it; the slot holds its id
+-- in large_id and no payload. A rescue moves the pointer. Here the gain is the slots' pages:
+-- a FULL slot holds its payload in the row up to 8,000 bytes (create_tables), so a ring of
+-- messages of a few kB keeps one or two slots per page and splits pages as its rows grow;
+-- with the pointer a row stays narrow. The pointer adds 8 bytes to every slot (45 bytes
+-- empty, 47 with the page's slot array: about 34 empty slots per page at FILLFACTOR 20, which
+-- all fit FULL up to ~185 bytes of in-row payload and headers each).
+-- Rows here are inserted once and deleted once: ghost cleanup reclaims them, and their LOB
+-- pages (a payload over 8,000 bytes) are deallocated with them.
+-- ADD of a NULL column without a default changes only metadata (a schema-modification lock
+-- for that moment, no row is rewritten).
+ALTER TABLE {{ring}} ADD large_id bigint NULL;
+GO
+CREATE TABLE {{ring_large}} (
+    id      bigint         IDENTITY(1, 1) NOT NULL PRIMARY KEY CLUSTERED,
+    payload varbinary(max) NULL,
+    headers nvarchar(max)  NULL
+);
+
+-- name: drop_large_table
+-- Back to messages in the slots' rows (ring_0007's downgrade): every message waiting in the
+-- side table goes back into its slot, then the table and the pointer go. TABLOCKX holds the
+-- slots until the migration's transaction ends, so no push or pop runs between the move and
+-- the drop (nor, with the procedures replaced in the same transaction, reads a slot whose
+-- payload is still in the side table).
+UPDATE {{ring}} WITH (TABLOCKX)
+SET payload = l.payload, headers = l.headers, large_id = NULL
+FROM {{ring_large}} AS l
+WHERE l.id = large_id;
+GO
+DROP TABLE {{ring_large}};
+GO
+ALTER TABLE {{ring}} DROP COLUMN large_id;
+
 -- name: create_enqueue_many
 -- The SQL API as stored procedures, callable from any language, one section per procedure:
 -- the batch push (enqueue_many, this section, with the push itself, ring_push), the single
@@ -165,6 +204,12 @@ CREATE SEQUENCE {{pop_seq}} AS bigint START WITH 0 MINVALUE 0 INCREMENT BY 1 CAC
 -- the first payloads, and tried again. Inside a caller's transaction it never waits (see the
 -- header): what it cannot write at once is kept for the next push, as on a timeout.
 -- @items is a JSON array of {"payload": "<hex>", "headers": {...} | null}, as before.
+-- Sizes (since ring_0007): a message (payload + headers, DATALENGTH) over max_payload_bytes
+-- refuses the whole call with error 50413 (the client's PayloadTooLarge, one line) before a
+-- position is drawn; the messages of a run over slot_bytes are inserted into the side table
+-- (create_large_table) inside the run's transaction, before its UPDATE takes any slot lock,
+-- so a side row exists exactly when its slot was written (a run rolled back to its savepoint
+-- takes its side rows with it).
 CREATE OR ALTER PROCEDURE {{fn_ring_push}}
     @items   nvarchar(max),
     @timeout float         = 1.0,
@@ -190,6 +235,8 @@ BEGIN
     DECLARE @spare TABLE (pos bigint NOT NULL PRIMARY KEY);
     DECLARE @seen TABLE (pos bigint NOT NULL PRIMARY KEY, free bit NOT NULL, passed bit NOT NULL);
     DECLARE @written TABLE (ord int NOT NULL PRIMARY KEY, id bigint NOT NULL);
+    DECLARE @large TABLE (ord int NOT NULL PRIMARY KEY, id bigint NOT NULL);  -- side-table ids by message
+    DECLARE @over int, @big int, @payload_bytes bigint, @headers_bytes bigint, @refused nvarchar(400);
     INSERT INTO @src (ord, payload, headers)
     SELECT CAST(j.[key] AS int), CONVERT(varbinary(max), v.payload_hex, 2), v.headers
     FROM OPENJSON(@items) AS j
@@ -198,6 +245,21 @@ BEGIN
         headers     nvarchar(max) '$.headers' AS JSON
     ) AS v;
     SELECT @n = COUNT(*) FROM @src;
+    SELECT TOP (1) @over = s.ord, @payload_bytes = s.payload_bytes, @headers_bytes = s.headers_bytes
+    FROM (SELECT src.ord, CAST(ISNULL(DATALENGTH(src.payload), 0) AS bigint) AS payload_bytes,
+                 CAST(ISNULL(DATALENGTH(src.headers), 0) AS bigint) AS headers_bytes
+          FROM @src AS src) AS s
+    WHERE s.payload_bytes + s.headers_bytes > {{max_payload_bytes}}
+    ORDER BY s.ord;
+    IF @over IS NOT NULL
+    BEGIN
+        SET @refused = CONCAT(N'queue ''', {{queue_literal}}, N''': message ', @over + 1, N' of ', @n, N' is ',
+            @payload_bytes + @headers_bytes, N' bytes (payload ', @payload_bytes, N' + headers ', @headers_bytes,
+            N'), over max_payload_bytes ', {{max_payload_bytes}}, N': nothing was enqueued');
+        THROW 50413, @refused, 1;
+    END;
+    SELECT @big = COUNT(*) FROM @src AS s
+    WHERE ISNULL(DATALENGTH(s.payload), 0) + ISNULL(DATALENGTH(s.headers), 0) > {{slot_bytes}};
     INSERT INTO @spare (pos)
     SELECT CAST(k.[value] AS bigint)
     FROM OPENJSON(CONCAT(N'[', CAST(SESSION_CONTEXT(@key) AS nvarchar(4000)), N']')) AS k;
@@ -238,10 +300,22 @@ BEGIN
         BEGIN
             BEGIN TRANSACTION;
             SAVE TRANSACTION ring_run;
+            IF @big > 0
+                -- the run's messages over slot_bytes, into the side table first (MERGE: its
+                -- OUTPUT pairs each new id with the message's ordinal, INSERT's cannot)
+                MERGE INTO {{ring_large}} AS l
+                USING (SELECT s.ord, s.payload, s.headers FROM @src AS s
+                       WHERE s.ord >= @done AND s.ord < @done + @want
+                         AND ISNULL(DATALENGTH(s.payload), 0) + ISNULL(DATALENGTH(s.headers), 0) > {{slot_bytes}}) AS m
+                ON 1 = 0
+                WHEN NOT MATCHED THEN INSERT (payload, headers) VALUES (m.payload, m.headers)
+                OUTPUT m.ord, inserted.id INTO @large (ord, id);
             -- READCOMMITTEDLOCK, READPAST, no UPDLOCK: each slot is re-checked under the
             -- UPDATE's own update lock, a slot locked now is skipped (not waited for), and a
             -- slot that is no longer free keeps no lock (see the header)
-            UPDATE r SET msg_id = w.pos, state = 1, payload = s.payload, headers = s.headers,
+            UPDATE r SET msg_id = w.pos, state = 1,
+                         payload = CASE WHEN g.id IS NULL THEN s.payload END,
+                         headers = CASE WHEN g.id IS NULL THEN s.headers END, large_id = g.id,
                          pushed_at = SYSUTCDATETIME(), changed_at = SYSUTCDATETIME()
             OUTPUT w.ord, inserted.msg_id INTO @written (ord, id)
             FROM {{ring}} AS r WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
@@ -251,6 +325,7 @@ BEGIN
                 WHERE @stop IS NULL OR c.pos < @stop
             ) AS w ON r.slot = w.pos % {{size}}
             JOIN @src AS s ON s.ord = w.ord
+            LEFT JOIN @large AS g ON g.ord = w.ord
             WHERE r.msg_id = w.pos - {{size}} AND r.state <> 1;
             SET @run = @@ROWCOUNT;
             IF @run < @want
@@ -259,6 +334,7 @@ BEGIN
                 -- variable keeps its rows through a rollback: forget the run's outputs too.
                 ROLLBACK TRANSACTION ring_run;
                 DELETE FROM @written WHERE ord >= @done;
+                DELETE FROM @large WHERE ord >= @done;
                 SET @run = 0;
             END
             COMMIT TRANSACTION;
@@ -338,9 +414,12 @@ END
 -- committed) are kept for the next pop; those ring_repair skipped or rescued are dropped.
 -- Waits up to @timeout seconds only while it has nothing (an empty ring: it claims the
 -- next position and waits for it); returns what it has as soon as nothing more is there.
--- No transaction of its own: in autocommit each statement commits by itself, and inside a
--- caller's transaction (processing()) it holds, while it waits, no lock on the ring: it
--- has taken nothing, and its reads keep no lock on the slots they pass over (the header).
+-- No transaction open while it waits: each take (the UPDATE that empties the slots and, since
+-- ring_0007, the DELETE of their side-table messages) is one short transaction that commits
+-- before any back-off (nothing waits inside it; XACT_ABORT rolls both back on an error), and
+-- inside a caller's transaction (processing()) it holds, while it waits, no lock on the ring:
+-- it has taken nothing, and its reads keep no lock on the slots they pass over (the header).
+-- A side-table message is returned as if it had been in the slot.
 CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch   int   = 1,
     @timeout float = 0
@@ -348,6 +427,7 @@ WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON;
+    SET XACT_ABORT ON;
     DECLARE @key sysname = CONCAT(N'queuectl.rpop.', OBJECT_ID({{ring_regclass}}));
     DECLARE @deadline datetime2(6) = DATEADD(millisecond,
         CAST(ROUND(CASE WHEN @timeout > 0 THEN @timeout ELSE 0 END * 1000e0, 0) AS int), SYSUTCDATETIME());
@@ -357,7 +437,8 @@ BEGIN
     DECLARE @claims TABLE (pos bigint NOT NULL PRIMARY KEY);
     DECLARE @out TABLE (id bigint NOT NULL PRIMARY KEY, payload varbinary(max) NULL,
                         headers nvarchar(max) NULL, enqueued_at datetime2(6) NULL,
-                        dequeued_at datetime2(6) NOT NULL);
+                        dequeued_at datetime2(6) NOT NULL, large_id bigint NULL);
+    DECLARE @big TABLE (id bigint NOT NULL PRIMARY KEY, payload varbinary(max) NULL, headers nvarchar(max) NULL);
     INSERT INTO @claims (pos)
     SELECT CAST(k.[value] AS bigint)
     FROM OPENJSON(CONCAT(N'[', CAST(SESSION_CONTEXT(@key) AS nvarchar(4000)), N']')) AS k;
@@ -392,17 +473,25 @@ BEGIN
         -- READCOMMITTEDLOCK makes that so under RCSI too. No UPDLOCK: the UPDATE's own update
         -- lock is released from a claimed slot that is not FULL yet, where UPDLOCK would keep
         -- it to the end of a caller's transaction and keep that position's push out.
+        BEGIN TRANSACTION;
         WITH full_slots AS (
-            SELECT TOP (@need) r.msg_id, r.state, r.payload, r.headers, r.pushed_at, r.changed_at
+            SELECT TOP (@need) r.msg_id, r.state, r.payload, r.headers, r.pushed_at, r.changed_at, r.large_id
             FROM @claims AS c
             JOIN {{ring}} AS r WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK) ON r.slot = c.pos % {{size}}
             WHERE r.msg_id = c.pos AND r.state = 1
             ORDER BY c.pos
         )
-        UPDATE full_slots SET state = 0, payload = NULL, headers = NULL, changed_at = SYSUTCDATETIME()
-        OUTPUT deleted.msg_id, deleted.payload, deleted.headers, deleted.pushed_at, SYSUTCDATETIME()
-        INTO @out (id, payload, headers, enqueued_at, dequeued_at);
+        UPDATE full_slots SET state = 0, payload = NULL, headers = NULL, large_id = NULL, changed_at = SYSUTCDATETIME()
+        OUTPUT deleted.msg_id, deleted.payload, deleted.headers, deleted.pushed_at, SYSUTCDATETIME(), deleted.large_id
+        INTO @out (id, payload, headers, enqueued_at, dequeued_at, large_id);
         SET @got = @@ROWCOUNT;
+        -- the side table's messages among those just taken (earlier rounds' rows are gone)
+        IF @got > 0
+            DELETE l
+            OUTPUT deleted.id, deleted.payload, deleted.headers INTO @big (id, payload, headers)
+            FROM {{ring_large}} AS l WITH (ROWLOCK)
+            JOIN @out AS o ON o.large_id = l.id;
+        COMMIT TRANSACTION;
         SET @taken += @got;
         -- keep the claims still to come: not pushed yet (the slot holds an earlier lap), or
         -- FULL but locked now or past this batch; drop the taken, skipped and rescued ones
@@ -429,7 +518,11 @@ BEGIN
     SELECT @kept = STRING_AGG(CAST(c.pos AS nvarchar(20)), N',') WITHIN GROUP (ORDER BY c.pos)
     FROM @claims AS c;
     EXEC sys.sp_set_session_context @key = @key, @value = @kept;
-    SELECT id, payload, headers, enqueued_at, dequeued_at FROM @out ORDER BY id;
+    SELECT o.id, CASE WHEN o.large_id IS NULL THEN o.payload ELSE b.payload END AS payload,
+           CASE WHEN o.large_id IS NULL THEN o.headers ELSE b.headers END AS headers,
+           o.enqueued_at, o.dequeued_at
+    FROM @out AS o LEFT JOIN @big AS b ON b.id = o.large_id
+    ORDER BY o.id;
 END
 
 -- name: create_ring_repair
@@ -469,7 +562,7 @@ BEGIN
     DECLARE @cutoff datetime2(6) = DATEADD(millisecond,
         -CAST(ROUND(COALESCE(@grace_seconds, 30) * 1000e0, 0) AS int), SYSUTCDATETIME());
     DECLARE @push_high bigint, @pop_high bigint, @slot int, @msg bigint, @new bigint;
-    DECLARE @payload varbinary(max), @headers nvarchar(max);
+    DECLARE @payload varbinary(max), @headers nvarchar(max), @large bigint;
     DECLARE @after int = -1, @found int, @full bit = 0;
     -- one step's candidates: holes (orphan = 0) and orphans (orphan = 1), as the walk saw them
     DECLARE @candidates TABLE (slot int NOT NULL PRIMARY KEY, orphan bit NOT NULL, msg_id bigint NOT NULL);
@@ -520,7 +613,8 @@ BEGIN
             -- a savepoint, not the whole transaction, is rolled back below: a caller's
             -- transaction around this call survives a deferred rescue
             SAVE TRANSACTION ring_rescue;
-            SELECT @msg = o.msg_id, @payload = o.payload, @headers = o.headers
+            -- large_id: a side-table message moves by its pointer (since ring_0007)
+            SELECT @msg = o.msg_id, @payload = o.payload, @headers = o.headers, @large = o.large_id
             FROM {{ring}} AS o WITH (UPDLOCK, READPAST, ROWLOCK)
             WHERE o.slot = @slot AND o.state = 1 AND o.msg_id <= @pop_high AND o.changed_at < @cutoff;
             IF @msg IS NULL
@@ -530,7 +624,7 @@ BEGIN
             END
             -- one try at a new position: claimed and filled only if its slot is free now
             SET @new = NEXT VALUE FOR {{push_seq}};
-            UPDATE r SET msg_id = @new, state = 1, payload = @payload, headers = @headers,
+            UPDATE r SET msg_id = @new, state = 1, payload = @payload, headers = @headers, large_id = @large,
                          pushed_at = SYSUTCDATETIME(), changed_at = SYSUTCDATETIME()
             FROM {{ring}} AS r WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
             WHERE r.slot = @new % {{size}} AND r.msg_id = @new - {{size}} AND r.state <> 1;
@@ -545,7 +639,8 @@ BEGIN
                 SET @full = 1;
                 BREAK;
             END
-            UPDATE {{ring}} SET state = 3, payload = NULL, headers = NULL, changed_at = SYSUTCDATETIME()
+            UPDATE {{ring}} SET state = 3, payload = NULL, headers = NULL, large_id = NULL,
+                                changed_at = SYSUTCDATETIME()
             WHERE slot = @slot;
             COMMIT TRANSACTION;
             INSERT INTO @actions VALUES (N'rescue', @msg, @new, @slot);
@@ -581,6 +676,7 @@ BEGIN
                         item_id bigint NOT NULL, tombstoned bit NOT NULL,
                         new_item_id bigint NULL, outcome nvarchar(10) NOT NULL);
     DECLARE @pos bigint, @done int, @slot int, @new bigint, @payload varbinary(max), @headers nvarchar(max);
+    DECLARE @large bigint;
     DECLARE @one nvarchar(max), @ids nvarchar(max);
     INSERT INTO @claims (pos)
     SELECT CAST(k.[value] AS bigint)
@@ -621,7 +717,7 @@ BEGIN
         -- locked now is ring_repair rescuing it already, never waited for here.
         SET @slot = NULL;
         BEGIN TRANSACTION;
-        SELECT @slot = o.slot, @payload = o.payload, @headers = o.headers
+        SELECT @slot = o.slot, @payload = o.payload, @headers = o.headers, @large = o.large_id
         FROM {{ring}} AS o WITH (UPDLOCK, READPAST, ROWLOCK)
         WHERE o.slot = @pos % {{size}} AND o.msg_id = @pos AND o.state = 1;
         IF @slot IS NULL
@@ -633,7 +729,8 @@ BEGIN
         END
         -- a rollback to the savepoint undoes the rescue and keeps the slot's lock
         SAVE TRANSACTION ring_rescue;
-        UPDATE {{ring}} SET state = 3, payload = NULL, headers = NULL, changed_at = SYSUTCDATETIME()
+        UPDATE {{ring}} SET state = 3, payload = NULL, headers = NULL, large_id = NULL,
+                            changed_at = SYSUTCDATETIME()
         WHERE slot = @slot;
         SET @one = (
             SELECT CONVERT(varchar(max), @payload, 2) AS payload, JSON_QUERY(@headers) AS headers
@@ -655,6 +752,10 @@ BEGIN
         END
         ELSE
         BEGIN
+            -- a side-table message: ring_push wrote the slot's empty message; its pointer
+            -- moves to the new slot, which this transaction holds (since ring_0007)
+            IF @large IS NOT NULL
+                UPDATE {{ring}} SET large_id = @large WHERE slot = @new % {{size}} AND msg_id = @new;
             COMMIT TRANSACTION;
             INSERT INTO @out (side, item_id, tombstoned, new_item_id, outcome)
             VALUES (N'pop', @pos, 0, @new, N'rescued');
@@ -772,7 +873,11 @@ EXEC sys.sp_executesql @sql;
 -- message, and is undone (the slot's previous row put back from `deleted`) where one does.
 -- The trigger's own UPDATEs keep the state at 4 or 5, so its condition does not hold for
 -- them (and RECURSIVE_TRIGGERS is off by default). ring_repair's OUTPUT is written before the
--- trigger runs: on SQL Server it may list a tombstone the guard undid.
+-- trigger runs: on SQL Server it may list a tombstone the guard undid. A tombstone that stays
+-- replaces a message every subscription is done with: that message's side-table row (since
+-- ring_0007) is deleted with it, as when publish reuses the slot; the tombstones leave
+-- large_id as it was, so an undone one keeps its pointer. The trigger's text names the side
+-- table: ring_0007's upgrade and downgrade run refresh_fanout_guard to remake it.
 CREATE OR ALTER PROCEDURE {{fn_fanout_guard}}
     @enable bit
 WITH EXECUTE AS OWNER
@@ -785,6 +890,7 @@ BEGIN
     DECLARE @trigger nvarchar(300) = CONCAT(@schema, N'.', QUOTENAME(CONCAT(OBJECT_NAME(@ring), N'_fanout_guard')));
     DECLARE @subs nvarchar(300) = CONCAT(@schema, N'.', QUOTENAME(OBJECT_NAME(OBJECT_ID({{subs_regclass}}))));
     DECLARE @slots nvarchar(300) = CONCAT(@schema, N'.', QUOTENAME(OBJECT_NAME(OBJECT_ID({{sub_slots_regclass}}))));
+    DECLARE @large nvarchar(300) = CONCAT(@schema, N'.', QUOTENAME(OBJECT_NAME(OBJECT_ID({{ring_large_regclass}}))));
     DECLARE @sql nvarchar(max);
     IF @enable = 0
     BEGIN
@@ -797,18 +903,27 @@ BEGIN
     SET NOCOUNT ON;
     IF EXISTS (SELECT 1 FROM inserted AS i JOIN deleted AS d ON d.slot = i.slot WHERE d.state >= 4 AND i.state = 1)
         THROW 50003, N''this ring fans out: push with its publish procedure'', 1;
-    UPDATE r SET state = 5, payload = NULL, headers = NULL
+    DECLARE @passed TABLE (large_id bigint NULL);
+    UPDATE r SET state = 5, payload = NULL, headers = NULL, large_id = NULL
+    OUTPUT d.large_id INTO @passed (large_id)
     FROM ', @table, N' AS r JOIN inserted AS i ON i.slot = r.slot JOIN deleted AS d ON d.slot = i.slot
     WHERE d.state >= 4 AND i.state < 4 AND (d.state = 5 OR NOT EXISTS (
         SELECT 1 FROM ', @subs, N' AS u JOIN ', @slots, N' AS k ON k.sub_id = u.sub_id AND k.slot = d.slot
         WHERE u.dropped_at IS NULL AND u.start_pos <= d.msg_id AND NOT (k.pos = d.msg_id AND k.lease_until IS NULL)));
+    DELETE FROM ', @large, N' WHERE id IN (SELECT p.large_id FROM @passed AS p);
     UPDATE r SET msg_id = d.msg_id, state = d.state, payload = d.payload, headers = d.headers,
-                 pushed_at = d.pushed_at, changed_at = d.changed_at
+                 large_id = d.large_id, pushed_at = d.pushed_at, changed_at = d.changed_at
     FROM ', @table, N' AS r JOIN inserted AS i ON i.slot = r.slot JOIN deleted AS d ON d.slot = i.slot
     WHERE d.state >= 4 AND i.state < 4 AND r.state < 4;
 END');
     EXEC sys.sp_executesql @sql;
 END
+
+-- name: refresh_fanout_guard
+-- Remake a fan-out ring's guard trigger from the guard procedure now installed (ring_0007's
+-- upgrade and downgrade, after create_fanout_guard): the trigger's text is made by the
+-- procedure, so replacing the procedure alone leaves the old trigger running.
+EXEC {{fn_fanout_guard}} @enable = 1;
 
 -- name: create_publish
 -- The fan-out push, publish (since ring_0006): sql/postgresql/ring.sql's publish, with the
@@ -822,6 +937,11 @@ END
 -- backs off (WAITFOR) only outside any transaction: inside a caller's transaction it keeps
 -- what it could not write for the next call, as on a timeout. @items: the JSON array of
 -- enqueue_many; result: one row per position written, in input order.
+-- Sizes (since ring_0007): ring_push's checks (error 50413 before a position is drawn; the
+-- run's messages over slot_bytes MERGEd into the side table inside the run's transaction).
+-- A fan-out slot keeps its message until the slot is reused, since every subscription reads
+-- it: the run's UPDATE outputs the pointers of the messages it replaces (every subscription
+-- is done with them: the free test) and the run's transaction deletes their side rows.
 CREATE OR ALTER PROCEDURE {{fn_publish}}
     @items   nvarchar(max),
     @timeout float = 1.0
@@ -838,7 +958,10 @@ BEGIN
     DECLARE @src TABLE (ord int NOT NULL PRIMARY KEY, payload varbinary(max) NULL, headers nvarchar(max) NULL);
     DECLARE @claims TABLE (n int NOT NULL PRIMARY KEY, pos bigint NOT NULL UNIQUE);
     DECLARE @free TABLE (pos bigint NOT NULL PRIMARY KEY);
-    DECLARE @written TABLE (ord int NOT NULL PRIMARY KEY, id bigint NOT NULL);
+    -- @written.replaced: the pointer of the message a written slot held before
+    DECLARE @written TABLE (ord int NOT NULL PRIMARY KEY, id bigint NOT NULL, replaced bigint NULL);
+    DECLARE @large TABLE (ord int NOT NULL PRIMARY KEY, id bigint NOT NULL);  -- side-table ids by message
+    DECLARE @over int, @big int, @payload_bytes bigint, @headers_bytes bigint, @refused nvarchar(400);
     INSERT INTO @src (ord, payload, headers)
     SELECT CAST(j.[key] AS int), CONVERT(varbinary(max), v.payload_hex, 2), v.headers
     FROM OPENJSON(@items) AS j
@@ -846,6 +969,21 @@ BEGIN
     SELECT @n = COUNT(*) FROM @src;
     IF @n = 0 RETURN;
     IF @n > 200 THROW 50004, N'publish takes at most 200 messages per call', 1;
+    SELECT TOP (1) @over = s.ord, @payload_bytes = s.payload_bytes, @headers_bytes = s.headers_bytes
+    FROM (SELECT src.ord, CAST(ISNULL(DATALENGTH(src.payload), 0) AS bigint) AS payload_bytes,
+                 CAST(ISNULL(DATALENGTH(src.headers), 0) AS bigint) AS headers_bytes
+          FROM @src AS src) AS s
+    WHERE s.payload_bytes + s.headers_bytes > {{max_payload_bytes}}
+    ORDER BY s.ord;
+    IF @over IS NOT NULL
+    BEGIN
+        SET @refused = CONCAT(N'queue ''', {{queue_literal}}, N''': message ', @over + 1, N' of ', @n, N' is ',
+            @payload_bytes + @headers_bytes, N' bytes (payload ', @payload_bytes, N' + headers ', @headers_bytes,
+            N'), over max_payload_bytes ', {{max_payload_bytes}}, N': nothing was enqueued');
+        THROW 50413, @refused, 1;
+    END;
+    SELECT @big = COUNT(*) FROM @src AS s
+    WHERE ISNULL(DATALENGTH(s.payload), 0) + ISNULL(DATALENGTH(s.headers), 0) > {{slot_bytes}};
     -- claims: the kept ones first (ascending), then new ones from one range
     INSERT INTO @claims (n, pos)
     SELECT TOP (@n) ROW_NUMBER() OVER (ORDER BY CAST(k.[value] AS bigint)) - 1, CAST(k.[value] AS bigint)
@@ -886,12 +1024,23 @@ BEGIN
         BEGIN
             BEGIN TRANSACTION;
             SAVE TRANSACTION run;
+            IF @big > 0
+                -- the run's messages over slot_bytes, into the side table first (ring_push's MERGE)
+                MERGE INTO {{ring_large}} AS l
+                USING (SELECT s.ord, s.payload, s.headers FROM @src AS s
+                       WHERE s.ord >= @done AND s.ord < @done + @run
+                         AND ISNULL(DATALENGTH(s.payload), 0) + ISNULL(DATALENGTH(s.headers), 0) > {{slot_bytes}}) AS m
+                ON 1 = 0
+                WHEN NOT MATCHED THEN INSERT (payload, headers) VALUES (m.payload, m.headers)
+                OUTPUT m.ord, inserted.id INTO @large (ord, id);
             UPDATE r
-            SET msg_id = c.pos, state = 4, payload = p.payload, headers = p.headers,
+            SET msg_id = c.pos, state = 4, payload = CASE WHEN g.id IS NULL THEN p.payload END,
+                headers = CASE WHEN g.id IS NULL THEN p.headers END, large_id = g.id,
                 pushed_at = SYSUTCDATETIME(), changed_at = SYSUTCDATETIME()
-            OUTPUT p.ord, inserted.msg_id INTO @written (ord, id)
+            OUTPUT p.ord, inserted.msg_id, deleted.large_id INTO @written (ord, id, replaced)
             FROM @claims AS c
             JOIN @src AS p ON p.ord = c.n
+            LEFT JOIN @large AS g ON g.ord = c.n
             JOIN {{ring}} AS r WITH (UPDLOCK, ROWLOCK) ON r.slot = c.pos % {{size}}
             WHERE c.n >= @done AND c.n < @done + @run AND r.msg_id = c.pos - {{size}} AND r.state >= 4
               AND (r.state = 5 OR NOT EXISTS (
@@ -901,10 +1050,15 @@ BEGIN
             SET @wrote = @@ROWCOUNT;
             IF @wrote < @run
             BEGIN
+                -- a table variable keeps its rows through a rollback: forget the run's outputs
                 ROLLBACK TRANSACTION run;
                 DELETE FROM @written WHERE ord >= @done;
+                DELETE FROM @large WHERE ord >= @done;
                 SET @wrote = 0;
             END
+            ELSE
+                DELETE FROM {{ring_large}} WITH (ROWLOCK)
+                WHERE id IN (SELECT w.replaced FROM @written AS w WHERE w.ord >= @done);
             COMMIT TRANSACTION;
             SET @done += @wrote;
             IF @wrote > 0 CONTINUE;
@@ -1094,9 +1248,13 @@ BEGIN
             END
             COMMIT TRANSACTION;
             -- version read: a claimed slot cannot change until the subscription acknowledges
-            -- it (the producer waits for that), so its committed row is the message
-            SELECT o.id, r.payload, r.headers, r.pushed_at AS enqueued_at, SYSUTCDATETIME() AS dequeued_at, o.tries
+            -- it (the producer waits for that), so its committed row is the message, and its
+            -- side-table row (since ring_0007), which only the slot's reuse deletes, is there
+            SELECT o.id, CASE WHEN r.large_id IS NULL THEN r.payload ELSE l.payload END AS payload,
+                   CASE WHEN r.large_id IS NULL THEN r.headers ELSE l.headers END AS headers,
+                   r.pushed_at AS enqueued_at, SYSUTCDATETIME() AS dequeued_at, o.tries
             FROM @out AS o JOIN {{ring}} AS r WITH (READCOMMITTEDLOCK, ROWLOCK) ON r.slot = o.slot
+            LEFT JOIN {{ring_large}} AS l WITH (READCOMMITTEDLOCK, ROWLOCK) ON l.id = r.large_id
             ORDER BY o.id;
             RETURN;
         END

@@ -32,6 +32,11 @@
 -- table has fillfactor 50, so PostgreSQL can keep every update HOT (heap-only: no new
 -- index entry, old versions pruned within the page).
 --
+-- A message over the ring's slot_bytes lives in the side table <queue>_ring_large, the only
+-- table of the ring with inserts and deletes: its push inserts it, its pop deletes it, and the
+-- slot holds a pointer (large_id). A message over max_payload_bytes is refused (QC413).
+-- create_large_table explains why, with the measurements.
+--
 -- Sequences are not transactional. What that leaves behind, and the repair:
 --  * a PUSH that claims v and then dies, or rolls back, or is tombstoned: slot v mod size
 --    stays at v - size, so pop v waits, and push v + size would find the slot never
@@ -87,6 +92,58 @@ SELECT g, g - {{size}}, 0 FROM generate_series(0, {{size}} - 1) AS g;
 CREATE SEQUENCE {{push_seq}} AS bigint MINVALUE 0 START 0;
 CREATE SEQUENCE {{pop_seq}} AS bigint MINVALUE 0 START 0;
 
+-- name: create_large_table
+-- The side table for messages larger than a slot's in-row width (since ring_0007), and the
+-- slot's pointer to it.
+--
+-- A message whose payload + headers (as text) is over slot_bytes is inserted here by its
+-- push and deleted by its pop, in the pop's own statement; the slot holds its id in large_id
+-- and no payload. A rescue (ring_repair, ring_release) moves the pointer to the message's new
+-- slot, never the payload. So the slots' rows stay narrow whatever the messages, and are
+-- never TOASTed at the default width. What that buys, measured (bench/lab/ring_large.py: 64
+-- slots, 100 laps of push full and pop empty, autovacuum off for the run, random payloads):
+--  * a payload TOASTed in the slot's row (over ~2 kB) costs what a row here costs: TOAST rows
+--    are inserted at the push and deleted at the pop, never updated in place, so neither HOT
+--    nor the fillfactor helps, and the TOAST table grows by every byte pushed until a vacuum
+--    (4,000 bytes: 34 MB; 65,536 bytes: 427 MB, for rings holding at most 256 kB and 4 MB);
+--    this table does the same (35 MB and 428 MB; 632 kB and 4.9 MB after a VACUUM). The
+--    price of large messages is the same on either path: dead rows and a vacuum to reclaim
+--    them, confined to the large messages; this table has its own autovacuum settings below.
+--  * the slots themselves: an update is HOT only while its page has room for the new version,
+--    and under a pinned xmin horizon (a REPEATABLE READ snapshot held through the laps) page
+--    pruning frees nothing, so the slots' heap grows by every version's width: 2.1 MB with
+--    200-byte payloads, 12.8 MB with 1,900-byte ones kept in the row, 0.9-1.0 MB with a
+--    pointer (to a TOAST value or to this table). A narrow slot keeps that growth small.
+--  * the cost: one more insert and index entry per large message (about 30% more server time
+--    for a batch of 64 4,000-byte messages pushed and popped, on a noisy machine), and a size
+--    check per push call.
+-- slot_bytes' default, 1,800, keeps a slot row with its other columns (and the headers'
+-- binary form, a little longer than their text) under the 2,032-byte TOAST threshold.
+-- ADD COLUMN without a default changes only the catalog (no rewrite); it takes an ACCESS
+-- EXCLUSIVE lock for that moment, so pushes and pops wait for it briefly.
+ALTER TABLE {{ring}} ADD COLUMN large_id bigint;
+
+CREATE TABLE {{ring_large}} (
+    id      bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{ring_large_seq}})
+            CONSTRAINT {{ring_large_pkey}} PRIMARY KEY,
+    payload bytea,
+    headers jsonb
+);
+-- Every row is inserted once and deleted once: the table is all churn, so its vacuum (and
+-- its TOAST table's, which hold payloads over ~2 kB) runs without cost delay, as the slots'
+-- TOAST table does (set_autovacuum explains why).
+ALTER TABLE {{ring_large}} SET (autovacuum_vacuum_cost_delay = 0, toast.autovacuum_vacuum_cost_delay = 0);
+
+-- name: drop_large_table
+-- Back to messages in the slots' rows (ring_0007's downgrade): every message waiting in the
+-- side table goes back into its slot, then the table and the pointer go. The slots are locked
+-- first so no push or pop runs between the move and the drop.
+LOCK TABLE {{ring}} IN EXCLUSIVE MODE;
+UPDATE {{ring}} r SET payload = l.payload, headers = l.headers, large_id = NULL
+FROM {{ring_large}} l WHERE r.large_id = l.id;
+DROP TABLE {{ring_large}};
+ALTER TABLE {{ring}} DROP COLUMN large_id;
+
 -- name: create_enqueue_many
 -- The SQL API, callable from any language, one section per function: the batch push
 -- (enqueue_many, this section), the single push (enqueue), the pop (dequeue), the recovery
@@ -139,6 +196,10 @@ CREATE SEQUENCE {{pop_seq}} AS bigint MINVALUE 0 START 0;
 -- is full there) it backs off (1 ms doubling to 50 ms) and retries until p_timeout, then
 -- returns the positions written so far (always the first payloads: array order is kept)
 -- and keeps the unwritten claims for the session's next push.
+-- Sizes (since ring_0007): a message (payload + headers as text) over max_payload_bytes refuses
+-- the whole call (SQLSTATE QC413, one line) before anything is written; one over slot_bytes
+-- goes to the side table (create_large_table) and its slot gets the pointer. The side rows of
+-- messages the call could not push (the ring stayed full) are deleted before it returns.
 CREATE OR REPLACE FUNCTION {{fn_enqueue_many}}(
     p_payloads bytea[],
     p_headers  jsonb[]          DEFAULT NULL,
@@ -157,9 +218,42 @@ DECLARE
     v_held     bigint;
     v_deadline timestamptz;
     v_pause    double precision := 0.001;
+    v_over     bigint;    -- the first message over max_payload_bytes (its ordinal)
+    v_big      bigint;    -- how many are over slot_bytes
+    v_large    bigint[];  -- their side-table ids, by ordinal
+    v_i        bigint;
+    v_id       bigint;
 BEGIN
     IF v_n = 0 THEN
         RETURN;
+    END IF;
+    SELECT min(m.ord) FILTER (WHERE m.bytes > {{max_payload_bytes}}), count(*) FILTER (WHERE m.bytes > {{slot_bytes}})
+    INTO v_over, v_big
+    FROM (SELECT u.ord, coalesce(octet_length(u.payload), 0)::bigint + coalesce(octet_length(u.headers::text), 0) AS bytes
+          FROM unnest(p_payloads, p_headers) WITH ORDINALITY AS u(payload, headers, ord)
+          WHERE u.ord <= v_n) m;
+    IF v_over IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC413', MESSAGE = format(
+            'queue %L: message %s of %s is %s bytes (payload %s + headers %s), over max_payload_bytes %s: nothing was enqueued',
+            {{queue_literal}}, v_over, v_n,
+            coalesce(octet_length(p_payloads[v_over]), 0) + coalesce(octet_length(p_headers[v_over]::text), 0),
+            coalesce(octet_length(p_payloads[v_over]), 0), coalesce(octet_length(p_headers[v_over]::text), 0),
+            {{max_payload_bytes}});
+    END IF;
+    IF v_big > 0 THEN
+        -- one INSERT per large message: RETURNING does not pair ids with their ordinals, and
+        -- the payload's own write dwarfs a statement's cost at these sizes
+        FOR v_i IN
+            SELECT u.ord FROM unnest(p_payloads, p_headers) WITH ORDINALITY AS u(payload, headers, ord)
+            WHERE u.ord <= v_n
+              AND coalesce(octet_length(u.payload), 0) + coalesce(octet_length(u.headers::text), 0) > {{slot_bytes}}
+        LOOP
+            INSERT INTO {{ring_large}} (payload, headers) VALUES (p_payloads[v_i], p_headers[v_i])
+            RETURNING id INTO v_id;
+            v_large[v_i] := v_id;
+            p_payloads[v_i] := NULL;
+            p_headers[v_i] := NULL;
+        END LOOP;
     END IF;
     IF cardinality(v_kept) = 0 THEN
         -- one statement: claim, lock the free slots, write the longest run from the first
@@ -179,7 +273,8 @@ BEGIN
         ), written AS (
             UPDATE {{ring}} r
             SET msg_id = run.pos, state = 1, payload = p_payloads[run.ord],
-                headers = p_headers[run.ord], pushed_at = clock_timestamp(), changed_at = clock_timestamp()
+                headers = p_headers[run.ord], large_id = v_large[run.ord],
+                pushed_at = clock_timestamp(), changed_at = clock_timestamp()
             FROM run WHERE r.slot = run.slot
             RETURNING run.pos, run.ord
         ), rest AS (
@@ -215,7 +310,8 @@ BEGIN
         ), written AS (
             UPDATE {{ring}} r
             SET msg_id = run.pos, state = 1, payload = p_payloads[v_off + v_done + run.ord],
-                headers = p_headers[v_off + v_done + run.ord], pushed_at = clock_timestamp(), changed_at = clock_timestamp()
+                headers = p_headers[v_off + v_done + run.ord], large_id = v_large[v_off + v_done + run.ord],
+                pushed_at = clock_timestamp(), changed_at = clock_timestamp()
             FROM run WHERE r.slot = run.slot
             RETURNING run.pos, run.ord
         )
@@ -235,6 +331,10 @@ BEGIN
         v_pause := least(v_pause * 2, 0.05);
     END LOOP;
     PERFORM set_config(v_key, array_to_string(v_claims[v_done + 1:] || v_kept, ','), false);
+    IF v_big > 0 THEN
+        -- the messages not pushed leave nothing behind in the side table
+        DELETE FROM {{ring_large}} WHERE id = ANY (v_large[v_off + v_done + 1:]);
+    END IF;
     RETURN;
 END
 $fn$;
@@ -244,7 +344,9 @@ $fn$;
 -- push one message; NULL when the ring stayed full for p_timeout (the claim is kept for
 -- this session's next push). With no kept claim it takes one position and one UPDATE, as
 -- ring_0001's push did (a single push pays for none of the batch push's bookkeeping, which
--- doubled its server time at batch 1); anything else is the batch push of one.
+-- doubled its server time at batch 1); anything else is the batch push of one, and so is a
+-- message over slot_bytes or max_payload_bytes (since ring_0007: the batch push checks sizes
+-- and writes the side table).
 CREATE OR REPLACE FUNCTION {{fn_enqueue}}(
     p_payload bytea,
     p_headers jsonb            DEFAULT NULL,
@@ -255,10 +357,12 @@ DECLARE
     v_key text := 'queuectl.rpush' || {{ring_regclass}}::regclass::oid;
     v_pos bigint;
 BEGIN
-    IF coalesce(current_setting(v_key, true), '') = '' THEN
+    IF coalesce(current_setting(v_key, true), '') = ''
+       AND coalesce(octet_length(p_payload), 0) + coalesce(octet_length(p_headers::text), 0)
+           <= least({{slot_bytes}}, {{max_payload_bytes}}) THEN
         v_pos := nextval({{push_seq_regclass}}::regclass);
         UPDATE {{ring}} r
-        SET msg_id = v_pos, state = 1, payload = p_payload, headers = p_headers,
+        SET msg_id = v_pos, state = 1, payload = p_payload, headers = p_headers, large_id = NULL,
             pushed_at = clock_timestamp(), changed_at = clock_timestamp()
         FROM (SELECT f.slot FROM {{ring}} f
               WHERE f.slot = mod(v_pos, {{size}}) AND f.msg_id = v_pos - {{size}} AND f.state <> 1
@@ -286,6 +390,8 @@ $fn$;
 -- committed) are kept for the next pop; those ring_repair skipped or rescued are dropped.
 -- Waits up to p_timeout seconds only while it has nothing (an empty ring: it claims the
 -- next position and waits for it); returns what it has as soon as nothing more is there.
+-- A message in the side table (since ring_0007) is deleted from it by the statement that takes
+-- its slot and returned as if it had been in the slot.
 CREATE OR REPLACE FUNCTION {{fn_dequeue}}(p_batch integer DEFAULT 1, p_timeout double precision DEFAULT 0)
 RETURNS TABLE (id bigint, payload bytea, headers jsonb, enqueued_at timestamptz, dequeued_at timestamptz)
 LANGUAGE plpgsql AS $fn$
@@ -317,11 +423,14 @@ BEGIN
     ), taken AS (
         -- o: the slot as the snapshot shows it, for the message's columns (the UPDATE's
         -- RETURNING shows the emptied slot); r must still hold the same FULL position
-        UPDATE {{ring}} r SET state = 0, payload = NULL, headers = NULL, changed_at = clock_timestamp()
+        UPDATE {{ring}} r SET state = 0, payload = NULL, headers = NULL, large_id = NULL, changed_at = clock_timestamp()
         FROM claims c, {{ring}} o
         WHERE c.n <= p_batch AND o.slot = mod(c.pos, {{size}}) AND o.msg_id = c.pos AND o.state = 1
           AND r.slot = o.slot AND r.msg_id = c.pos AND r.state = 1
-        RETURNING c.pos, o.payload, o.headers, o.pushed_at
+        RETURNING c.pos, o.payload, o.headers, o.pushed_at, o.large_id
+    ), big AS (
+        DELETE FROM {{ring_large}} l USING taken t WHERE l.id = t.large_id
+        RETURNING l.id, l.payload, l.headers
     ), kept AS (
         -- not pushed yet (the slot holds an earlier lap), or FULL past this batch; the
         -- skipped and rescued ones are dropped
@@ -329,7 +438,9 @@ BEGIN
         FROM claims c JOIN {{ring}} s ON s.slot = mod(c.pos, {{size}})
         WHERE c.pos NOT IN (SELECT t.pos FROM taken t) AND (s.msg_id < c.pos OR (s.msg_id = c.pos AND s.state = 1))
     )
-    SELECT t.pos, t.payload, t.headers, t.pushed_at, now() FROM taken t
+    SELECT t.pos, CASE WHEN t.large_id IS NULL THEN t.payload ELSE b.payload END,
+           CASE WHEN t.large_id IS NULL THEN t.headers ELSE b.headers END, t.pushed_at, now()
+    FROM taken t LEFT JOIN big b ON b.id = t.large_id
     WHERE (SELECT k.done FROM kept k) IS NOT NULL
     ORDER BY t.pos;
     GET DIAGNOSTICS v_got = ROW_COUNT;
@@ -358,7 +469,7 @@ BEGIN
         EXIT WHEN cardinality(v_claims) = 0;
         RETURN QUERY
         WITH f AS MATERIALIZED (
-            SELECT s.slot, c.pos, s.payload, s.headers, s.pushed_at
+            SELECT s.slot, c.pos, s.payload, s.headers, s.pushed_at, s.large_id
             FROM unnest(v_claims) AS c(pos)
             JOIN {{ring}} s ON s.slot = mod(c.pos, {{size}})
             WHERE s.msg_id = c.pos AND s.state = 1
@@ -366,11 +477,16 @@ BEGIN
             LIMIT v_need
             FOR UPDATE OF s SKIP LOCKED
         ), u AS (
-            UPDATE {{ring}} r SET state = 0, payload = NULL, headers = NULL, changed_at = clock_timestamp()
+            UPDATE {{ring}} r SET state = 0, payload = NULL, headers = NULL, large_id = NULL, changed_at = clock_timestamp()
             FROM f WHERE r.slot = f.slot
             RETURNING r.slot
+        ), big AS (
+            DELETE FROM {{ring_large}} l USING f WHERE l.id = f.large_id
+            RETURNING l.id, l.payload, l.headers
         )
-        SELECT f.pos, f.payload, f.headers, f.pushed_at, now() FROM f JOIN u ON u.slot = f.slot ORDER BY f.pos;
+        SELECT f.pos, CASE WHEN f.large_id IS NULL THEN f.payload ELSE b.payload END,
+               CASE WHEN f.large_id IS NULL THEN f.headers ELSE b.headers END, f.pushed_at, now()
+        FROM f JOIN u ON u.slot = f.slot LEFT JOIN big b ON b.id = f.large_id ORDER BY f.pos;
         GET DIAGNOSTICS v_got = ROW_COUNT;
         v_taken := v_taken + v_got;
         v_claims := CASE WHEN v_got = cardinality(v_claims) THEN '{}' ELSE ARRAY(
@@ -397,6 +513,9 @@ $fn$;
 -- slot each); when the ring stays full, the remaining ones wait for the next run.
 -- Returns one row per action: tombstone (item_id = the skipped position), rescue (item_id
 -- = old position, new_item_id = new position), or deferred (a rescue found no free slot).
+-- A rescued message in the side table keeps its row there: the rescue re-pushes the slot's
+-- empty message and moves the pointer to the new slot, which its transaction holds locked
+-- (since ring_0007).
 CREATE OR REPLACE FUNCTION {{fn_ring_repair}}(
     p_grace   interval         DEFAULT interval '30 seconds',
     p_timeout double precision DEFAULT 1.0
@@ -428,17 +547,22 @@ BEGIN
 
     -- orphans: FULL slots whose position a pop already claimed, waiting past the grace.
     FOR v_orphan IN
-        SELECT o.slot, o.msg_id, o.payload, o.headers FROM {{ring}} o
+        SELECT o.slot, o.msg_id, o.payload, o.headers, o.large_id FROM {{ring}} o
         WHERE o.state = 1 AND o.msg_id <= v_pop_high AND o.changed_at < clock_timestamp() - p_grace
         ORDER BY o.msg_id
         FOR UPDATE SKIP LOCKED
     LOOP
         BEGIN
-            UPDATE {{ring}} r SET state = 3, payload = NULL, headers = NULL, changed_at = clock_timestamp()
+            UPDATE {{ring}} r SET state = 3, payload = NULL, headers = NULL, large_id = NULL,
+                                  changed_at = clock_timestamp()
             WHERE r.slot = v_orphan.slot;
             v_new := {{fn_enqueue}}(v_orphan.payload, v_orphan.headers, p_timeout);
             IF v_new IS NULL THEN
                 RAISE EXCEPTION USING ERRCODE = 'QR001', MESSAGE = 'ring full';
+            END IF;
+            IF v_orphan.large_id IS NOT NULL THEN
+                UPDATE {{ring}} r SET large_id = v_orphan.large_id
+                WHERE r.slot = mod(v_new, {{size}}) AND r.msg_id = v_new;
             END IF;
             action := 'rescue'; item_id := v_orphan.msg_id; new_item_id := v_new; slot := v_orphan.slot;
             RETURN NEXT;
@@ -456,7 +580,8 @@ $fn$;
 -- The session's release, ring_release: give up its kept claims (since ring_0003).
 
 -- ring_release for a session that may keep several claims per side: ring_0002's rules,
--- one row per claim (push claims first, oldest first).
+-- one row per claim (push claims first, oldest first). A rescued message in the side table
+-- keeps its row there, as in ring_repair: the pointer moves to the new slot (since ring_0007).
 CREATE OR REPLACE FUNCTION {{fn_ring_release}}(p_timeout double precision DEFAULT 0.1)
 RETURNS TABLE (side text, item_id bigint, tombstoned boolean, new_item_id bigint, outcome text)
 LANGUAGE plpgsql AS $fn$
@@ -494,16 +619,21 @@ BEGIN
         IF NOT tombstoned THEN
             -- v's push committed after our last pop looked: the message is ours, re-push
             -- it now. SKIP LOCKED: a slot locked now is ring_repair rescuing it already.
-            SELECT s.payload, s.headers INTO v_msg FROM {{ring}} s
+            SELECT s.payload, s.headers, s.large_id INTO v_msg FROM {{ring}} s
             WHERE s.slot = mod(v_pos, {{size}}) AND s.msg_id = v_pos AND s.state = 1
             FOR UPDATE SKIP LOCKED;
             IF FOUND THEN
                 BEGIN
-                    UPDATE {{ring}} r SET state = 3, payload = NULL, headers = NULL, changed_at = clock_timestamp()
+                    UPDATE {{ring}} r SET state = 3, payload = NULL, headers = NULL, large_id = NULL,
+                                          changed_at = clock_timestamp()
                     WHERE r.slot = mod(v_pos, {{size}});
                     new_item_id := {{fn_enqueue}}(v_msg.payload, v_msg.headers, p_timeout);
                     IF new_item_id IS NULL THEN
                         RAISE EXCEPTION USING ERRCODE = 'QR001', MESSAGE = 'ring full';
+                    END IF;
+                    IF v_msg.large_id IS NOT NULL THEN
+                        UPDATE {{ring}} r SET large_id = v_msg.large_id
+                        WHERE r.slot = mod(new_item_id, {{size}}) AND r.msg_id = new_item_id;
                     END IF;
                     outcome := 'rescued';
                 EXCEPTION WHEN SQLSTATE 'QR001' THEN
@@ -638,7 +768,9 @@ $unmake$;
 ALTER TABLE {{ring}} ADD CHECK (state BETWEEN 0 AND 3);
 
 -- name: create_fanout_guard
--- The guard trigger's function (make_fanout explains it).
+-- The guard trigger's function (make_fanout explains it). A tombstone that goes in replaces
+-- a message every subscription is done with: the message's side-table row (since ring_0007)
+-- goes with it, as when publish reuses the slot.
 CREATE OR REPLACE FUNCTION {{fn_fanout_guard}}() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
@@ -652,14 +784,23 @@ BEGIN
         SELECT 1 FROM {{subs}} u JOIN {{sub_slots}} k ON k.sub_id = u.sub_id AND k.slot = OLD.slot
         WHERE u.dropped_at IS NULL AND u.start_pos <= OLD.msg_id
           AND NOT (k.pos = OLD.msg_id AND k.lease_until IS NULL)) THEN
+        IF OLD.large_id IS NOT NULL THEN
+            DELETE FROM {{ring_large}} l WHERE l.id = OLD.large_id;
+        END IF;
         NEW.state := 5;
         NEW.payload := NULL;
         NEW.headers := NULL;
+        NEW.large_id := NULL;
         RETURN NEW;
     END IF;
     RETURN NULL;
 END
 $fn$;
+
+-- name: refresh_fanout_guard
+-- Nothing on PostgreSQL: the trigger calls the guard function by name, so CREATE OR REPLACE
+-- of create_fanout_guard already changes what it runs (SQL Server's trigger holds the text it
+-- was made with: see there). Empty on purpose.
 
 -- name: create_publish
 -- The fan-out push, publish (since ring_0006): enqueue_many's claims and rules (the session
@@ -670,6 +811,13 @@ $fn$;
 -- subscriptions that asked to be dropped when behind and are (lag = positions pushed that
 -- the subscription has not been handed, over its lag_limit), so a stopped subscription
 -- stops the producer only if it did not ask for that.
+-- Sizes (since ring_0007): enqueue_many's checks (a message over max_payload_bytes refuses
+-- the call with QC413 before anything is written; one over slot_bytes goes to the side table
+-- and the slot gets the pointer; the side rows of messages not published are deleted before
+-- it returns). A fan-out slot keeps its message until the slot is reused, since every
+-- subscription reads it, so the side row of the message a slot held is deleted by the
+-- statement that reuses the slot: by then every subscription has acknowledged it (the free
+-- test), and no sub_take reaches it any more.
 CREATE OR REPLACE FUNCTION {{fn_publish}}(
     p_payloads bytea[],
     p_headers  jsonb[]          DEFAULT NULL,
@@ -687,9 +835,41 @@ DECLARE
     v_held     bigint;
     v_deadline timestamptz;
     v_pause    double precision := 0.001;
+    v_over     bigint;    -- the first message over max_payload_bytes (its ordinal)
+    v_big      bigint;    -- how many are over slot_bytes
+    v_large    bigint[];  -- their side-table ids, by ordinal
+    v_i        bigint;
+    v_id       bigint;
 BEGIN
     IF v_n = 0 THEN
         RETURN;
+    END IF;
+    SELECT min(m.ord) FILTER (WHERE m.bytes > {{max_payload_bytes}}), count(*) FILTER (WHERE m.bytes > {{slot_bytes}})
+    INTO v_over, v_big
+    FROM (SELECT u.ord, coalesce(octet_length(u.payload), 0)::bigint + coalesce(octet_length(u.headers::text), 0) AS bytes
+          FROM unnest(p_payloads, p_headers) WITH ORDINALITY AS u(payload, headers, ord)
+          WHERE u.ord <= v_n) m;
+    IF v_over IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC413', MESSAGE = format(
+            'queue %L: message %s of %s is %s bytes (payload %s + headers %s), over max_payload_bytes %s: nothing was enqueued',
+            {{queue_literal}}, v_over, v_n,
+            coalesce(octet_length(p_payloads[v_over]), 0) + coalesce(octet_length(p_headers[v_over]::text), 0),
+            coalesce(octet_length(p_payloads[v_over]), 0), coalesce(octet_length(p_headers[v_over]::text), 0),
+            {{max_payload_bytes}});
+    END IF;
+    IF v_big > 0 THEN
+        -- one INSERT per large message, as in enqueue_many
+        FOR v_i IN
+            SELECT u.ord FROM unnest(p_payloads, p_headers) WITH ORDINALITY AS u(payload, headers, ord)
+            WHERE u.ord <= v_n
+              AND coalesce(octet_length(u.payload), 0) + coalesce(octet_length(u.headers::text), 0) > {{slot_bytes}}
+        LOOP
+            INSERT INTO {{ring_large}} (payload, headers) VALUES (p_payloads[v_i], p_headers[v_i])
+            RETURNING id INTO v_id;
+            v_large[v_i] := v_id;
+            p_payloads[v_i] := NULL;
+            p_headers[v_i] := NULL;
+        END LOOP;
     END IF;
     v_deadline := clock_timestamp() + make_interval(secs => greatest(coalesce(p_timeout, 0), 0));
     v_claims := v_kept[1:v_n] || ARRAY(
@@ -706,7 +886,7 @@ BEGIN
         WITH c AS (
             SELECT u.pos, u.ord FROM unnest(v_claims[v_done + 1:]) WITH ORDINALITY AS u(pos, ord)
         ), locked AS MATERIALIZED (
-            SELECT s.slot, c.pos, c.ord FROM c
+            SELECT s.slot, c.pos, c.ord, s.large_id AS old_large FROM c
             JOIN {{ring}} s ON s.slot = mod(c.pos, {{size}})
             WHERE s.msg_id = c.pos - {{size}} AND s.state >= 4
               AND (s.state = 5 OR NOT EXISTS (
@@ -715,14 +895,18 @@ BEGIN
                     AND NOT (k.pos = s.msg_id AND k.lease_until IS NULL)))
             FOR UPDATE OF s SKIP LOCKED
         ), run AS (
-            SELECT l.slot, l.pos, l.ord FROM locked l
+            SELECT l.slot, l.pos, l.ord, l.old_large FROM locked l
             WHERE l.ord < coalesce((SELECT min(c.ord) FROM c WHERE c.ord NOT IN (SELECT ord FROM locked)), v_n - v_done + 1)
         ), written AS (
             UPDATE {{ring}} r
             SET msg_id = run.pos, state = 4, payload = p_payloads[v_done + run.ord],
-                headers = p_headers[v_done + run.ord], pushed_at = clock_timestamp(), changed_at = clock_timestamp()
+                headers = p_headers[v_done + run.ord], large_id = v_large[v_done + run.ord],
+                pushed_at = clock_timestamp(), changed_at = clock_timestamp()
             FROM run WHERE r.slot = run.slot
             RETURNING run.pos, run.ord
+        ), freed AS (
+            -- the reused slots' previous messages: every subscription is done with them
+            DELETE FROM {{ring_large}} l USING run WHERE l.id = run.old_large
         )
         SELECT w.pos FROM written w ORDER BY w.ord;
         GET DIAGNOSTICS v_run = ROW_COUNT;
@@ -740,6 +924,10 @@ BEGIN
         v_pause := least(v_pause * 2, 0.05);
     END LOOP;
     PERFORM set_config(v_key, array_to_string(v_claims[v_done + 1:] || v_kept, ','), false);
+    IF v_big > 0 THEN
+        -- the messages not published leave nothing behind in the side table
+        DELETE FROM {{ring_large}} WHERE id = ANY (v_large[v_done + 1:]);
+    END IF;
     RETURN;
 END
 $fn$;
@@ -849,6 +1037,9 @@ $fn$;
 -- The claim and the cursor's move are one statement under the cursor row's lock. Waits up
 -- to p_timeout seconds while nothing is there, holding no lock: the cursor row is read
 -- without one first and locked only when there is something to take.
+-- A message in the side table (since ring_0007) is read through its slot's pointer in the
+-- statement that claims it, and stays there: the other subscriptions read it too, and the
+-- publish that reuses the slot deletes it (create_publish).
 CREATE OR REPLACE FUNCTION {{fn_sub_take}}(
     p_name    text,
     p_batch   integer          DEFAULT 1,
@@ -902,8 +1093,10 @@ BEGIN
                     FROM e WHERE k.sub_id = v_sub AND k.slot = e.slot AND k.lease_until < clock_timestamp()
                     RETURNING k.pos, k.slot, k.tries
                 )
-                SELECT a.pos, r.payload, r.headers, r.pushed_at, now(), a.tries
-                FROM again a JOIN {{ring}} r ON r.slot = a.slot ORDER BY a.pos;
+                SELECT a.pos, CASE WHEN r.large_id IS NULL THEN r.payload ELSE l.payload END,
+                       CASE WHEN r.large_id IS NULL THEN r.headers ELSE l.headers END, r.pushed_at, now(), a.tries
+                FROM again a JOIN {{ring}} r ON r.slot = a.slot LEFT JOIN {{ring_large}} l ON l.id = r.large_id
+                ORDER BY a.pos;
                 GET DIAGNOSTICS v_got = ROW_COUNT;
                 IF v_got < p_batch THEN
                     UPDATE {{subs}} u SET scan_at = clock_timestamp() + interval '1 second' WHERE u.sub_id = v_sub;
@@ -914,7 +1107,7 @@ BEGIN
                 v_win := ARRAY(SELECT generate_series(v_next, v_next + v_n - 1));
                 RETURN QUERY
                 WITH w AS MATERIALIZED (
-                    SELECT g.pos, r.slot, r.msg_id, r.state, r.payload, r.headers, r.pushed_at
+                    SELECT g.pos, r.slot, r.msg_id, r.state, r.payload, r.headers, r.pushed_at, r.large_id
                     FROM unnest(v_win) AS g(pos) JOIN {{ring}} r ON r.slot = mod(g.pos, {{size}})
                 ), stop AS (
                     -- the first position not published (or not committed) yet
@@ -928,8 +1121,10 @@ BEGIN
                 ), moved AS (
                     UPDATE {{subs}} u SET next_pos = (SELECT st.at FROM stop st) WHERE u.sub_id = v_sub
                 )
-                SELECT c.pos, c.payload, c.headers, c.pushed_at, now(), cl.tries
-                FROM c JOIN claimed cl ON cl.pos = c.pos ORDER BY c.pos;
+                SELECT c.pos, CASE WHEN c.large_id IS NULL THEN c.payload ELSE l.payload END,
+                       CASE WHEN c.large_id IS NULL THEN c.headers ELSE l.headers END, c.pushed_at, now(), cl.tries
+                FROM c JOIN claimed cl ON cl.pos = c.pos LEFT JOIN {{ring_large}} l ON l.id = c.large_id
+                ORDER BY c.pos;
                 GET DIAGNOSTICS v_n = ROW_COUNT;
                 v_got := v_got + v_n;
             END IF;

@@ -31,12 +31,16 @@ def install(
     fanout: Annotated[bool, typer.Option("--fanout", help="ring only: every message goes to each of the ring's named subscriptions (queuectl subscribe), whose consumers compete, instead of to one consumer.")] = False,
     lag_limit: Annotated[Optional[int], typer.Option("--lag-limit", min=1, help="fan-out ring only: the subscriptions' default lag limit, messages a subscription may fall behind before it is marked behind \\[default: half the ring].", show_default=False)] = None,
     drop_when_behind: Annotated[bool, typer.Option("--drop-when-behind", help="fan-out ring only: by default, let a push drop a subscription past its lag limit instead of waiting for it.")] = False,
+    slot_bytes: Annotated[Optional[int], typer.Option(
+        help="ring only: largest message (payload + headers) kept in its slot's row; a larger one goes to the "
+        "ring's side table <name>_ring_large and the slot keeps a pointer (0: every message does). Above about "
+        "1,800 bytes PostgreSQL TOASTs the slot rows \\[default: 1800].", show_default=False)] = None,
     sql: Annotated[bool, typer.Option("--sql", help="Print the exact SQL script for review; change nothing.")] = False,
     max_attempts: Annotated[int, typer.Option(help="Attempts before an item goes DEAD.")] = 5,
     lease: Annotated[int, typer.Option(help="Default lease in seconds.")] = 30,
     backoff_base: Annotated[int, typer.Option(help="First retry delay in seconds (doubles per attempt).")] = 1,
     backoff_max: Annotated[int, typer.Option(help="Longest retry delay in seconds.")] = 3600,
-    max_payload_bytes: Annotated[int, typer.Option(help="Largest payload enqueue accepts, in bytes (larger ones are refused, nothing is stored).")] = DEFAULT_MAX_PAYLOAD_BYTES,
+    max_payload_bytes: Annotated[int, typer.Option(help="Largest payload enqueue accepts, in bytes (larger ones are refused, nothing is stored); reliable and ring.")] = DEFAULT_MAX_PAYLOAD_BYTES,
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
     lock_wait: LockWaitOption = INSTALL_LOCK_WAIT_S,
@@ -49,7 +53,7 @@ def install(
     from queuectl.kindspec import settings_for
 
     settings = settings_for(kind, strict=strict, size=size, fanout=fanout, lag_limit=lag_limit,
-                            drop_when_behind=drop_when_behind, reliable=QueueSettings(
+                            drop_when_behind=drop_when_behind, slot_bytes=slot_bytes, reliable=QueueSettings(
         max_attempts=max_attempts, lease_seconds=lease, backoff_base_seconds=backoff_base, backoff_max_seconds=backoff_max,
         max_payload_bytes=max_payload_bytes,
     ))

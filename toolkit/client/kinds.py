@@ -35,7 +35,7 @@ from queuectl.client.calls import Call, T
 from queuectl.client.reliable import Queue
 from queuectl.engine import adapter_for, make_engine
 from queuectl.engine.base import Adapter
-from queuectl.errors import QueuectlError, UsageError
+from queuectl.errors import PayloadTooLarge, QueuectlError, UsageError
 from queuectl.kindspec import kind_template_values
 from queuectl.messages import Item, items_from
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
@@ -241,7 +241,14 @@ class KindQueue(KindCalls):
     def _run(self, call: Call[T]) -> T:
         if call.params is None:
             return call.empty  # type: ignore[return-value]  # the empty result of its kind
-        return call.fetch(self._execute(call.key, call.params))
+        try:
+            return call.fetch(self._execute(call.key, call.params))
+        except sa.exc.DBAPIError as exc:
+            # a push over the ring's max_payload_bytes (ring_0007): the server's one line
+            refused = self._adapter.payload_refusal(exc)
+            if refused is None:
+                raise
+            raise PayloadTooLarge(refused) from None
 
     # -- producing -------------------------------------------------------------------
 
