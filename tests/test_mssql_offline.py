@@ -830,3 +830,17 @@ def test_mssql_payload_refusal_and_timeouts_are_recognised_from_pyodbc_errors():
     assert adapter.canceled(wrapped("HYT00", "[HYT00] [Microsoft][ODBC Driver 18 for SQL Server]Query timeout expired (0)"))
     assert adapter.canceled(wrapped("HY000", "[HY000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Lock request time out period exceeded. (1222)"))
     assert adapter.payload_refusal(wrapped("42000", "[42000] something else (50000)")) is None
+
+
+def test_every_tsql_procedure_and_trigger_clears_a_callers_rowcount():
+    """SET ROWCOUNT 0 beside SET NOCOUNT ON in every procedure and trigger (reliable.sql's header:
+    a caller's SET ROWCOUNT n would stop their statements after n rows and refuse NEXT VALUE FOR;
+    the setting is undone when the module returns)."""
+    modules = 0
+    for file, name in mssql_sections():
+        for batch in split_go_batches(rendered(file, name)):
+            statement = re.sub(r"^(\s*--[^\n]*\n)*", "", batch).lstrip()
+            if re.match(r"CREATE\s+OR\s+ALTER\s+(PROCEDURE|TRIGGER)\b", statement, re.I):
+                modules += 1
+                assert re.search(r"SET NOCOUNT ON; SET ROWCOUNT 0;", statement), (file, name, statement[:120])
+    assert modules > 40, modules

@@ -36,7 +36,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue}}
     @headers nvarchar(max) = NULL
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @ids TABLE (id bigint NOT NULL);
     INSERT INTO {{items}} (payload, headers) OUTPUT inserted.id INTO @ids (id)
     VALUES (@payload, @headers);
@@ -50,7 +50,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
     @items nvarchar(max)
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @src TABLE (ord int NOT NULL PRIMARY KEY, id bigint NOT NULL,
                         payload varbinary(max) NOT NULL, headers nvarchar(max) NULL);
@@ -87,7 +87,7 @@ CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch int = 1
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @n int = CASE WHEN @batch > 0 THEN @batch ELSE 0 END;
     DECLARE @now datetime2(6) = SYSUTCDATETIME();
     DECLARE @taken TABLE (id bigint NOT NULL PRIMARY KEY, payload varbinary(max) NOT NULL,
@@ -119,7 +119,7 @@ CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch int = 1
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @n int = CASE WHEN @batch > 0 THEN @batch ELSE 0 END;
     DECLARE @now datetime2(6) = SYSUTCDATETIME();
     DECLARE @taken TABLE (id bigint NOT NULL PRIMARY KEY, payload varbinary(max) NOT NULL,

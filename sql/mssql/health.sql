@@ -130,7 +130,7 @@ FROM live CROSS JOIN archived CROSS JOIN clock AS c
 --                 whole instance, with no per-table setting).
 -- A table someone holds or waits for in Sch-M or X mode (DDL, an offline rebuild, a
 -- table lock) gets locked = 1 and NULL sizes and ghosts instead of stalling the report.
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 DECLARE @sees_locks bit = COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, 'VIEW SERVER STATE'), 0);
 DECLARE @sees_pages bit = COALESCE(HAS_PERMS_BY_NAME(DB_NAME(), 'DATABASE', 'VIEW DATABASE STATE'), 0);
 DECLARE @exclusive TABLE (object_id int NOT NULL PRIMARY KEY);
@@ -201,7 +201,7 @@ ORDER BY t.ord;
 --   fillfactor      fill_factor, 0 meaning 100.
 -- The clustered index is listed: on SQL Server it is the table, and its density and
 -- fragmentation are the table's. Locked tables (Sch-M / X): NULL size.
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 DECLARE @sees_locks bit = COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, 'VIEW SERVER STATE'), 0);
 DECLARE @exclusive TABLE (object_id int NOT NULL PRIMARY KEY);
 IF @sees_locks = 1
@@ -246,7 +246,7 @@ ORDER BY t.ord, i.name;
 -- version_ghost_record_count, avg_fragmentation_in_percent,
 -- avg_page_space_used_in_percent, page_count. Percentages over several partitions are
 -- weighted by pages.
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 WITH x AS (
     SELECT CAST(j.[value] AS bigint) AS index_oid FROM OPENJSON(:oids) AS j
 )
@@ -283,7 +283,7 @@ GROUP BY x.index_oid;
 --   share, approx_free_percent = 100 - avg_page_space_used_in_percent.
 -- Then the raw DMF numbers: ghost_record_count, version_ghost_record_count,
 -- avg_fragmentation_in_percent, avg_page_space_used_in_percent, page_count.
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 WITH x AS (
     SELECT CAST(j.[value] AS int) AS table_oid FROM OPENJSON(:oids) AS j
 ), leaf AS (
@@ -331,7 +331,7 @@ FROM leaf;
 --   state_age_s   since the request started, or since the last one ended;
 --   wait_event_type 'Lock' for LCK_M_* waits; wait_event the wait type.
 -- Without VIEW SERVER STATE the transaction views are not readable: no rows.
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 IF COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, 'VIEW SERVER STATE'), 0) = 1
     SELECT CAST(h.session_id AS int)                                   AS pid,
            h.login_name                                                AS usename,
@@ -399,7 +399,7 @@ ELSE
 -- Transactional replication and change data capture also keep log (log_reuse_wait_desc
 -- = REPLICATION) but hold no ghosts and show no consumer inside the database: not listed.
 -- No availability group, or no VIEW SERVER STATE: no rows.
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 IF COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, 'VIEW SERVER STATE'), 0) = 1
     SELECT ar.replica_server_name                                     AS slot_name,
            N'physical'                                                AS slot_type,
@@ -428,7 +428,7 @@ ELSE
 -- of this database that reports one. xmin_age_xids is NULL (the mark is not a
 -- transaction id: compare backend_xmin over time; a mark that stops moving while the
 -- primary's advances is the secondary's long query).
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 IF COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, 'VIEW SERVER STATE'), 0) = 1
     SELECT CAST(NULL AS int)                                          AS pid,
            ar.replica_server_name                                     AS application_name,
@@ -454,7 +454,7 @@ ELSE
 -- transaction_state 5 or dtc_state 2), in any database. In doubt ones hold their locks
 -- and ghosts until resolved (KILL 'unit of work id' WITH COMMIT | ROLLBACK).
 --   gid = the unit of work id; xid = the transaction id; xid_age NULL.
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 IF COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, 'VIEW SERVER STATE'), 0) = 1
     SELECT CAST(at.transaction_uow AS nvarchar(36))                   AS gid,
            DB_NAME(dt.database_id)                                    AS "database",

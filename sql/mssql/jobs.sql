@@ -48,7 +48,7 @@ SET DEADLOCK_PRIORITY LOW;
 -- no scan of meta or data reads, sorts or locks rows outside the batch. UPDLOCK makes the
 -- pick a locking read with READ_COMMITTED_SNAPSHOT on too (reliable.sql, create_dequeue).
 -- Returns one row: moved.
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 SET XACT_ABORT ON;
 DECLARE @batch int = :batch;
 DECLARE @now datetime2(6) = SYSUTCDATETIME();
@@ -92,7 +92,7 @@ SELECT @rows AS moved;
 -- ORDER BY, reading only the index (id is its row locator), TOP stopping after @batch
 -- rows, READPAST skipping keys others hold; INDEX + FORCESEEK leave only that path. UPDLOCK
 -- makes it a locking read with READ_COMMITTED_SNAPSHOT on too.
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 DECLARE @batch int = :batch;
 DECLARE @before datetime2(6) = DATEADD(second, -CAST(:retention_seconds AS int), SYSUTCDATETIME());
 IF @batch IS NULL OR @batch < 1 OR @batch > 4000
@@ -119,7 +119,7 @@ SELECT @@ROWCOUNT AS purged;
 -- rows; INDEX + FORCESEEK leave only that path. UPDLOCK makes it a locking read with
 -- READ_COMMITTED_SNAPSHOT on too, so READPAST skips a consumer's rows in flight.
 -- Returns the rows changed (id, status).
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 DECLARE @batch int = :batch;
 DECLARE @now datetime2(6) = SYSUTCDATETIME();
 WITH stale AS (
@@ -176,7 +176,7 @@ SELECT CAST(CASE WHEN CAST(SERVERPROPERTY('EngineEdition') AS int) IN (3, 5, 8)
 -- SAMPLED reads every page of an index under 10,000 pages and 1% above, so ghosts and
 -- density are filled (LIMITED leaves them NULL). The ids are looked up first: the DMF
 -- given a NULL object id would scan the whole database.
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 DECLARE @object_id int = OBJECT_ID(:table_name, N'U');
 DECLARE @index_id int = (SELECT i.index_id FROM sys.indexes AS i
                          WHERE i.object_id = @object_id AND i.name = :index_name);
@@ -261,7 +261,7 @@ UPDATE STATISTICS {{table}}
 -- updates: hot_update_pct is NULL. The count is a plain read (under READ_COMMITTED_SNAPSHOT
 -- it reads versions and waits for no one; without it it waits at most the job's lock
 -- timeout for a slot a push or pop holds).
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 SELECT COUNT_BIG(*) AS slots,
        COUNT_BIG(CASE WHEN r.state <> 1 THEN 1 END) AS free_slots,
        COUNT_BIG(CASE WHEN r.state = 1 THEN 1 END) AS full_slots,
@@ -308,7 +308,7 @@ CROSS JOIN (SELECT MIN(i.id) AS head FROM {{items}} AS i) AS h
 -- n_dead_tup = its ghost + version-ghost records (SAMPLED leaf level, only for tables of
 -- at most 131,072 pages = 1 GB, else NULL); hot_pct, last_autovacuum, last_vacuum NULL
 -- (no HOT updates, no VACUUM); table_bytes and index_bytes from used pages.
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 DECLARE @object_id int = OBJECT_ID(:table_name, N'U');
 IF @object_id IS NULL
     THROW 50004, 'queuectl: queue table not found', 1;
@@ -341,7 +341,7 @@ OUTER APPLY (
 -- pgstattuple_approx's columns for one table (:table_name), from the heap or clustered
 -- index leaf in SAMPLED mode: approx_free_percent = 100 - page density, dead tuples =
 -- ghost + version-ghost records and their share of the bytes.
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 DECLARE @object_id int = OBJECT_ID(:table_name, N'U');
 IF @object_id IS NULL
     THROW 50004, 'queuectl: queue table not found', 1;
@@ -365,7 +365,7 @@ WHERE ps.index_level = 0 AND ps.alloc_unit_type_desc = N'IN_ROW_DATA';
 -- availability replicas whose ghost low-water mark holds cleanup on this primary
 -- (readable secondaries); prepared distributed transactions. xmin_age is NULL: SQL
 -- Server's sequence numbers are not transaction ages. Without VIEW SERVER STATE: no rows.
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 IF COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, 'VIEW SERVER STATE'), 0) = 1
     SELECT h.source, h.holder, h.xmin_age, h.seconds
     FROM (

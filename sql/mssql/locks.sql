@@ -11,7 +11,7 @@
 
 -- name: try_lock
 -- Take the lock if free: 1 when taken, 0 at once when someone else holds it (timeout 0).
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 DECLARE @rc int;
 EXEC @rc = sys.sp_getapplock @Resource = :key, @LockMode = 'Exclusive',
                              @LockOwner = 'Session', @LockTimeout = 0;
@@ -19,7 +19,7 @@ SELECT CAST(CASE WHEN @rc >= 0 THEN 1 ELSE 0 END AS bit) AS acquired;
 
 -- name: unlock
 -- Release a lock this session holds (1 when released).
-SET NOCOUNT ON;
+SET NOCOUNT ON; SET ROWCOUNT 0;
 DECLARE @rc int;
 EXEC @rc = sys.sp_releaseapplock @Resource = :key, @LockOwner = 'Session';
 SELECT CAST(CASE WHEN @rc = 0 THEN 1 ELSE 0 END AS bit) AS released;

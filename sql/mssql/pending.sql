@@ -45,7 +45,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue}}
     @delay_seconds float         = NULL
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @delay float = COALESCE(@delay_seconds, 0);
     DECLARE @ids TABLE (id bigint NOT NULL);
     INSERT INTO {{items}} (due_at, payload, headers)
@@ -64,7 +64,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
     @items nvarchar(max)
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @now datetime2(6) = SYSUTCDATETIME();
     DECLARE @src TABLE (ord int NOT NULL PRIMARY KEY, id bigint NOT NULL, due_at datetime2(6) NOT NULL,
@@ -114,7 +114,7 @@ CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch int = 1
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @n int = CASE WHEN @batch > 0 THEN @batch ELSE 0 END;
     DECLARE @now datetime2(6) = SYSUTCDATETIME();
     DECLARE @taken TABLE (id bigint NOT NULL PRIMARY KEY, payload varbinary(max) NOT NULL,

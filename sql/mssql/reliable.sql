@@ -23,6 +23,14 @@
 -- need both settings in every session that writes the table, which procedures created
 -- under them guarantee.
 --
+-- Every procedure and trigger of every T-SQL file, and the jobs' batches that move rows,
+-- start with SET NOCOUNT ON (no "rows affected" messages between result sets) and
+-- SET ROWCOUNT 0: a caller's session left at SET ROWCOUNT n would otherwise stop their
+-- claims, moves and deletes after n rows, and refuse NEXT VALUE FOR altogether. A SET made
+-- inside a procedure or trigger is undone when it returns, so the caller's setting is left
+-- as it was (https://learn.microsoft.com/sql/t-sql/statements/set-rowcount-transact-sql,
+-- https://learn.microsoft.com/sql/t-sql/statements/set-statements-transact-sql).
+--
 -- Sections are filled by queuectl.sqlfiles.render() with quoted identifiers only.
 
 -- name: create_tables
@@ -119,7 +127,7 @@ CREATE OR ALTER PROCEDURE {{fn_ack}}
     @worker nvarchar(200) = NULL
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     UPDATE m SET status = 2, finished_at = SYSUTCDATETIME(), leased_until = NULL
     FROM {{meta}} AS m WITH (ROWLOCK, INDEX(1), FORCESEEK)
     WHERE m.id IN (SELECT i.id FROM OPENJSON(@ids) WITH (id bigint '$') AS i)
@@ -139,7 +147,7 @@ CREATE OR ALTER PROCEDURE {{fn_nack}}
     @max_seconds  float          = NULL
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @now datetime2(6) = SYSUTCDATETIME();
     DECLARE @base float = COALESCE(@base_seconds, {{backoff_base_seconds}});
     DECLARE @max float = COALESCE(@max_seconds, {{backoff_max_seconds}});
@@ -175,7 +183,7 @@ CREATE OR ALTER PROCEDURE {{fn_extend_lease}}
     @worker        nvarchar(200) = NULL
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @lease_ms int = CAST(ROUND(COALESCE(@lease_seconds, {{lease_seconds}}) * 1000e0, 0) AS int);
     UPDATE m SET leased_until = DATEADD(millisecond, @lease_ms, SYSUTCDATETIME())
     OUTPUT inserted.id, inserted.leased_until
@@ -192,7 +200,7 @@ CREATE OR ALTER PROCEDURE {{fn_release}}
     @worker nvarchar(200) = NULL
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     UPDATE m SET
         status       = 0,
         attempts     = CASE WHEN m.attempts > 0 THEN m.attempts - 1 ELSE 0 END,
@@ -246,7 +254,7 @@ CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @worker        nvarchar(200) = NULL
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @now datetime2(6) = SYSUTCDATETIME();
     DECLARE @n int = CASE WHEN @batch > 0 THEN @batch ELSE 0 END;
     -- leases are at most 7 days: the milliseconds fit DATEADD's int
@@ -343,7 +351,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue}}
     @max_attempts  int           = NULL
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @payload_bytes bigint = DATALENGTH(@payload);
     DECLARE @title_bytes bigint = ISNULL(DATALENGTH(@title), 0);
@@ -378,7 +386,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
     @max_attempts int = NULL
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @now datetime2(6) = SYSUTCDATETIME();
     DECLARE @src TABLE (
@@ -470,7 +478,7 @@ CREATE OR ALTER PROCEDURE {{fn_ack_dequeue}}
     @worker        nvarchar(200) = NULL
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     BEGIN TRANSACTION;
     -- The ack's plan is ack's: one seek of the clustered primary key per id (create_functions).

@@ -217,7 +217,7 @@ CREATE OR ALTER PROCEDURE {{fn_ring_push}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @key sysname = CONCAT(N'queuectl.rpush.', OBJECT_ID({{ring_regclass}}));
     DECLARE @deadline datetime2(6) = DATEADD(millisecond,
@@ -376,7 +376,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @ids nvarchar(max);
     EXEC {{fn_ring_push}} @items = @items, @timeout = @timeout, @ids = @ids OUTPUT;
     SELECT CAST(j.[value] AS bigint) AS id
@@ -395,7 +395,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue}}
     @timeout float         = 1.0
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @ids nvarchar(max);
     DECLARE @items nvarchar(max) = (
         SELECT CONVERT(varchar(max), @payload, 2) AS payload, JSON_QUERY(@headers) AS headers
@@ -426,7 +426,7 @@ CREATE OR ALTER PROCEDURE {{fn_dequeue}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @key sysname = CONCAT(N'queuectl.rpop.', OBJECT_ID({{ring_regclass}}));
     DECLARE @deadline datetime2(6) = DATEADD(millisecond,
@@ -557,7 +557,7 @@ CREATE OR ALTER PROCEDURE {{fn_ring_repair}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @cutoff datetime2(6) = DATEADD(millisecond,
         -CAST(ROUND(COALESCE(@grace_seconds, 30) * 1000e0, 0) AS int), SYSUTCDATETIME());
@@ -667,7 +667,7 @@ CREATE OR ALTER PROCEDURE {{fn_ring_release}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @k_push sysname = CONCAT(N'queuectl.rpush.', OBJECT_ID({{ring_regclass}}));
     DECLARE @k_pop sysname = CONCAT(N'queuectl.rpop.', OBJECT_ID({{ring_regclass}}));
@@ -883,7 +883,7 @@ CREATE OR ALTER PROCEDURE {{fn_fanout_guard}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @ring int = OBJECT_ID({{ring_regclass}});
     DECLARE @schema nvarchar(130) = QUOTENAME(OBJECT_SCHEMA_NAME(@ring));
     DECLARE @table nvarchar(300) = CONCAT(@schema, N'.', QUOTENAME(OBJECT_NAME(@ring)));
@@ -900,7 +900,7 @@ BEGIN
     END
     SET @sql = CONCAT(N'CREATE OR ALTER TRIGGER ', @trigger, N' ON ', @table, N' AFTER UPDATE AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     IF EXISTS (SELECT 1 FROM inserted AS i JOIN deleted AS d ON d.slot = i.slot WHERE d.state >= 4 AND i.state = 1)
         THROW 50003, N''this ring fans out: push with its publish procedure'', 1;
     DECLARE @passed TABLE (large_id bigint NULL);
@@ -948,7 +948,7 @@ CREATE OR ALTER PROCEDURE {{fn_publish}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @key sysname = CONCAT(N'queuectl.rpush.', OBJECT_ID({{ring_regclass}}));
     DECLARE @deadline datetime2(6) = DATEADD(millisecond,
@@ -1097,7 +1097,7 @@ CREATE OR ALTER PROCEDURE {{fn_subscribe}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @id int, @start bigint, @state smallint;
     IF @name IS NULL OR @name LIKE N'%[^a-z0-9_]%' COLLATE Latin1_General_BIN2
@@ -1137,7 +1137,7 @@ CREATE OR ALTER PROCEDURE {{fn_unsubscribe}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @id int;
     DECLARE @gone TABLE (sub_id int NOT NULL);
     DELETE FROM {{subs}} OUTPUT deleted.sub_id INTO @gone (sub_id) WHERE name = @name;
@@ -1158,7 +1158,7 @@ CREATE OR ALTER PROCEDURE {{fn_subscriptions}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @high bigint;
     SELECT @high = COALESCE(CAST(s.last_used_value AS bigint), -1)
     FROM sys.sequences AS s WHERE s.object_id = OBJECT_ID({{push_seq_regclass}});
@@ -1191,7 +1191,7 @@ CREATE OR ALTER PROCEDURE {{fn_sub_take}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @deadline datetime2(6) = DATEADD(millisecond,
         CAST(ROUND(CASE WHEN @timeout > 0 THEN @timeout ELSE 0 END * 1000e0, 0) AS int), SYSUTCDATETIME());
@@ -1278,7 +1278,7 @@ CREATE OR ALTER PROCEDURE {{fn_sub_done}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     UPDATE k SET lease_until = NULL
     OUTPUT inserted.pos AS id
     FROM {{subs}} AS u
@@ -1298,7 +1298,7 @@ CREATE OR ALTER PROCEDURE {{fn_sub_return}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @given TABLE (id bigint NOT NULL PRIMARY KEY);
     UPDATE k SET lease_until = CAST('0001-01-01' AS datetime2(6))
     OUTPUT inserted.pos INTO @given (id)

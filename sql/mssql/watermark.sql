@@ -110,7 +110,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue}}
     @headers nvarchar(max) = NULL
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @ids TABLE (id bigint NOT NULL);
     INSERT INTO {{items}} (payload, headers) OUTPUT inserted.id INTO @ids (id)
     VALUES (@payload, @headers);
@@ -131,7 +131,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
     @items nvarchar(max)
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @ids TABLE (id bigint NOT NULL PRIMARY KEY);
     INSERT INTO {{items}} (id, payload, headers)
@@ -163,7 +163,7 @@ CREATE OR ALTER PROCEDURE {{fn_correct_watermark}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     -- Until the walk is read, a lock timeout (error 1222) must end only its statement, not a
     -- caller's transaction: XACT_ABORT is off here and set on for the update below.
     SET XACT_ABORT OFF;
@@ -233,7 +233,7 @@ CREATE OR ALTER PROCEDURE {{fn_dequeue}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @n int = CASE WHEN @batch > 0 THEN @batch ELSE 0 END;
     DECLARE @now datetime2(6) = SYSUTCDATETIME();
     DECLARE @k_low sysname = CONCAT(N'queuectl.wm.', @@PROCID, N'.low');

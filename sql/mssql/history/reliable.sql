@@ -18,7 +18,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue}}
     @max_attempts  int           = NULL
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @id bigint = NEXT VALUE FOR {{meta_seq}};
     DECLARE @delay float = COALESCE(@delay_seconds, 0);
@@ -46,7 +46,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
     @max_attempts int = NULL
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @now datetime2(6) = SYSUTCDATETIME();
     DECLARE @src TABLE (
@@ -102,7 +102,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue}}
     @max_attempts  int           = NULL
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     IF DATALENGTH(@payload) > {{max_payload_bytes}}
     BEGIN
@@ -137,7 +137,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
     @max_attempts int = NULL
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @now datetime2(6) = SYSUTCDATETIME();
     DECLARE @src TABLE (

@@ -20,7 +20,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @key sysname = CONCAT(N'queuectl.rpush.', OBJECT_ID({{ring_regclass}}));
     DECLARE @pos bigint = CAST(SESSION_CONTEXT(@key) AS bigint);
     DECLARE @deadline datetime2(6) = DATEADD(millisecond,
@@ -72,7 +72,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
     @timeout float = 1.0
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @src TABLE (ord int NOT NULL PRIMARY KEY, payload varbinary(max) NOT NULL,
                         headers nvarchar(max) NULL);
     DECLARE @out TABLE (ord int NOT NULL PRIMARY KEY, id bigint NULL);
@@ -112,7 +112,7 @@ CREATE OR ALTER PROCEDURE {{fn_dequeue}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @key sysname = CONCAT(N'queuectl.rpop.', OBJECT_ID({{ring_regclass}}));
     DECLARE @pos bigint = CAST(SESSION_CONTEXT(@key) AS bigint);
     DECLARE @deadline datetime2(6) = DATEADD(millisecond,
@@ -166,7 +166,7 @@ CREATE OR ALTER PROCEDURE {{fn_ring_release}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @k_push sysname = CONCAT(N'queuectl.rpush.', OBJECT_ID({{ring_regclass}}));
     DECLARE @k_pop sysname = CONCAT(N'queuectl.rpop.', OBJECT_ID({{ring_regclass}}));
     DECLARE @out TABLE (side nvarchar(4) NOT NULL, item_id bigint NOT NULL, tombstoned bit NOT NULL);
@@ -214,7 +214,7 @@ CREATE OR ALTER PROCEDURE {{fn_ring_release}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @k_push sysname = CONCAT(N'queuectl.rpush.', OBJECT_ID({{ring_regclass}}));
     DECLARE @k_pop sysname = CONCAT(N'queuectl.rpop.', OBJECT_ID({{ring_regclass}}));
@@ -349,7 +349,7 @@ CREATE OR ALTER PROCEDURE {{fn_ring_push}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @key sysname = CONCAT(N'queuectl.rpush.', OBJECT_ID({{ring_regclass}}));
     DECLARE @deadline datetime2(6) = DATEADD(millisecond,
@@ -477,7 +477,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @ids nvarchar(max);
     EXEC {{fn_ring_push}} @items = @items, @timeout = @timeout, @ids = @ids OUTPUT;
     SELECT CAST(j.[value] AS bigint) AS id
@@ -503,7 +503,7 @@ CREATE OR ALTER PROCEDURE {{fn_dequeue}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @key sysname = CONCAT(N'queuectl.rpop.', OBJECT_ID({{ring_regclass}}));
     DECLARE @deadline datetime2(6) = DATEADD(millisecond,
         CAST(ROUND(CASE WHEN @timeout > 0 THEN @timeout ELSE 0 END * 1000e0, 0) AS int), SYSUTCDATETIME());
@@ -620,7 +620,7 @@ CREATE OR ALTER PROCEDURE {{fn_ring_repair}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @cutoff datetime2(6) = DATEADD(millisecond,
         -CAST(ROUND(COALESCE(@grace_seconds, 30) * 1000e0, 0) AS int), SYSUTCDATETIME());
@@ -728,7 +728,7 @@ CREATE OR ALTER PROCEDURE {{fn_ring_release}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @k_push sysname = CONCAT(N'queuectl.rpush.', OBJECT_ID({{ring_regclass}}));
     DECLARE @k_pop sysname = CONCAT(N'queuectl.rpop.', OBJECT_ID({{ring_regclass}}));
@@ -836,7 +836,7 @@ CREATE OR ALTER PROCEDURE {{fn_fanout_guard}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @ring int = OBJECT_ID({{ring_regclass}});
     DECLARE @schema nvarchar(130) = QUOTENAME(OBJECT_SCHEMA_NAME(@ring));
     DECLARE @table nvarchar(300) = CONCAT(@schema, N'.', QUOTENAME(OBJECT_NAME(@ring)));
@@ -852,7 +852,7 @@ BEGIN
     END
     SET @sql = CONCAT(N'CREATE OR ALTER TRIGGER ', @trigger, N' ON ', @table, N' AFTER UPDATE AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     IF EXISTS (SELECT 1 FROM inserted AS i JOIN deleted AS d ON d.slot = i.slot WHERE d.state >= 4 AND i.state = 1)
         THROW 50003, N''this ring fans out: push with its publish procedure'', 1;
     UPDATE r SET state = 5, payload = NULL, headers = NULL
@@ -886,7 +886,7 @@ CREATE OR ALTER PROCEDURE {{fn_publish}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @key sysname = CONCAT(N'queuectl.rpush.', OBJECT_ID({{ring_regclass}}));
     DECLARE @deadline datetime2(6) = DATEADD(millisecond,
@@ -1004,7 +1004,7 @@ CREATE OR ALTER PROCEDURE {{fn_sub_take}}
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    SET NOCOUNT ON;
+    SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
     DECLARE @deadline datetime2(6) = DATEADD(millisecond,
         CAST(ROUND(CASE WHEN @timeout > 0 THEN @timeout ELSE 0 END * 1000e0, 0) AS int), SYSUTCDATETIME());
