@@ -46,8 +46,9 @@ def upkeep_tables(kind: str, revision: str | None = None) -> tuple[str, ...]:
     return tuple(t for t in UPKEEP_TABLES[kind]
                  if revision is None or UPKEEP_TABLES_SINCE.get(t, "") <= revision)
 
+
 RING_DEFAULT_SIZE = 65_536
-RING_MAX_SIZE = 16_777_216  # 16 Mi slots: ~1 GB of preallocated rows at fillfactor 50
+RING_MAX_SIZE = 16_777_216  # 16 Mi slots: ~1 GB of slots at fillfactor 50 (PostgreSQL), ~3.3 GB at FILLFACTOR 20 (SQL Server)
 RING_DEFAULT_LAG_LIMIT_SHARE = 2  # a fan-out subscription is behind past size // 2 messages
 
 # The fan-out ring's functions (ring_0006): publish, the subscriptions' admin and their pops.
