@@ -544,3 +544,94 @@ SELECT count(*) FROM {{schema}}.pgqueuer
 -- that reads their CPU from /proc (bench/lab/archive_load.py).
 SELECT pid, application_name FROM pg_stat_activity
 WHERE datname = current_database() AND application_name = ANY (CAST(:names AS text[]))
+
+-- name: seats_create
+-- bench/lab/seats.py: the "seat" consumer protocol, created by the probe on its bench queue
+-- (a prototype, not a migration). A seat is a session-level exclusive advisory lock per queue
+-- (class 1902343283 'qcts' + p_seat, the queue's channel key): its holder is the only consumer
+-- registered in "waiting" (activation.sql) and the only one that LISTENs, so a NOTIFY
+-- signals one session; the others wait for the seat blocked in the lock manager (no CPU),
+-- and a release wakes exactly the next waiter. One CALL per step, on the consumer's one
+-- autocommit connection. p_mode:
+--   0  look first (the last take was a full batch); nothing found: queue for the seat;
+--   1  queue for the seat (blocking, at most p_wait_ms); seated: LISTEN, commit (a LISTEN
+--      takes effect at commit, and a notification committed before it is skipped: the
+--      registration must come after it), register, probe "in flight", look;
+--   2  seated, registered, armed (a probe after the registration was clear): look;
+--   3  seated, registered, not armed: probe "in flight", look;
+--   4  seated, not registered (a producer's probe held "waiting" at that instant): register,
+--      probe, look.
+-- Work found while seated: unregister, UNLISTEN and give the seat up in the same call.
+-- o_state: 'work' (o_ids, o_payloads), 'line' (no seat within p_wait_ms: call mode 1
+-- again), 'listen' (seated and armed: sleep on the socket), 'soon' (an enqueue that may
+-- have missed the registration is open: mode 3 shortly), 'unreg' (mode 4 shortly).
+CREATE OR REPLACE PROCEDURE {{seat_proc}}(
+    p_batch integer, p_lease double precision, p_worker text, p_mode integer, p_seat integer, p_wait_ms integer,
+    INOUT o_state text DEFAULT NULL, INOUT o_ids bigint[] DEFAULT NULL, INOUT o_payloads bytea[] DEFAULT NULL)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_key integer := hashtext({{channel_literal}}) & 2147483647;
+    v_seat integer := 1902343283 + p_seat;
+    v_reg boolean := p_mode IN (2, 3);
+    v_clear boolean := p_mode = 2;
+    v_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    IF p_mode = 0 THEN
+        SELECT array_agg(d.id), array_agg(d.payload) INTO o_ids, o_payloads
+        FROM {{fn_dequeue}}(p_batch, p_lease, p_worker) d;
+        IF o_ids IS NOT NULL THEN
+            o_state := 'work';
+            RETURN;
+        END IF;
+    END IF;
+    IF p_mode <= 1 THEN
+        PERFORM set_config('lock_timeout', p_wait_ms::text, true);  -- milliseconds
+        BEGIN
+            PERFORM pg_advisory_lock(v_seat, v_key);
+        EXCEPTION WHEN lock_not_available THEN
+            o_state := 'line';
+            RETURN;
+        END;
+        PERFORM set_config('lock_timeout', v_lock_timeout, true);
+        LISTEN {{channel}};
+        COMMIT;
+    END IF;
+    IF NOT v_reg THEN
+        v_reg := pg_try_advisory_lock_shared(1902347383, v_key);
+    END IF;
+    IF v_reg AND NOT v_clear AND pg_try_advisory_lock(1902343273, v_key) THEN
+        PERFORM pg_advisory_unlock(1902343273, v_key);
+        v_clear := true;
+    END IF;
+    SELECT array_agg(d.id), array_agg(d.payload) INTO o_ids, o_payloads
+    FROM {{fn_dequeue}}(p_batch, p_lease, p_worker) d;
+    IF o_ids IS NOT NULL THEN
+        IF v_reg THEN
+            PERFORM pg_advisory_unlock_shared(1902347383, v_key);
+        END IF;
+        UNLISTEN {{channel}};
+        PERFORM pg_advisory_unlock(v_seat, v_key);
+        o_state := 'work';
+        RETURN;
+    END IF;
+    o_state := CASE WHEN NOT v_reg THEN 'unreg' WHEN v_clear THEN 'listen' ELSE 'soon' END;
+END
+$fn$;
+
+-- name: seats_drop
+DROP PROCEDURE IF EXISTS {{seat_proc}}(integer, double precision, text, integer, integer, integer, text, bigint[], bytea[]);
+
+-- name: seats_call
+CALL {{seat_proc}}(%(batch)s, %(lease)s, %(worker)s, %(mode)s, %(seat)s, %(wait_ms)s)
+
+-- name: seats_sample
+-- What the seats look like now: holders and waiters per seat class, and the oldest snapshot
+-- a client backend holds (xids behind the next one).
+SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint BETWEEN 1902343283 AND 1902343290
+          AND granted) AS seated,
+       (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint BETWEEN 1902343283 AND 1902343290
+          AND NOT granted) AS in_line,
+       (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint = 1902347383 AND granted)
+          AS registered,
+       (SELECT max(age(backend_xmin)) FROM pg_stat_activity WHERE backend_type = 'client backend'
+          AND pid <> pg_backend_pid()) AS xmin_age
