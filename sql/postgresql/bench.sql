@@ -583,6 +583,11 @@ BEGIN
             o_state := 'work';
             RETURN;
         END IF;
+        -- An empty claim may still hold row locks: READ COMMITTED locks the newest version
+        -- of a row another claim took meanwhile, then finds it no longer READY and skips
+        -- it, locked until this transaction ends. The seat holder's claim waits for such
+        -- a lock; waiting for the seat with it held is a deadlock.
+        COMMIT;
     END IF;
     IF p_mode <= 1 THEN
         PERFORM set_config('lock_timeout', p_wait_ms::text, true);  -- milliseconds
