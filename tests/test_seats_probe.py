@@ -21,7 +21,8 @@ from queuectl.names import QueueNames
 from test_notify import psycopg_conninfo
 
 NAMES = QueueNames("seats_probe", "queuectl")
-VALUES = {**NAMES.template_values(), "seat_proc": NAMES.qualified("dequeue_seated")}
+VALUES = {**NAMES.template_values(), "seat_proc": NAMES.qualified("dequeue_seated"),
+          "seat_line": NAMES.qualified("seat_line")}
 CALL = bench_sql("seats_call", VALUES)
 LISTEN, SOON, IN_FLIGHT_TRIES = "listen", "soon", 50
 
@@ -132,3 +133,43 @@ def test_an_empty_look_first_queues_in_a_transaction_of_its_own(seats: Any) -> N
     a.close()
     waiter.join(timeout=10)
     assert result == [(LISTEN, [])]
+
+
+def line_call(conn: psycopg.Connection, wait_ms: int) -> tuple[str, list[int]]:
+    """seats_line_call as bench/lab/seats.py sends it: its last result is the CALL's row."""
+    cur = psycopg.ClientCursor(conn)
+    cur.execute(bench_sql("seats_line_call", VALUES), {"batch": 10, "lease": 30.0, "worker": "w", "seat": 0,
+                                                       "wait_ms": wait_ms})
+    row = None
+    while True:
+        if cur.description is not None:
+            row = cur.fetchone()
+        if not cur.nextset():
+            break
+    assert row is not None
+    return row[0], list(row[1] or [])
+
+
+def test_the_table_line_waits_without_a_snapshot_and_only_its_head_holds_one(seats: Any) -> None:
+    a, b, c, watcher = seats(), seats(), seats(), seats()
+    assert seated(a) == LISTEN
+    for conn in (b, c):  # a session's first lookup of the line table reads the catalog under a snapshot
+        with conn.transaction():
+            conn.execute(f"LOCK TABLE {VALUES['seat_line']} IN EXCLUSIVE MODE")
+    results: dict[str, tuple[str, list[int]]] = {}
+    threads = []
+    for name, conn in (("b", b), ("c", c)):
+        threads.append(threading.Thread(target=lambda n=name, k=conn: results.__setitem__(n, line_call(k, 10_000))))
+        threads[-1].start()
+        time.sleep(0.3)
+    rows = {pid: (event, xmin) for pid, event, xmin in watcher.execute(
+        "SELECT pid, wait_event, backend_xmin IS NOT NULL FROM pg_stat_activity WHERE pid = ANY (%s)",
+        ([b.info.backend_pid, c.info.backend_pid],)).fetchall()}
+    assert rows[b.info.backend_pid] == ("advisory", True)  # the head waits for the seat, its snapshot held
+    assert rows[c.info.backend_pid] == ("relation", False)  # the rest of the line holds none
+    a.close()
+    threads[0].join(timeout=10)
+    assert results["b"] == (LISTEN, []) and listening(b) == [NAMES.channel]
+    b.close()
+    threads[1].join(timeout=10)
+    assert results["c"] == (LISTEN, [])

@@ -1,6 +1,6 @@
 """Probe: "seats", a wake-one protocol for idle consumers, against the Worker's committed wait, in one full cycle.
 
-    python bench/lab/seats.py [--url URL] [--pgdata DIR] [--counts 4,32] [--loops committed,seat1,seat1w50,seat2w50]
+    python bench/lab/seats.py [--url URL] [--pgdata DIR] [--counts 4,32] [--loops committed,seat1,seat1w50,seat1e,seat1t]
                               [--seconds 5] [--repeats 3] [--seat-wait-ms 1000] [--json FILE]
 
 The full cycle of `queuectl bench --scenario consumers` (2 producers enqueue_many of 10, N
@@ -19,6 +19,12 @@ with the consumers' loop one of:
              the Worker's poll back-off (50 ms, doubling to 2 s) before queuing again.
   seatKwM    the same with M ms in line at most (e.g. seat1w50): the line stays short, the
              consumers that just finished a batch take the seat, the others sleep.
+  seatKe     an empty look-first returns ('empty'), and the consumer queues with a CALL of
+             its own: one more round trip, the baseline of seatKt.
+  seatKt     as seatKe, but the consumer queues with seats_line_call: a top-level LOCK TABLE
+             on a line table, which waits without a snapshot (a wait inside a procedure
+             holds one, and so the xmin horizon: the claims walk the index entries of every
+             row claimed meanwhile); only the line's head waits for the seat itself.
 Each repeat runs every count with every loop in turn (loops alternate within a count).
 Per run: msgs/s, the server's CPU per 1,000 messages (every process of the local server,
 as bench/lab/consumers_cpu.py reads it), the consumers' and producers' own CPU per 1,000,
@@ -45,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from consumers_cpu import server_cpu
 
 from queuectl.bench.core import BenchOptions, BenchRun, load_average
@@ -66,19 +73,26 @@ class SeatSpec(WorkerSpec):
     loop: str = "committed"  # "committed" or "seat"
     seats: int = 1
     seat_wait_ms: int = 1000
+    line: str = "proc"  # how a consumer queues for the seat: "proc", "empty" or "table" (seat_loop)
 
 
 def seat_values(names: Any) -> dict[str, str | int]:
-    return {**names.template_values(), "seat_proc": names.qualified("dequeue_seated")}
+    return {**names.template_values(), "seat_proc": names.qualified("dequeue_seated"),
+            "seat_line": names.qualified("seat_line")}
 
 
-def seat_loop(loop: str, default_wait_ms: int) -> tuple[int, int]:
-    """(seats, seat_wait_ms) of a --loops name: "seat2" (2 seats, the default wait), "seat1w50"
-    (1 seat, 50 ms in line at most); "committed": (1, default)."""
+def seat_loop(loop: str, default_wait_ms: int) -> tuple[int, int, str]:
+    """(seats, seat_wait_ms, line) of a --loops name: "seat2" (2 seats, the default wait),
+    "seat1w50" (1 seat, 50 ms in line at most); a final "e": an empty look-first returns and
+    the consumer queues with a CALL of its own (mode 1); a final "t": it queues with
+    seats_line_call (no snapshot held in line); "committed": (1, default, "proc")."""
     if not loop.startswith("seat"):
-        return 1, default_wait_ms
-    seats, _, wait = loop[4:].partition("w")
-    return int(seats), int(wait) if wait else default_wait_ms
+        return 1, default_wait_ms, "proc"
+    body, line = loop[4:], "proc"
+    if body[-1] in "et":
+        body, line = body[:-1], {"e": "empty", "t": "table"}[body[-1]]
+    seats, _, wait = body.partition("w")
+    return int(seats), int(wait) if wait else default_wait_ms, line
 
 
 def run_target(spec: SeatSpec, ready: Any, go: Any, stop: Any, results: Any, backlog: Any) -> None:
@@ -103,11 +117,31 @@ def _seat_consumer(session: Any, spec: SeatSpec, backlog: Any):
         backlog.add(warm)
     conn = queue._conn.connection.driver_connection  # the client's own autocommit session
     assert conn.autocommit
-    sql = bench_sql("seats_call", seat_values(QueueNames(spec.queue, spec.schema)))
+    values = seat_values(QueueNames(spec.queue, spec.schema))
+    sql, line_sql = bench_sql("seats_call", values), bench_sql("seats_line_call", values)
+    look_first = 0 if spec.line == "proc" else 6
     params = {"batch": spec.batch, "lease": LEASE_SECONDS, "worker": queue.worker, "mode": 0,
               "seat": os.getpid() % spec.seats, "wait_ms": spec.seat_wait_ms}
     counts = {"work_takes": 0, "full_takes": 0, "partial_takes": 0, "line": 0, "listen": 0, "soon": 0, "unreg": 0,
-              "notifications": 0, "notified_takes": 0}
+              "empty": 0, "notifications": 0, "notified_takes": 0}
+    params["mode"] = look_first
+
+    def step() -> tuple[str, Any, Any]:
+        if params["mode"] != 1 or spec.line != "table":
+            return conn.execute(sql, params).fetchone()
+        cur = psycopg.ClientCursor(conn)  # values merged here: a simple-query message of several statements
+        try:
+            cur.execute(line_sql, params)
+        except psycopg.errors.LockNotAvailable:
+            conn.execute("ROLLBACK")
+            return "line", None, None
+        row = None
+        while True:
+            if cur.description is not None:
+                row = cur.fetchone()
+            if not cur.nextset():
+                return row
+
     backoff, in_flight, line = PollBackoff(), PollBackoff(IN_FLIGHT_FIRST_WAIT), PollBackoff()
     stop = yield warm
     latencies = array("d")
@@ -117,7 +151,7 @@ def _seat_consumer(session: Any, spec: SeatSpec, backlog: Any):
     unpack = STAMP.unpack_from
     notified = False
     while not stop.is_set():
-        state, ids, payloads = conn.execute(sql, params).fetchone()
+        state, ids, payloads = step()
         counts["notified_takes"] += notified
         notified = False
         if state == "work":
@@ -133,9 +167,12 @@ def _seat_consumer(session: Any, spec: SeatSpec, backlog: Any):
             backoff.reset()
             in_flight.reset()
             line.reset()
-            params["mode"] = 0 if n >= spec.batch else 1
+            params["mode"] = look_first if n >= spec.batch else 1
             continue
         counts[state] += 1
+        if state == "empty":
+            params["mode"] = 1
+            continue
         if state == "line":  # waited seat_wait_ms in line: surplus; sleep the line's back-off before queuing again
             params["mode"] = 1
             stop.wait(line.next_wait())
@@ -228,10 +265,10 @@ def main() -> None:
         for repeat in range(args.repeats):
             for n in counts:
                 for loop in loops:
-                    seats, wait_ms = seat_loop(loop, args.seat_wait_ms)
+                    seats, wait_ms, line = seat_loop(loop, args.seat_wait_ms)
                     common = dict(driver=KIND, url=run.url, queue=names.queue, schema=names.schema, batch=10,
                                   payload_bytes=300, loop="seat" if loop.startswith("seat") else "committed",
-                                  seats=seats, seat_wait_ms=wait_ms)
+                                  seats=seats, seat_wait_ms=wait_ms, line=line)
                     specs = [SeatSpec(role="producer", seed=1000 + i, **common) for i in range(2)]
                     specs += [SeatSpec(role="consumer", seed=2000 + i, **common) for i in range(n)]
                     with run.engine.connect() as conn:

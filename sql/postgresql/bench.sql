@@ -559,8 +559,9 @@ WHERE datname = current_database() AND application_name = ANY (CAST(:names AS te
 --      registration must come after it), register, probe "in flight", look;
 --   2  seated, registered, armed (a probe after the registration was clear): look;
 --   3  seated, registered, not armed: probe "in flight", look;
---   4  seated, not registered (a producer's probe held "waiting" at that instant): register,
---      probe, look.
+--   4  seated, not registered (a producer's probe held "waiting" at that instant, or seated
+--      and LISTENing by the caller's own statements: seats_line_call): register, probe, look;
+--   6  look first only; nothing found: o_state 'empty' (the caller queues by itself).
 -- Work found while seated: unregister, UNLISTEN and give the seat up in the same call.
 -- o_state: 'work' (o_ids, o_payloads), 'line' (no seat within p_wait_ms: call mode 1
 -- again), 'listen' (seated and armed: sleep on the socket), 'soon' (an enqueue that may
@@ -576,7 +577,7 @@ DECLARE
     v_clear boolean := p_mode = 2;
     v_lock_timeout text := current_setting('lock_timeout');
 BEGIN
-    IF p_mode = 0 THEN
+    IF p_mode IN (0, 6) THEN
         SELECT array_agg(d.id), array_agg(d.payload) INTO o_ids, o_payloads
         FROM {{fn_dequeue}}(p_batch, p_lease, p_worker) d;
         IF o_ids IS NOT NULL THEN
@@ -587,6 +588,10 @@ BEGIN
         -- of a row another claim took meanwhile, then finds it no longer READY and skips
         -- it, locked until this transaction ends. The seat holder's claim waits for such
         -- a lock; waiting for the seat with it held is a deadlock.
+        IF p_mode = 6 THEN
+            o_state := 'empty';
+            RETURN;
+        END IF;
         COMMIT;
     END IF;
     IF p_mode <= 1 THEN
@@ -598,6 +603,8 @@ BEGIN
             RETURN;
         END;
         PERFORM set_config('lock_timeout', v_lock_timeout, true);
+    END IF;
+    IF p_mode IN (0, 1) THEN
         LISTEN {{channel}};
         COMMIT;
     END IF;
@@ -623,11 +630,31 @@ BEGIN
 END
 $fn$;
 
+-- The line of seats_line_call: an empty table whose lock the consumers queue for.
+CREATE TABLE IF NOT EXISTS {{seat_line}} ();
+
 -- name: seats_drop
+DROP TABLE IF EXISTS {{seat_line}};
 DROP PROCEDURE IF EXISTS {{seat_proc}}(integer, double precision, text, integer, integer, integer, text, bigint[], bytea[]);
 
 -- name: seats_call
 CALL {{seat_proc}}(%(batch)s, %(lease)s, %(worker)s, %(mode)s, %(seat)s, %(wait_ms)s)
+
+-- name: seats_line_call
+-- Queue for the seat without holding a snapshot (a variant of mode 1): a top-level LOCK
+-- TABLE waits without one (once the session has the table in its caches: a first lookup
+-- reads the catalog under a snapshot), where a wait inside a function or procedure holds
+-- the statement's snapshot, and with it the xmin horizon, for as long as it waits. Only the head of the
+-- line (the table lock's holder) waits for the seat itself, holding a snapshot for one
+-- seat holder's tenure; its COMMIT lets the next one in, and commits its LISTEN before the
+-- CALL registers (mode 4). One simple-query message (several statements, so no parameters:
+-- the client merges the values; a CALL there runs in an implicit transaction block, where
+-- a procedure may not COMMIT: mode 4 does not); a lock timeout fails it, and the client
+-- then rolls back.
+BEGIN; SET LOCAL lock_timeout = %(wait_ms)s; LOCK TABLE {{seat_line}} IN EXCLUSIVE MODE;
+SELECT pg_advisory_lock(1902343283 + %(seat)s, hashtext({{channel_literal}}) & 2147483647);
+LISTEN {{channel}}; COMMIT;
+CALL {{seat_proc}}(%(batch)s, %(lease)s, %(worker)s, 4, %(seat)s, %(wait_ms)s)
 
 -- name: seats_sample
 -- What the seats look like now: holders and waiters per seat class, and the oldest snapshot
