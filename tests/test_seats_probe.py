@@ -44,9 +44,11 @@ def seats(engine: sa.Engine, db_url: str) -> Iterator[Any]:
         conn.close()
 
 
-def call(conn: psycopg.Connection, mode: int, *, wait_ms: int = 200, batch: int = 10) -> tuple[str, list[int]]:
+def call(conn: psycopg.Connection, mode: int, *, wait_ms: int = 200, batch: int = 10,
+         keep: bool = False) -> tuple[str, list[int]]:
     state, ids, _payloads = conn.execute(CALL, {"batch": batch, "lease": 30.0, "worker": f"w{conn.info.backend_pid}",
-                                                "mode": mode, "seat": 0, "wait_ms": wait_ms}).fetchone()
+                                                "mode": mode, "seat": 0, "wait_ms": wait_ms,
+                                                "keep": keep}).fetchone()
     return state, list(ids or [])
 
 
@@ -139,7 +141,7 @@ def line_call(conn: psycopg.Connection, wait_ms: int) -> tuple[str, list[int]]:
     """seats_line_call as bench/lab/seats.py sends it: its last result is the CALL's row."""
     cur = psycopg.ClientCursor(conn)
     cur.execute(bench_sql("seats_line_call", VALUES), {"batch": 10, "lease": 30.0, "worker": "w", "seat": 0,
-                                                       "wait_ms": wait_ms})
+                                                       "wait_ms": wait_ms, "keep": False})
     row = None
     while True:
         if cur.description is not None:
@@ -173,3 +175,21 @@ def test_the_table_line_waits_without_a_snapshot_and_only_its_head_holds_one(sea
     b.close()
     threads[1].join(timeout=10)
     assert results["c"] == (LISTEN, [])
+
+
+def test_a_holder_that_took_the_last_rows_keeps_the_seat_only_when_asked(seats: Any, engine: sa.Engine) -> None:
+    a, b = seats(), seats()
+    assert seated(a) == LISTEN
+    with Queue(engine, NAMES.queue) as q:
+        q.enqueue_many([b"x", b"y"])
+        assert len(list(a.notifies(timeout=2.0, stop_after=1))) == 1
+        state, got = call(a, 2, keep=True)
+        assert state == "kept" and len(got) == 2  # nothing left: still seated, registered, listening
+        assert listening(a) == [NAMES.channel] and call(b, 1) == ("line", [])
+        q.enqueue_many([b"z"] * 3)
+        assert len(list(a.notifies(timeout=2.0, stop_after=1))) == 1
+        state, got = call(a, 2, batch=2, keep=True)
+        assert state == "work" and len(got) == 2  # one row left for another consumer: the seat goes
+    assert listening(a) == []
+    state, got = call(b, 1, wait_ms=2000)  # the next in line takes the seat and the row left
+    assert state == "work" and len(got) == 1

@@ -25,6 +25,9 @@ with the consumers' loop one of:
              on a line table, which waits without a snapshot (a wait inside a procedure
              holds one, and so the xmin horizon: the claims walk the index entries of every
              row claimed meanwhile); only the line's head waits for the seat itself.
+  seat...k   (e.g. seat1k, seat1tk) a holder whose take left no READY row behind keeps the
+             seat, its registration and its LISTEN while it finishes the batch, then sleeps
+             on its socket: no hand-over per batch while one consumer keeps up.
 Each repeat runs every count with every loop in turn (loops alternate within a count).
 Per run: msgs/s, the server's CPU per 1,000 messages (every process of the local server,
 as bench/lab/consumers_cpu.py reads it), the consumers' and producers' own CPU per 1,000,
@@ -74,6 +77,7 @@ class SeatSpec(WorkerSpec):
     seats: int = 1
     seat_wait_ms: int = 1000
     line: str = "proc"  # how a consumer queues for the seat: "proc", "empty" or "table" (seat_loop)
+    keep: bool = False  # a holder that took the last READY rows keeps the seat (seat_loop's "k")
 
 
 def seat_values(names: Any) -> dict[str, str | int]:
@@ -81,18 +85,20 @@ def seat_values(names: Any) -> dict[str, str | int]:
             "seat_line": names.qualified("seat_line")}
 
 
-def seat_loop(loop: str, default_wait_ms: int) -> tuple[int, int, str]:
-    """(seats, seat_wait_ms, line) of a --loops name: "seat2" (2 seats, the default wait),
-    "seat1w50" (1 seat, 50 ms in line at most); a final "e": an empty look-first returns and
-    the consumer queues with a CALL of its own (mode 1); a final "t": it queues with
-    seats_line_call (no snapshot held in line); "committed": (1, default, "proc")."""
+def seat_loop(loop: str, default_wait_ms: int) -> tuple[int, int, str, bool]:
+    """(seats, seat_wait_ms, line, keep) of a --loops name: "seat2" (2 seats, the default
+    wait), "seat1w50" (1 seat, 50 ms in line at most); then "e": an empty look-first returns
+    and the consumer queues with a CALL of its own (mode 1), or "t": it queues with
+    seats_line_call (no snapshot held in line); then "k": a holder that took the last READY
+    rows keeps the seat; "committed": (1, default, "proc", False)."""
     if not loop.startswith("seat"):
-        return 1, default_wait_ms, "proc"
-    body, line = loop[4:], "proc"
+        return 1, default_wait_ms, "proc", False
+    body, line, keep = loop[4:], "proc", loop.endswith("k")
+    body = body.removesuffix("k")
     if body[-1] in "et":
         body, line = body[:-1], {"e": "empty", "t": "table"}[body[-1]]
     seats, _, wait = body.partition("w")
-    return int(seats), int(wait) if wait else default_wait_ms, line
+    return int(seats), int(wait) if wait else default_wait_ms, line, keep
 
 
 def run_target(spec: SeatSpec, ready: Any, go: Any, stop: Any, results: Any, backlog: Any) -> None:
@@ -121,9 +127,9 @@ def _seat_consumer(session: Any, spec: SeatSpec, backlog: Any):
     sql, line_sql = bench_sql("seats_call", values), bench_sql("seats_line_call", values)
     look_first = 0 if spec.line == "proc" else 6
     params = {"batch": spec.batch, "lease": LEASE_SECONDS, "worker": queue.worker, "mode": 0,
-              "seat": os.getpid() % spec.seats, "wait_ms": spec.seat_wait_ms}
+              "seat": os.getpid() % spec.seats, "wait_ms": spec.seat_wait_ms, "keep": spec.keep}
     counts = {"work_takes": 0, "full_takes": 0, "partial_takes": 0, "line": 0, "listen": 0, "soon": 0, "unreg": 0,
-              "empty": 0, "notifications": 0, "notified_takes": 0}
+              "empty": 0, "kept": 0, "kept_soon": 0, "notifications": 0, "notified_takes": 0}
     params["mode"] = look_first
 
     def step() -> tuple[str, Any, Any]:
@@ -154,7 +160,7 @@ def _seat_consumer(session: Any, spec: SeatSpec, backlog: Any):
         state, ids, payloads = step()
         counts["notified_takes"] += notified
         notified = False
-        if state == "work":
+        if state in ("work", "kept", "kept_soon"):
             queue.ack(ids)
             n = len(ids)
             backlog.add(n)
@@ -167,8 +173,9 @@ def _seat_consumer(session: Any, spec: SeatSpec, backlog: Any):
             backoff.reset()
             in_flight.reset()
             line.reset()
-            params["mode"] = look_first if n >= spec.batch else 1
-            continue
+            if state == "work":
+                params["mode"] = look_first if n >= spec.batch else 1
+                continue
         counts[state] += 1
         if state == "empty":
             params["mode"] = 1
@@ -177,10 +184,10 @@ def _seat_consumer(session: Any, spec: SeatSpec, backlog: Any):
             params["mode"] = 1
             stop.wait(line.next_wait())
             continue
-        if state == "listen":
+        if state in ("listen", "kept"):  # kept: still seated and armed after its batch
             params["mode"], seconds = 2, backoff.next_wait()
-        else:  # "soon": registered, an enqueue that may have missed it is open; "unreg": not registered
-            params["mode"], seconds = (3 if state == "soon" else 4), in_flight.next_wait()
+        else:  # "soon", "kept_soon": registered, an enqueue that may have missed it is open; "unreg": not registered
+            params["mode"], seconds = (4 if state == "unreg" else 3), in_flight.next_wait()
         got = _drain(conn)  # what came in with the reply: its rows may be newer than the look
         if not got:
             deadline = time.monotonic() + seconds
@@ -265,10 +272,10 @@ def main() -> None:
         for repeat in range(args.repeats):
             for n in counts:
                 for loop in loops:
-                    seats, wait_ms, line = seat_loop(loop, args.seat_wait_ms)
+                    seats, wait_ms, line, keep = seat_loop(loop, args.seat_wait_ms)
                     common = dict(driver=KIND, url=run.url, queue=names.queue, schema=names.schema, batch=10,
                                   payload_bytes=300, loop="seat" if loop.startswith("seat") else "committed",
-                                  seats=seats, seat_wait_ms=wait_ms, line=line)
+                                  seats=seats, seat_wait_ms=wait_ms, line=line, keep=keep)
                     specs = [SeatSpec(role="producer", seed=1000 + i, **common) for i in range(2)]
                     specs += [SeatSpec(role="consumer", seed=2000 + i, **common) for i in range(n)]
                     with run.engine.connect() as conn:

@@ -562,13 +562,16 @@ WHERE datname = current_database() AND application_name = ANY (CAST(:names AS te
 --   4  seated, not registered (a producer's probe held "waiting" at that instant, or seated
 --      and LISTENing by the caller's own statements: seats_line_call): register, probe, look;
 --   6  look first only; nothing found: o_state 'empty' (the caller queues by itself).
--- Work found while seated: unregister, UNLISTEN and give the seat up in the same call.
+-- Work found while seated: unregister, UNLISTEN and give the seat up in the same call; with
+-- p_keep, when registered and no other READY row is left, keep all three ('kept', or
+-- 'kept_soon' when not armed: as 'soon'): the holder comes back to its socket after the
+-- batch, and the others stay in line.
 -- o_state: 'work' (o_ids, o_payloads), 'line' (no seat within p_wait_ms: call mode 1
 -- again), 'listen' (seated and armed: sleep on the socket), 'soon' (an enqueue that may
 -- have missed the registration is open: mode 3 shortly), 'unreg' (mode 4 shortly).
 CREATE OR REPLACE PROCEDURE {{seat_proc}}(
     p_batch integer, p_lease double precision, p_worker text, p_mode integer, p_seat integer, p_wait_ms integer,
-    INOUT o_state text DEFAULT NULL, INOUT o_ids bigint[] DEFAULT NULL, INOUT o_payloads bytea[] DEFAULT NULL)
+    p_keep boolean, INOUT o_state text DEFAULT NULL, INOUT o_ids bigint[] DEFAULT NULL, INOUT o_payloads bytea[] DEFAULT NULL)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_key integer := hashtext({{channel_literal}}) & 2147483647;
@@ -617,6 +620,12 @@ BEGIN
     END IF;
     SELECT array_agg(d.id), array_agg(d.payload) INTO o_ids, o_payloads
     FROM {{fn_dequeue}}(p_batch, p_lease, p_worker) d;
+    IF o_ids IS NOT NULL AND p_keep AND v_reg
+       AND NOT EXISTS (SELECT 1 FROM {{meta}} m WHERE m.status = 0 AND m.due_at <= now()) THEN
+        -- nothing left for another consumer: stay seated, registered, listening
+        o_state := CASE WHEN v_clear THEN 'kept' ELSE 'kept_soon' END;
+        RETURN;
+    END IF;
     IF o_ids IS NOT NULL THEN
         IF v_reg THEN
             PERFORM pg_advisory_unlock_shared(1902347383, v_key);
@@ -635,10 +644,11 @@ CREATE TABLE IF NOT EXISTS {{seat_line}} ();
 
 -- name: seats_drop
 DROP TABLE IF EXISTS {{seat_line}};
-DROP PROCEDURE IF EXISTS {{seat_proc}}(integer, double precision, text, integer, integer, integer, text, bigint[], bytea[]);
+DROP PROCEDURE IF EXISTS {{seat_proc}}(integer, double precision, text, integer, integer, integer, boolean, text,
+                                       bigint[], bytea[]);
 
 -- name: seats_call
-CALL {{seat_proc}}(%(batch)s, %(lease)s, %(worker)s, %(mode)s, %(seat)s, %(wait_ms)s)
+CALL {{seat_proc}}(%(batch)s, %(lease)s, %(worker)s, %(mode)s, %(seat)s, %(wait_ms)s, %(keep)s)
 
 -- name: seats_line_call
 -- Queue for the seat without holding a snapshot (a variant of mode 1): a top-level LOCK
@@ -654,7 +664,7 @@ CALL {{seat_proc}}(%(batch)s, %(lease)s, %(worker)s, %(mode)s, %(seat)s, %(wait_
 BEGIN; SET LOCAL lock_timeout = %(wait_ms)s; LOCK TABLE {{seat_line}} IN EXCLUSIVE MODE;
 SELECT pg_advisory_lock(1902343283 + %(seat)s, hashtext({{channel_literal}}) & 2147483647);
 LISTEN {{channel}}; COMMIT;
-CALL {{seat_proc}}(%(batch)s, %(lease)s, %(worker)s, 4, %(seat)s, %(wait_ms)s)
+CALL {{seat_proc}}(%(batch)s, %(lease)s, %(worker)s, 4, %(seat)s, %(wait_ms)s, %(keep)s)
 
 -- name: seats_sample
 -- What the seats look like now: holders and waiters per seat class, and the oldest snapshot
