@@ -45,10 +45,10 @@ def seats(engine: sa.Engine, db_url: str) -> Iterator[Any]:
 
 
 def call(conn: psycopg.Connection, mode: int, *, wait_ms: int = 200, batch: int = 10,
-         keep: bool = False) -> tuple[str, list[int]]:
+         keep: bool = False, deck: bool = False) -> tuple[str, list[int]]:
     state, ids, _payloads = conn.execute(CALL, {"batch": batch, "lease": 30.0, "worker": f"w{conn.info.backend_pid}",
                                                 "mode": mode, "seat": 0, "wait_ms": wait_ms,
-                                                "keep": keep}).fetchone()
+                                                "keep": keep, "deck": deck}).fetchone()
     return state, list(ids or [])
 
 
@@ -141,7 +141,7 @@ def line_call(conn: psycopg.Connection, wait_ms: int) -> tuple[str, list[int]]:
     """seats_line_call as bench/lab/seats.py sends it: its last result is the CALL's row."""
     cur = psycopg.ClientCursor(conn)
     cur.execute(bench_sql("seats_line_call", VALUES), {"batch": 10, "lease": 30.0, "worker": "w", "seat": 0,
-                                                       "wait_ms": wait_ms, "keep": False})
+                                                       "wait_ms": wait_ms, "keep": False, "deck": False})
     row = None
     while True:
         if cur.description is not None:
@@ -193,3 +193,19 @@ def test_a_holder_that_took_the_last_rows_keeps_the_seat_only_when_asked(seats: 
     assert listening(a) == []
     state, got = call(b, 1, wait_ms=2000)  # the next in line takes the seat and the row left
     assert state == "work" and len(got) == 1
+
+
+def test_with_a_deck_one_consumer_waits_for_the_seat_and_the_next_is_told_to_sleep(seats: Any) -> None:
+    a, b, c = seats(), seats(), seats()
+    assert seated(a) == LISTEN
+    result: list[tuple[str, list[int]]] = []
+    waiter = threading.Thread(target=lambda: result.append(call(b, 1, wait_ms=10_000, deck=True)))
+    waiter.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert call(c, 1, wait_ms=10_000, deck=True) == ("full", [])  # at once, not after its wait
+    assert time.monotonic() - started < 2
+    a.close()
+    waiter.join(timeout=10)
+    assert result == [(LISTEN, [])]  # b seated, the deck free again
+    assert call(c, 1, wait_ms=200, deck=True) == ("line", [])

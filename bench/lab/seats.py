@@ -28,6 +28,9 @@ with the consumers' loop one of:
   seat...k   (e.g. seat1k, seat1tk) a holder whose take left no READY row behind keeps the
              seat, its registration and its LISTEN while it finishes the batch, then sleeps
              on its socket: no hand-over per batch while one consumer keeps up.
+  seat...d   (e.g. seat1d) at most one consumer waits for the seat (it holds a "deck" lock
+             meanwhile); one that finds the deck taken sleeps the poll back-off: a line of
+             one, of the consumer that went idle last.
 Each repeat runs every count with every loop in turn (loops alternate within a count).
 Per run: msgs/s, the server's CPU per 1,000 messages (every process of the local server,
 as bench/lab/consumers_cpu.py reads it), the consumers' and producers' own CPU per 1,000,
@@ -78,6 +81,7 @@ class SeatSpec(WorkerSpec):
     seat_wait_ms: int = 1000
     line: str = "proc"  # how a consumer queues for the seat: "proc", "empty" or "table" (seat_loop)
     keep: bool = False  # a holder that took the last READY rows keeps the seat (seat_loop's "k")
+    deck: bool = False  # at most one consumer waits for the seat (seat_loop's "d")
 
 
 def seat_values(names: Any) -> dict[str, str | int]:
@@ -85,20 +89,22 @@ def seat_values(names: Any) -> dict[str, str | int]:
             "seat_line": names.qualified("seat_line")}
 
 
-def seat_loop(loop: str, default_wait_ms: int) -> tuple[int, int, str, bool]:
-    """(seats, seat_wait_ms, line, keep) of a --loops name: "seat2" (2 seats, the default
+def seat_loop(loop: str, default_wait_ms: int) -> tuple[int, int, str, bool, bool]:
+    """(seats, seat_wait_ms, line, keep, deck) of a --loops name: "seat2" (2 seats, the default
     wait), "seat1w50" (1 seat, 50 ms in line at most); then "e": an empty look-first returns
     and the consumer queues with a CALL of its own (mode 1), or "t": it queues with
     seats_line_call (no snapshot held in line); then "k": a holder that took the last READY
-    rows keeps the seat; "committed": (1, default, "proc", False)."""
+    rows keeps the seat; "d": at most one consumer waits for the seat (the deck), the others
+    sleep; "committed": (1, default, "proc", False, False)."""
     if not loop.startswith("seat"):
-        return 1, default_wait_ms, "proc", False
-    body, line, keep = loop[4:], "proc", loop.endswith("k")
-    body = body.removesuffix("k")
+        return 1, default_wait_ms, "proc", False, False
+    body, deck = loop[4:].removesuffix("d"), loop.endswith("d")
+    body, keep = body.removesuffix("k"), body.endswith("k")
+    line = "proc"
     if body[-1] in "et":
         body, line = body[:-1], {"e": "empty", "t": "table"}[body[-1]]
     seats, _, wait = body.partition("w")
-    return int(seats), int(wait) if wait else default_wait_ms, line, keep
+    return int(seats), int(wait) if wait else default_wait_ms, line, keep, deck
 
 
 def run_target(spec: SeatSpec, ready: Any, go: Any, stop: Any, results: Any, backlog: Any) -> None:
@@ -127,9 +133,10 @@ def _seat_consumer(session: Any, spec: SeatSpec, backlog: Any):
     sql, line_sql = bench_sql("seats_call", values), bench_sql("seats_line_call", values)
     look_first = 0 if spec.line == "proc" else 6
     params = {"batch": spec.batch, "lease": LEASE_SECONDS, "worker": queue.worker, "mode": 0,
-              "seat": os.getpid() % spec.seats, "wait_ms": spec.seat_wait_ms, "keep": spec.keep}
+              "seat": os.getpid() % spec.seats, "wait_ms": spec.seat_wait_ms, "keep": spec.keep,
+              "deck": spec.deck}
     counts = {"work_takes": 0, "full_takes": 0, "partial_takes": 0, "line": 0, "listen": 0, "soon": 0, "unreg": 0,
-              "empty": 0, "kept": 0, "kept_soon": 0, "notifications": 0, "notified_takes": 0}
+              "empty": 0, "full": 0, "kept": 0, "kept_soon": 0, "notifications": 0, "notified_takes": 0}
     params["mode"] = look_first
 
     def step() -> tuple[str, Any, Any]:
@@ -180,7 +187,7 @@ def _seat_consumer(session: Any, spec: SeatSpec, backlog: Any):
         if state == "empty":
             params["mode"] = 1
             continue
-        if state == "line":  # waited seat_wait_ms in line: surplus; sleep the line's back-off before queuing again
+        if state in ("line", "full"):  # waited seat_wait_ms in line, or the deck is taken: sleep the line's back-off
             params["mode"] = 1
             stop.wait(line.next_wait())
             continue
@@ -272,10 +279,10 @@ def main() -> None:
         for repeat in range(args.repeats):
             for n in counts:
                 for loop in loops:
-                    seats, wait_ms, line, keep = seat_loop(loop, args.seat_wait_ms)
+                    seats, wait_ms, line, keep, deck = seat_loop(loop, args.seat_wait_ms)
                     common = dict(driver=KIND, url=run.url, queue=names.queue, schema=names.schema, batch=10,
                                   payload_bytes=300, loop="seat" if loop.startswith("seat") else "committed",
-                                  seats=seats, seat_wait_ms=wait_ms, line=line, keep=keep)
+                                  seats=seats, seat_wait_ms=wait_ms, line=line, keep=keep, deck=deck)
                     specs = [SeatSpec(role="producer", seed=1000 + i, **common) for i in range(2)]
                     specs += [SeatSpec(role="consumer", seed=2000 + i, **common) for i in range(n)]
                     with run.engine.connect() as conn:

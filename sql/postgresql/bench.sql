@@ -562,6 +562,10 @@ WHERE datname = current_database() AND application_name = ANY (CAST(:names AS te
 --   4  seated, not registered (a producer's probe held "waiting" at that instant, or seated
 --      and LISTENing by the caller's own statements: seats_line_call): register, probe, look;
 --   6  look first only; nothing found: o_state 'empty' (the caller queues by itself).
+-- With p_deck, at most one consumer waits for the seat: it holds the deck (class
+-- 1902343383 'qcts' + 100 + p_seat) while it waits; one that finds the deck taken returns
+-- 'full' and sleeps its poll back-off instead (a short line of the consumers that went idle
+-- last, the others out of the rotation).
 -- Work found while seated: unregister, UNLISTEN and give the seat up in the same call; with
 -- p_keep, when registered and no other READY row is left, keep all three ('kept', or
 -- 'kept_soon' when not armed: as 'soon'): the holder comes back to its socket after the
@@ -571,7 +575,7 @@ WHERE datname = current_database() AND application_name = ANY (CAST(:names AS te
 -- have missed the registration is open: mode 3 shortly), 'unreg' (mode 4 shortly).
 CREATE OR REPLACE PROCEDURE {{seat_proc}}(
     p_batch integer, p_lease double precision, p_worker text, p_mode integer, p_seat integer, p_wait_ms integer,
-    p_keep boolean, INOUT o_state text DEFAULT NULL, INOUT o_ids bigint[] DEFAULT NULL, INOUT o_payloads bytea[] DEFAULT NULL)
+    p_keep boolean, p_deck boolean, INOUT o_state text DEFAULT NULL, INOUT o_ids bigint[] DEFAULT NULL, INOUT o_payloads bytea[] DEFAULT NULL)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_key integer := hashtext({{channel_literal}}) & 2147483647;
@@ -598,13 +602,23 @@ BEGIN
         COMMIT;
     END IF;
     IF p_mode <= 1 THEN
+        IF p_deck AND NOT pg_try_advisory_lock(v_seat + 100, v_key) THEN
+            o_state := 'full';  -- someone waits for the seat already: sleep instead of queuing
+            RETURN;
+        END IF;
         PERFORM set_config('lock_timeout', p_wait_ms::text, true);  -- milliseconds
         BEGIN
             PERFORM pg_advisory_lock(v_seat, v_key);
         EXCEPTION WHEN lock_not_available THEN
+            IF p_deck THEN
+                PERFORM pg_advisory_unlock(v_seat + 100, v_key);
+            END IF;
             o_state := 'line';
             RETURN;
         END;
+        IF p_deck THEN
+            PERFORM pg_advisory_unlock(v_seat + 100, v_key);  -- the next idle consumer waits on deck
+        END IF;
         PERFORM set_config('lock_timeout', v_lock_timeout, true);
     END IF;
     IF p_mode IN (0, 1) THEN
@@ -644,11 +658,11 @@ CREATE TABLE IF NOT EXISTS {{seat_line}} ();
 
 -- name: seats_drop
 DROP TABLE IF EXISTS {{seat_line}};
-DROP PROCEDURE IF EXISTS {{seat_proc}}(integer, double precision, text, integer, integer, integer, boolean, text,
-                                       bigint[], bytea[]);
+DROP PROCEDURE IF EXISTS {{seat_proc}}(integer, double precision, text, integer, integer, integer, boolean, boolean,
+                                       text, bigint[], bytea[]);
 
 -- name: seats_call
-CALL {{seat_proc}}(%(batch)s, %(lease)s, %(worker)s, %(mode)s, %(seat)s, %(wait_ms)s, %(keep)s)
+CALL {{seat_proc}}(%(batch)s, %(lease)s, %(worker)s, %(mode)s, %(seat)s, %(wait_ms)s, %(keep)s, %(deck)s)
 
 -- name: seats_line_call
 -- Queue for the seat without holding a snapshot (a variant of mode 1): a top-level LOCK
@@ -664,7 +678,7 @@ CALL {{seat_proc}}(%(batch)s, %(lease)s, %(worker)s, %(mode)s, %(seat)s, %(wait_
 BEGIN; SET LOCAL lock_timeout = %(wait_ms)s; LOCK TABLE {{seat_line}} IN EXCLUSIVE MODE;
 SELECT pg_advisory_lock(1902343283 + %(seat)s, hashtext({{channel_literal}}) & 2147483647);
 LISTEN {{channel}}; COMMIT;
-CALL {{seat_proc}}(%(batch)s, %(lease)s, %(worker)s, 4, %(seat)s, %(wait_ms)s, %(keep)s)
+CALL {{seat_proc}}(%(batch)s, %(lease)s, %(worker)s, 4, %(seat)s, %(wait_ms)s, %(keep)s, false)
 
 -- name: seats_sample
 -- What the seats look like now: holders and waiters per seat class, and the oldest snapshot
