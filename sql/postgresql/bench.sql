@@ -544,3 +544,150 @@ SELECT count(*) FROM {{schema}}.pgqueuer
 -- that reads their CPU from /proc (bench/lab/archive_load.py).
 SELECT pid, application_name FROM pg_stat_activity
 WHERE datname = current_database() AND application_name = ANY (CAST(:names AS text[]))
+
+-- name: seats_create
+-- bench/lab/seats.py: the "seat" consumer protocol, created by the probe on its bench queue
+-- (a prototype, not a migration). A seat is a session-level exclusive advisory lock per queue
+-- (class 1902343283 'qcts' + p_seat, the queue's channel key): its holder is the only consumer
+-- registered in "waiting" (activation.sql) and the only one that LISTENs, so a NOTIFY
+-- signals one session; the others wait for the seat blocked in the lock manager (no CPU),
+-- and a release wakes exactly the next waiter. One CALL per step, on the consumer's one
+-- autocommit connection. p_mode:
+--   0  look first (the last take was a full batch); nothing found: queue for the seat;
+--   1  queue for the seat (blocking, at most p_wait_ms); seated: LISTEN, commit (a LISTEN
+--      takes effect at commit, and a notification committed before it is skipped: the
+--      registration must come after it), register, probe "in flight", look;
+--   2  seated, registered, armed (a probe after the registration was clear): look;
+--   3  seated, registered, not armed: probe "in flight", look;
+--   4  seated, not registered (a producer's probe held "waiting" at that instant, or seated
+--      and LISTENing by the caller's own statements: seats_line_call): register, probe, look;
+--   6  look first only; nothing found: o_state 'empty' (the caller queues by itself).
+-- With p_deck, at most one consumer waits for the seat: it holds the deck (class
+-- 1902343383 'qcts' + 100 + p_seat) while it waits; one that finds the deck taken returns
+-- 'full' and sleeps its poll back-off instead (a short line of the consumers that went idle
+-- last, the others out of the rotation).
+-- Work found while seated: unregister, UNLISTEN and give the seat up in the same call; with
+-- p_keep, when registered and no other READY row is left, keep all three ('kept', or
+-- 'kept_soon' when not armed: as 'soon'): the holder comes back to its socket after the
+-- batch, and the others stay in line.
+-- o_state: 'work' (o_ids, o_payloads), 'line' (no seat within p_wait_ms: call mode 1
+-- again), 'listen' (seated and armed: sleep on the socket), 'soon' (an enqueue that may
+-- have missed the registration is open: mode 3 shortly), 'unreg' (mode 4 shortly).
+CREATE OR REPLACE PROCEDURE {{seat_proc}}(
+    p_batch integer, p_lease double precision, p_worker text, p_mode integer, p_seat integer, p_wait_ms integer,
+    p_keep boolean, p_deck boolean, INOUT o_state text DEFAULT NULL, INOUT o_ids bigint[] DEFAULT NULL, INOUT o_payloads bytea[] DEFAULT NULL)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_key integer := hashtext({{channel_literal}}) & 2147483647;
+    v_seat integer := 1902343283 + p_seat;
+    v_reg boolean := p_mode IN (2, 3);
+    v_clear boolean := p_mode = 2;
+    v_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    IF p_mode IN (0, 6) THEN
+        SELECT array_agg(d.id), array_agg(d.payload) INTO o_ids, o_payloads
+        FROM {{fn_dequeue}}(p_batch, p_lease, p_worker) d;
+        IF o_ids IS NOT NULL THEN
+            o_state := 'work';
+            RETURN;
+        END IF;
+        -- An empty claim may still hold row locks: READ COMMITTED locks the newest version
+        -- of a row another claim took meanwhile, then finds it no longer READY and skips
+        -- it, locked until this transaction ends. The seat holder's claim waits for such
+        -- a lock; waiting for the seat with it held is a deadlock.
+        IF p_mode = 6 THEN
+            o_state := 'empty';
+            RETURN;
+        END IF;
+        COMMIT;
+    END IF;
+    IF p_mode <= 1 THEN
+        IF p_deck AND NOT pg_try_advisory_lock(v_seat + 100, v_key) THEN
+            o_state := 'full';  -- someone waits for the seat already: sleep instead of queuing
+            RETURN;
+        END IF;
+        PERFORM set_config('lock_timeout', p_wait_ms::text, true);  -- milliseconds
+        BEGIN
+            PERFORM pg_advisory_lock(v_seat, v_key);
+        EXCEPTION WHEN lock_not_available THEN
+            IF p_deck THEN
+                PERFORM pg_advisory_unlock(v_seat + 100, v_key);
+            END IF;
+            o_state := 'line';
+            RETURN;
+        END;
+        IF p_deck THEN
+            PERFORM pg_advisory_unlock(v_seat + 100, v_key);  -- the next idle consumer waits on deck
+        END IF;
+        PERFORM set_config('lock_timeout', v_lock_timeout, true);
+    END IF;
+    IF p_mode IN (0, 1) THEN
+        LISTEN {{channel}};
+        COMMIT;
+    END IF;
+    IF NOT v_reg THEN
+        v_reg := pg_try_advisory_lock_shared(1902347383, v_key);
+    END IF;
+    IF v_reg AND NOT v_clear AND pg_try_advisory_lock(1902343273, v_key) THEN
+        PERFORM pg_advisory_unlock(1902343273, v_key);
+        v_clear := true;
+    END IF;
+    SELECT array_agg(d.id), array_agg(d.payload) INTO o_ids, o_payloads
+    FROM {{fn_dequeue}}(p_batch, p_lease, p_worker) d;
+    IF o_ids IS NOT NULL AND p_keep AND v_reg
+       AND NOT EXISTS (SELECT 1 FROM {{meta}} m WHERE m.status = 0 AND m.due_at <= now()) THEN
+        -- nothing left for another consumer: stay seated, registered, listening
+        o_state := CASE WHEN v_clear THEN 'kept' ELSE 'kept_soon' END;
+        RETURN;
+    END IF;
+    IF o_ids IS NOT NULL THEN
+        IF v_reg THEN
+            PERFORM pg_advisory_unlock_shared(1902347383, v_key);
+        END IF;
+        UNLISTEN {{channel}};
+        PERFORM pg_advisory_unlock(v_seat, v_key);
+        o_state := 'work';
+        RETURN;
+    END IF;
+    o_state := CASE WHEN NOT v_reg THEN 'unreg' WHEN v_clear THEN 'listen' ELSE 'soon' END;
+END
+$fn$;
+
+-- The line of seats_line_call: an empty table whose lock the consumers queue for.
+CREATE TABLE IF NOT EXISTS {{seat_line}} ();
+
+-- name: seats_drop
+DROP TABLE IF EXISTS {{seat_line}};
+DROP PROCEDURE IF EXISTS {{seat_proc}}(integer, double precision, text, integer, integer, integer, boolean, boolean,
+                                       text, bigint[], bytea[]);
+
+-- name: seats_call
+CALL {{seat_proc}}(%(batch)s, %(lease)s, %(worker)s, %(mode)s, %(seat)s, %(wait_ms)s, %(keep)s, %(deck)s)
+
+-- name: seats_line_call
+-- Queue for the seat without holding a snapshot (a variant of mode 1): a top-level LOCK
+-- TABLE waits without one (once the session has the table in its caches: a first lookup
+-- reads the catalog under a snapshot), where a wait inside a function or procedure holds
+-- the statement's snapshot, and with it the xmin horizon, for as long as it waits. Only the head of the
+-- line (the table lock's holder) waits for the seat itself, holding a snapshot for one
+-- seat holder's tenure; its COMMIT lets the next one in, and commits its LISTEN before the
+-- CALL registers (mode 4). One simple-query message (several statements, so no parameters:
+-- the client merges the values; a CALL there runs in an implicit transaction block, where
+-- a procedure may not COMMIT: mode 4 does not); a lock timeout fails it, and the client
+-- then rolls back.
+BEGIN; SET LOCAL lock_timeout = %(wait_ms)s; LOCK TABLE {{seat_line}} IN EXCLUSIVE MODE;
+SELECT pg_advisory_lock(1902343283 + %(seat)s, hashtext({{channel_literal}}) & 2147483647);
+LISTEN {{channel}}; COMMIT;
+CALL {{seat_proc}}(%(batch)s, %(lease)s, %(worker)s, 4, %(seat)s, %(wait_ms)s, %(keep)s, false)
+
+-- name: seats_sample
+-- What the seats look like now: holders and waiters per seat class, and the oldest snapshot
+-- a client backend holds (xids behind the next one).
+SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint BETWEEN 1902343283 AND 1902343290
+          AND granted) AS seated,
+       (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint BETWEEN 1902343283 AND 1902343290
+          AND NOT granted) AS in_line,
+       (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint = 1902347383 AND granted)
+          AS registered,
+       (SELECT max(age(backend_xmin)) FROM pg_stat_activity WHERE backend_type = 'client backend'
+          AND pid <> pg_backend_pid()) AS xmin_age
