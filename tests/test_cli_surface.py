@@ -181,3 +181,22 @@ def test_a_misspelt_queue_name_suggests_the_installed_one(db_url, engine, orders
     assert code == 3 and err.strip() == "error: queue(s) not installed in schema 'queuectl': ordrs (did you mean 'orders'?), zzz"
     code, _, err = invoke(capsys, monkeypatch, "enqueue", "invoices", "x", url=db_url)
     assert code == 2 and err.strip() == "error: queue 'invoices' is not installed in schema 'queuectl': run `queuectl install invoices`"
+
+
+def test_every_help_paragraph_is_one_line_that_help_wraps_to_the_terminal():
+    """A line break inside a paragraph of a command's docstring survives into --help, so on an
+    80-column terminal the paragraph comes out ragged (a short line, then the rest wrapped):
+    each paragraph is one line, and --help wraps it to the terminal's width."""
+    from typer.main import get_command
+
+    from queuectl.cli import app
+
+    ragged = []
+    todo = [([], get_command(app))]
+    while todo:
+        path, command = todo.pop()
+        todo += [([*path, name], sub) for name, sub in getattr(command, "commands", {}).items()]
+        for paragraph in (command.help or "").strip().split("\n\n"):
+            if "\n" in paragraph.strip() and not paragraph.lstrip().startswith("\b"):
+                ragged.append((" ".join(path), paragraph.strip()[:60]))
+    assert not ragged, ragged

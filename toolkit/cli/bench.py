@@ -117,31 +117,14 @@ def bench(
 ) -> None:
     """Measure queues with real producer/consumer processes, beside the server's own ceilings.
 
-    Each phase's messages/s is shown as a share of the same SQL driven by pgbench, with
-    SELECT 1 and single-row commit ceilings measured in the same run. Bench queues are
-    named bench_<kind> and are emptied between phases; do not point this at a busy server.
-    An option the chosen scenario does not read (e.g. --sizes with --scenario ring) is a
-    usage error, not silently ignored.
+    Each phase's messages/s is shown as a share of the same SQL driven by pgbench, with SELECT 1 and single-row commit ceilings measured in the same run. Bench queues are named bench_<kind> and are emptied between phases; do not point this at a busy server. An option the chosen scenario does not read (e.g. --sizes with --scenario ring) is a usage error, not silently ignored.
 
-    --scenario sustained asks whether a queue keeps up over time when something holds
-    the database's cleanup back (a long report, a forgotten open transaction): producers
-    offer a steady rate, consumers take and acknowledge, and every few seconds it records
-    how many messages were done, how many wait, how long each took from enqueue to ack,
-    how many dead row versions the queue's tables carry and how big they are, how often
-    autovacuum ran, whether producers were turned away, and how long an unrelated query
-    on another table takes meanwhile, first with nothing held, then with the hold.
+    --scenario sustained asks whether a queue keeps up over time when something holds the database's cleanup back (a long report, a forgotten open transaction): producers offer a steady rate, consumers take and acknowledge, and every few seconds it records how many messages were done, how many wait, how long each took from enqueue to ack, how many dead row versions the queue's tables carry and how big they are, how often autovacuum ran, whether producers were turned away, and how long an unrelated query on another table takes meanwhile, first with nothing held, then with the hold.
 
-    --scenario consumers asks what more consumer processes cost: at each --consumer-counts
-    it runs a dequeue-only phase (draining a filled queue) and a full cycle (--producers
-    and that many consumers at once), and reads each point against 4 consumers in the same
-    repeat. Idle consumers wait as `queuectl worker` does (asleep on the queue's channel,
-    or polling with back-off), so the curve shows what many mostly idle workers cost.
-    With --json or --plots it also draws the curve as a PNG.
+    --scenario consumers asks what more consumer processes cost: at each --consumer-counts it runs a dequeue-only phase (draining a filled queue) and a full cycle (--producers and that many consumers at once), and reads each point against 4 consumers in the same repeat. Idle consumers wait as `queuectl worker` does (asleep on the queue's channel, or polling with back-off), so the curve shows what many mostly idle workers cost. With --json or --plots it also draws the curve as a PNG.
 
-    --scenario cost asks what a message costs as the work grows: one consumer's claim and
-    ack at backlogs of ten thousand to ten million waiting messages, and the full cycle,
-    the claim and the WAL written per message at payloads from 300 bytes to 64 KB.
-    """
+    --scenario cost asks what a message costs as the work grows: one consumer's claim and ack at backlogs of ten thousand to ten million waiting messages, and the full cycle, the claim and the WAL written per message at payloads from 300 bytes to 64 KB.
+    """  # noqa: E501 (one line per paragraph: --help wraps them itself)
     from queuectl.bench import BenchOptions, render, run_bench
 
     out = make_console() if sys.stdout.isatty() else make_console(width=200)  # tables stay readable in files

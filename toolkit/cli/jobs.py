@@ -128,12 +128,8 @@ def archive(
 ) -> None:
     """Move finished rows with their payloads to the history table, in small batches.
 
-    Each batch is one short transaction; a killed archiver loses nothing. With
-    --continuous it keeps going, faster while there is backlog, slower when idle, and
-    stops cleanly after the current batch on Ctrl-C or SIGTERM. On a reliable queue it
-    also rotates the generations: an old one's finished rows are copied to history and its
-    tables emptied with TRUNCATE, which frees space even while a snapshot is held open.
-    """
+    Each batch is one short transaction; a killed archiver loses nothing. With --continuous it keeps going, faster while there is backlog, slower when idle, and stops cleanly after the current batch on Ctrl-C or SIGTERM. On a reliable queue it also rotates the generations: an old one's finished rows are copied to history and its tables emptied with TRUNCATE, which frees space even while a snapshot is held open.
+    """  # noqa: E501 (one line per paragraph: --help wraps them itself)
     options = _options(batch=batch, min_age=min_age, dead_min_age=dead_min_age, delay=delay,
                        max_seconds=max_seconds, history_retention=history_retention, lock_timeout=lock_timeout,
                        rotate_items=rotate_items, rotate_for=rotate_for)
@@ -217,17 +213,8 @@ def reorganize(
 ) -> None:
     """Keep the queue's indexes compact online, acting only above the thresholds.
 
-    Any kind: the indexes of the tables its kind churns (a reliable queue's meta and data,
-    the items table of heap, fifo, stack, pending and watermark queues and a watermark
-    queue's hint, the ring's slots). PostgreSQL: indexes measured with pgstatindex (the
-    pgstattuple extension is created when missing and permitted) are rebuilt with REINDEX
-    CONCURRENTLY, then VACUUM (ANALYZE) of each table; leftovers of an interrupted earlier
-    rebuild are dropped first. SQL Server (parse- and reference-checked, not run live):
-    sys.dm_db_index_physical_stats; ALTER INDEX ... REORGANIZE from 5 % fragmentation (or
-    pages under 70 % of the index's fill factor full), REBUILD WITH (ONLINE = ON, RESUMABLE
-    = ON) above --fragmentation where the edition allows, then UPDATE STATISTICS; a paused
-    resumable rebuild is resumed.
-    """
+    Any kind: the indexes of the tables its kind churns (a reliable queue's meta and data, the items table of heap, fifo, stack, pending and watermark queues and a watermark queue's hint, the ring's slots). PostgreSQL: indexes measured with pgstatindex (the pgstattuple extension is created when missing and permitted) are rebuilt with REINDEX CONCURRENTLY, then VACUUM (ANALYZE) of each table; leftovers of an interrupted earlier rebuild are dropped first. SQL Server (parse- and reference-checked, not run live): sys.dm_db_index_physical_stats; ALTER INDEX ... REORGANIZE from 5 % fragmentation (or pages under 70 % of the index's fill factor full), REBUILD WITH (ONLINE = ON, RESUMABLE = ON) above --fragmentation where the edition allows, then UPDATE STATISTICS; a paused resumable rebuild is resumed.
+    """  # noqa: E501 (one line per paragraph: --help wraps them itself)
     options = _options(dry_run=dry_run, min_pages=min_pages, rebuild_bloat_pct=bloat,
                        rebuild_fragmentation_pct=fragmentation, lock_timeout=lock_timeout, statement_timeout=time_limit)
     _run("reorganize", name, options, url, schema, as_json, _render_reorganize)
@@ -259,9 +246,8 @@ def inspect(
     schema: SchemaOption = DEFAULT_SCHEMA,
     as_json: JsonOption = False,
 ) -> None:
-    """Record a health snapshot of a queue of any kind: dead tuples, bloat, fragmentation, what
-    holds cleanup back, and the kind's own numbers (a ring's free slots and push/pop sequence
-    gap, a pending queue's overdue items, a watermark queue's lag)."""
+    """Record a health snapshot of a queue of any kind: dead tuples, bloat, fragmentation, what holds cleanup back, and the kind's own numbers (a ring's free slots and push/pop sequence gap, a pending queue's overdue items, a watermark queue's lag).
+    """  # noqa: E501 (one line per paragraph: --help wraps them itself)
     _run("inspect", name, {"physical": physical}, url, schema, as_json, _render_inspect)
 
 
@@ -385,8 +371,8 @@ def scheduler_run(
     verbose: Annotated[bool, typer.Option("--verbose", help="Debug logging.")] = False,
     url: UrlOption = None,
 ) -> None:
-    """Run the jobs on their schedules until stopped. Several schedulers may share a database:
-    each run takes a per-(job, queue) lock, so no job runs twice at once."""
+    """Run the jobs on their schedules until stopped. Several schedulers may share a database: each run takes a per-(job, queue) lock, so no job runs twice at once.
+    """  # noqa: E501 (one line per paragraph: --help wraps them itself)
     from queuectl.jobs.scheduler import Scheduler, load_config
 
     settings = load_config(config)

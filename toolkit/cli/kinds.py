@@ -77,8 +77,8 @@ def subscribe_command(
 ) -> None:
     """Add a subscription to a fan-out ring, online: it receives every message pushed from now on.
 
-    Each subscription reads every message in order; its consumers compete (each message once per
-    subscription). The producer waits for the slowest subscription when the ring is full for it."""
+    Each subscription reads every message in order; its consumers compete (each message once per subscription). The producer waits for the slowest subscription when the ring is full for it.
+    """  # noqa: E501 (one line per paragraph: --help wraps them itself)
     validate_queue_name(name)
     queue = _fanout_ring(url, name, schema)
     with queue:
@@ -94,8 +94,10 @@ def unsubscribe_command(
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
-    """Remove a subscription (active or dropped) from a fan-out ring: the producer stops waiting for it
-    and its consumers' next call fails. Exit code 1 if there was no such subscription."""
+    """Remove a subscription (active or dropped) from a fan-out ring.
+
+    The producer stops waiting for it and its consumers' next call fails. Exit code 1 if there was no such subscription.
+    """  # noqa: E501 (one line per paragraph: --help wraps them itself)
     validate_queue_name(name)
     with _fanout_ring(url, name, schema) as queue:
         removed = queue.unsubscribe(subscription)
@@ -113,8 +115,10 @@ def subscriptions_command(
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
-    """List a fan-out ring's subscriptions: lag (messages pushed that it has not been handed), its lag
-    limit, whether it is behind (over the limit, or dropped), and its claims not yet acknowledged."""
+    """List a fan-out ring's subscriptions.
+
+    For each: its lag (messages pushed that it has not been handed), its lag limit, whether it is behind (over the limit, or dropped), and its claims not yet acknowledged.
+    """  # noqa: E501 (one line per paragraph: --help wraps them itself)
     validate_queue_name(name)
     with _fanout_ring(url, name, schema) as queue:
         subs = queue.subscriptions()

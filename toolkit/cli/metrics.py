@@ -40,11 +40,8 @@ def serve(
 ) -> None:
     """Serve the health facts at http://HOST:PORT/metrics until Ctrl-C or SIGTERM.
 
-    Every scrape gathers a fresh report: queue depths, oldest ready age, rates, dead rows,
-    index bloat, cleanup blockers, job runs and the health verdict (docs/operations.md lists
-    every metric). The format follows the scraper's Accept header: OpenMetrics or the
-    Prometheus text format.
-    """
+    Every scrape gathers a fresh report: queue depths, oldest ready age, rates, dead rows, index bloat, cleanup blockers, job runs and the health verdict (docs/operations.md lists every metric). The format follows the scraper's Accept header: OpenMetrics or the Prometheus text format.
+    """  # noqa: E501 (one line per paragraph: --help wraps them itself)
     from dataclasses import replace
 
     from queuectl.engine import make_engine

@@ -193,8 +193,8 @@ def dequeue(
 ) -> None:
     """Claim due items and print them as JSON lines; with --ack mark them done.
 
-    Queues of the other kinds (heap, fifo, stack, pending, watermark, ring) hand items out
-    destructively: they are printed and gone, and --lease / --ack do not apply."""
+    Queues of the other kinds (heap, fifo, stack, pending, watermark, ring) hand items out destructively: they are printed and gone, and --lease / --ack do not apply.
+    """  # noqa: E501 (one line per paragraph: --help wraps them itself)
     validate_queue_name(name)
     validate_schema_name(schema)
     from queuectl.client import open_queue
