@@ -386,6 +386,35 @@ def test_cli_installs_a_fanout_ring_and_manages_its_subscriptions(engine, db_url
     assert refused.returncode == 2 and "--kind ring only" in refused.stderr.decode()
 
 
+def test_cli_dequeue_reads_a_fanout_ring_through_a_subscription(engine, db_url):
+    from conftest import run_cli
+
+    assert run_cli("install", "cd", "--kind", "ring", "--size", "16", "--fanout", url=db_url).returncode == 0
+    assert run_cli("subscribe", "cd", "audit", url=db_url).returncode == 0
+    assert run_cli("subscribe", "cd", "mail", url=db_url).returncode == 0
+    with RingQueue(engine, "cd") as q:
+        q.enqueue_many(["m0", "m1", "m2"])
+    refused = run_cli("dequeue", "cd", url=db_url)
+    assert refused.returncode == 2 and "--subscription NAME" in refused.stderr.decode(), refused.stderr
+    # audit: two acknowledged at once, then the third claimed and left to its lease
+    done = [json.loads(line) for line in run_cli("dequeue", "cd", "--subscription", "audit", "--batch", "2", "--ack",
+                                                 url=db_url).stdout.decode().splitlines()]
+    assert [(r["payload"], r["status"], r["tries"], r["subscription"]) for r in done] == [
+        ("m0", "done", 1, "audit"), ("m1", "done", 1, "audit")]
+    claimed = [json.loads(line) for line in run_cli("dequeue", "cd", "--subscription", "audit", "--batch", "5",
+                                                    "--lease", "60", url=db_url).stdout.decode().splitlines()]
+    assert [(r["payload"], r["status"]) for r in claimed] == [("m2", "claimed")]
+    # mail reads every message too, independently of audit
+    mail = [json.loads(line) for line in run_cli("dequeue", "cd", "--subscription", "mail", "--batch", "5", "--ack",
+                                                 url=db_url).stdout.decode().splitlines()]
+    assert [r["payload"] for r in mail] == ["m0", "m1", "m2"]
+    listed = {s["name"]: s for s in json.loads(run_cli("subscriptions", "cd", "--json", url=db_url).stdout)}
+    assert (listed["audit"]["claimed"], listed["mail"]["claimed"]) == (1, 0)
+    run_cli("install", "cq", "--kind", "ring", "--size", "16", url=db_url)
+    refused = run_cli("dequeue", "cq", "--subscription", "audit", url=db_url)
+    assert refused.returncode == 2 and "not a fan-out ring" in refused.stderr.decode(), refused.stderr
+
+
 def test_health_marks_a_lagging_subscription_behind_with_advice(engine):
     from queuectl.health import HealthOptions, health_report
 

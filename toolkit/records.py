@@ -13,9 +13,13 @@ from queuectl.client import Queue
 from queuectl.errors import UsageError
 
 
-def dequeue_records(queue: Any, batch: int, *, lease: float | None = None, ack: bool = False) -> list[dict[str, Any]]:
+def dequeue_records(queue: Any, batch: int, *, lease: float | None = None, ack: bool = False,
+                    subscription: str | None = None) -> list[dict[str, Any]]:
     """Claim up to `batch` due items of an open queue (any kind) and return them as records;
-    with `ack` a reliable queue's items are marked done at once."""
+    with `ack` a reliable queue's items, or a fan-out ring subscription's, are marked done at
+    once. `subscription`: take from that subscription of a fan-out ring."""
+    if subscription is not None:
+        return _subscription_records(queue, subscription, batch, lease=lease, ack=ack)
     if isinstance(queue, Queue):
         messages = queue.dequeue(batch, lease=lease)
         if ack:
@@ -50,3 +54,24 @@ def _payload(payload: bytes) -> dict[str, str]:
         return {"payload": payload.decode("utf-8"), "encoding": "utf-8"}
     except UnicodeDecodeError:
         return {"payload": payload.hex(), "encoding": "hex"}
+
+
+def _subscription_records(queue: Any, name: str, batch: int, *, lease: float | None, ack: bool) -> list[dict[str, Any]]:
+    """A fan-out ring subscription's take: claimed for `lease` seconds (then another consumer of
+    the subscription may take the message again), or acknowledged at once with `ack`."""
+    if not getattr(queue, "fanout", False):
+        raise UsageError(f"queue {queue.name!r} is not a fan-out ring: --subscription applies to rings installed "
+                         "with --fanout")
+    consumer = queue.subscription(name)
+    items = consumer.dequeue(batch) if lease is None else consumer.dequeue(batch, lease=lease)
+    tries = {item.id: consumer.tries(item) for item in items}
+    if ack and items:
+        consumer.ack(items)
+    return [
+        {
+            "id": item.id, **_payload(item.payload), "headers": item.headers, "subscription": name,
+            "tries": tries[item.id], "enqueued_at": item.enqueued_at.isoformat() if item.enqueued_at else None,
+            "dequeued_at": item.dequeued_at.isoformat(), "status": "done" if ack else "claimed",
+        }
+        for item in items
+    ]

@@ -188,12 +188,17 @@ def dequeue(
     batch: Annotated[int, typer.Option(help="How many items to claim at most.")] = 1,
     lease: Annotated[Optional[float], typer.Option(help="Lease in seconds (default: the queue's).")] = None,
     ack: Annotated[bool, typer.Option("--ack", help="Acknowledge the items at once (done).")] = False,
+    subscription: Annotated[Optional[str], typer.Option(
+        "--subscription", help="Take from this subscription of a fan-out ring (`queuectl subscriptions NAME`).",
+        show_default=False)] = None,
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Claim due items and print them as JSON lines; with --ack mark them done.
 
     Queues of the other kinds (heap, fifo, stack, pending, watermark, ring) hand items out destructively: they are printed and gone, and --lease / --ack do not apply.
+
+    A fan-out ring (installed with --fanout) is read through one of its subscriptions: --subscription NAME claims its next messages for --lease seconds (then another consumer of the subscription may take them again), or acknowledges them at once with --ack.
     """  # noqa: E501 (one line per paragraph: --help wraps them itself)
     validate_queue_name(name)
     validate_schema_name(schema)
@@ -201,7 +206,10 @@ def dequeue(
     from queuectl.records import dequeue_records
 
     with open_queue(make_engine(url), name, schema=schema) as queue:
-        records = dequeue_records(queue, batch, lease=lease, ack=ack)
+        if subscription is None and getattr(queue, "fanout", False):
+            fail(f"ring {name!r} fans out: read it through a subscription with --subscription NAME "
+                 f"(queuectl subscriptions {name} lists them)")
+        records = dequeue_records(queue, batch, lease=lease, ack=ack, subscription=subscription)
     sys.stdout.writelines(json.dumps(record) + "\n" for record in records)
 
 
