@@ -741,32 +741,33 @@ def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions
                 "add consumers or reinstall with more slots")
             checks.append(Check("queue.ring_fill", "queues", q.name, status, f"{q.ring_fill_pct:.0f}% full",
                                 q.ring_fill_pct, "percent", advice))
-        for sub in q.subscriptions:
-            # a subscription past its lag limit holds the producer back once the ring is full for it
-            # (or was dropped and misses messages): CRITICAL either way
-            where = f"{q.name}.{sub['name']}"
-            lag = f"{fmt_count(sub['lag'])} messages behind (limit {fmt_count(sub['lag_limit'])})"
-            if sub["dropped_at"] is not None:
-                checks.append(Check("queue.subscription", "queues", where, CRITICAL, f"dropped; {lag}", sub["lag"],
-                                    "count", f"subscription {sub['name']} of ring {q.name} was dropped for lagging: it "
-                                    f"misses every message since; remove it (queuectl unsubscribe {q.name} "
-                                    f"{sub['name']}) and subscribe again once its consumers run"))
-            elif sub["behind"]:
-                checks.append(Check("queue.subscription", "queues", where, CRITICAL, lag, sub["lag"], "count",
-                                    f"subscription {sub['name']} of ring {q.name} is behind: its consumers stopped or "
-                                    "are too slow, and once the ring is full for it the producer waits: start or add "
-                                    f"consumers, or remove it (queuectl unsubscribe {q.name} {sub['name']}); "
-                                    "subscribe with --drop-when-behind to let the ring drop it instead"))
-            else:
-                checks.append(Check("queue.subscription", "queues", where, OK, lag, sub["lag"], "count"))
         checks += _kind_checks(q, th)
     return checks
 
 
 def _kind_checks(q: QueueFacts, th: dict[str, Threshold]) -> list[Check]:
-    """The checks of a kind's own numbers (QueueFacts.kind_fields)."""
+    """The checks of a kind's own numbers (QueueFacts.kind_fields) and of a fan-out ring's
+    subscriptions."""
     f = q.kind_fields or {}
     checks: list[Check] = []
+    for sub in q.subscriptions:
+        # a subscription past its lag limit holds the producer back once the ring is full for it
+        # (or was dropped and misses messages): CRITICAL either way
+        where = f"{q.name}.{sub['name']}"
+        lag = f"{fmt_count(sub['lag'])} messages behind (limit {fmt_count(sub['lag_limit'])})"
+        if sub["dropped_at"] is not None:
+            checks.append(Check("queue.subscription", "queues", where, CRITICAL, f"dropped; {lag}", sub["lag"],
+                                "count", f"subscription {sub['name']} of ring {q.name} was dropped for lagging: it "
+                                f"misses every message since; remove it (queuectl unsubscribe {q.name} "
+                                f"{sub['name']}) and subscribe again once its consumers run"))
+        elif sub["behind"]:
+            checks.append(Check("queue.subscription", "queues", where, CRITICAL, lag, sub["lag"], "count",
+                                f"subscription {sub['name']} of ring {q.name} is behind: its consumers stopped or "
+                                "are too slow, and once the ring is full for it the producer waits: start or add "
+                                f"consumers, or remove it (queuectl unsubscribe {q.name} {sub['name']}); "
+                                "subscribe with --drop-when-behind to let the ring drop it instead"))
+        else:
+            checks.append(Check("queue.subscription", "queues", where, OK, lag, sub["lag"], "count"))
     if f.get("overdue") is not None:
         overdue = int(f["overdue"])
         status = grade(overdue, th["pending_overdue"])

@@ -20,6 +20,9 @@ def dequeue_records(queue: Any, batch: int, *, lease: float | None = None, ack: 
     once. `subscription`: take from that subscription of a fan-out ring."""
     if subscription is not None:
         return _subscription_records(queue, subscription, batch, lease=lease, ack=ack)
+    if getattr(queue, "fanout", False):
+        raise UsageError(f"ring {queue.name!r} fans out: read it through a subscription with --subscription NAME "
+                         f"(queuectl subscriptions {queue.name} lists them)")
     if isinstance(queue, Queue):
         messages = queue.dequeue(batch, lease=lease)
         if ack:

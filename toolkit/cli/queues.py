@@ -206,9 +206,6 @@ def dequeue(
     from queuectl.records import dequeue_records
 
     with open_queue(make_engine(url), name, schema=schema) as queue:
-        if subscription is None and getattr(queue, "fanout", False):
-            fail(f"ring {name!r} fans out: read it through a subscription with --subscription NAME "
-                 f"(queuectl subscriptions {name} lists them)")
         records = dequeue_records(queue, batch, lease=lease, ack=ack, subscription=subscription)
     sys.stdout.writelines(json.dumps(record) + "\n" for record in records)
 
