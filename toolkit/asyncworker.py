@@ -50,6 +50,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from queuectl.arguments import schema_revision_number
+from queuectl.engine import adapter_for
 from queuectl.engine.urls import first_line
 from queuectl.errors import ConnectionFailed, StatementCanceled, UsageError
 from queuectl.messages import Message
@@ -81,7 +82,8 @@ class AsyncListener:
                for key in ("listen", "notify", "wait_begin", "wait_end")}
         engine = queue.engine.sync_engine
         _args, params = engine.dialect.create_connect_args(queue.engine.url)
-        conn = await psycopg.AsyncConnection.connect(**{**params, "connect_timeout": 10}, autocommit=True)
+        conn = await psycopg.AsyncConnection.connect(
+            **{**params, **adapter_for(engine).connect_args(queue.engine.url)}, autocommit=True)
         try:
             await conn.execute(sql["listen"])
         except BaseException:
