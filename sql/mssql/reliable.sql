@@ -16,6 +16,97 @@
 -- Times are datetime2(6) in UTC (SYSUTCDATETIME()): no time zone arithmetic in any
 -- predicate, and pyodbc reads datetime2 natively.
 --
+-- Generations (reliable_0012), as sql/postgresql/reliable.sql's header describes them, in
+-- T-SQL: parse- and reference-checked, not run live (tests/test_mssql_offline.py,
+-- tests/test_mssql_refs.py, tests/test_mssql_generations.py; the live tests need a server).
+-- meta and data live in three generation slots, one table each (<queue>_meta0..2,
+-- <queue>_data0..2); epoch e lives in slot e % 3. Enqueue inserts into the current epoch's
+-- slot; ack and extend_lease update in place by id, in whichever slot the row is; nack and
+-- release move the row (same id, priority, payload) into the current epoch's slot; the
+-- archive job (queuectl.jobs.archive) is the rotator: it switches new rows to the next
+-- epoch every few thousand ids, moves the READY rows left in the previous one forward (the
+-- seal), moves an old epoch's finished rows to history and empties its tables with
+-- TRUNCATE TABLE. <queue>_meta and <queue>_data are views over the three slots, for readers.
+--
+-- Why on SQL Server. A deleted row becomes a ghost record that the ghost cleanup task
+-- removes within seconds (https://learn.microsoft.com/sql/relational-databases/ghost-record-cleanup-process-guide:
+-- ghosts are kept for row-level locking and for snapshot isolation), unless row versioning
+-- still needs it: READ_COMMITTED_SNAPSHOT or SNAPSHOT isolation with a long-running
+-- snapshot transaction, a readable secondary of an availability group, or Accelerated
+-- Database Recovery, whose persistent version store keeps versions in the database until
+-- its cleaner passes the oldest active transaction (on, and not to be turned off, in Azure
+-- SQL Database and Managed Instance, where RCSI is on by default too:
+-- https://learn.microsoft.com/sql/relational-databases/accelerated-database-recovery-management,
+-- https://learn.microsoft.com/sql/relational-databases/accelerated-database-recovery-troubleshoot).
+-- Then ghosts and versions pile up in the queue's indexes and every READPAST claim walks
+-- them: the decay of PostgreSQL's pinned xmin horizon. TRUNCATE TABLE deallocates a slot's
+-- pages whatever versions exist, so the claim cost and the size stay bounded by the open
+-- generations.
+--
+-- Per-slot tables, not one partitioned table. TRUNCATE TABLE ... WITH (PARTITIONS (n))
+-- (SQL Server 2016+) empties one partition, but a truncate takes a schema modification
+-- (Sch-M) lock on the table (https://learn.microsoft.com/sql/t-sql/statements/truncate-table-transact-sql:
+-- "always locks the table (including a schema (SCH-M) lock)"), on the whole table also when
+-- it names partitions (https://www.sqltabletalk.com/?p=834), and Sch-M conflicts with every
+-- other lock, Sch-S included: every claim and ack on every slot would wait for each
+-- truncate, as on PostgreSQL's partitioned parents. With a table per slot, a truncate
+-- stops only the statements on the slot being emptied: no claim reads a sealed slot for
+-- READY items, and only the acks of the few items still leased there wait. The claims'
+-- plans need nothing partitioning gives: each slot table has its own filtered ready,
+-- leased and finished indexes, and each statement names one slot's table and index in its
+-- hints (INDEX, FORCESEEK), so no plan has to prune partitions. The cost is the text: T-SQL
+-- names a table only as a literal, so a statement that may run on any slot is written once
+-- per slot behind IF @slot = 0 / 1 / 2.
+--
+-- The rotation state is four sequences, not a row (a row updated at every rotation would
+-- itself keep versions under RCSI), read from sys.sequences.last_used_value (2017+):
+--   <queue>_rot_epoch    the epoch new rows go to;
+--   <queue>_rot_sealed   every epoch <= it holds no READY row the claims must see: the
+--                        claims walk the READY rows of the epochs above it only (one, or
+--                        two between a switch and its seal);
+--   <queue>_rot_emptied  every epoch <= it has been moved to history and truncated (its slot
+--                        is free for epoch + 3);
+--   <queue>_rot_start    the id sequence's position at the last switch.
+-- They advance only by drawing a value (NEXT VALUE FOR, sys.sp_sequence_get_range), never
+-- by ALTER SEQUENCE (DDL, which takes a constant only), without a cache (a restart would
+-- skip the cached values, and with them an epoch), and under an application lock
+-- (sp_getapplock, owner Transaction) so two rotators cannot both advance one. Procedures
+-- that read them run WITH EXECUTE AS OWNER: metadata visibility follows the caller, and a
+-- role granted only EXECUTE (`queuectl grant`) would see no sequence (ring.sql says the same).
+-- Why nothing is lost or claimed twice (PostgreSQL's rules 1-5, in T-SQL):
+--  1. A row never changes slot by an UPDATE: it moves by DELETE ... OUTPUT and INSERT with
+--     its id in one transaction (rot_move); a claim skips the deleted and the inserted rows
+--     alike (READPAST) until it commits. ack, nack, extend_lease and release find a row by
+--     id in whichever slot it is, the current slot first.
+--  2. A writer (enqueue, enqueue_many, nack, release) reads the epoch, inserts, then reads
+--     it again inside its transaction; if a switch came in between it moves its own rows
+--     (uncommitted, locked by it) to the new epoch's slot (rot_follow). A writer that read
+--     the epoch before a switch and commits after the seal leaves a READY row in a sealed
+--     slot: the claims do not see it until the truncate moves it forward (5), so it is late
+--     by one rotation, never lost.
+--  3. The seal moves only READY rows, which it locks first (UPDLOCK, READPAST: a row a
+--     claim is taking stays, late by one rotation, as in 2), and is marked only once it has
+--     committed (sequence draws are not transactional), so the claims' READY walk always
+--     covers every epoch that can still hold a READY row other than a late or skipped one.
+--  4. Finished rows never change again: the precopy moves them to history in batches under
+--     row locks (rot_copy), as archive_batch does.
+--  5. The truncate locks the slot's meta and data tables (TABLOCKX, HOLDLOCK) under
+--     LOCK_TIMEOUT 50 (error 1222: the job retries, rather than queue claims and acks
+--     behind it), reads the state again, moves what finished since to history, moves every
+--     unfinished row (PROCESSING, and READY rows of late writers) to the current epoch's
+--     slot and truncates, in one transaction. A statement that waited for the table lock
+--     reads the slot after the commit: the moved rows are in the current slot, the slot is
+--     empty.
+-- What TRUNCATE costs: a SNAPSHOT transaction that began before a slot's truncate fails
+-- when it reads the slot after it (error 3961, the object was modified by a DDL statement:
+-- https://learn.microsoft.com/sql/relational-databases/errors-events/mssqlserver-3961-database-engine-error;
+-- TRUNCATE TABLE counts, https://dba.stackexchange.com/questions/66683); the
+-- claims refuse SNAPSHOT anyway (READPAST, error 650), and reports that need one
+-- consistent view read history. A session that holds a lock on a slot table (a long
+-- transaction that read it with REPEATABLE READ or SERIALIZABLE, or a statement reading
+-- the views for a long time) keeps that slot's truncate waiting: the queue stays correct
+-- and decays as a single table would until it ends.
+--
 -- Batches inside a section are separated by GO lines: the installer sends each batch on
 -- its own, and `queuectl install --sql` prints them with GO (CREATE PROCEDURE must be the
 -- first statement of its batch). Everything runs with QUOTED_IDENTIFIER and ANSI_NULLS ON
@@ -123,10 +214,9 @@ CREATE INDEX {{history_at_idx}} ON {{history}} (archived_at);
 -- OPENJSON's row estimate is a fixed guess, so without the hints the optimizer could scan
 -- the leased index or the table.
 -- Isolation: run these at READ COMMITTED (with READ_COMMITTED_SNAPSHOT on or off). A
--- SNAPSHOT transaction that began before a truncate still reads the slot's old rows, but
--- its writes to them fail with update conflict 3960 (rows changed since its snapshot), so
--- an ack cannot succeed against a moved row; the claim refuses SNAPSHOT anyway (READPAST,
--- error 650; create_dequeue).
+-- SNAPSHOT transaction that began before a truncate fails when it reads the slot after it
+-- (error 3961, header), so an ack in it cannot miss a moved row and report success; the
+-- claim refuses SNAPSHOT anyway (READPAST, error 650; create_dequeue).
 
 -- rot_move: move rows (meta and data, every column, same id) from whatever slot they are in
 -- to slot @to; @status, when given, limits the move to rows in that status when the DELETE
@@ -249,6 +339,7 @@ GO
 CREATE OR ALTER PROCEDURE {{fn_rot_follow}}
     @ids   nvarchar(max),
     @epoch bigint
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
@@ -271,6 +362,7 @@ GO
 CREATE OR ALTER PROCEDURE {{fn_ack}}
     @ids    nvarchar(max),
     @worker nvarchar(200) = NULL
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
@@ -324,6 +416,7 @@ CREATE OR ALTER PROCEDURE {{fn_nack}}
     @worker       nvarchar(200)  = NULL,
     @base_seconds float          = NULL,
     @max_seconds  float          = NULL
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
@@ -434,6 +527,7 @@ CREATE OR ALTER PROCEDURE {{fn_extend_lease}}
     @ids           nvarchar(max),
     @lease_seconds float         = NULL,
     @worker        nvarchar(200) = NULL
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
@@ -483,6 +577,7 @@ GO
 CREATE OR ALTER PROCEDURE {{fn_release}}
     @ids    nvarchar(max),
     @worker nvarchar(200) = NULL
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
@@ -585,6 +680,7 @@ CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch         int           = 1,
     @lease_seconds float         = NULL,
     @worker        nvarchar(200) = NULL
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
@@ -775,6 +871,7 @@ CREATE OR ALTER PROCEDURE {{fn_enqueue}}
     @delay_seconds float         = 0,
     @title         nvarchar(max) = NULL,
     @max_attempts  int           = NULL
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
@@ -832,6 +929,7 @@ GO
 CREATE OR ALTER PROCEDURE {{fn_enqueue_many}}
     @items        nvarchar(max),
     @max_attempts int = NULL
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
@@ -1265,6 +1363,7 @@ CREATE INDEX {{finished_idx}} ON {{meta}} (status, finished_at) WHERE status >= 
 
 -- rot_state: the rotation state in one row (epoch, sealed, emptied, start_id, last_id).
 CREATE OR ALTER PROCEDURE {{fn_rot_state}}
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
@@ -1288,6 +1387,7 @@ GO
 -- application lock, so two rotators cannot both advance them.
 CREATE OR ALTER PROCEDURE {{fn_rot_switch}}
     @items bigint
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
@@ -1326,10 +1426,12 @@ GO
 -- claims, rather than moved whole at every rotation). The caller marks it sealed once this
 -- has committed. The rows are locked first, UPDLOCK with READPAST, so the seal never waits
 -- on a consumer; a READY row skipped (one a claim is taking) stays in the sealed slot until
--- the truncate moves it forward: late by one rotation, never lost. 2,000 rows per
--- transaction, so no statement takes the 5,000 row locks that escalate to a table lock.
+-- the truncate moves it forward: late by one rotation, never lost. 2,000 rows per move,
+-- so no statement takes the 5,000 row locks that escalate to a table lock (each move is a
+-- transaction of its own, nested in the caller's when it has one, as the job's has).
 CREATE OR ALTER PROCEDURE {{fn_rot_seal}}
     @limit int
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
@@ -1412,6 +1514,7 @@ GO
 CREATE OR ALTER PROCEDURE {{fn_rot_mark}}
     @what  nvarchar(20),
     @epoch bigint
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
@@ -1544,6 +1647,7 @@ GO
 -- rot_next_empty: the oldest sealed epoch that is not emptied yet (@epoch), or NULL.
 CREATE OR ALTER PROCEDURE {{fn_rot_next_empty}}
     @epoch bigint = NULL OUTPUT
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
@@ -1570,6 +1674,7 @@ GO
 -- LOCK_TIMEOUT. Returns one row: epoch (NULL when none waits), copied, moved. Run it as the
 -- tables' owner: TRUNCATE TABLE needs ALTER on the table.
 CREATE OR ALTER PROCEDURE {{fn_rot_empty}}
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
