@@ -59,7 +59,10 @@
 -- per slot behind IF @slot = 0 / 1 / 2.
 --
 -- The rotation state is four sequences, not a row (a row updated at every rotation would
--- itself keep versions under RCSI), read from sys.sequences.last_used_value (2017+):
+-- itself keep versions under RCSI), read from sys.sequences.current_value: the last value a
+-- draw obligated, NEXT VALUE FOR or sp_sequence_get_range alike, and the start value until
+-- the first draw, which is why create_rotation draws each once
+-- (https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-sequences-transact-sql):
 --   <queue>_rot_epoch    the epoch new rows go to;
 --   <queue>_rot_sealed   every epoch <= it holds no READY row the claims must see: the
 --                        claims walk the READY rows of the epochs above it only (one, or
@@ -343,7 +346,7 @@ WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
-    DECLARE @now bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @now bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                         WHERE s.object_id = OBJECT_ID({{rot_epoch_regclass}}));
     DECLARE @to smallint;
     WHILE @now <> @epoch
@@ -351,7 +354,7 @@ BEGIN
         SET @to = CAST(@now % 3 AS smallint);
         EXEC {{fn_rot_move}} @ids = @ids, @to = @to, @status = 0;
         SET @epoch = @now;
-        SET @now = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+        SET @now = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                     WHERE s.object_id = OBJECT_ID({{rot_epoch_regclass}}));
     END
 END
@@ -366,7 +369,7 @@ WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
-    DECLARE @epoch bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @epoch bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                         WHERE s.object_id = OBJECT_ID({{rot_epoch_regclass}}));
     DECLARE @want int = (SELECT COUNT(*) FROM OPENJSON(@ids));
     DECLARE @acked int = 0;
@@ -424,7 +427,7 @@ BEGIN
     DECLARE @now datetime2(6) = SYSUTCDATETIME();
     DECLARE @base float = COALESCE(@base_seconds, {{backoff_base_seconds}});
     DECLARE @max float = COALESCE(@max_seconds, {{backoff_max_seconds}});
-    DECLARE @epoch bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @epoch bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                         WHERE s.object_id = OBJECT_ID({{rot_epoch_regclass}}));
     DECLARE @want int = (SELECT COUNT(*) FROM OPENJSON(@ids));
     DECLARE @done TABLE (id bigint NOT NULL PRIMARY KEY, status smallint NOT NULL, due_at datetime2(6) NOT NULL);
@@ -532,7 +535,7 @@ AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
     DECLARE @lease_ms int = CAST(ROUND(COALESCE(@lease_seconds, {{lease_seconds}}) * 1000e0, 0) AS int);
-    DECLARE @epoch bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @epoch bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                         WHERE s.object_id = OBJECT_ID({{rot_epoch_regclass}}));
     DECLARE @want int = (SELECT COUNT(*) FROM OPENJSON(@ids));
     DECLARE @held TABLE (id bigint NOT NULL PRIMARY KEY, leased_until datetime2(6) NULL);
@@ -582,7 +585,7 @@ AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
-    DECLARE @epoch bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @epoch bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                         WHERE s.object_id = OBJECT_ID({{rot_epoch_regclass}}));
     DECLARE @want int = (SELECT COUNT(*) FROM OPENJSON(@ids));
     DECLARE @done TABLE (id bigint NOT NULL PRIMARY KEY);
@@ -688,9 +691,9 @@ BEGIN
     DECLARE @n int = CASE WHEN @batch > 0 THEN @batch ELSE 0 END;
     -- leases are at most 7 days: the milliseconds fit DATEADD's int
     DECLARE @lease_ms int = CAST(ROUND(COALESCE(@lease_seconds, {{lease_seconds}}) * 1000e0, 0) AS int);
-    DECLARE @sealed bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @sealed bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                         WHERE s.object_id = OBJECT_ID({{rot_sealed_regclass}}));
-    DECLARE @epoch bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @epoch bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                         WHERE s.object_id = OBJECT_ID({{rot_epoch_regclass}}));
     DECLARE @got int = 0;
     DECLARE @claimed TABLE (
@@ -894,7 +897,7 @@ BEGIN
         CAST(ROUND((@delay - FLOOR(@delay / 86400e0) * 86400e0) * 1000e0, 0) AS int),
         DATEADD(day, CAST(FLOOR(@delay / 86400e0) AS int), SYSUTCDATETIME()));
     BEGIN TRANSACTION;
-    DECLARE @epoch bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @epoch bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                              WHERE s.object_id = OBJECT_ID({{rot_epoch_regclass}}));
     DECLARE @slot smallint = CAST(@epoch % 3 AS smallint);
     IF @slot = 0
@@ -916,7 +919,7 @@ BEGIN
         INSERT INTO {{data2}} (id, payload, headers) VALUES (@id, @payload, @headers);
     END
     DECLARE @mine nvarchar(max) = CONCAT(N'[', @id, N']');
-    IF (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    IF (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
         WHERE s.object_id = OBJECT_ID({{rot_epoch_regclass}})) <> @epoch
         EXEC {{fn_rot_follow}} @ids = @mine, @epoch = @epoch;
     COMMIT TRANSACTION;
@@ -979,7 +982,7 @@ BEGIN
         THROW 50413, @refused, 1;
     END;
     BEGIN TRANSACTION;
-    DECLARE @epoch bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @epoch bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                              WHERE s.object_id = OBJECT_ID({{rot_epoch_regclass}}));
     DECLARE @slot smallint = CAST(@epoch % 3 AS smallint);
     IF @slot = 0
@@ -1019,7 +1022,7 @@ BEGIN
         SELECT s.id, s.payload, s.headers FROM @src AS s;
     END
     DECLARE @mine nvarchar(max) = (SELECT CONCAT(N'[', STRING_AGG(CAST(s.id AS nvarchar(max)), N','), N']') FROM @src AS s);
-    IF (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    IF (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
         WHERE s.object_id = OBJECT_ID({{rot_epoch_regclass}})) <> @epoch
         EXEC {{fn_rot_follow}} @ids = @mine, @epoch = @epoch;
     COMMIT TRANSACTION;
@@ -1146,8 +1149,8 @@ GROUP BY m.status, CASE WHEN m.status = 0 AND m.due_at > SYSUTCDATETIME() THEN 1
 -- reliable_0012 on SQL Server: the generation layout (the header says how it works and why
 -- per-slot tables). The rotation state is four sequences, created without a cache (a
 -- cached sequence skips values after a restart, which would skip an epoch) and drawn once
--- each, so that sys.sequences.last_used_value holds the state from the start (a sequence
--- never drawn has none). The slot tables have meta's and data's columns, checks, defaults,
+-- each, so that sys.sequences.current_value is the state from the start (before its first
+-- draw a sequence reports its start value, which the first draw returns again). The slot tables have meta's and data's columns, checks, defaults,
 -- fill factor and filtered indexes; data has no foreign key to meta (TRUNCATE TABLE refuses
 -- a table a foreign key references, and every statement that moves a meta row moves its
 -- payload in the same transaction). The single tables' rows go to slot 0, copied (T-SQL
@@ -1367,13 +1370,13 @@ WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
-    DECLARE @epoch bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @epoch bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                             WHERE s.object_id = OBJECT_ID({{rot_epoch_regclass}}));
-    DECLARE @sealed bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @sealed bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                             WHERE s.object_id = OBJECT_ID({{rot_sealed_regclass}}));
-    DECLARE @emptied bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @emptied bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                             WHERE s.object_id = OBJECT_ID({{rot_emptied_regclass}}));
-    DECLARE @start_id bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @start_id bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                             WHERE s.object_id = OBJECT_ID({{rot_start_regclass}}));
     DECLARE @last_id bigint = COALESCE((SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
                                         WHERE s.object_id = OBJECT_ID({{meta_seq_regclass}})), 0);
@@ -1398,13 +1401,13 @@ BEGIN
     -- person's, may run at once): the state is read again under this lock
     EXEC @rc = sys.sp_getapplock @Resource = {{rot_epoch_regclass}}, @LockMode = 'Exclusive',
                                  @LockOwner = 'Transaction';
-    DECLARE @epoch bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @epoch bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                             WHERE s.object_id = OBJECT_ID({{rot_epoch_regclass}}));
-    DECLARE @sealed bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @sealed bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                             WHERE s.object_id = OBJECT_ID({{rot_sealed_regclass}}));
-    DECLARE @emptied bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @emptied bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                             WHERE s.object_id = OBJECT_ID({{rot_emptied_regclass}}));
-    DECLARE @start_id bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @start_id bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                             WHERE s.object_id = OBJECT_ID({{rot_start_regclass}}));
     DECLARE @last_id bigint = COALESCE((SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
                                         WHERE s.object_id = OBJECT_ID({{meta_seq_regclass}})), 0);
@@ -1424,11 +1427,12 @@ GO
 -- Returns one row: moved (the rows moved; NULL when there is nothing to seal; -1 when more
 -- than @limit rows are READY there: a backlog, and the epoch stays open, walked by the
 -- claims, rather than moved whole at every rotation). The caller marks it sealed once this
--- has committed. The rows are locked first, UPDLOCK with READPAST, so the seal never waits
--- on a consumer; a READY row skipped (one a claim is taking) stays in the sealed slot until
--- the truncate moves it forward: late by one rotation, never lost. 2,000 rows per move,
--- so no statement takes the 5,000 row locks that escalate to a table lock (each move is a
--- transaction of its own, nested in the caller's when it has one, as the job's has).
+-- has committed. The count and the picks skip rows others hold (READPAST), so the seal
+-- never waits on a consumer, and the rows it moves are locked first (UPDLOCK); a READY row
+-- skipped (one a claim is taking) stays in the sealed slot until the truncate moves it
+-- forward: late by one rotation, never lost. 2,000 rows per move, so no statement takes the
+-- 5,000 row locks that escalate to a table lock (each move is a transaction of its own,
+-- nested in the caller's when it has one, as the job's has).
 CREATE OR ALTER PROCEDURE {{fn_rot_seal}}
     @limit int
 WITH EXECUTE AS OWNER
@@ -1436,9 +1440,9 @@ AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
     SET XACT_ABORT ON;
-    DECLARE @sealed bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @sealed bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                             WHERE s.object_id = OBJECT_ID({{rot_sealed_regclass}}));
-    DECLARE @epoch bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @epoch bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                             WHERE s.object_id = OBJECT_ID({{rot_epoch_regclass}}));
     DECLARE @from smallint = CAST((@epoch + 2) % 3 AS smallint), @to smallint = CAST(@epoch % 3 AS smallint);
     DECLARE @ready int, @moved bigint = 0, @step bigint, @json nvarchar(max);
@@ -1451,19 +1455,19 @@ BEGIN
     IF @from = 0
     BEGIN
         SET @ready = (SELECT COUNT(*) FROM (SELECT TOP (@limit + 1) m.id
-                                            FROM {{meta0}} AS m WITH (INDEX({{meta0_ready}}))
+                                            FROM {{meta0}} AS m WITH (READPAST, INDEX({{meta0_ready}}))
                                             WHERE m.status = 0) AS r);
     END
     ELSE IF @from = 1
     BEGIN
         SET @ready = (SELECT COUNT(*) FROM (SELECT TOP (@limit + 1) m.id
-                                            FROM {{meta1}} AS m WITH (INDEX({{meta1_ready}}))
+                                            FROM {{meta1}} AS m WITH (READPAST, INDEX({{meta1_ready}}))
                                             WHERE m.status = 0) AS r);
     END
     ELSE
     BEGIN
         SET @ready = (SELECT COUNT(*) FROM (SELECT TOP (@limit + 1) m.id
-                                            FROM {{meta2}} AS m WITH (INDEX({{meta2_ready}}))
+                                            FROM {{meta2}} AS m WITH (READPAST, INDEX({{meta2_ready}}))
                                             WHERE m.status = 0) AS r);
     END
     IF @ready > @limit
@@ -1527,9 +1531,9 @@ BEGIN
     -- person's, may run at once): the state is read again under this lock
     EXEC @rc = sys.sp_getapplock @Resource = {{rot_epoch_regclass}}, @LockMode = 'Exclusive',
                                  @LockOwner = 'Transaction';
-    DECLARE @sealed bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @sealed bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                             WHERE s.object_id = OBJECT_ID({{rot_sealed_regclass}}));
-    DECLARE @emptied bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @emptied bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                             WHERE s.object_id = OBJECT_ID({{rot_emptied_regclass}}));
     WHILE @what = N'sealed' AND @sealed < @epoch
     BEGIN
@@ -1651,9 +1655,9 @@ WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON; SET ROWCOUNT 0;
-    DECLARE @sealed bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @sealed bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                             WHERE s.object_id = OBJECT_ID({{rot_sealed_regclass}}));
-    DECLARE @emptied bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @emptied bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                             WHERE s.object_id = OBJECT_ID({{rot_emptied_regclass}}));
     SET @epoch = CASE WHEN @emptied + 1 <= @sealed THEN @emptied + 1 END;
 END
@@ -1725,7 +1729,7 @@ BEGIN
         SET @after = @last;
     END
     -- every unfinished row to the current epoch, 2,000 at a time
-    DECLARE @now bigint = (SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+    DECLARE @now bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                             WHERE s.object_id = OBJECT_ID({{rot_epoch_regclass}}));
     SET @to = CAST(@now % 3 AS smallint);
     WHILE 1 = 1
