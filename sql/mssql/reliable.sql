@@ -1428,11 +1428,13 @@ GO
 -- than @limit rows are READY there: a backlog, and the epoch stays open, walked by the
 -- claims, rather than moved whole at every rotation). The caller marks it sealed once this
 -- has committed. The count and the picks skip rows others hold (READPAST), so the seal
--- never waits on a consumer, and the rows it moves are locked first (UPDLOCK); a READY row
--- skipped (one a claim is taking) stays in the sealed slot until the truncate moves it
--- forward: late by one rotation, never lost. 2,000 rows per move, so no statement takes the
--- 5,000 row locks that escalate to a table lock (each move is a transaction of its own,
--- nested in the caller's when it has one, as the job's has).
+-- never waits on a consumer; the count only decides whether a backlog keeps the epoch open,
+-- so under READ_COMMITTED_SNAPSHOT its READPAST reads versions here on purpose (a row a
+-- claim is taking may count as READY). The rows it moves are locked first (UPDLOCK); a
+-- READY row skipped (one a claim is taking) stays in the sealed slot until the truncate
+-- moves it forward: late by one rotation, never lost. 2,000 rows per move, so no statement
+-- takes the 5,000 row locks that escalate to a table lock (each move is a transaction of its
+-- own, nested in the caller's when it has one, as the job's has).
 CREATE OR ALTER PROCEDURE {{fn_rot_seal}}
     @limit int
 WITH EXECUTE AS OWNER
