@@ -204,6 +204,8 @@ def test_the_rotation_state_moves_only_by_draws_under_an_application_lock():
         assert "@LockOwner = 'Transaction'" in flat
         assert flat.index("BEGIN TRANSACTION;") < lock < flat.index("NEXT VALUE FOR")
     assert "sys.sp_sequence_get_range" in procs["rot_switch"]
+    # without the lock (sp_getapplock < 0) nothing advances
+    assert "IF @rc >= 0 AND" in procs["rot_switch"] and "IF @rc < 0\n        THROW 50013" in procs["rot_mark"]
 
 
 def test_every_procedure_that_reads_the_rotation_state_runs_as_its_owner():

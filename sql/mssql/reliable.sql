@@ -1533,6 +1533,10 @@ BEGIN
     -- person's, may run at once): the state is read again under this lock
     EXEC @rc = sys.sp_getapplock @Resource = {{rot_epoch_regclass}}, @LockMode = 'Exclusive',
                                  @LockOwner = 'Transaction';
+    -- without the lock nothing is marked: the next pass finds the step due again and redoes it
+    -- (a seal or a truncate that finds nothing left to move), then marks it
+    IF @rc < 0
+        THROW 50013, 'rot_mark: another rotator holds the rotation state; the step is marked on the next pass', 1;
     DECLARE @sealed bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
                             WHERE s.object_id = OBJECT_ID({{rot_sealed_regclass}}));
     DECLARE @emptied bigint = (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
