@@ -142,6 +142,19 @@ class JobTarget:
                                         **extra}
         return sa.text(render(self.sql_dir, "jobs", section, values))
 
+    def row_sql(self, section: str) -> list[sa.TextClause]:
+        """A statement that writes a reliable queue's meta and data rows (archive_batch,
+        reset_stale_batch): once, on <queue>_meta and <queue>_data, or, on SQL Server at
+        reliable_0012 or later, once per generation slot on that slot's own tables and indexes
+        (<queue>_meta is a view over the slots there, which no statement writes through;
+        PostgreSQL's is the partitioned parent, written as one table)."""
+        version = getattr(self.info, "schema_version", None) or ""
+        if self.sql_dir != "mssql" or self.kind != "reliable" or version < "reliable_0012":
+            return [self.sql(section)]
+        v = self.names.template_values()
+        return [self.sql(section, meta=v[f"meta{s}"], data=v[f"data{s}"], ready_idx=v[f"meta{s}_ready"],
+                         leased_idx=v[f"meta{s}_leased"], finished_idx=v[f"meta{s}_finished"]) for s in range(3)]
+
     def set_local_timeouts(self, conn: Connection, lock_timeout: float, statement_timeout: float) -> None:
         conn.execute(
             self.sql("set_local_timeouts", lock_timeout_ms=_lock_timeout_ms(lock_timeout)),
