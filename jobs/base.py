@@ -134,8 +134,15 @@ class JobTarget:
     @property
     def tables(self) -> tuple[str, ...]:
         """The suffixes of the queue's tables the upkeep jobs look after (kindspec.UPKEEP_TABLES),
-        those its revision has."""
-        return upkeep_tables(self.kind, getattr(self.info, "schema_version", None))
+        those its revision has. A reliable queue's meta and data on SQL Server at reliable_0012
+        or later are views over the generation slots: its tables are the slots (meta0..2,
+        data0..2); PostgreSQL's partitioned parents stand for their slots (jobs.sql's sections
+        list a parent's partitions)."""
+        version = getattr(self.info, "schema_version", None)
+        tables = upkeep_tables(self.kind, version)
+        if self.sql_dir == "mssql" and self.kind == "reliable" and (version is None or version >= "reliable_0012"):
+            return tuple(f"{table}{slot}" for table in tables for slot in range(3))
+        return tables
 
     def sql(self, section: str, **extra: str | int) -> sa.TextClause:
         values: dict[str, str | int] = {**self.names.template_values(), **kind_template_values(self.names, self.kind),

@@ -281,3 +281,11 @@ def test_the_row_batches_run_once_per_slot_on_sql_server_only():
     assert [f'INDEX("orders_meta{s}_leased")' in t for s, t in enumerate(stale)] == [True] * 3
     assert len(_target("postgresql", "reliable_0012").row_sql("archive_batch")) == 1
     assert len(_target("mssql", "reliable_0011").row_sql("archive_batch")) == 1
+
+
+def test_the_upkeep_jobs_look_after_the_slot_tables_on_sql_server():
+    """inspect, reorganize and upkeep read sys.indexes and table_vitals by OBJECT_ID(..., N'U'):
+    a view (<queue>_meta, <queue>_data at reliable_0012) has none, so its slots are the tables."""
+    assert _target("mssql", "reliable_0012").tables == ("meta0", "meta1", "meta2", "data0", "data1", "data2")
+    assert _target("mssql", "reliable_0011").tables == ("meta", "data")
+    assert _target("postgresql", "reliable_0012").tables == ("meta", "data")  # partitioned parents
