@@ -141,6 +141,7 @@ from queuectl.storable import diagnostic_text
 QueueClient = Any
 
 DEFAULT_MIN_POLL_INTERVAL = 0.05  # first wait after a look found nothing
+GATHER_FIRST_WAIT = 0.002  # first wait after a claim that drained the queue (Gather)
 IN_FLIGHT_FIRST_WAIT = 0.02  # first wait while an enqueue that missed our registration is open
 WAIT_REGISTRATION_REVISION = 6  # reliable_0006: notifications only to registered consumers
 DEFAULT_HEARTBEAT_FRACTION = 1 / 3  # extend leases three times per lease
@@ -174,6 +175,47 @@ class PollBackoff:
         wait = self._current
         self._current = min(self._current * 2, self.longest)
         return min(self.longest, wait * (1 + random.uniform(-self.jitter, self.jitter)))
+
+
+@dataclass
+class Gather:
+    """When a busy consumer looks again after a claim that did not fill its batch (see
+    "Many consumers"): not at once, since that claim drained the queue, but after a window
+    in which items can gather, neither registered nor listening (so nobody announces them
+    to it and no notification wakes it).
+
+    The window is `longest` (min_poll_interval) at first, halves after each full claim (the
+    items come faster than this consumer looks; not below `shortest`) and doubles after a
+    short one, up to `longest` again: an item waits at most `longest` for a busy consumer's
+    next look. A look that finds nothing is followed by one more window; a second empty
+    look in a row means the queue went idle: the consumer then waits as an idle one does
+    (registers, looks once more, sleeps on the channel)."""
+
+    shortest: float = GATHER_FIRST_WAIT
+    longest: float = DEFAULT_MIN_POLL_INTERVAL
+    window: float = field(init=False)
+    active: bool = field(init=False, default=False)  # found work since it last went idle
+    empty: bool = field(init=False, default=False)  # the last look found nothing
+
+    def __post_init__(self) -> None:
+        self.window = self.longest
+
+    def claimed(self, got: int, asked: int) -> float | None:
+        """A claim asked for `asked` items and got `got`: the seconds to wait, not listening,
+        before the next look (0: look at once); None: the queue is idle, wait as idle
+        consumers do."""
+        if got and got >= asked:
+            self.active, self.empty = True, False
+            self.window = max(self.shortest, self.window / 2)
+            return 0.0
+        if got or (self.active and not self.empty):
+            self.active, self.empty = True, not got
+            wait = self.window
+            self.window = min(self.window * 2, self.longest)
+            return wait * (1 + random.uniform(-POLL_JITTER, POLL_JITTER))
+        self.active = self.empty = False
+        self.window = self.longest
+        return None
 
 
 @dataclass(frozen=True)
@@ -337,21 +379,41 @@ class Settlements:
 
 class Listener:
     """LISTEN on the queue's channel over a connection of its own (autocommit, out of the pool);
-    also the bench's consumers' (queuectl.bench.workers.IdleWait)."""
+    also the bench's consumers' (queuectl.bench.workers.IdleWait).
+
+    On a queue that notifies only registered consumers (`gated`) it LISTENs only while it
+    holds the looker's seat (take_seat); otherwise from the start."""
 
     def __init__(self, queue: QueueClient) -> None:
         values = queue.names.template_values()
         self._sql = {key: render("postgresql", "activation", key, values)
-                     for key in ("listen", "notify", "wait_begin", "wait_end")}
+                     for key in ("listen", "unlisten", "notify", "wait_begin", "wait_end", "seat_take", "seat_leave")}
         # reliable_0006+: the queue notifies only consumers registered through wait_begin
         self.gated = schema_revision_number(queue.info.schema_version) >= WAIT_REGISTRATION_REVISION
+        self.seated = False
         raw = queue.engine.raw_connection()
         self.conn = raw.driver_connection
         raw.detach()  # owned here and closed here, never handed back to the pool
         self.conn.rollback()  # the pool's pre-ping may have opened a transaction
         self.conn.autocommit = True
-        self.conn.execute(self._sql["listen"])
+        if not self.gated:
+            self.conn.execute(self._sql["listen"])
         self.fd = self.conn.fileno()
+
+    def take_seat(self) -> bool:
+        """Become the queue's looker if no session is (a try, never a wait); the looker
+        LISTENs. True when this session holds the seat."""
+        if not self.seated and self.conn.execute(self._sql["seat_take"]).fetchone()[0]:
+            self.conn.execute(self._sql["listen"])
+            self.seated = True
+        return self.seated
+
+    def leave_seat(self) -> None:
+        """Stop LISTENing and give the seat up (registration, if any, given up before)."""
+        if self.seated:
+            self.seated = False
+            self.conn.execute(self._sql["unlisten"])
+            self.conn.execute(self._sql["seat_leave"])
 
     def drain(self) -> int:
         """How many notifications arrived (without waiting); raises if the connection broke."""
@@ -542,6 +604,7 @@ class Worker:
         self._registered = False  # the listener session holds the queue's "waiting" registration
         self._armed = False  # ... and no enqueue that missed it was open when it was checked
         self._deaf_until: float = 0.0  # outrun: notifications are drained, not answered, until then
+        self._full_since = math.inf  # since when the looker has had no room for new items
         self._selector: selectors.BaseSelector | None = None
         self._processes: list[_HandlerProcess] = []  # one per handler thread, with processes=True
         self._threads: list[threading.Thread] = []
@@ -609,6 +672,7 @@ class Worker:
         backoff = PollBackoff(self.min_poll_interval, self.poll_interval)
         in_flight = PollBackoff(min(IN_FLIGHT_FIRST_WAIT, self.min_poll_interval), self.poll_interval)
         outrun = PollBackoff(self.min_poll_interval, self.poll_interval)
+        gather = Gather(min(GATHER_FIRST_WAIT, self.min_poll_interval), self.min_poll_interval)
         look = True  # dequeue at the next chance: at start, on a notification, when a poll is due
         notified = False  # the next look answers a notification
         next_poll = math.inf
@@ -624,6 +688,7 @@ class Worker:
             self._heartbeat_if_due()
             self._log_if_due()
             room = self._room()
+            seat_deadline = self._keep_seat(room)
             if look and room:
                 try:
                     messages = self.queue.dequeue(room, lease=self.lease)
@@ -643,19 +708,36 @@ class Worker:
                     self._deaf_until, notified = 0.0, False
                     if self._registered:
                         self._unregister()  # busy: producers need not announce to us
-                    continue  # drain: look again at once
+                    gap = gather.claimed(len(messages), room)
+                    if not gap:
+                        continue  # drain: look again at once
+                    # the claim drained the queue: let items gather (see "Many consumers")
+                    look = False
+                    next_poll = self._deaf_until = time.monotonic() + gap
+                    continue
                 self.stats.empty_polls += 1
                 look = False
                 if self.burst and not self._held and self._done.empty():
                     log.info("queue %s is empty: burst worker done", self.queue.name)
                     break
                 if notified and self._registered:
-                    # Another consumer took what the notification announced (see "Many consumers").
+                    # Another consumer took what the notification announced (see "Many consumers");
+                    # the looker comes back after the shortest wait: it is the one to announce to.
                     notified = False
+                    seated = self._listener is not None and self._listener.seated
                     self._unregister()
-                    next_poll = self._deaf_until = time.monotonic() + outrun.next_wait()
+                    wait = self.min_poll_interval if seated else outrun.next_wait()
+                    next_poll = self._deaf_until = time.monotonic() + wait
                     continue
                 notified = False
+                gap = gather.claimed(0, room)
+                if gap is not None:  # busy a moment ago: look again after a window, not listening
+                    next_poll = self._deaf_until = time.monotonic() + gap
+                    continue
+                if self._listener is not None and self._listener.gated and not self._take_seat():
+                    # another consumer is the looker: poll with the back-off, not listening
+                    next_poll = self._deaf_until = time.monotonic() + backoff.next_wait()
+                    continue
                 if self._listener is not None and self._listener.gated and not self._armed:
                     clear = self._register()
                     if clear:
@@ -676,6 +758,7 @@ class Worker:
                 deadlines.append(self._next_settle())
             if self.notify and self._listener is None:
                 deadlines.append(self._listener_retry_at)
+            deadlines.append(seat_deadline)
             if self._wait(max(0.0, min(deadlines) - now)):
                 look = notified = True
                 backoff.reset()
@@ -745,6 +828,39 @@ class Worker:
         assert self._selector is not None
         self._selector.register(self._listener.fd, selectors.EVENT_READ)
         return True
+
+    def _take_seat(self) -> bool:
+        """Hold the looker's seat (see "Many consumers"); False when another consumer holds
+        it, or the listener connection broke (it is dropped, and polling covers until it is back)."""
+        assert self._listener is not None
+        try:
+            return self._listener.take_seat()
+        except Exception as exc:
+            log.warning("LISTEN connection lost (%s): polling until it is reopened", first_line(exc))
+            self._drop_listener()
+            return False
+
+    def _keep_seat(self, room: int) -> float:
+        """A looker with no room for new items (its handlers busy) gives the seat up after
+        min_poll_interval, so that an idle consumer takes it at its next poll. Returns when
+        to check again (inf: nothing to check)."""
+        if self._listener is None or not self._listener.seated or room:
+            self._full_since = math.inf
+            return math.inf
+        now = time.monotonic()
+        self._full_since = min(self._full_since, now)
+        if now < self._full_since + self.min_poll_interval:
+            return self._full_since + self.min_poll_interval
+        if self._registered:
+            self._unregister()
+        if self._listener is not None:
+            try:
+                self._listener.leave_seat()
+            except Exception as exc:
+                log.warning("LISTEN connection lost (%s): polling until it is reopened", first_line(exc))
+                self._drop_listener()
+        self._full_since = math.inf
+        return math.inf
 
     def _register(self) -> bool | None:
         """Tell producers this consumer may sleep (reliable_0006: they notify only then); None
