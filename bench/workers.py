@@ -205,6 +205,7 @@ class IdleRule:
         self.gated = gated
         self.seats = gated and seats  # only the looker (its listener's take_seat) registers
         self.seated = False
+        self.next_seat_try = 0.0  # tried at most once per poll interval by a consumer that is not the looker
         self.backoff = PollBackoff()
         self.in_flight = PollBackoff(IN_FLIGHT_FIRST_WAIT)
         self.outrun = PollBackoff()
@@ -219,7 +220,7 @@ class IdleRule:
         when the registration is to be given up (wait_end). `gap` is then the gather window
         to wait once the batch is finished."""
         self.counts["work_takes"] += 1
-        self.gap = 0.0 if got is None else self.gather.claimed(got, asked) or 0.0
+        self.gap = 0.0 if got is None else self.gather.claimed(got, asked, self.seated or not self.seats) or 0.0
         self.counts["gathers"] += self.gap > 0
         self.counts["notified_takes"] += self.notified
         self.backoff.reset()
@@ -243,24 +244,19 @@ class IdleRule:
             # the looker comes back after the shortest wait: it is the one to announce to
             return "outrun", self.outrun.shortest if self.seated else self.outrun.next_wait()
         self.notified = False
-        gap = self.gather.claimed(0, 1)
+        if self.seats and not self.seated and time.monotonic() >= self.next_seat_try:
+            self.counts["seat_tries"] += 1
+            self.next_seat_try = time.monotonic() + self.backoff.longest
+            return "seat", 0.0
+        return self.seat_answered(self.seated or not self.seats)
+
+    def seat_answered(self, seated: bool) -> tuple[str, float]:
+        """After found_nothing's ("seat", 0), take_seat's answer; the step after an empty take."""
+        self.seated = seated and self.seats
+        gap = self.gather.claimed(0, 1, seated)
         if gap is not None:
             self.counts["gathers"] += 1
             return "gather", gap
-        if self.seats and not self.seated:
-            self.counts["seat_tries"] += 1
-            return "seat", 0.0
-        return self._idle()
-
-    def seat_answered(self, seated: bool) -> tuple[str, float]:
-        """take_seat answered: as found_nothing, ("register", 0) or ("sleep", seconds) for the
-        looker; ("deaf", seconds) sleep that long without watching the channel for the others."""
-        self.seated = seated
-        if not seated:
-            return "deaf", self.backoff.next_wait()
-        return self._idle()
-
-    def _idle(self) -> tuple[str, float]:
         if self.gated and not self.armed:
             self.counts["registrations"] += 1
             return "register", 0.0

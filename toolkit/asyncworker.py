@@ -56,8 +56,7 @@ from queuectl.messages import Message
 from queuectl.sqlfiles import render
 from queuectl.storable import diagnostic_text
 from queuectl.worker import (
-    GATHER_FIRST_WAIT, IN_FLIGHT_FIRST_WAIT, WAIT_REGISTRATION_REVISION, Gather, PollBackoff, Settlements, WorkerStats,
-    loop_settings,
+    IN_FLIGHT_FIRST_WAIT, WAIT_REGISTRATION_REVISION, PollBackoff, Settlements, WorkerStats, loop_settings,
 )
 
 AsyncHandler = Callable[[Message], Awaitable[Any] | Any]
@@ -201,7 +200,6 @@ class AsyncWorker:
         backoff = PollBackoff(self.min_poll_interval, self.poll_interval)
         in_flight = PollBackoff(min(IN_FLIGHT_FIRST_WAIT, self.min_poll_interval), self.poll_interval)
         outrun = PollBackoff(self.min_poll_interval, self.poll_interval)
-        gather = Gather(min(GATHER_FIRST_WAIT, self.min_poll_interval), self.min_poll_interval)
         look, next_poll = True, math.inf
         notified = False  # the next look answers a notification
         now = time.monotonic()
@@ -233,12 +231,6 @@ class AsyncWorker:
                     self._deaf_until, notified = 0.0, False
                     if self._registered:
                         await self._unregister()
-                    gap = gather.claimed(len(messages), room)
-                    if not gap:
-                        continue
-                    # the claim drained the queue: let items gather (queuectl.worker, "Many consumers")
-                    look = False
-                    next_poll = self._deaf_until = time.monotonic() + gap
                     continue
                 self.stats.empty_polls += 1
                 look = False
@@ -251,10 +243,6 @@ class AsyncWorker:
                     next_poll = self._deaf_until = time.monotonic() + outrun.next_wait()
                     continue
                 notified = False
-                gap = gather.claimed(0, room)
-                if gap is not None:  # busy a moment ago: look again after a window, not listening
-                    next_poll = self._deaf_until = time.monotonic() + gap
-                    continue
                 if self._listener is not None and self._listener.gated and not self._armed:
                     clear = await self._register()
                     if clear:

@@ -141,7 +141,8 @@ from queuectl.storable import diagnostic_text
 QueueClient = Any
 
 DEFAULT_MIN_POLL_INTERVAL = 0.05  # first wait after a look found nothing
-GATHER_FIRST_WAIT = 0.002  # first wait after a claim that drained the queue (Gather)
+GATHER_FIRST_WAIT = 0.002  # the shortest window between a busy consumer's looks (Gather)
+FULL_CLAIM_SHRINK = 0.75  # a full claim shortens the window this much; any other doubles it
 IN_FLIGHT_FIRST_WAIT = 0.02  # first wait while an enqueue that missed our registration is open
 WAIT_REGISTRATION_REVISION = 6  # reliable_0006: notifications only to registered consumers
 DEFAULT_HEARTBEAT_FRACTION = 1 / 3  # extend leases three times per lease
@@ -179,42 +180,46 @@ class PollBackoff:
 
 @dataclass
 class Gather:
-    """When a busy consumer looks again after a claim that did not fill its batch (see
-    "Many consumers"): not at once, since that claim drained the queue, but after a window
-    in which items can gather, neither registered nor listening (so nobody announces them
-    to it and no notification wakes it).
+    """When a consumer that is not asleep on the channel looks again (see "Many consumers"):
+    after a full claim at once; after a claim that did not fill its batch (it drained the
+    queue), or an empty one, only after a window in which items can gather, neither
+    registered nor listening (nobody announces items to it, no notification wakes it).
 
-    The window is `longest` (min_poll_interval) at first, halves after each full claim (the
-    items come faster than this consumer looks; not below `shortest`) and doubles after a
-    short one, up to `longest` again: an item waits at most `longest` for a busy consumer's
-    next look. A look that finds nothing is followed by one more window; a second empty
-    look in a row means the queue went idle: the consumer then waits as an idle one does
-    (registers, looks once more, sleeps on the channel)."""
+    The window shrinks by a quarter after each full claim (items come faster than this
+    consumer looks; not below `shortest`) and doubles after any other, up to a cap, so that
+    about one look in eight finds nothing once the looks match the items: for the looker (the
+    consumer holding the queue's seat) `longest` (min_poll_interval), so that an item waits
+    at most that long for its next look, for the other consumers `slowest` (poll_interval).
+    The looker looks once more after an empty look; a second empty look in a row means the
+    queue went idle (None): it then waits as an idle consumer does (registers, looks once
+    more, sleeps on the channel)."""
 
     shortest: float = GATHER_FIRST_WAIT
     longest: float = DEFAULT_MIN_POLL_INTERVAL
+    slowest: float = DEFAULT_POLL_INTERVAL
     window: float = field(init=False)
-    active: bool = field(init=False, default=False)  # found work since it last went idle
+    active: bool = field(init=False, default=False)  # the looker found work since it last went idle
     empty: bool = field(init=False, default=False)  # the last look found nothing
 
     def __post_init__(self) -> None:
         self.window = self.longest
 
-    def claimed(self, got: int, asked: int) -> float | None:
+    def claimed(self, got: int, asked: int, seated: bool = True) -> float | None:
         """A claim asked for `asked` items and got `got`: the seconds to wait, not listening,
-        before the next look (0: look at once); None: the queue is idle, wait as idle
-        consumers do."""
+        before the next look (0: look at once); None (only `seated`): the queue is idle,
+        wait as idle consumers do."""
+        cap = self.longest if seated else self.slowest
         if got and got >= asked:
             self.active, self.empty = True, False
-            self.window = max(self.shortest, self.window / 2)
+            self.window = max(self.shortest, min(self.window, cap) * FULL_CLAIM_SHRINK)
             return 0.0
-        if got or (self.active and not self.empty):
+        if got or not seated or (self.active and not self.empty):
             self.active, self.empty = True, not got
-            wait = self.window
-            self.window = min(self.window * 2, self.longest)
+            wait = min(self.window, cap)
+            self.window = min(wait * 2, cap)
             return wait * (1 + random.uniform(-POLL_JITTER, POLL_JITTER))
         self.active = self.empty = False
-        self.window = self.longest
+        self.window = min(self.window, self.longest)
         return None
 
 
@@ -605,6 +610,7 @@ class Worker:
         self._armed = False  # ... and no enqueue that missed it was open when it was checked
         self._deaf_until: float = 0.0  # outrun: notifications are drained, not answered, until then
         self._full_since = math.inf  # since when the looker has had no room for new items
+        self._next_seat_try = 0.0  # when a consumer that is not the looker may try the seat again
         self._selector: selectors.BaseSelector | None = None
         self._processes: list[_HandlerProcess] = []  # one per handler thread, with processes=True
         self._threads: list[threading.Thread] = []
@@ -672,7 +678,7 @@ class Worker:
         backoff = PollBackoff(self.min_poll_interval, self.poll_interval)
         in_flight = PollBackoff(min(IN_FLIGHT_FIRST_WAIT, self.min_poll_interval), self.poll_interval)
         outrun = PollBackoff(self.min_poll_interval, self.poll_interval)
-        gather = Gather(min(GATHER_FIRST_WAIT, self.min_poll_interval), self.min_poll_interval)
+        gather = Gather(min(GATHER_FIRST_WAIT, self.min_poll_interval), self.min_poll_interval, self.poll_interval)
         look = True  # dequeue at the next chance: at start, on a notification, when a poll is due
         notified = False  # the next look answers a notification
         next_poll = math.inf
@@ -708,7 +714,8 @@ class Worker:
                     self._deaf_until, notified = 0.0, False
                     if self._registered:
                         self._unregister()  # busy: producers need not announce to us
-                    gap = gather.claimed(len(messages), room)
+                    gap = gather.claimed(len(messages), room, self._listener is None or self._listener.seated
+                                         or not self._listener.gated)
                     if not gap:
                         continue  # drain: look again at once
                     # the claim drained the queue: let items gather (see "Many consumers")
@@ -730,13 +737,10 @@ class Worker:
                     next_poll = self._deaf_until = time.monotonic() + wait
                     continue
                 notified = False
-                gap = gather.claimed(0, room)
-                if gap is not None:  # busy a moment ago: look again after a window, not listening
+                seated = self._listener is None or not self._listener.gated or self._take_seat()
+                gap = gather.claimed(0, room, seated)
+                if gap is not None:  # busy a moment ago, or not the looker: look again after a window
                     next_poll = self._deaf_until = time.monotonic() + gap
-                    continue
-                if self._listener is not None and self._listener.gated and not self._take_seat():
-                    # another consumer is the looker: poll with the back-off, not listening
-                    next_poll = self._deaf_until = time.monotonic() + backoff.next_wait()
                     continue
                 if self._listener is not None and self._listener.gated and not self._armed:
                     clear = self._register()
@@ -831,8 +835,15 @@ class Worker:
 
     def _take_seat(self) -> bool:
         """Hold the looker's seat (see "Many consumers"); False when another consumer holds
-        it, or the listener connection broke (it is dropped, and polling covers until it is back)."""
+        it (tried at most once per poll_interval), or the listener connection broke (it is
+        dropped, and polling covers until it is back)."""
         assert self._listener is not None
+        if self._listener.seated:
+            return True
+        now = time.monotonic()
+        if now < self._next_seat_try:
+            return False
+        self._next_seat_try = now + self.poll_interval
         try:
             return self._listener.take_seat()
         except Exception as exc:
