@@ -142,6 +142,7 @@ QueueClient = Any
 
 DEFAULT_MIN_POLL_INTERVAL = 0.05  # first wait after a look found nothing
 GATHER_FIRST_WAIT = 0.002  # the shortest window between a busy consumer's looks (Gather)
+GATHER_LONGEST = 0.05  # the looker's longest window: the most an item waits for a busy looker's next look
 FULL_CLAIM_SHRINK = 0.75  # a full claim shortens the window this much; any other doubles it
 IN_FLIGHT_FIRST_WAIT = 0.02  # first wait while an enqueue that missed our registration is open
 WAIT_REGISTRATION_REVISION = 6  # reliable_0006: notifications only to registered consumers
@@ -188,14 +189,15 @@ class Gather:
     The window shrinks by a quarter after each full claim (items come faster than this
     consumer looks; not below `shortest`) and doubles after any other, up to a cap, so that
     about one look in eight finds nothing once the looks match the items: for the looker (the
-    consumer holding the queue's seat) `longest` (min_poll_interval), so that an item waits
-    at most that long for its next look, for the other consumers `slowest` (poll_interval).
+    consumer holding the queue's seat) `longest` (50 ms, or min_poll_interval when shorter),
+    so that an item waits at most that long for its next look, for the other consumers
+    `slowest` (poll_interval).
     The looker looks once more after an empty look; a second empty look in a row means the
     queue went idle (None): it then waits as an idle consumer does (registers, looks once
     more, sleeps on the channel)."""
 
     shortest: float = GATHER_FIRST_WAIT
-    longest: float = DEFAULT_MIN_POLL_INTERVAL
+    longest: float = GATHER_LONGEST
     slowest: float = DEFAULT_POLL_INTERVAL
     window: float = field(init=False)
     active: bool = field(init=False, default=False)  # the looker found work since it last went idle
@@ -678,7 +680,8 @@ class Worker:
         backoff = PollBackoff(self.min_poll_interval, self.poll_interval)
         in_flight = PollBackoff(min(IN_FLIGHT_FIRST_WAIT, self.min_poll_interval), self.poll_interval)
         outrun = PollBackoff(self.min_poll_interval, self.poll_interval)
-        gather = Gather(min(GATHER_FIRST_WAIT, self.min_poll_interval), self.min_poll_interval, self.poll_interval)
+        gather = Gather(min(GATHER_FIRST_WAIT, self.min_poll_interval), min(GATHER_LONGEST, self.min_poll_interval),
+                        self.poll_interval)
         look = True  # dequeue at the next chance: at start, on a notification, when a poll is due
         notified = False  # the next look answers a notification
         next_poll = math.inf
@@ -733,7 +736,7 @@ class Worker:
                     notified = False
                     seated = self._listener is not None and self._listener.seated
                     self._unregister()
-                    wait = self.min_poll_interval if seated else outrun.next_wait()
+                    wait = gather.longest if seated else outrun.next_wait()
                     next_poll = self._deaf_until = time.monotonic() + wait
                     continue
                 notified = False
@@ -853,17 +856,18 @@ class Worker:
 
     def _keep_seat(self, room: int) -> float:
         """A looker with no room for new items (its handlers busy) gives the seat up after
-        min_poll_interval, so that an idle consumer takes it at its next poll. Returns when
+        GATHER_LONGEST, so that an idle consumer takes it at its next poll. Returns when
         to check again (inf: nothing to check)."""
         if self._listener is None or not self._listener.seated or room:
             self._full_since = math.inf
             return math.inf
         now = time.monotonic()
         self._full_since = min(self._full_since, now)
-        if now < self._full_since + self.min_poll_interval:
-            return self._full_since + self.min_poll_interval
+        if now < self._full_since + GATHER_LONGEST:
+            return self._full_since + GATHER_LONGEST
         if self._registered:
             self._unregister()
+        self._next_seat_try = 0.0  # it may take the seat back at its next idle look, if still free
         if self._listener is not None:
             try:
                 self._listener.leave_seat()
