@@ -27,18 +27,39 @@ Polling with adaptive back-off
     as the fallback; with `notify=False` it is the only mechanism.
 
 Many consumers
-    A notification wakes every consumer sleeping on the channel, and only one of them gets
-    what it announced. A consumer whose look after a notification comes back empty was
-    outrun: it gives its registration up (so producers need not announce to it) and stops
-    watching the channel until its next poll, 50 ms after the first such look, doubling
-    with each further one up to `poll_interval` until a look that answered a notification
-    finds work; that poll looks, then registers (and looks) as any idle consumer does. So
-    the consumers that keep winning stay on the channel and the others poll ever more
-    rarely. Were every outrun consumer to stay, each enqueue would wake all of them into
-    an empty claim: a full cycle of 2 producers and 32 such consumers spent about 1.5 s of
-    CPU (clients and server) per 1,000 messages, 10x what 4 consumers spend
-    (bench/lab/RESULTS.md). A lone consumer outrun by a spare notification polls 50 ms
-    later, a latency its back-off already allows.
+    One consumer at a time, the looker, holds the queue's seat: a session-level advisory
+    lock on its LISTEN session (activation.sql, seat_take), only ever tried, since a wait
+    in the lock manager would hold a snapshot, and the xmin horizon, for as long as it
+    waits. On a queue that notifies only registered consumers only the looker LISTENs and
+    registers, so a notification signals one backend (PostgreSQL signals every backend
+    that LISTENs in the database at each notification, whatever its channel: about 13 us
+    each). The others neither listen nor register: they look with their gather window and
+    try the seat after an empty look, at most once per `poll_interval`.
+
+    The gather window (Gather): after a claim that filled its batch a consumer looks again
+    at once; after one that did not (it drained the queue), or an empty one, it looks
+    again only after a window in which items can gather. The window shrinks by a quarter
+    after each full claim and doubles after any other, up to 50 ms (min_poll_interval when
+    shorter) for the looker and `poll_interval` for the others. So many consumers look
+    about as often as a batch forms, and most looks take a full batch, as a few consumers
+    on a backlog do, instead of each batch paying an empty look, a registration and a
+    wake-up. With 2 producers at batch 10, 32 such consumers sent 3.9 statements per batch
+    (6.7-8.3 when every idle consumer registered) and their own CPU per message halved
+    (bench/lab/RESULTS.md). A looker whose second look in a row finds nothing registers,
+    looks once more and sleeps on the channel.
+
+    Latency: an enqueue while every consumer sleeps wakes the looker a millisecond or two
+    after its commit. While the looker works, nobody is registered, so producers pay no
+    NOTIFY, and an item waits for the next look of a consumer: at most 50 ms for the
+    looker's window, at most `poll_interval` for the others'. A looker with no room for
+    new items (its handlers all busy) gives the seat up after 50 ms, and one that dies
+    frees it with its session; another consumer takes it at its next empty look. A
+    looker whose look after a notification finds nothing (another consumer was faster)
+    gives its registration up and looks again after 50 ms, then registers again.
+    queuectl.asyncworker's consumers take no seat and no window: each idle one LISTENs and
+    registers, and one outrun that way leaves the channel until its next poll, 50 ms,
+    doubling with each further such look up to `poll_interval`, so that the consumers that
+    keep winning stay on the channel.
 
 SQL Server
     SQL Server has no LISTEN/NOTIFY, so its consumers run this same loop with notify off
