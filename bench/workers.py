@@ -192,12 +192,13 @@ class IdleRule:
     notification and found nothing was outrun: it gives the registration up and sleeps
     without watching the channel, 50 ms doubling until a take that answered a notification
     finds work. With `seats` (the blocking Worker's way) only the looker, the consumer
-    whose listener holds the queue's seat, registers and listens; the others that find the
-    seat taken poll with the back-off, not listening; an outrun looker looks again after
-    the shortest wait. A consumer busy a moment ago (queuectl.worker.Gather) looks again after a
+    whose listener holds the queue's seat, registers and listens; the others try the seat
+    at most once per poll interval and look with their gather window, not listening; an
+    outrun looker looks again after the shortest wait. A consumer busy a moment ago (queuectl.worker.Gather) looks again after a
     claim that did not fill its batch, or after one empty take, only after a gather window
-    (50 ms, halving after full claims down to 2 ms and doubling after short ones up to 50
-    ms), neither registered nor watching the channel; a second empty take turns it idle.
+    (shrinking by a tenth after a full claim, down to 2 ms, doubling after any other, up to
+    50 ms for the looker, the back-off's 2 s for the others), neither registered nor
+    watching the channel; the looker's second empty take in a row turns it idle.
     Without a listener (kinds that do not notify) it waits the back-off alone.
     `counts` says what it did (the bench reports their sums)."""
 

@@ -38,13 +38,15 @@ Many consumers
 
     The gather window (Gather): after a claim that filled its batch a consumer looks again
     at once; after one that did not (it drained the queue), or an empty one, it looks
-    again only after a window in which items can gather. The window shrinks by a quarter
+    again only after a window in which items can gather. The window shrinks by a tenth
     after each full claim and doubles after any other, up to 50 ms (min_poll_interval when
-    shorter) for the looker and `poll_interval` for the others. So many consumers look
-    about as often as a batch forms, and most looks take a full batch, as a few consumers
-    on a backlog do, instead of each batch paying an empty look, a registration and a
-    wake-up. With 2 producers at batch 10, 32 such consumers sent 3.9 statements per batch
-    (6.7-8.3 when every idle consumer registered) and their own CPU per message halved
+    shorter) for the looker and `poll_interval` for the others, so about one look in eight
+    comes back short once the looks match the items. So many consumers look about as often
+    as a batch forms, and most looks take a full batch, as a few consumers on a backlog do,
+    instead of each batch paying an empty look, a registration and a wake-up. With 2
+    producers at batch 10, 32 such consumers sent 3.5-3.7 statements per batch (6.7-8.3
+    when every idle consumer registered; 4 consumers 3.1), their own CPU per message about
+    halved, and their rate reached the 4-consumer one at a lower latency
     (bench/lab/RESULTS.md). A looker whose second look in a row finds nothing registers,
     looks once more and sleeps on the channel.
 
@@ -164,7 +166,7 @@ QueueClient = Any
 DEFAULT_MIN_POLL_INTERVAL = 0.05  # first wait after a look found nothing
 GATHER_FIRST_WAIT = 0.002  # the shortest window between a busy consumer's looks (Gather)
 GATHER_LONGEST = 0.05  # the looker's longest window: the most an item waits for a busy looker's next look
-FULL_CLAIM_SHRINK = 0.75  # a full claim shortens the window this much; any other doubles it
+FULL_CLAIM_SHRINK = 0.9  # a full claim shortens the window this much; any other doubles it
 IN_FLIGHT_FIRST_WAIT = 0.02  # first wait while an enqueue that missed our registration is open
 WAIT_REGISTRATION_REVISION = 6  # reliable_0006: notifications only to registered consumers
 DEFAULT_HEARTBEAT_FRACTION = 1 / 3  # extend leases three times per lease
@@ -207,9 +209,9 @@ class Gather:
     queue), or an empty one, only after a window in which items can gather, neither
     registered nor listening (nobody announces items to it, no notification wakes it).
 
-    The window shrinks by a quarter after each full claim (items come faster than this
+    The window shrinks by a tenth after each full claim (items come faster than this
     consumer looks; not below `shortest`) and doubles after any other, up to a cap, so that
-    about one look in eight finds nothing once the looks match the items: for the looker (the
+    about one look in eight comes back short once the looks match the items: for the looker (the
     consumer holding the queue's seat) `longest` (50 ms, or min_poll_interval when shorter),
     so that an item waits at most that long for its next look, for the other consumers
     `slowest` (poll_interval).
