@@ -12,7 +12,9 @@ Waking
     (PollBackoff: 50 ms doubling to poll_interval) runs underneath, so a lost notification
     costs latency, never items. A consumer outrun to what a notification announced gives
     its registration up and leaves the channel until its next poll (queuectl.worker,
-    "Many consumers").
+    "Many consumers"). Unlike the blocking worker it takes no seat and no gather window:
+    every idle one LISTENs and registers (a mixed fleet is safe: producers notify while
+    any consumer is registered).
 
 Concurrency
     Up to `concurrency` handlers run at once as tasks; the loop claims at most
