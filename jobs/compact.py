@@ -86,6 +86,10 @@ class CompactConfig:
         check_number("statement_timeout", self.statement_timeout, 0.001, 24 * 3600)
         check_number("max_seconds", self.max_seconds, 0, 10 * 366 * 86400, optional=True)
 
+    def is_due(self, size: int, live: int, dead: int) -> bool:
+        """A table over min_bytes whose dead versions outnumber its live rows dead_ratio times."""
+        return self.force or (size > self.min_bytes and dead > self.dead_ratio * max(live, 1))
+
 
 @dataclass
 class TableSize:
@@ -95,7 +99,7 @@ class TableSize:
     dead: int
 
     def due(self, config: CompactConfig) -> bool:
-        return self.bytes > config.min_bytes and self.dead > config.dead_ratio * max(self.live, 1)
+        return config.is_due(self.bytes, self.live, self.dead)
 
 
 @dataclass
@@ -157,6 +161,9 @@ class Compactor:
         tables = target.tables if target.kind == "ring" else ("items",)
         self.tables = [target.names.qualified(t) for t in tables]
 
+    def is_due(self, size: int, live: int, dead: int) -> bool:
+        return self.config.is_due(size, live, dead)
+
     def probe(self) -> list[TableSize]:
         with self.engine.connect() as conn:
             rows = conn.execute(self.target.sql("compact_probe"), {"tables": self.tables}).all()
@@ -201,7 +208,7 @@ class Compactor:
         sizes = self.probe()
         result.tables = [asdict(s) for s in sizes]
         result.bytes_before = sum(s.bytes for s in sizes)
-        result.due = self.config.force or any(s.due(self.config) for s in sizes)
+        result.due = any(s.due(self.config) for s in sizes)
         result.skipped = self.skip_reason(sizes) if result.due else None
         if not result.due or result.skipped or self.config.dry_run:
             return

@@ -186,17 +186,16 @@ def compact(
     This frees the space that a snapshot held open (a long report, pg_dump, a replica's feedback) keeps VACUUM from reclaiming. It copies the live rows aside, truncates and inserts them back in one short transaction that pushes and pops wait for (a few milliseconds for a few thousand rows); when another session holds a lock on the tables (one that read them in an open transaction) it gives up within 50 ms, names that session and tries again later. PostgreSQL only: SQL Server needs none.
     """  # noqa: E501 (one line per paragraph: --help wraps them itself)
     options = _options(dry_run=dry_run, force=force, max_rows=max_rows, interval=interval, max_seconds=max_seconds)
-    call = None
     if continuous:
         _logging()
-
-        def call(engine: Any, queue: str, config: Any, *, schema: str, stop: threading.Event) -> Any:
-            from queuectl.jobs import compact as compact_job
-
-            return compact_job.run_continuous(engine, queue, config, schema=schema, stop=stop)
-
     _run("compact", name, options, url, schema, as_json, lambda r: print_fact(f"compact {name}: {r.summary()}"),
-         call=call)
+         call=_compact_continuous if continuous else None)
+
+
+def _compact_continuous(engine: Any, queue: str, config: Any, *, schema: str, stop: threading.Event) -> Any:
+    from queuectl.jobs import compact as compact_job
+
+    return compact_job.run_continuous(engine, queue, config, schema=schema, stop=stop)
 
 
 # -- reorganize ----------------------------------------------------------------------------
