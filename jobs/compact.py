@@ -179,14 +179,22 @@ class Compactor:
             return f"about {live:,} live rows: over max-rows {self.config.max_rows:,}, compacted once drained below it"
         return None
 
-    def compact(self) -> tuple[int, float] | None:
-        """One attempt: (rows copied, seconds under the lock), or None when the lock was not
-        granted within lock_timeout. SQLSTATE 54000 (too many rows) is raised to the caller."""
-        section = "compact_ring" if self.target.kind == "ring" else "compact_items"
+    def compact(self, due: set[str]) -> tuple[int, float] | None:
+        """One attempt on the `due` tables (qualified names; the ring's others keep their
+        files): (rows copied, seconds under the lock), or None when the lock was not granted
+        within lock_timeout. SQLSTATE 54000 (too many rows) is raised to the caller."""
+        flags: dict[str, int] = {}
+        if self.target.kind == "ring":
+            section = "compact_ring"
+            for suffix, flag in (("ring", "ring_due"), ("ring_large", "large_due"), ("subs", "subs_due"),
+                                 ("sub_slots", "slots_due")):
+                flags[flag] = int(self.target.names.qualified(suffix) in due)
+        else:
+            section = "compact_items"
         with self.engine.connect() as conn:
             try:
                 self.target.set_local_timeouts(conn, self.config.lock_timeout, self.config.statement_timeout)
-                conn.execute(self.target.sql(section, max_rows=self.config.max_rows))
+                conn.execute(self.target.sql(section, max_rows=self.config.max_rows, **flags))
                 compacted = conn.execute(self.target.sql("compact_result")).scalar_one()
                 conn.commit()
             except DBAPIError as exc:
@@ -212,9 +220,11 @@ class Compactor:
         result.skipped = self.skip_reason(sizes) if result.due else None
         if not result.due or result.skipped or self.config.dry_run:
             return
+        # forced: every table but one that has never held a row (a new file frees nothing there)
+        due = {s.table for s in sizes if s.due(self.config) and (s.bytes > 0 or not self.config.force)}
         for attempt in range(self.config.tries):
             try:
-                done = self.compact()
+                done = self.compact(due)
             except DBAPIError as exc:
                 if getattr(exc.orig, "sqlstate", None) != TOO_MANY_ROWS:
                     raise

@@ -132,8 +132,6 @@ def test_ring_pushers_and_poppers_beside_repeated_compactions_get_every_message_
     assert compactor.compactions >= 5
     texts = Counter(text for c in got for _, text in c)
     assert texts == Counter(f"p{p}-{i}" for p in range(producers) for i in range(per_producer))  # each once
-    for c in got:  # a popper takes positions in order
-        assert [i for i, _ in c] == sorted(i for i, _ in c)
     by_position = [text for _, text in sorted(x for c in got for x in c)]
     for p in range(producers):  # each producer's messages in the order it pushed them
         mine = [int(t.split("-")[1]) for t in by_position if t.startswith(f"p{p}-")]

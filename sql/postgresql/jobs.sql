@@ -279,44 +279,67 @@ ORDER BY t.ord
 
 -- name: compact_ring
 -- Give a ring's tables new files holding only their live rows, in one transaction: the slots,
--- the side table of large messages (a slot points to its row there: they move together) and a
--- fan-out ring's subscriptions and their claim rows. Under ACCESS EXCLUSIVE, taken within the
--- transaction's lock_timeout (55P03 when a session holds any of them: the job retries later
--- rather than queue every push and pop behind it), every row is copied into an array (no
--- temporary table: each would add catalog rows, themselves dead versions under a pinned
--- horizon), the tables truncated and the rows inserted back with their own values (ids of the
--- identity column included). Kept as they are: the sequences (TRUNCATE without RESTART
--- IDENTITY), the slots' positions and states (so every claim a session keeps still names its
--- slot), the tables' reloptions, grants, indexes and triggers (the fan-out guard fires on
--- UPDATE only: the inserts pass it). A push or pop that waited for the lock takes its
--- snapshot after it and sees the rows back. More than {{max_rows}} rows in all: SQLSTATE
--- 54000 and nothing changes. The rows copied and the seconds the lock was held are left in
--- the session setting queuectl.compacted.
+-- the side table of large messages and a fan-out ring's subscriptions and claim rows, those
+-- flagged 1 ({{ring_due}}, {{large_due}}, {{subs_due}}, {{slots_due}}: the job's probe found them
+-- over their bound; a table left out keeps its file, as truncating an empty or small table
+-- frees nothing and costs new files under the lock). Every table is locked ACCESS EXCLUSIVE,
+-- within the transaction's lock_timeout (55P03 when a session holds any of them: the job
+-- retries later rather than queue every push and pop behind it), so the copies are of one
+-- moment. A flagged table's rows are copied into an array (no temporary table: each would
+-- add catalog rows, themselves dead versions under a pinned horizon;
+-- bench/lab/compact_cost.py measures both), the table truncated and the rows inserted back
+-- with their own values (ids of the identity column included). Kept as they are: the
+-- sequences (TRUNCATE without RESTART IDENTITY), the slots' positions and states (so every
+-- claim a session keeps still names its slot), a slot's pointer into the side table, the
+-- tables' reloptions, grants, indexes and triggers (the fan-out guard fires on UPDATE only:
+-- the inserts pass it). A push or pop that waited for the lock takes its snapshot after it
+-- and sees the rows back. More than {{max_rows}} rows in all: SQLSTATE 54000 and nothing
+-- changes. The rows copied and the seconds the lock was held are left in the session setting
+-- queuectl.compacted.
 DO $compact$
 DECLARE
-    v_ring  {{ring}}[];
-    v_large {{ring_large}}[];
-    v_subs  {{subs}}[];
-    v_slots {{sub_slots}}[];
+    v_ring  {{ring}}[] := '{}';
+    v_large {{ring_large}}[] := '{}';
+    v_subs  {{subs}}[] := '{}';
+    v_slots {{sub_slots}}[] := '{}';
     v_t0    timestamptz;
     v_rows  bigint;
 BEGIN
     LOCK TABLE {{ring}}, {{ring_large}}, {{subs}}, {{sub_slots}} IN ACCESS EXCLUSIVE MODE;
     v_t0 := clock_timestamp();
-    v_ring := ARRAY(SELECT r FROM {{ring}} r LIMIT {{max_rows}} + 1);
-    v_large := ARRAY(SELECT l FROM {{ring_large}} l LIMIT {{max_rows}} + 1);
-    v_subs := ARRAY(SELECT s FROM {{subs}} s LIMIT {{max_rows}} + 1);
-    v_slots := ARRAY(SELECT s FROM {{sub_slots}} s LIMIT {{max_rows}} + 1);
+    IF {{ring_due}} = 1 THEN
+        v_ring := ARRAY(SELECT r FROM {{ring}} r LIMIT {{max_rows}} + 1);
+    END IF;
+    IF {{large_due}} = 1 THEN
+        v_large := ARRAY(SELECT l FROM {{ring_large}} l LIMIT {{max_rows}} + 1);
+    END IF;
+    IF {{subs_due}} = 1 THEN
+        v_subs := ARRAY(SELECT s FROM {{subs}} s LIMIT {{max_rows}} + 1);
+    END IF;
+    IF {{slots_due}} = 1 THEN
+        v_slots := ARRAY(SELECT s FROM {{sub_slots}} s LIMIT {{max_rows}} + 1);
+    END IF;
     v_rows := cardinality(v_ring) + cardinality(v_large) + cardinality(v_subs) + cardinality(v_slots);
     IF v_rows > {{max_rows}} THEN
         RAISE EXCEPTION 'ring % holds more than % rows: not compacted', {{ring_regclass}}, {{max_rows}}
             USING ERRCODE = '54000';
     END IF;
-    TRUNCATE {{ring}}, {{ring_large}}, {{subs}}, {{sub_slots}};
-    INSERT INTO {{ring}} SELECT * FROM unnest(v_ring) u ORDER BY u.slot;
-    INSERT INTO {{ring_large}} OVERRIDING SYSTEM VALUE SELECT * FROM unnest(v_large) u ORDER BY u.id;
-    INSERT INTO {{subs}} SELECT * FROM unnest(v_subs) u ORDER BY u.sub_id;
-    INSERT INTO {{sub_slots}} SELECT * FROM unnest(v_slots) u ORDER BY u.sub_id, u.slot;
+    IF {{ring_due}} = 1 THEN
+        TRUNCATE {{ring}};
+        INSERT INTO {{ring}} SELECT * FROM unnest(v_ring) u ORDER BY u.slot;
+    END IF;
+    IF {{large_due}} = 1 THEN
+        TRUNCATE {{ring_large}};
+        INSERT INTO {{ring_large}} OVERRIDING SYSTEM VALUE SELECT * FROM unnest(v_large) u ORDER BY u.id;
+    END IF;
+    IF {{subs_due}} = 1 THEN
+        TRUNCATE {{subs}};
+        INSERT INTO {{subs}} SELECT * FROM unnest(v_subs) u ORDER BY u.sub_id;
+    END IF;
+    IF {{slots_due}} = 1 THEN
+        TRUNCATE {{sub_slots}};
+        INSERT INTO {{sub_slots}} SELECT * FROM unnest(v_slots) u ORDER BY u.sub_id, u.slot;
+    END IF;
     PERFORM set_config('queuectl.compacted',
                        v_rows || ' ' || extract(epoch FROM clock_timestamp() - v_t0), false);
 END
