@@ -602,6 +602,15 @@ class FanoutRingDriver(KindQueueDriver):
     def tables(self, names: QueueNames) -> list[str]:
         return [names.table(t) for t in ("ring", "subs", "sub_slots")]
 
+    def waiting(self, engine: Engine, names: QueueNames) -> int:
+        """The backlog: messages published that the subscription has not been handed, and
+        those handed out but not acknowledged (a fan-out ring keeps no FULL slot)."""
+        from queuectl.client import RingQueue
+
+        with RingQueue(engine, names.queue, schema=names.schema) as q:
+            [sub] = [s for s in q.subscriptions() if s.name == FANOUT_SUBSCRIPTION]
+        return int(sub.lag or 0) + int(sub.claimed or 0)
+
 
 DRIVERS: dict[str, KindDriver] = {}
 # Kinds a user may pass to --kind; bench-only designs (onetable) are drivers but not kinds.

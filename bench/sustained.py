@@ -293,9 +293,15 @@ class KindSubject:
     def waiting(self, conn: Connection, names: QueueNames) -> int:
         from queuectl.stats import queue_counts
 
+        own = getattr(driver_for(self.driver), "waiting", None)  # a fan-out ring: its subscription's lag
+        if own is not None:
+            return int(own(conn.engine, names))
         return int(queue_counts(conn, names.queue, self.kind, names.schema)["ready"])
 
     def left(self, run: BenchRun, names: QueueNames) -> int:
+        own = getattr(driver_for(self.driver), "waiting", None)
+        if own is not None:
+            return int(own(run.engine, names))
         return left_in_queue(run, names, self.kind)
 
 
