@@ -22,8 +22,9 @@ what each kind's calls then do; none loses a message).
 
 run_once: probe; compact the tables that are due (up to `tries` attempts at the lock).
 run_continuous: the same every `interval` until stopped.
-SQL Server needs no compaction (sql/mssql/jobs.sql, compact_probe, says why): the job serves
-PostgreSQL queues and does nothing on SQL Server.
+On SQL Server the job does nothing (sql/mssql/jobs.sql, compact_probe, says why: a ring's
+table keeps no old version there; a DELETE-drained table keeps its ghosts while a snapshot may
+read them, and a T-SQL compaction is not built).
 """
 
 from __future__ import annotations
@@ -255,7 +256,7 @@ def run_once(engine: Engine, queue: str | JobTarget, config: CompactConfig | Non
     target = JobTarget.resolve(engine, queue, schema, KINDS)
     result = CompactResult(dry_run=config.dry_run)
     if engine.dialect.name != "postgresql":
-        result.stopped = "SQL Server needs no compaction"
+        result.stopped = "not built for SQL Server"
         return result
     Compactor(engine, target, config).run(result)
     return result
@@ -268,7 +269,7 @@ def run_continuous(engine: Engine, queue: str | JobTarget, config: CompactConfig
     target = JobTarget.resolve(engine, queue, schema, KINDS)
     result = CompactResult(dry_run=config.dry_run)
     if engine.dialect.name != "postgresql":
-        result.stopped = "SQL Server needs no compaction"
+        result.stopped = "not built for SQL Server"
         return result
     compactor = Compactor(engine, target, config)
     started = time.monotonic()

@@ -465,9 +465,10 @@ ORDER BY a.elapsed_time_seconds DESC;
 -- long a snapshot stays open, and what grows is the version store, which no work on the
 -- queue's tables shrinks. The DELETE-drained kinds differ: a deleted row stays a ghost record
 -- while a snapshot may still read it, so a long snapshot transaction keeps their ghosts in the
--- table's pages (health's version_store and snapshot_holders name it); the ghost cleanup task
--- removes them within seconds of its end. A T-SQL compaction of those tables is not built:
--- the job does nothing on SQL Server. Empty on purpose.
+-- table's pages (sys.dm_db_index_physical_stats: version_ghost_record_count; health's
+-- version_store and snapshot_holders name the holder; https://www.red-gate.com/simple-talk/sql/performance/read-committed-snapshot-isolation-high-version_ghost_record_count/),
+-- and the ghost cleanup task removes them within seconds of its end. A T-SQL compaction of
+-- those tables is not built: the job does nothing on SQL Server. Empty on purpose.
 
 -- name: compact_ring
 -- PostgreSQL only (see compact_probe). Empty on purpose.
