@@ -13,7 +13,7 @@ inserts them back, in one transaction (sql/postgresql/jobs.sql: compact_ring, co
 which say what stays: ids, positions, states, sequences, reloptions, grants, triggers).
 
 What it costs: the pushes and pops of the queue wait for that transaction (its lock time is
-reported: a few milliseconds for a few thousand rows); a lock it cannot get within
+reported: milliseconds for a small backlog, tens for thousands of ring slots); a lock it cannot get within
 `lock_timeout` (a session that read the tables in an open transaction holds ACCESS SHARE, as
 pg_dump does) is given up and tried again later, never waited for in the lock queue, and the
 job names that session. TRUNCATE is not MVCC-safe: a REPEATABLE READ or SERIALIZABLE
@@ -52,7 +52,10 @@ RING_REVISION = "ring_0007"         # the newest ring: slots, side table and fan
 DEFAULT_MAX_ROWS = 50_000           # live rows copied under the lock at most: the stall stays short
 MAX_MAX_ROWS = 10_000_000
 DEFAULT_DEAD_RATIO = 1.0            # due when dead versions outnumber live rows this many times (size over ~2x)
-DEFAULT_MIN_BYTES = 1 << 20         # ... and the table is over this size: small tables are left alone
+DEFAULT_MIN_BYTES = 1 << 20         # ... and the table is over this size ...
+DEFAULT_MIN_DEAD = 2_000            # ... or holds this many dead versions: a hot row's chain (a fan-out
+                                    # ring's subscription row, read by every claim) grows long well
+                                    # before its table weighs a megabyte
 DEFAULT_LOCK_TIMEOUT = 0.05         # the lock is waited for this long at most ...
 DEFAULT_TRIES = 5                   # ... this many times per run, with a growing pause between
 DEFAULT_INTERVAL = 1.0              # continuous: probe this often
@@ -69,6 +72,7 @@ class CompactConfig:
     max_rows: int = DEFAULT_MAX_ROWS
     dead_ratio: float = DEFAULT_DEAD_RATIO
     min_bytes: int = DEFAULT_MIN_BYTES
+    min_dead: int = DEFAULT_MIN_DEAD
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT
     tries: int = DEFAULT_TRIES
     interval: float = DEFAULT_INTERVAL
@@ -81,6 +85,7 @@ class CompactConfig:
         check_number("max_rows", self.max_rows, 1, MAX_MAX_ROWS, integer=True)
         check_number("dead_ratio", self.dead_ratio, 0, 1_000_000)
         check_number("min_bytes", self.min_bytes, 0, 1 << 50, integer=True)
+        check_number("min_dead", self.min_dead, 0, 1 << 50, integer=True)
         check_number("lock_timeout", self.lock_timeout, 0.001, 3600)
         check_number("tries", self.tries, 1, 1000, integer=True)
         check_number("interval", self.interval, 0, 86400)
@@ -88,8 +93,10 @@ class CompactConfig:
         check_number("max_seconds", self.max_seconds, 0, 10 * 366 * 86400, optional=True)
 
     def is_due(self, size: int, live: int, dead: int) -> bool:
-        """A table over min_bytes whose dead versions outnumber its live rows dead_ratio times."""
-        return self.force or (size > self.min_bytes and dead > self.dead_ratio * max(live, 1))
+        """A table whose dead versions outnumber its live rows dead_ratio times, once it is over
+        min_bytes or holds min_dead dead versions."""
+        return self.force or ((size > self.min_bytes or dead >= self.min_dead)
+                              and dead > self.dead_ratio * max(live, 1))
 
 
 @dataclass

@@ -183,7 +183,7 @@ def compact(
 ) -> None:
     """Give a ring's or a DELETE-drained queue's tables (heap, fifo, stack, pending, watermark) new files holding only their live rows, once their dead row versions outnumber the live ones.
 
-    This frees the space that a snapshot held open (a long report, pg_dump, a replica's feedback) keeps VACUUM from reclaiming. It copies the live rows aside, truncates and inserts them back in one short transaction that pushes and pops wait for (a few milliseconds for a few thousand rows); when another session holds a lock on the tables (one that read them in an open transaction) it gives up within 50 ms, names that session and tries again later. PostgreSQL only.
+    This frees the space that a snapshot held open (a long report, pg_dump, a replica's feedback) keeps VACUUM from reclaiming. It copies the live rows aside, truncates and inserts them back in one short transaction that pushes and pops wait for (milliseconds for a small backlog, tens of milliseconds for thousands of ring slots); when another session holds a lock on the tables (one that read them in an open transaction) it gives up within 50 ms, names that session and tries again later. PostgreSQL only.
     """  # noqa: E501 (one line per paragraph: --help wraps them itself)
     options = _options(dry_run=dry_run, force=force, max_rows=max_rows, interval=interval, max_seconds=max_seconds)
     if continuous:
