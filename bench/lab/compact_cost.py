@@ -1,13 +1,14 @@
-"""compact_cost: what one compaction costs under its lock, by live rows, and the array against a
-temporary table for the copy (the product's compact job uses the array).
+"""Probe: what one compaction costs under its lock, by live rows, with an array or a temporary table.
+
+The product's compact job (queuectl.jobs.compact) copies the live rows into an array.
 
     python bench/lab/compact_cost.py [--rows 8192,50000,65536] [--repeats 5] [--url URL] [--json out.json]
 
 For each row count: a fifo queue holding that many 300-byte items, compacted `repeats` times
-each way (the product's compact_items with its array, sorted by id or not; a temporary table
-dropped at commit)
-with a REPEATABLE READ snapshot held open throughout; a ring of that many slots, compacted by
-the product's compact_ring. Reported: the median and largest seconds under the lock (measured
+each way (the product's compact_items with its array in scan order, and sorted by id; a temporary table
+dropped at commit), with a REPEATABLE READ snapshot held open throughout; a ring of that
+many slots, compacted by
+the product's compact_ring (and sorted by slot). Reported: the median and largest seconds under the lock (measured
 inside the transaction, after the lock is granted), and the dead catalog versions the runs left
 (pg_class, pg_attribute, pg_type, pg_depend: a temporary table writes rows there, which the
 pinned horizon keeps); the ring also with its three empty side tables truncated as well
@@ -74,12 +75,13 @@ def one_size(engine: sa.Engine, rows: int, repeats: int) -> dict:
     out: dict = {"rows": rows}
     try:
         for label, statement in (
+            ("fifo_array_sorted", sa.text(fifo.sql("compact_items", max_rows=10_000_000).text.replace(
+                "SELECT * FROM unnest(v_items);", "SELECT * FROM unnest(v_items) u ORDER BY u.id;"))),
             ("fifo_array", fifo.sql("compact_items", max_rows=10_000_000)),
-            ("fifo_array_unsorted", sa.text(fifo.sql("compact_items", max_rows=10_000_000).text.replace(" ORDER BY u.id", ""))),
             ("fifo_temp_table", sa.text(lab_sql("compact_cost", "compact_temp", {"items": fifo.names.qualified("items")}))),
+            ("ring_array_sorted", sa.text(ring.sql("compact_ring", max_rows=10_000_000, **RING_ONLY).text.replace(
+                "SELECT * FROM unnest(v_ring);", "SELECT * FROM unnest(v_ring) u ORDER BY u.slot;"))),
             ("ring_array", ring.sql("compact_ring", max_rows=10_000_000, **RING_ONLY)),
-            ("ring_array_unsorted", sa.text(ring.sql("compact_ring", max_rows=10_000_000, **RING_ONLY).text
-                                            .replace(" ORDER BY u.slot", ""))),
             ("ring_all_four_tables", ring.sql("compact_ring", max_rows=10_000_000, **ALL_FOUR)),
         ):
             before = catalog_dead(engine)
