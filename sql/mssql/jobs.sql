@@ -482,3 +482,26 @@ EXEC {{fn_rot_empty}}
 -- name: rot_switch
 -- New rows to the next epoch once the current one has had :items ids (NULL: not yet).
 EXEC {{fn_rot_switch}} @items = :items
+
+-- name: compact_probe
+-- Compaction (queuectl.jobs.compact) is PostgreSQL's: there a pinned xmin horizon keeps every
+-- dead row version in the queue's own tables, and only a new file (TRUNCATE) frees them. On
+-- SQL Server an UPDATE writes the row in place and, under READ_COMMITTED_SNAPSHOT or SNAPSHOT
+-- isolation, copies the previous version to the version store (tempdb, or the persistent
+-- version store with accelerated database recovery): the ring's slots keep their size however
+-- long a snapshot stays open, and what grows is the version store, which no work on the
+-- queue's tables shrinks. The DELETE-drained kinds differ: a deleted row stays a ghost record
+-- while a snapshot may still read it, so a long snapshot transaction keeps their ghosts in the
+-- table's pages (sys.dm_db_index_physical_stats: version_ghost_record_count; health's
+-- version_store and snapshot_holders name the holder; https://www.red-gate.com/simple-talk/sql/performance/read-committed-snapshot-isolation-high-version_ghost_record_count/),
+-- and the ghost cleanup task removes them within seconds of its end. A T-SQL compaction of
+-- those tables is not built: the job does nothing on SQL Server. Empty on purpose.
+
+-- name: compact_ring
+-- PostgreSQL only (see compact_probe). Empty on purpose.
+
+-- name: compact_items
+-- PostgreSQL only (see compact_probe). Empty on purpose.
+
+-- name: compact_result
+-- PostgreSQL only (see compact_probe). Empty on purpose.
