@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from queuectl.errors import UsageError
-from queuectl.jobs import archive, compact, inspect, reorganize, stale, watermark
+from queuectl.jobs import archive, compact, inspect, reorganize, ringrepair, stale, watermark
 from queuectl.kindspec import DESTRUCTIVE_KINDS
 from queuectl.thresholds import UPKEEP_MIN_DEAD_ROWS
 
@@ -72,6 +72,11 @@ JOBS: dict[str, JobSpec] = {
         JobSpec("compact", "give a ring's or a DELETE-drained queue's tables new files holding only their live rows "
                 "once dead versions outnumber them (frees space while the xmin horizon is pinned)",
                 compact.KINDS, compact.CompactConfig, compact.run_once, interval=15.0, engines=("postgresql",)),
+        # A ring's crashed pushers and poppers leave holes and stranded messages that only its
+        # recovery path clears (docs/kinds.md): once a minute bounds how long one waits.
+        JobSpec("repair_ring", "a ring's recovery path: tombstone dead pushers' positions, re-push dead poppers' "
+                "messages (slots unchanged for the grace)",
+                ringrepair.KINDS, ringrepair.RingRepairConfig, ringrepair.run_once, interval=60.0),
     )
 }
 
