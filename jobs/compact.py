@@ -180,7 +180,7 @@ class Compactor:
         return [TableSize(r.name, int(r.bytes), int(r.live), int(r.dead)) for r in rows]
 
     def skip_reason(self, sizes: list[TableSize]) -> str | None:
-        """Why the queue is not compacted even when due (None: it may be)."""
+        """Why the queue is not compacted even when due (None: it may be); `sizes`: the due tables."""
         if self.target.kind == "ring" and (self.target.info.schema_version or "") < RING_REVISION:
             return f"compaction needs the ring at {RING_REVISION} (upgrade the queue)"
         live = sum(s.live for s in sizes)
@@ -226,7 +226,9 @@ class Compactor:
         result.tables = [asdict(s) for s in sizes]
         result.bytes_before = sum(s.bytes for s in sizes)
         result.due = any(s.due(self.config) for s in sizes)
-        result.skipped = self.skip_reason(sizes) if result.due else None
+        # the limit counts the rows of the tables to be compacted: a fan-out ring's claim rows
+        # (size x subscriptions) do not keep its slots from being compacted, nor the reverse
+        result.skipped = self.skip_reason([s for s in sizes if s.due(self.config)]) if result.due else None
         if not result.due or result.skipped or self.config.dry_run:
             return
         # forced: every table but one that has never held a row (a new file frees nothing there)

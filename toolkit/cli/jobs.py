@@ -175,7 +175,7 @@ def compact(
     force: Annotated[bool, typer.Option("--force", help="Compact even when not due (still within --max-rows).")] = False,
     continuous: Annotated[bool, typer.Option("--continuous", help="Measure every --interval and compact when due, until stopped (Ctrl-C / SIGTERM).")] = False,
     interval: Annotated[str, typer.Option(help="With --continuous: how often to measure (e.g. 1s).")] = "1s",
-    max_rows: Annotated[int, typer.Option("--max-rows", help="Leave a queue with more live rows than this alone (the copy under the lock stays short).")] = 50_000,
+    max_rows: Annotated[int, typer.Option("--max-rows", help="Leave a queue with more live rows than this alone (the copy under the lock stays short).")] = 100_000,
     max_seconds: Annotated[Optional[str], typer.Option("--max-seconds", help="With --continuous: stop after this long.", show_default=False)] = None,
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
