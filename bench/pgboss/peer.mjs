@@ -32,7 +32,11 @@ const POOL = 64
 
 const now = () => (performance.timeOrigin + performance.now()) / 1000
 const sleep = ms => new Promise(resolve => setTimeout(resolve, ms))
-const say = obj => process.stdout.write(JSON.stringify(obj) + '\n')
+// resolves once the line is handed to the pipe: a process.exit() before that would cut a long
+// report at the pipe's buffer
+const say = obj => new Promise(resolve => process.stdout.write(JSON.stringify(obj) + '\n', resolve))
+const cpu = () => { const u = process.cpuUsage(); return (u.user + u.system) / 1e6 }
+let cpuAtGo = null // the CPU seconds this process had used when the window began
 
 function version () {
   const require = createRequire(import.meta.url)
@@ -54,6 +58,7 @@ const nextLine = () => queued.length ? Promise.resolve(queued.shift()) : new Pro
 async function until (word) {
   for (;;) {
     const line = await nextLine()
+    if (line === 'go') cpuAtGo = cpu()
     if (line === word || line === 'stop') return line
   }
 }
@@ -147,20 +152,20 @@ async function consumer (spec) {
 async function finish (b, report) {
   await b.stop({ graceful: true })
   checked(b)
-  return { ...report, cpu_seconds: (process.cpuUsage().user + process.cpuUsage().system) / 1e6 }
+  return { ...report, cpu_seconds: cpuAtGo === null ? 0 : cpu() - cpuAtGo }
 }
 
 async function main () {
   const spec = JSON.parse(await nextLine())
   const run = { install, producer, consumer }[spec.command]
   if (!run) throw new Error(`unknown command ${spec.command}`)
-  say({ report: await run(spec) })
+  await say({ report: await run(spec) })
 }
 
 main().then(() => {
   lines.close()
   process.exit(0)
-}, err => {
-  say({ error: `${err?.name ?? 'Error'}: ${err?.message ?? err}` })
+}, async err => {
+  await say({ error: `${err?.name ?? 'Error'}: ${err?.message ?? err}` })
   process.exit(1)
 })
