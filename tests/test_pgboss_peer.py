@@ -43,7 +43,9 @@ def test_every_job_a_pgboss_producer_sends_is_completed_once_by_its_consumers(db
     empty, every job it inserted (warm-up included) is in state completed, none ran twice
     (retry_count 0), the consumers' handlers saw exactly as many jobs, and the reports parse:
     sends on their schedule, a latency for every job sent in the window. Thousands of jobs go
-    to two consumers, so a consumer's report (two numbers a job) is longer than a pipe's buffer."""
+    to two consumers, so a consumer's report (two numbers a job) is longer than a pipe's buffer.
+    The rate stays within the consumers' reach: once inserts stop, no NOTIFY wakes a worker,
+    and what is left is fetched a batch per worker per notifyPollingIntervalSeconds (30 s)."""
     _installed_or_skip()
     peer, names = PgBossPeer(), QueueNames("pgboss_once", "queuectl")
     run = SimpleNamespace(engine=engine, url=db_url)
@@ -58,16 +60,16 @@ def test_every_job_a_pgboss_producer_sends_is_completed_once_by_its_consumers(db
             nodes.append(node)
             return node
 
-        producer = start("producer", 1000, 100, rate=3000.0, phase=0.5)
+        producer = start("producer", 1000, 100, rate=1500.0, phase=0.5)
         consumers = [start("consumer", 2000 + i, 100) for i in range(2)]
         warm = {id(n): int(_ask(n)["warmup_count"]) for n in [producer, *consumers]}
         t_go = time.time()
         for node in [producer, *consumers]:
             node.send("go")
-        time.sleep(3.0)
+        time.sleep(5.0)
         producer.send("stop")
         sent = _pgboss_report(_ask(producer)["report"])
-        deadline = time.time() + 60
+        deadline = time.time() + 90
         while peer.left(run, names) and time.time() < deadline:  # the consumers take what is left
             time.sleep(0.2)
         assert peer.left(run, names) == 0
@@ -84,7 +86,7 @@ def test_every_job_a_pgboss_producer_sends_is_completed_once_by_its_consumers(db
     finally:
         peer.uninstall(run, names)
     enqueued = warm[id(producer)] + sum(sent["accepted"])
-    assert warm[id(producer)] == 600 and sum(sent["accepted"]) >= 5000  # 6 warm-up batches; 3 s at 3,000 a second
+    assert warm[id(producer)] == 600 and sum(sent["accepted"]) >= 5000  # 6 warm-up batches; 5 s at 1,500 a second
     assert states == {"completed": (enqueued, 0)}
     assert sum(t["warmup_count"] + len(t["done"]) for t in took) == enqueued
     assert all(t["retried"] == 0 for t in took) and all(len(t["done"]) > 0 for t in took)
