@@ -1,4 +1,4 @@
-"""Peers of the sustained scenario: PgQ and PgQueuer at the same offered rate, clean and held.
+"""Peers of the sustained scenario: PgQ, PgQueuer and pg-boss at the same offered rate, clean and held.
 
 `queuectl bench --scenario sustained --kinds reliable,pgq,pgqueuer` runs each peer as it
 runs a queuectl kind: the same paced producers (a fixed offered rate, a batch per send,
@@ -19,8 +19,16 @@ is only the peer's own API:
 - **PgQueuer** (PyPI pgqueuer, over asyncpg): producers call Queries.enqueue with a batch;
   consumers run its QueueManager (dequeue batch_size = --batch) with a no-op entrypoint,
   which counts a job when its handler runs. It installs into its own schema.
+- **pg-boss** (npm, the version bench/pgboss/package-lock.json pins; `make peer-pgboss`):
+  each producer and consumer is a Node process (bench/pgboss/peer.mjs) that the worker
+  process drives over JSON lines: producers insert() a batch, consumers work() with
+  batchSize = --batch and a no-op handler, which counts a job when it runs (returning
+  completes the batch). Its defaults but one: the queue is created with notify and the
+  instances with useListenNotify, its LISTEN/NOTIFY delivery, so a worker fetches when an
+  insert announces itself instead of every pollingIntervalSeconds (2 s). It installs into
+  its own schema; a completed job stays in its job table until deleteAfterSeconds (7 days).
 
-Neither peer is installed by queuectl: a peer that is missing is reported as not measured,
+No peer is installed by queuectl: a peer that is missing is reported as not measured,
 with the command that installs it.
 """
 
