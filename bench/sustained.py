@@ -568,8 +568,11 @@ def sustained(run: BenchRun) -> dict[str, Any]:
                      "in the same database, through each peer's own API; PgQ: pgq.insert_event per message, one "
                      "consumer process (a PgQ batch goes to one consumer) on next_batch / get_batch_events / "
                      "finish_batch, pgqd ticking with Debian's defaults; PgQueuer: Queries.enqueue, QueueManager "
-                     "consumers counting a job when its handler runs; backlog = events not yet finished (PgQ) or "
-                     "jobs not yet picked (PgQueuer); sizes and dead rows over the peer's own tables")
+                     "consumers counting a job when its handler runs; pg-boss (Node): insert() of a batch, work() "
+                     "with batchSize --batch on a queue created with notify (its LISTEN/NOTIFY delivery), counting "
+                     "a job when its handler runs, its other settings its defaults; backlog = events not yet "
+                     "finished (PgQ), jobs not yet picked (PgQueuer), jobs created or waiting for a retry "
+                     "(pg-boss); sizes and dead rows over the peer's own tables")
     if not o.plots:
         unavailable.append({"subject": "plots", "reason": "no --plots or --json file to put them beside"})
     return {
