@@ -594,3 +594,11 @@ GROUP BY m.status, CASE WHEN m.status = 0 AND m.due_at > SYSUTCDATETIME() THEN 1
 
 -- name: drop_rotation_functions
 -- reliable_0012 downgrade: nothing was created. Empty on purpose.
+
+-- name: create_lease_calls
+-- reliable_0013: PostgreSQL's extend_lease, nack and release on each generation slot's own
+-- tables (a statement on its partitioned parents locks every slot). SQL Server keeps its
+-- single tables (see create_rotation): nothing to add. Empty on purpose.
+
+-- name: drop_lease_calls
+-- reliable_0013 downgrade: nothing was created. Empty on purpose.

@@ -214,3 +214,8 @@ END
 
 -- name: create_rotator_0012
 -- As create_functions_0012: no rotator on SQL Server. Empty on purpose.
+
+-- name: create_functions_0013
+-- reliable_0013 replaces these functions on PostgreSQL only (extend_lease, nack and release on
+-- the generation slots' tables); SQL Server keeps today's bodies (../reliable.sql:
+-- create_rotation says why). Empty on purpose.
