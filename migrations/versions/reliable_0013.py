@@ -4,10 +4,11 @@ Revision ID: reliable_0013
 Revises: reliable_0012
 
 reliable_0012 runs dequeue and ack on the current slot's tables, but extend_lease (the
-Worker's heartbeat), nack and release still ran one statement on the partitioned parents:
-it locks every slot table and every index of each (18 to 26 relation locks, past the 16 a
-backend takes on its fast path) and waits behind the truncate of any slot. This revision
-gives each slot its own extend_lease, nack and release (one UPDATE by primary key; nack and
+Worker's heartbeat), nack and release run one statement on the partitioned parents: it
+locks every slot's tables (extend_lease 7 relation locks, nack and release 15; 16 and 24 in
+a session's first calls, past the 16 a backend takes on its fast path) and waits behind the
+truncate of any slot; on the current slot's tables each takes 3, as the ack. This revision gives
+each slot its own extend_lease, nack and release (one UPDATE by primary key; nack and
 release leave a row of the current epoch where it is, READY again), which the API functions
 call first, falling back on the parents for the ids not found there
 (sql/postgresql/reliable.sql: create_functions, create_lease_calls). The functions keep

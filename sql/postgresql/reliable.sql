@@ -33,7 +33,10 @@
 --  1. A row never changes slot by an UPDATE: it moves by DELETE + INSERT with its id, in
 --     one statement (a concurrent locker of a deleted row skips it; of a row moved by an
 --     UPDATE of the partition key it would get an error). ack, nack, extend_lease and
---     release find a row by id in whichever slot it is.
+--     release find a row by id in whichever slot it is: on the current slot's own tables
+--     first, then on the parents for the ids not found there (reliable_0013; an UPDATE
+--     that keeps a row in its slot moves nothing, so nack and release of a row of the
+--     current epoch update it in place).
 --  2. A writer (enqueue, enqueue_many, nack, release) reads the epoch, inserts, then reads
 --     the epoch again; if a switch came in between it moves its own rows (uncommitted,
 --     seen by no one else) to the new epoch's slot (rot_move). A writer that read the epoch
@@ -275,10 +278,13 @@ ALTER TABLE {{data}} ADD FOREIGN KEY (id) REFERENCES {{meta}} (id) ON DELETE CAS
 -- ack, extend_lease, nack and release run on the current slot's own tables first (their
 -- per-slot calls: create_claim_calls, create_lease_calls), where nearly every lease is, and
 -- then on the partitioned parents for the ids not found there: a row is found by id in
--- whichever slot it is (header, 1). A statement on the parents locks every slot table and
--- every index of each (18 to 26 relation locks, past the 16 a backend takes on its fast
--- path), and waits behind a truncate's ACCESS EXCLUSIVE on any slot; on the current slot's
--- tables a call takes 6 and never meets a truncate (only sealed epochs' slots are emptied).
+-- whichever slot it is (header, 1). A statement on the parents locks every slot's tables,
+-- and waits behind a truncate's ACCESS EXCLUSIVE on any slot: measured, extend_lease took 7
+-- relation locks there and nack and release 15 once the session planned them generically,
+-- 16 and 24 in a session's first calls (custom plans lock every index of every slot), past
+-- the 16 a backend takes on its fast path. On the current slot's tables each takes 3 (the
+-- slot's meta table, its primary key, the epoch sequence), as the ack, and never meets a
+-- truncate (only sealed epochs' slots are emptied).
 -- The fallback gets only the ids the slot's call did not find, so nothing is changed twice,
 -- and it runs after the slot's statement: a row the truncate moved into the current slot
 -- meanwhile is seen there (header, 5: a statement that waited for the lock takes its
@@ -634,9 +640,9 @@ $fn$;
 -- reliable_0013: extend_lease, nack and release on one slot's own tables, rendered three
 -- times (<queue>_extend_in0..2, <queue>_nack_in0..2, <queue>_release_in0..2; create_functions
 -- calls the current slot's, then falls back on the parents). Each is one UPDATE of the slot's
--- meta table by primary key: 6 relation locks per call (the table, its four indexes, the
--- rotation's epoch sequence read by the caller), all on the fast path, against 18 to 26
--- on the parents. nack and release leave the row in place, READY again: it is in the
+-- meta table by primary key: 3 relation locks per call with the caller's read of the epoch
+-- sequence, all on the fast path, against 7 to 24 on the parents (create_functions).
+-- nack and release leave the row in place, READY again: it is in the
 -- current epoch already, and an UPDATE that keeps the slot moves nothing (header, 1); its
 -- payload is not touched, where a move rewrites it into the slot it came from. The values
 -- each sets are those the parents' move writes: nack's backoff from the attempts made, DEAD
