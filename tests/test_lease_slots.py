@@ -18,7 +18,9 @@ import sqlalchemy as sa
 from queuectl.catalog import QueueSettings
 from queuectl.client import Queue
 from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue
+from queuectl.registry import list_queues
 
+from lab_probes import lab_module
 from test_rotation import Pin, ledger, relation_locks, rotator, state
 
 # A backend takes up to 16 weak relation locks without the shared lock manager (PostgreSQL's
@@ -317,3 +319,26 @@ def test_an_0012_queue_upgrades_with_every_row_and_goes_back(engine):
         # reliable_0012's bodies are back and work on the same rows
         assert sorted(q.extend_lease(first[:2] + second[:2], lease=600)) == sorted(first[:2] + second[:2])
         assert q.ack(first[:2] + second[:2]) == 4
+
+
+@pytest.mark.slow
+def test_tiny_lease_probe(db_url, engine):
+    """`python bench/lab/ack_plan.py --parts lease` on a tiny run: each call's locks in the
+    current slot, head against reliable_0012, and the three cycles side by side; the probe
+    removes its queues."""
+    probe = lab_module("ack_plan")
+    result = probe.run(db_url, ["lease"], in_flight=[], acks=3, batches=[2], rounds=1, seconds=1, clients=2)
+    calls = {(c["design"], c["where"]): c for c in result["lease"]["calls"]}
+    assert set(calls) == {(d, w) for d in ("0012", "head") for w in ("current slot", "older slot")}
+    for call in probe.LEASE_CALLS:
+        head, old = calls[("head", "current slot")][call], calls[("0012", "current slot")][call]
+        assert head["relations"] == 3 and head["fastpath"] == head["locks"], (call, head)
+        if call != "ack":  # reliable_0012's extend_lease, nack and release lock every slot
+            assert old["relations"] > 3, (call, old)
+    cycles = result["lease"]["cycles"]["cells"]
+    assert set(cycles) == set(probe.LEASE_CYCLES)
+    for cells in cycles.values():
+        assert {c["design"] for c in cells} == {"0012", "head"}
+        assert all(c["failed"] == 0 and min(c["msgs_per_s"]) > 0 for c in cells), cells
+    with engine.connect() as conn:
+        assert [q.name for q in list_queues(conn) if q.name.startswith("ack_plan_")] == []

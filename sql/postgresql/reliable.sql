@@ -279,10 +279,10 @@ ALTER TABLE {{data}} ADD FOREIGN KEY (id) REFERENCES {{meta}} (id) ON DELETE CAS
 -- per-slot calls: create_claim_calls, create_lease_calls), where nearly every lease is, and
 -- then on the partitioned parents for the ids not found there: a row is found by id in
 -- whichever slot it is (header, 1). A statement on the parents locks every slot's tables,
--- and waits behind a truncate's ACCESS EXCLUSIVE on any slot: measured, extend_lease took 7
--- relation locks there and nack and release 15 once the session planned them generically,
--- 16 and 24 in a session's first calls (custom plans lock every index of every slot), past
--- the 16 a backend takes on its fast path. On the current slot's tables each takes 3 (the
+-- and waits behind a truncate's ACCESS EXCLUSIVE on any slot: there extend_lease takes 7
+-- relation locks and nack and release 15 once the session plans them generically, 16 and
+-- 24 in a session's first calls (custom plans lock every index of every slot), past the 16
+-- a backend takes on its fast path (bench/lab/ack_plan.py --parts lease). On the current slot's tables each takes 3 (the
 -- slot's meta table, its primary key, the epoch sequence), as the ack, and never meets a
 -- truncate (only sealed epochs' slots are emptied).
 -- The fallback gets only the ids the slot's call did not find, so nothing is changed twice,
