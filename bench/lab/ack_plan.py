@@ -183,7 +183,7 @@ def lease_part(engine: sa.Engine, pgbench: Pgbench | None, calls: int, batches: 
                 ids = lease_items(engine, names, WARM_UP + calls, analysed=True)
                 if where == "older slot":
                     with engine.begin() as conn:  # new rows go to slot 1; the leased ones stay in slot 0
-                        conn.execute(sa.text(f"SELECT {names.qualified('rot_switch')}(1)"))
+                        conn.execute(sa.text(probe_sql("ack_plan_switch", names.template_values())))
                 cell = {"design": design, "where": where, "calls": calls,
                         **lease_call_costs(engine, names, ids, calls)}
             finally:

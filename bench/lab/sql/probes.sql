@@ -191,3 +191,8 @@ SELECT count(*) AS nacked FROM {{fn_nack}}(CAST(:ids AS bigint[]), 'again', :wor
 SELECT coalesce(array_agg(q.id), '{}') AS ids FROM {{fn_dequeue}}(:batch, NULL, :worker) AS q
 \gset
 SELECT {{fn_release}}(CAST(:ids AS bigint[]), :worker) AS released;
+
+-- name: ack_plan_switch
+-- Switch new rows to the next generation now (the rotator's switch with a threshold of one
+-- id): the lease probe's items stay leased in the slot before.
+SELECT {{fn_rot_switch}}(1)
