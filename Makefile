@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test check test-mssql mssql-url pipeline reliability imports graph bytecode venv venv-test venv-mssql venv-spark postgres jdbc clean
+.PHONY: demo test check test-mssql mssql-url pipeline reliability imports graph bytecode venv venv-test venv-mssql venv-spark postgres jdbc peer-pgboss peer-pgboss-if-node clean
 
 demo: venv postgres
 	$(BIN)/queuectl demo
@@ -16,7 +16,7 @@ demo: venv postgres
 # no test: that is a failure here, not a pass.
 TEST_WORKERS ?= 2
 
-test: venv-test postgres jdbc bytecode
+test: venv-test postgres jdbc bytecode peer-pgboss-if-node
 	@$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
@@ -122,6 +122,26 @@ postgres:
 	else \
 	  echo "PostgreSQL server binaries not found: install postgresql and postgresql-contrib, set QUEUECTL_PG_BIN, or give QUEUECTL_URL" >&2; exit 1; \
 	fi
+
+# pg-boss, an optional peer of `queuectl bench --scenario sustained --kinds ...,pgboss`: the
+# version bench/pgboss/package-lock.json pins, installed by npm ci into bench/pgboss/node_modules
+# (git-ignored), from the npm registry. Needs Node and npm; pg-boss 12 asks for Node 22.12 or later
+# in its engines field, which npm only warns about: the peer runs on Node 20 (docs/benchmarks.md).
+# `make test` installs it too where node and npm are on PATH (npm ci takes about 5 s with an empty
+# npm cache); without them its test is reported as skipped, with this command as the reason.
+PGBOSS_STAMP := bench/pgboss/node_modules/.package-lock.json
+
+peer-pgboss: $(PGBOSS_STAMP)
+
+$(PGBOSS_STAMP): bench/pgboss/package.json bench/pgboss/package-lock.json
+	@command -v node >/dev/null && command -v npm >/dev/null || \
+	  { echo "make peer-pgboss: Node.js and npm are needed (apt-get install nodejs npm, or nodejs.org)" >&2; exit 2; }
+	cd bench/pgboss && npm ci --no-audit --no-fund
+	@touch $@
+
+peer-pgboss-if-node:
+	@if command -v node >/dev/null && command -v npm >/dev/null; then $(MAKE) --no-print-directory peer-pgboss; \
+	else echo "no node/npm on PATH: the pg-boss peer is not installed and its test is skipped"; fi
 
 # The pipeline's Spark JDBC reads need PostgreSQL's JDBC driver jar (no Maven repository is
 # reachable). Looked for where the pipeline itself looks ($QUEUECTL_JDBC_JAR, /usr/share/java,

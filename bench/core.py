@@ -51,7 +51,7 @@ DEFAULT_PRODUCERS = {"sustained": 2, "consumers": 2, "cost": 2}
 DEFAULT_CONSUMERS = {"sustained": 2, "cost": 2}
 HOLDS = ("none", "snapshot", "idle-in-transaction", "both", "all")
 # what --kinds may also name in the sustained scenario (the keys of queuectl.bench.sustained_peers.PEERS)
-SUSTAINED_PEERS = ("pgq", "pgqueuer")
+SUSTAINED_PEERS = ("pgq", "pgqueuer", "pgboss")
 DEFAULT_ROWS = {"ghosts": [30_000, 60_000], "cost": [10_000, 1_000_000, 10_000_000]}
 DEFAULT_BATCHES = {"ring": [1, 10, 100]}
 DEFAULT_SIZES = {"split": [300, 1024, 4096, 16384], "cost": [300, 1024, 4096, 16384, 65536]}

@@ -549,6 +549,69 @@ class KindQueueDriver:
         return [names.table("ring" if self.name == "ring" else "items")]
 
 
+FANOUT_SUBSCRIPTION = "bench"  # the one subscription of a bench fan-out ring, its consumers competing
+
+
+class _FanoutSession:
+    def __init__(self, url: str, names: QueueNames) -> None:
+        from queuectl.client import RingQueue
+
+        self.queue = RingQueue(url, names.queue, schema=names.schema)
+        self.subscription = self.queue.subscription(FANOUT_SUBSCRIPTION)
+
+    def enqueue(self, payloads: list[bytes]) -> None:
+        self.queue.enqueue_many(payloads)  # a fan-out ring's push is its publish
+
+    def take(self, n: int) -> tuple[list[bytes], Any]:
+        items = self.subscription.dequeue(n)
+        return [item.payload for item in items], items
+
+    def finish(self, token: Any) -> None:
+        if token:
+            self.subscription.ack(token)
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+class FanoutRingDriver(KindQueueDriver):
+    """A fan-out ring with one subscription whose consumers compete: publish, claim, ack."""
+
+    def __init__(self) -> None:
+        super().__init__("ring", "fan-out ring, one subscription (publish; claim + ack) via queuectl.client")
+        self.name = "ring_fanout"
+
+    def install(self, engine: Engine, names: QueueNames, size: int | None = None) -> None:
+        from queuectl.client import RingQueue
+        from queuectl.install import install_queue, uninstall_queue
+        from queuectl.kindspec import RingSettings
+        from queuectl.registry import get_queue
+
+        with engine.connect() as conn:
+            existing = get_queue(conn, names.queue, names.schema)
+        if existing is not None:
+            uninstall_queue(engine, names.queue, names.schema)
+        install_queue(engine, names.queue, "ring", RingSettings(size=size or RING_BENCH_SIZE, fanout=True),
+                      names.schema)
+        with RingQueue(engine, names.queue, schema=names.schema) as q:
+            q.subscribe(FANOUT_SUBSCRIPTION)
+
+    def open(self, url: str, names: QueueNames) -> Session:
+        return _FanoutSession(url, names)
+
+    def tables(self, names: QueueNames) -> list[str]:
+        return [names.table(t) for t in ("ring", "subs", "sub_slots")]
+
+    def waiting(self, engine: Engine, names: QueueNames) -> int:
+        """The backlog: messages published that the subscription has not been handed, and
+        those handed out but not acknowledged (a fan-out ring keeps no FULL slot)."""
+        from queuectl.client import RingQueue
+
+        with RingQueue(engine, names.queue, schema=names.schema) as q:
+            [sub] = [s for s in q.subscriptions() if s.name == FANOUT_SUBSCRIPTION]
+        return int(sub.lag or 0) + int(sub.claimed or 0)
+
+
 DRIVERS: dict[str, KindDriver] = {}
 # Kinds a user may pass to --kind; bench-only designs (onetable) are drivers but not kinds.
 BENCH_KINDS: list[str] = []
@@ -576,4 +639,5 @@ register(OneTableDriver(), user_kind=False)
 register(LeanDriver(), user_kind=False)
 register(KindQueueDriver("fifo", "lax FIFO (one table, INSERT / DELETE ... RETURNING) via queuectl.client"))
 register(KindQueueDriver("ring", "ring buffer (preallocated slots, UPDATE only) via queuectl.client"))
+register(FanoutRingDriver())
 register(KindQueueDriver("watermark", "FIFO whose dequeue starts at a low watermark (one table) via queuectl.client"))

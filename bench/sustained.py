@@ -203,9 +203,11 @@ class Sampler(threading.Thread):
 
 
 class Upkeep(threading.Thread):
-    """The archive job beside the load, for the kinds it serves (a reliable queue: its row
-    batches and, since reliable_0012, the rotation of its generations), as a scheduler keeps
-    it running: continuous, with the job's defaults."""
+    """The upkeep job beside the load, for the kinds it serves, as a scheduler keeps it running:
+    continuous, with the job's defaults. A reliable queue: the archive job (its row batches and,
+    since reliable_0012, the rotation of its generations); a ring or a DELETE-drained kind: the
+    compact job (new files holding only the live rows once the dead versions outnumber them),
+    whose lock time per compaction is the stall it causes the pushes and pops."""
 
     def __init__(self, run: BenchRun, names: QueueNames, kind: str) -> None:
         super().__init__(name=f"upkeep {names.queue}", daemon=True)
@@ -216,18 +218,29 @@ class Upkeep(threading.Thread):
 
     @staticmethod
     def serves(kind: str) -> bool:
-        from queuectl.jobs import archive
+        from queuectl.jobs import archive, compact
 
-        return kind in archive.KINDS
+        return kind in archive.KINDS or kind in compact.KINDS
 
     def run(self) -> None:
-        from queuectl.jobs import archive
+        from queuectl.jobs import archive, compact
 
         try:
-            done = archive.run_continuous(self.bench.engine, self.names.queue, archive.ArchiveConfig(),
-                                          schema=self.names.schema, stop=self.stopped)
-            self.result = {"job": "archive", "rows": done.rows, "generations_emptied": done.rotations,
-                           "errors": done.errors, "last_error": done.last_error}
+            if self.kind in archive.KINDS:
+                done = archive.run_continuous(self.bench.engine, self.names.queue, archive.ArchiveConfig(),
+                                              schema=self.names.schema, stop=self.stopped)
+                self.result = {"job": "archive", "rows": done.rows, "generations_emptied": done.rotations,
+                               "errors": done.errors, "last_error": done.last_error}
+                return
+            result = compact.run_continuous(self.bench.engine, self.names.queue, compact.CompactConfig(),
+                                            schema=self.names.schema, stop=self.stopped)
+            locks = sorted(result.lock_seconds)
+            self.result = {"job": "compact", "compactions": result.compactions, "rows": result.rows,
+                           "lock_ms_p50": round(locks[len(locks) // 2] * 1000, 2) if locks else None,
+                           "lock_ms_max": round(locks[-1] * 1000, 2) if locks else None,
+                           "lock_ms": [round(x * 1000, 2) for x in result.lock_seconds],
+                           "lock_waits_given_up": result.waits, "blocked": result.blocked,
+                           "skipped": result.skipped, "errors": result.errors, "last_error": result.last_error}
         except BaseException as exc:  # reported by measure()
             self.error = exc
 
@@ -280,9 +293,15 @@ class KindSubject:
     def waiting(self, conn: Connection, names: QueueNames) -> int:
         from queuectl.stats import queue_counts
 
+        own = getattr(driver_for(self.driver), "waiting", None)  # a fan-out ring: its subscription's lag
+        if own is not None:
+            return int(own(conn.engine, names))
         return int(queue_counts(conn, names.queue, self.kind, names.schema)["ready"])
 
     def left(self, run: BenchRun, names: QueueNames) -> int:
+        own = getattr(driver_for(self.driver), "waiting", None)
+        if own is not None:
+            return int(own(run.engine, names))
         return left_in_queue(run, names, self.kind)
 
 
@@ -549,8 +568,11 @@ def sustained(run: BenchRun) -> dict[str, Any]:
                      "in the same database, through each peer's own API; PgQ: pgq.insert_event per message, one "
                      "consumer process (a PgQ batch goes to one consumer) on next_batch / get_batch_events / "
                      "finish_batch, pgqd ticking with Debian's defaults; PgQueuer: Queries.enqueue, QueueManager "
-                     "consumers counting a job when its handler runs; backlog = events not yet finished (PgQ) or "
-                     "jobs not yet picked (PgQueuer); sizes and dead rows over the peer's own tables")
+                     "consumers counting a job when its handler runs; pg-boss (Node): insert() of a batch, work() "
+                     "with batchSize --batch on a queue created with notify (its LISTEN/NOTIFY delivery), counting "
+                     "a job when its handler runs, its other settings its defaults; backlog = events not yet "
+                     "finished (PgQ), jobs not yet picked (PgQueuer), jobs created or waiting for a retry "
+                     "(pg-boss); sizes and dead rows over the peer's own tables")
     if not o.plots:
         unavailable.append({"subject": "plots", "reason": "no --plots or --json file to put them beside"})
     return {

@@ -1,4 +1,4 @@
-"""Peers of the sustained scenario: PgQ and PgQueuer at the same offered rate, clean and held.
+"""Peers of the sustained scenario: PgQ, PgQueuer and pg-boss at the same offered rate, clean and held.
 
 `queuectl bench --scenario sustained --kinds reliable,pgq,pgqueuer` runs each peer as it
 runs a queuectl kind: the same paced producers (a fixed offered rate, a batch per send,
@@ -19,8 +19,16 @@ is only the peer's own API:
 - **PgQueuer** (PyPI pgqueuer, over asyncpg): producers call Queries.enqueue with a batch;
   consumers run its QueueManager (dequeue batch_size = --batch) with a no-op entrypoint,
   which counts a job when its handler runs. It installs into its own schema.
+- **pg-boss** (npm, the version bench/pgboss/package-lock.json pins; `make peer-pgboss`):
+  each producer and consumer is a Node process (bench/pgboss/peer.mjs) that the worker
+  process drives over JSON lines: producers insert() a batch, consumers work() with
+  batchSize = --batch and a no-op handler, which counts a job when it runs (returning
+  completes the batch). Its defaults but one: the queue is created with notify and the
+  instances with useListenNotify, its LISTEN/NOTIFY delivery, so a worker fetches when an
+  insert announces itself instead of every pollingIntervalSeconds (2 s). It installs into
+  its own schema; a completed job stays in its job table until deleteAfterSeconds (7 days).
 
-Neither peer is installed by queuectl: a peer that is missing is reported as not measured,
+No peer is installed by queuectl: a peer that is missing is reported as not measured,
 with the command that installs it.
 """
 
@@ -29,11 +37,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import math
+import os
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
+import traceback
 from array import array
 from pathlib import Path
 from typing import Any, Iterator
@@ -339,4 +349,178 @@ def _statements(section: str, values: dict[str, str | int]) -> Iterator[str]:
     yield from split_statements(bench_sql(section, values))
 
 
-PEERS: dict[str, Any] = {"pgq": PgqPeer(), "pgqueuer": PgQueuerPeer()}
+# -- pg-boss -------------------------------------------------------------------------------------
+
+
+def pgboss_dir() -> Path:
+    """Where `make peer-pgboss` installs pg-boss (npm ci: package.json and package-lock.json
+    beside the peer's script, node_modules beside them)."""
+    return Path(__file__).resolve().parent / "pgboss"
+
+
+def _pgboss_connection(url: str) -> dict[str, Any]:
+    """node-postgres's connection settings for a SQLAlchemy URL (a host that is a directory is
+    a unix socket's, as libpq reads it)."""
+    u = make_url(url)
+    q = u.query
+    host, port = q.get("host") or u.host, q.get("port") or u.port
+    conn = {"host": host, "port": int(port) if port else None, "user": u.username, "password": u.password,
+            "database": u.database}
+    return {k: v for k, v in conn.items() if v is not None}
+
+
+class PgBossProcess:
+    """One run of bench/pgboss/peer.mjs under Node: the spec on its stdin, its JSON lines read
+    by a thread (so every read has a timeout), its stderr kept for a failure's message."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        import json
+        import queue
+        import threading
+
+        node = shutil.which("node")
+        if node is None:
+            raise RuntimeError("node is not on PATH")
+        self.json = json
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr = tempfile.TemporaryFile()
+        self.process = subprocess.Popen([node, str(pgboss_dir() / "peer.mjs")], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+        self.send(json.dumps(spec))
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def receive(self, timeout: float) -> dict[str, Any]:
+        """The next message; a failure (an error message, an exit, a timeout) raises."""
+        import queue
+
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise RuntimeError(f"pg-boss peer: no answer in {timeout:g} s") from None
+        if line is None:
+            self.process.wait(timeout=5)
+            raise RuntimeError(f"pg-boss peer exited ({self.process.returncode}): {self.stderr_tail()}")
+        message = self.json.loads(line)
+        if "error" in message:
+            raise RuntimeError(f"pg-boss peer: {message['error']}")
+        return dict(message)
+
+    def stderr_tail(self) -> str:
+        self.stderr.seek(0)
+        return self.stderr.read().decode(errors="replace")[-400:].strip()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.stderr.close()
+
+
+PGBOSS_SCHEMA = "bench_pgboss"
+_PGBOSS_VALUES: dict[str, str | int] = {"schema": quote_ident(PGBOSS_SCHEMA)}
+PGBOSS_ANSWER_SECONDS = 60.0  # its start (a migration check, the instance row), a warm-up, a graceful stop
+
+
+def _pgboss_spec(command: str, url: str, queue: str, **more: Any) -> dict[str, Any]:
+    return {"command": command, "connection": _pgboss_connection(url), "schema": PGBOSS_SCHEMA, "queue": queue,
+            **more}
+
+
+def pgboss_paced_worker(spec: Any, ready: Any, go: Any, stop: Any, results: Any, backlog: Any) -> None:
+    """Process entry point: a paced pg-boss producer (insert of a batch) or a consumer (work()
+    with batchSize --batch and a no-op handler), one Node process each, reporting as the
+    sustained scenario's workers do."""
+    report: dict[str, Any] = {"role": spec.role, "pid": os.getpid(), "count": 0, "t_start": None, "t_end": None}
+    signalled = False
+    node: PgBossProcess | None = None
+    try:
+        node = PgBossProcess(_pgboss_spec(spec.role, spec.url, spec.queue, batch=spec.batch,
+                                          payload_bytes=spec.payload_bytes, seed=spec.seed,
+                                          rate=getattr(spec, "rate", 0.0), phase=getattr(spec, "phase", 0.0)))
+        report["warmup_count"] = int(node.receive(PGBOSS_ANSWER_SECONDS)["warmup_count"])
+        ready.put(os.getpid())
+        signalled = True
+        go.wait()
+        node.send("go")
+        stop.wait()
+        node.send("stop")
+        report.update(_pgboss_report(node.receive(PGBOSS_ANSWER_SECONDS)["report"]))
+    except BaseException as exc:  # reported to the parent, which fails the run with it
+        report["error"] = f"pgboss: {type(exc).__name__}: {exc}"
+        report["traceback"] = traceback.format_exc(limit=4)
+    finally:
+        if not signalled:
+            ready.put(os.getpid())
+        if node is not None:
+            node.close()
+        results.put(report)
+
+
+def _pgboss_report(raw: dict[str, Any]) -> dict[str, Any]:
+    """A Node report as the sustained scenario's summary reads a worker's: arrays of times, a
+    latency of None (a warm-up job's) as NaN."""
+    out = {k: v for k, v in raw.items() if k not in ("due", "sent", "accepted", "done", "latency")}
+    if "due" in raw:  # a producer
+        out.update(due=array("d", raw["due"]), sent=array("d", raw["sent"]), accepted=array("l", raw["accepted"]))
+    if "done" in raw:  # a consumer
+        out.update(done=array("d", raw["done"]),
+                   latency=array("d", (math.nan if x is None else x for x in raw["latency"])))
+    return out
+
+
+class PgBossPeer:
+    name = kind = "pgboss"
+    label = "pg-boss"
+    max_consumers = None
+    paced_target = staticmethod(pgboss_paced_worker)
+    schema = PGBOSS_SCHEMA
+    install_command = "make peer-pgboss"
+
+    def __init__(self) -> None:
+        self.tables: list[str] = []
+
+    def unavailable(self, run: Any) -> str | None:
+        if shutil.which("node") is None:
+            return f"Node.js is not installed (no node on PATH): install Node 20 or later, then {self.install_command}"
+        if not (pgboss_dir() / "node_modules" / "pg-boss" / "package.json").exists():
+            return f"pg-boss is not installed: {self.install_command} (npm ci in {pgboss_dir()})"
+        return None
+
+    def install(self, run: Any, names: QueueNames) -> None:
+        with run.engine.begin() as conn:
+            conn.execute(sa.text(bench_sql("pgboss_drop", _PGBOSS_VALUES)))
+        node = PgBossProcess(_pgboss_spec("install", run.url, names.queue))
+        try:
+            self.label = f"pg-boss {node.receive(PGBOSS_ANSWER_SECONDS)['report']['version']}"
+        finally:
+            node.close()
+        with run.engine.connect() as conn:
+            self.tables = list(conn.execute(sa.text(bench_sql("pgboss_tables", {})),
+                                            {"schema": PGBOSS_SCHEMA}).scalar_one())
+
+    def uninstall(self, run: Any, names: QueueNames) -> None:
+        with run.engine.begin() as conn:
+            conn.execute(sa.text(bench_sql("pgboss_drop", _PGBOSS_VALUES)))
+
+    def waiting(self, conn: Connection, names: QueueNames) -> int:
+        return int(conn.execute(sa.text(bench_sql("pgboss_waiting", _PGBOSS_VALUES)),
+                                {"queue": names.queue}).scalar_one())
+
+    def left(self, run: Any, names: QueueNames) -> int:
+        with run.engine.connect() as conn:
+            return int(conn.execute(sa.text(bench_sql("pgboss_left", _PGBOSS_VALUES)),
+                                    {"queue": names.queue}).scalar_one())
+
+
+PEERS: dict[str, Any] = {"pgq": PgqPeer(), "pgqueuer": PgQueuerPeer(), "pgboss": PgBossPeer()}

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from queuectl.names import QueueNames
-from queuectl.worker import IN_FLIGHT_FIRST_WAIT, PollBackoff
+from queuectl.worker import IN_FLIGHT_FIRST_WAIT, Gather, PollBackoff
 
 STAMP = struct.Struct("<d")
 WARMUP_CALLS = 6
@@ -168,7 +168,10 @@ class FixedPause:
 
     counts: dict[str, int] = {}
 
-    def found_work(self) -> None:
+    def found_work(self, got: int | None = None, asked: int = 0) -> None:
+        pass
+
+    def finished(self, stop: Any) -> None:
         pass
 
     def found_nothing(self, stop: Any) -> None:
@@ -188,20 +191,38 @@ class IdleRule:
     that finds work gives the registration up (wait_end). A take that answered a
     notification and found nothing was outrun: it gives the registration up and sleeps
     without watching the channel, 50 ms doubling until a take that answered a notification
-    finds work. Without a listener (kinds that do not notify) it waits the back-off alone.
+    finds work. With `seats` (the blocking Worker's way) only the looker, the consumer
+    whose listener holds the queue's seat, registers and listens; the others try the seat
+    at most once per poll interval and look with their gather window, not listening; an
+    outrun looker looks again after the shortest wait. A consumer busy a moment ago (queuectl.worker.Gather) looks again after a
+    claim that did not fill its batch, or after one empty take, only after a gather window
+    (shrinking by a tenth after a full claim, down to 2 ms, doubling after any other, up to
+    50 ms for the looker, the back-off's 2 s for the others), neither registered nor
+    watching the channel; the looker's second empty take in a row turns it idle.
+    Without a listener (kinds that do not notify) it waits the back-off alone.
     `counts` says what it did (the bench reports their sums)."""
 
-    def __init__(self, gated: bool) -> None:
+    def __init__(self, gated: bool, seats: bool = False) -> None:
         self.gated = gated
+        self.seats = gated and seats  # only the looker (its listener's take_seat) registers
+        self.seated = False
+        self.next_seat_try = 0.0  # tried at most once per poll interval by a consumer that is not the looker
         self.backoff = PollBackoff()
         self.in_flight = PollBackoff(IN_FLIGHT_FIRST_WAIT)
         self.outrun = PollBackoff()
+        self.gather = Gather()
+        self.gap = 0.0  # the gather window to wait after the batch just taken (0: look at once)
         self.registered = self.armed = self.notified = False
-        self.counts = {"work_takes": 0, "empty_takes": 0, "notified_takes": 0, "outrun": 0, "registrations": 0}
+        self.counts = {"work_takes": 0, "empty_takes": 0, "notified_takes": 0, "outrun": 0, "registrations": 0,
+                       "gathers": 0, "seat_tries": 0}
 
-    def found_work(self) -> bool:
-        """A take found work; True when the registration is to be given up (wait_end)."""
+    def found_work(self, got: int | None = None, asked: int = 0) -> bool:
+        """A take of `asked` found `got` items (None: not counted, look again at once); True
+        when the registration is to be given up (wait_end). `gap` is then the gather window
+        to wait once the batch is finished."""
         self.counts["work_takes"] += 1
+        self.gap = 0.0 if got is None else self.gather.claimed(got, asked, self.seated or not self.seats) or 0.0
+        self.counts["gathers"] += self.gap > 0
         self.counts["notified_takes"] += self.notified
         self.backoff.reset()
         self.in_flight.reset()
@@ -213,15 +234,30 @@ class IdleRule:
 
     def found_nothing(self) -> tuple[str, float]:
         """A take found nothing: ("outrun", seconds) give the registration up, then sleep that
-        long without watching the channel; ("register", 0) register (then registered());
+        long without watching the channel; ("gather", seconds) sleep that long without
+        watching the channel (it is not registered); ("register", 0) register (then registered());
         ("sleep", seconds) sleep watching the channel, if any."""
         self.counts["empty_takes"] += 1
         self.counts["notified_takes"] += self.notified
         if self.notified and self.registered:
             self.counts["outrun"] += 1
             self.notified = self.registered = self.armed = False
-            return "outrun", self.outrun.next_wait()
+            # the looker comes back after the shortest wait: it is the one to announce to
+            return "outrun", self.outrun.shortest if self.seated else self.outrun.next_wait()
         self.notified = False
+        if self.seats and not self.seated and time.monotonic() >= self.next_seat_try:
+            self.counts["seat_tries"] += 1
+            self.next_seat_try = time.monotonic() + self.backoff.longest
+            return "seat", 0.0
+        return self.seat_answered(self.seated or not self.seats)
+
+    def seat_answered(self, seated: bool) -> tuple[str, float]:
+        """After found_nothing's ("seat", 0), take_seat's answer; the step after an empty take."""
+        self.seated = seated and self.seats
+        gap = self.gather.claimed(0, 1, seated)
+        if gap is not None:
+            self.counts["gathers"] += 1
+            return "gather", gap
         if self.gated and not self.armed:
             self.counts["registrations"] += 1
             return "register", 0.0
@@ -250,24 +286,31 @@ class IdleWait:
 
     def __init__(self, listener: Any = None) -> None:
         self.listener = listener
-        self.rule = IdleRule(listener is not None and listener.gated)
+        self.rule = IdleRule(listener is not None and listener.gated, seats=True)
         self.counts = self.rule.counts
 
-    def found_work(self) -> None:
-        if self.rule.found_work():
+    def found_work(self, got: int | None = None, asked: int = 0) -> None:
+        if self.rule.found_work(got, asked):
             self.listener.wait_end()
             self.listener.drain()
+
+    def finished(self, stop: Any) -> None:
+        """The batch taken is finished: return when the next look is due (a gather window)."""
+        if self.rule.gap:
+            self._sleep(self.rule.gap, stop, watch=False)
 
     def found_nothing(self, stop: Any) -> None:
         """Return when the next look is due (or `stop` is set)."""
         step, seconds = self.rule.found_nothing()
+        if step == "seat":
+            step, seconds = self.rule.seat_answered(self.listener.take_seat())
         if step == "outrun":
             self.listener.wait_end()
         elif step == "register":
             clear = self.listener.wait_begin()
             self.listener.drain()  # what came in before: the look that follows covers it
             seconds = self.rule.registered_now(clear)
-        self._sleep(seconds, stop, watch=step != "outrun")
+        self._sleep(seconds, stop, watch=step in ("register", "sleep"))
 
     def _sleep(self, seconds: float, stop: Any, *, watch: bool) -> None:
         deadline = time.monotonic() + seconds
@@ -312,12 +355,13 @@ def consume(session: Any, batch: int, stop: Any, done: Callable[[list[bytes]], N
                 break
             idle.found_nothing(stop)
             continue
-        idle.found_work()
+        idle.found_work(len(payloads), batch)
         session.finish(token)
         if deferred:
             held = payloads
         else:
             done(payloads)
+        idle.finished(stop)
     if held:
         session.flush()
         done(held)

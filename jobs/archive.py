@@ -14,7 +14,7 @@ after a pause; MAX_CONSECUTIVE_ERRORS in a row end the run.
 History retention (`history_retention`) purges history archived longer ago than that, in
 the same small-batch way.
 
-Rotation (a reliable queue at reliable_0012 or later, on PostgreSQL): before its batches the
+Rotation (a reliable queue at reliable_0012 or later, on either engine): before its batches the
 job also rotates the queue's generations (Archiver.rotate): it seals the previous epoch,
 copies the oldest sealed one's finished rows to history and empties it with TRUNCATE (under
 a short lock_timeout, retried, so producers and consumers never queue behind it for long),
@@ -37,6 +37,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from queuectl.engine import adapter_for
 from queuectl.engine.urls import error_text
 from queuectl.jobs.base import JobTarget, check_number, format_duration, sleep_unless_stopped
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
@@ -181,19 +182,23 @@ class Archiver:
         self.engine = engine
         self.config = config
         self.target = JobTarget.resolve(engine, queue, schema, KINDS)
-        self._archive = self.target.sql("archive_batch")
+        self._archive = self.target.row_sql("archive_batch")
         self._purge = self.target.sql("purge_history_batch", exports=self.target.names.catalog_table("pipeline_exports"))
 
     def move_batch(self) -> int:
-        """One transaction: move up to `batch` finished rows; returns how many moved."""
+        """One transaction: move up to `batch` finished rows; returns how many moved (one
+        transaction per generation slot on SQL Server: JobTarget.row_sql)."""
         c = self.config
-        with self.engine.begin() as conn:
-            self.target.set_local_timeouts(conn, c.lock_timeout, c.statement_timeout)
-            result = conn.execute(
-                self._archive,
-                {"batch": c.batch, "min_age_seconds": c.min_age, "dead_min_age_seconds": c.dead_min_age},
-            )
-            return rows_changed(result)
+        moved = 0
+        for statement in self._archive:
+            with self.engine.begin() as conn:
+                self.target.set_local_timeouts(conn, c.lock_timeout, c.statement_timeout)
+                result = conn.execute(
+                    statement,
+                    {"batch": c.batch, "min_age_seconds": c.min_age, "dead_min_age_seconds": c.dead_min_age},
+                )
+                moved += rows_changed(result)
+        return moved
 
     def purge_batch(self) -> int:
         """One transaction: delete up to `batch` history rows older than the retention."""
@@ -263,8 +268,9 @@ class Rotator:
 
     @staticmethod
     def applies(target: JobTarget) -> bool:
-        return (target.sql_dir == "postgresql" and target.info.kind == "reliable"
-                and target.info.schema_version >= "reliable_0012")
+        """A reliable queue at reliable_0012 or later, on either engine (the rot_* sections of
+        sql/<engine>/jobs.sql take the same parameters and return the same columns)."""
+        return target.info.kind == "reliable" and target.info.schema_version >= "reliable_0012"
 
     def _one(self, name: str, **params: Any) -> Any:
         c = self.config
@@ -272,7 +278,17 @@ class Rotator:
             self.target.set_local_timeouts(conn, c.lock_timeout, c.statement_timeout)
             return conn.execute(self._sql[name], params).one()
 
+    def _lock_timed_out(self, exc: DBAPIError) -> bool:
+        """The truncate gave up waiting for its slot's lock: lock_not_available on PostgreSQL,
+        lock request time out (1222) or a lost deadlock on SQL Server (the adapter's canceled)."""
+        if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            return True
+        return self.target.sql_dir == "mssql" and adapter_for(self.engine).canceled(exc)
+
     def _blockers(self, epoch: int) -> str:
+        if self.target.sql_dir == "mssql":  # health.sql's rotation_blockers is PostgreSQL's only
+            return (f"sessions holding locks on {self.target.names.qualified(f'meta{epoch % 3}')} or "
+                    f"{self.target.names.qualified(f'data{epoch % 3}')} (sys.dm_tran_locks names them)")
         with self.engine.connect() as conn:
             found = rotation_blockers(conn, self.target.names, self.target.sql_dir, epoch, min_age_s=0)
         return "; ".join(found[:3]) or "no session holds its lock now"
@@ -302,7 +318,7 @@ class Rotator:
                     row = self._one("rot_empty", lock_timeout_ms=EMPTY_LOCK_TIMEOUT_MS)
                     break
                 except DBAPIError as exc:
-                    if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                    if not self._lock_timed_out(exc):
                         raise
                     time.sleep(EMPTY_LOCK_TIMEOUT_MS / 1000 * (attempt + 1))
             else:

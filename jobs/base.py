@@ -134,13 +134,33 @@ class JobTarget:
     @property
     def tables(self) -> tuple[str, ...]:
         """The suffixes of the queue's tables the upkeep jobs look after (kindspec.UPKEEP_TABLES),
-        those its revision has."""
-        return upkeep_tables(self.kind, getattr(self.info, "schema_version", None))
+        those its revision has. A reliable queue's meta and data on SQL Server at reliable_0012
+        or later are views over the generation slots: its tables are the slots (meta0..2,
+        data0..2); PostgreSQL's partitioned parents stand for their slots (jobs.sql's sections
+        list a parent's partitions)."""
+        version = getattr(self.info, "schema_version", None)
+        tables = upkeep_tables(self.kind, version)
+        if self.sql_dir == "mssql" and self.kind == "reliable" and (version is None or version >= "reliable_0012"):
+            return tuple(f"{table}{slot}" for table in tables for slot in range(3))
+        return tables
 
     def sql(self, section: str, **extra: str | int) -> sa.TextClause:
         values: dict[str, str | int] = {**self.names.template_values(), **kind_template_values(self.names, self.kind),
                                         **extra}
         return sa.text(render(self.sql_dir, "jobs", section, values))
+
+    def row_sql(self, section: str) -> list[sa.TextClause]:
+        """A statement that writes a reliable queue's meta and data rows (archive_batch,
+        reset_stale_batch): once, on <queue>_meta and <queue>_data, or, on SQL Server at
+        reliable_0012 or later, once per generation slot on that slot's own tables and indexes
+        (<queue>_meta is a view over the slots there, which no statement writes through;
+        PostgreSQL's is the partitioned parent, written as one table)."""
+        version = getattr(self.info, "schema_version", None) or ""
+        if self.sql_dir != "mssql" or self.kind != "reliable" or version < "reliable_0012":
+            return [self.sql(section)]
+        v = self.names.template_values()
+        return [self.sql(section, meta=v[f"meta{s}"], data=v[f"data{s}"], ready_idx=v[f"meta{s}_ready"],
+                         leased_idx=v[f"meta{s}_leased"], finished_idx=v[f"meta{s}_finished"]) for s in range(3)]
 
     def set_local_timeouts(self, conn: Connection, lock_timeout: float, statement_timeout: float) -> None:
         conn.execute(

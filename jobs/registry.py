@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from queuectl.errors import UsageError
-from queuectl.jobs import archive, inspect, reorganize, stale, watermark
+from queuectl.jobs import archive, compact, inspect, reorganize, ringrepair, stale, watermark
 from queuectl.kindspec import DESTRUCTIVE_KINDS
 from queuectl.thresholds import UPKEEP_MIN_DEAD_ROWS
 
@@ -27,6 +27,7 @@ class JobSpec:
     # Jobs that must not run at once on one queue share a single-runner lock (the measured
     # upkeep and reorganize would both rebuild the same indexes): the lock is named by this.
     lock_with: str | None = None
+    engines: tuple[str, ...] | None = None  # the engines (dialect names) the scheduler plans it on; None: every
 
     @property
     def lock_name(self) -> str:
@@ -62,6 +63,20 @@ JOBS: dict[str, JobSpec] = {
                 lock_with="reorganize"),
         JobSpec("correct_watermark", "recompute a watermark queue's low bound and fix it",
                 watermark.KINDS, watermark.WatermarkConfig, watermark.run_once, interval=300.0),
+        # Under a pinned xmin horizon a ring grows by every push and pop and the DELETE-drained
+        # kinds by every dequeue (28 MB a minute for a ring at 1,000 msgs/s): a run every 15 s
+        # keeps them within a few times their live rows' size, and costs a probe when nothing
+        # is due. Its own single-runner lock: under the reorganize lock a REINDEX CONCURRENTLY
+        # would hold it back for minutes, and the two cannot harm each other (compaction's
+        # ACCESS EXCLUSIVE gives up within 50 ms behind a rebuild's lock and tries again).
+        JobSpec("compact", "give a ring's or a DELETE-drained queue's tables new files holding only their live rows "
+                "once dead versions outnumber them (frees space while the xmin horizon is pinned)",
+                compact.KINDS, compact.CompactConfig, compact.run_once, interval=15.0, engines=("postgresql",)),
+        # A ring's crashed pushers and poppers leave holes and stranded messages that only its
+        # recovery path clears (docs/kinds.md): once a minute bounds how long one waits.
+        JobSpec("repair_ring", "a ring's recovery path: tombstone dead pushers' positions, re-push dead poppers' "
+                "messages (slots unchanged for the grace)",
+                ringrepair.KINDS, ringrepair.RingRepairConfig, ringrepair.run_once, interval=60.0),
     )
 }
 

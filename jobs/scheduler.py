@@ -188,7 +188,7 @@ def plan(engine: Engine, config: SchedulerConfig) -> list[PlannedJob]:
     planned = []
     for spec in JOBS.values():
         settings = config.settings(spec)
-        if not settings.enabled:
+        if not settings.enabled or (spec.engines is not None and engine.dialect.name not in spec.engines):
             continue
         for queue in queues:
             if queue.kind in spec.kinds and (settings.queues is None or queue.name in settings.queues):

@@ -75,13 +75,15 @@ def run_once(
 ) -> StaleResult:
     config = config or StaleConfig()
     target = JobTarget.resolve(engine, queue, schema, KINDS)
-    statement = target.sql("reset_stale_batch")
+    statements = target.row_sql("reset_stale_batch")
     result = StaleResult()
     started = time.monotonic()
     while not (stop is not None and stop.is_set()):
-        with engine.begin() as conn:
-            target.set_local_timeouts(conn, config.lock_timeout, config.statement_timeout)
-            statuses = [row.status for row in conn.execute(statement, {"batch": config.batch})]
+        statuses = []
+        for statement in statements:  # one per generation slot on SQL Server (JobTarget.row_sql)
+            with engine.begin() as conn:
+                target.set_local_timeouts(conn, config.lock_timeout, config.statement_timeout)
+                statuses += [row.status for row in conn.execute(statement, {"batch": config.batch})]
         result.batches += 1
         result.dead += statuses.count(3)
         result.ready += statuses.count(0)

@@ -172,7 +172,7 @@ def test_malformed_scheduler_configs_are_refused_and_change_nothing(installed, d
         (p("section.toml", "[schedule]\nworkers = 2\n"), "{}: unknown section(s) schedule; expected [scheduler] and [jobs.<name>]"),
         (p("key.toml", "[scheduler]\nworker = 2\n"), "{}: unknown [scheduler] key(s) worker"),
         (p("jobkey.toml", '[jobs.archive]\nintervall = "1m"\n'), "[jobs.archive]: unknown option(s) intervall; known: batch, dead_min_age, delay, history_retention, idle_delay, lock_timeout, max_seconds, min_age, purge_every, rotate_for, rotate_items, statement_timeout"),
-        (p("job.toml", '[jobs.nosuch]\ninterval = "1m"\n'), "unknown job 'nosuch': choose one of archive, reset_stale, inspect, reorganize, upkeep, correct_watermark"),
+        (p("job.toml", '[jobs.nosuch]\ninterval = "1m"\n'), "unknown job 'nosuch': choose one of archive, reset_stale, inspect, reorganize, upkeep, correct_watermark, compact, repair_ring"),
         (p("jobs.toml", "jobs = 5\n"), "{}: jobs must be a table ([jobs] with [jobs.<name>] tables)"),
         (p("scheduler.toml", "scheduler = 5\n"), "{}: scheduler must be a table ([scheduler])"),
         (p("workers.toml", '[scheduler]\nworkers = "8"\n'), "[scheduler] workers must be a whole number from 1 to 64"),

@@ -631,7 +631,8 @@ def test_an_idle_bench_consumer_waits_as_the_worker_does(db_url: str, engine: sa
         assert idle.rule.notified
         idle.found_nothing(stop)  # ...so this empty take was outrun: registration given up
         assert waiting_sessions(engine) == 0
-        assert idle.counts == {"work_takes": 1, "empty_takes": 5, "notified_takes": 2, "outrun": 1, "registrations": 2}
+        assert idle.counts == {"work_takes": 1, "empty_takes": 5, "notified_takes": 2, "outrun": 1, "registrations": 2,
+                               "gathers": 0, "seat_tries": 1}
     finally:
         idle.close()
         consumer.close()

@@ -35,3 +35,25 @@ def test_storage_health_lists_the_queue_tables_and_indexes_with_dead_rows(engine
     assert set(rows[0]) == {"table_name", "index_name", "pages", "live_rows", "dead_rows", "version_dead_rows",
                             "fragmentation_pct", "page_density_pct"}
     assert len(ids) == 50
+
+
+def _application_name(engine) -> str:
+    with engine.connect() as conn:
+        return conn.execute(sa.text("SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()")).scalar_one()
+
+
+def test_sessions_are_named_queuectl_unless_the_url_or_pgappname_names_them(engine, db_url, monkeypatch):
+    from queuectl.engine import make_engine
+
+    assert _application_name(engine) == "queuectl"  # what pg_stat_activity and health's blocker lines show
+    named = make_engine(db_url + ("&" if "?" in db_url else "?") + "application_name=billing-worker")
+    try:
+        assert _application_name(named) == "billing-worker"
+    finally:
+        named.dispose()
+    monkeypatch.setenv("PGAPPNAME", "nightly-report")
+    by_env = make_engine(db_url)
+    try:
+        assert _application_name(by_env) == "nightly-report"
+    finally:
+        by_env.dispose()

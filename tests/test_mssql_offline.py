@@ -808,8 +808,9 @@ def test_reliable_enqueue_refuses_oversized_messages_in_tsql():
     assert "WHERE s.payload_bytes + s.title_bytes + s.headers_bytes > 777 ORDER BY s.ord" in head
     assert "DECLARE @title_bytes bigint = ISNULL(DATALENGTH(@title), 0);" in head
     assert "@title nvarchar(max) = NULL" in head and "title nvarchar(max) '$.title'" in head
-    assert flat.count("THROW 50413, @refused, 1;") == 4
-    assert flat.count("THROW 50413, @refused, 1; END; BEGIN TRANSACTION;") == 2  # refused before the transaction
+    # reliable_0003, reliable_0010 and reliable_0012 (the generation layout) create them
+    assert flat.count("THROW 50413, @refused, 1;") == 6
+    assert flat.count("THROW 50413, @refused, 1; END; BEGIN TRANSACTION;") == 3  # refused before the transaction
     assert "CREATE OR ALTER PROCEDURE \"queuectl\".\"orders_enqueue_many\"" in flat
 
 

@@ -118,6 +118,7 @@ class Claim:
     forceseek: bool
     locks: tuple[str, ...]  # lock hints the statement must carry
     nth: int = 0            # which hinted reference of that table in the section
+    tables: str = "create_tables"  # the kind's section that creates the table
 
 
 # Every claim of the files this suite covers, with the plan its comment states:
@@ -130,11 +131,31 @@ class Claim:
 _PICK = ("UPDLOCK", "READPAST", "ROWLOCK")
 CLAIMS = [
     Claim("pending", "create_dequeue", "items", "pending", '"orders_items_due"', True, _PICK),
-    Claim("reliable", "create_dequeue", "meta", "reliable", '"orders_meta_leased"', True, _PICK, 0),
-    Claim("reliable", "create_dequeue", "meta", "reliable", '"orders_meta_ready"', False, _PICK, 1),
-    Claim("reliable", "create_dequeue", "data", "reliable", "1", True, ()),
-    Claim("reliable", "create_ack_dequeue", "meta", "reliable", "1", True, ("ROWLOCK",)),
-    *[Claim("reliable", "create_functions", "meta", "reliable", "1", True, ("ROWLOCK",), n) for n in range(4)],
+    # the single tables (reliable_0001..0011, and the downgrade of reliable_0012)
+    Claim("reliable", "create_dequeue_0001", "meta", "reliable", '"orders_meta_leased"', True, _PICK, 0),
+    Claim("reliable", "create_dequeue_0001", "meta", "reliable", '"orders_meta_ready"', False, _PICK, 1),
+    Claim("reliable", "create_dequeue_0001", "data", "reliable", "1", True, ()),
+    *[Claim("reliable", "create_functions_0001", "meta", "reliable", "1", True, ("ROWLOCK",), n) for n in range(4)],
+    # the generation slots (reliable_0012: create_rotation makes them): per slot, the claim's
+    # two picks and its payload join; rot_move's delete, ack, nack, extend_lease and release by
+    # id; the seal's count and pick, the precopy's pick and deletes
+    *[c for s in range(3) for c in (
+        Claim("reliable", "create_dequeue", f"meta{s}", "reliable", f'"orders_meta{s}_leased"', True, _PICK, 0,
+              "create_rotation"),
+        Claim("reliable", "create_dequeue", f"meta{s}", "reliable", f'"orders_meta{s}_ready"', False, _PICK, 1,
+              "create_rotation"),
+        Claim("reliable", "create_dequeue", f"data{s}", "reliable", "1", True, (), 0, "create_rotation"),
+        *[Claim("reliable", "create_functions", f"meta{s}", "reliable", "1", True, ("ROWLOCK",), n, "create_rotation")
+          for n in range(5)],
+        Claim("reliable", "create_functions", f"data{s}", "reliable", "1", True, ("ROWLOCK",), 0, "create_rotation"),
+        Claim("reliable", "create_rotator", f"meta{s}", "reliable", f'"orders_meta{s}_ready"', False, ("READPAST",), 0,
+              "create_rotation"),
+        Claim("reliable", "create_rotator", f"meta{s}", "reliable", f'"orders_meta{s}_ready"', False, _PICK, 1,
+              "create_rotation"),
+        Claim("reliable", "create_rotator", f"meta{s}", "reliable", "1", True, _PICK, 2, "create_rotation"),
+        Claim("reliable", "create_rotator", f"meta{s}", "reliable", "1", True, ("ROWLOCK",), 3, "create_rotation"),
+        Claim("reliable", "create_rotator", f"data{s}", "reliable", "1", True, ("ROWLOCK",), 0, "create_rotation"),
+    )],
     Claim("fifo", "create_dequeue_lax", "items", "fifo", "1", False, _PICK),
     Claim("fifo", "create_dequeue_strict", "items", "fifo", "1", False, ("UPDLOCK", "ROWLOCK")),
     Claim("stack", "create_dequeue", "items", "stack", "1", False, _PICK),
@@ -168,7 +189,7 @@ def test_each_claim_names_an_index_of_its_kind_whose_keys_are_its_order(claim):
     assert index_hint(hints) == claim.index, hints
     assert ("FORCESEEK" in upper) == claim.forceseek, hints
     assert not any(h.startswith("FORCESEEK(") or h.startswith("FORCESEEK (") for h in upper), hints
-    index = indexes_of(rendered(claim.kind, "create_tables"), table)[claim.index]
+    index = indexes_of(rendered(claim.kind, claim.tables), table)[claim.index]
     order = order_by(rest, alias)
     if order is not None:  # the heap's pick has none: any rows will do
         forward = tuple(c.removesuffix(" DESC") for c in order)

@@ -162,30 +162,33 @@ def test_busy_worker_gives_up_its_registration_and_an_idle_one_holds_it(engine, 
 
 
 @pytest.mark.slow
-def test_a_worker_outrun_to_a_notification_leaves_the_channel_until_its_next_poll(engine, orders):
-    """Many consumers: a notification wakes every registered worker and one of them gets the
-    items. A worker whose look after a notification finds nothing gives its registration up
-    (so producers stop announcing to it) and looks again at its back-off poll: what is
-    enqueued meanwhile is found by that poll, without a notification; then it registers again."""
+def test_a_looker_outrun_to_a_notification_gives_its_registration_up_and_takes_it_back_soon(engine, orders):
+    """Many consumers: a worker whose look after a notification finds nothing gives its
+    registration up (so producers stop announcing to it). The looker (here the lone worker,
+    holding the queue's seat) looks again after the gather window's 50 ms, not after its
+    back-off poll, and registers again: it is the one consumer producers announce items to."""
     handler = Recorder()
     running = Running(Worker(orders, handler, batch=10, poll_interval=3, min_poll_interval=1.5))
     try:
         # registered, and asleep after its one more look (what comes with the registration's reply is drained)
         wait_until(lambda: waiting_sessions(engine) == 1 and running.worker.stats.empty_polls >= 2,
                    what="the idle worker's sleep")
-        notified = running.worker.stats.notifications
+        notified, looks = running.worker.stats.notifications, running.worker.stats.empty_polls
         with engine.connect() as conn:  # a notification with nothing behind it: another consumer was faster
             conn.execute(sa.text("SELECT pg_notify(:channel, '')"), {"channel": orders.names.channel})
             conn.commit()
-        wait_until(lambda: waiting_sessions(engine) == 0, timeout=5, what="the outrun worker giving its registration up")
+        outrun = time.monotonic()
+        wait_until(lambda: running.worker.stats.empty_polls >= looks + 3, timeout=5.0,
+                   what="the outrun look, the look 50 ms later and the one after registering again")
+        assert time.monotonic() - outrun < 1.0  # not the back-off poll's 1.35-1.65 s
         assert running.worker.stats.notifications == notified + 1
+        wait_until(lambda: waiting_sessions(engine) == 1, timeout=5.0, what="the registration taken back")
         with Queue(engine, "orders") as producer:
             sent = time.monotonic()
-            producer.enqueue("while outrun")
-            wait_until(lambda: handler.texts() == {"while outrun": 1}, timeout=10, what="the poll")
-        assert handler.calls[0][2] - sent >= 1.0  # found by the poll 1.35-1.65 s after the outrun look...
-        assert running.worker.stats.notifications == notified + 1  # ...with nobody registered, none was sent
-        wait_until(lambda: waiting_sessions(engine) == 1, what="the registration after the poll")
+            producer.enqueue("announced")
+            wait_until(lambda: handler.texts() == {"announced": 1}, timeout=10, what="the wake-up")
+        assert handler.calls[0][2] - sent < 1.0  # announced, not found by the 1.5 s poll
+        assert running.worker.stats.notifications >= notified + 2
     finally:
         stats = running.stop()
     assert stats.processed == 1 and stats.failed == 0
@@ -270,6 +273,8 @@ def test_listener_connection_killed_mid_run_polling_covers_and_listening_resumes
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:  # a new LISTEN session
                 wait_until(lambda: [p for p in conn.execute(listening).scalars() if p != listener_pid],
                            what="the LISTEN session to be reopened")
+            # it LISTENs as the looker just before it registers: the enqueue is to find it registered
+            wait_until(lambda: waiting_sessions(engine) == 1, what="the reopened session's registration")
             notifications = running.worker.stats.notifications
             producer.enqueue("after reopening")
             wait_until(lambda: handler.texts()["after reopening"] == 1)

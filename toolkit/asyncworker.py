@@ -12,7 +12,9 @@ Waking
     (PollBackoff: 50 ms doubling to poll_interval) runs underneath, so a lost notification
     costs latency, never items. A consumer outrun to what a notification announced gives
     its registration up and leaves the channel until its next poll (queuectl.worker,
-    "Many consumers").
+    "Many consumers"). Unlike the blocking worker it takes no seat and no gather window:
+    every idle one LISTENs and registers (a mixed fleet is safe: producers notify while
+    any consumer is registered).
 
 Concurrency
     Up to `concurrency` handlers run at once as tasks; the loop claims at most
@@ -50,6 +52,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from queuectl.arguments import schema_revision_number
+from queuectl.engine import adapter_for
 from queuectl.engine.urls import first_line
 from queuectl.errors import ConnectionFailed, StatementCanceled, UsageError
 from queuectl.messages import Message
@@ -81,7 +84,8 @@ class AsyncListener:
                for key in ("listen", "notify", "wait_begin", "wait_end")}
         engine = queue.engine.sync_engine
         _args, params = engine.dialect.create_connect_args(queue.engine.url)
-        conn = await psycopg.AsyncConnection.connect(**{**params, "connect_timeout": 10}, autocommit=True)
+        conn = await psycopg.AsyncConnection.connect(
+            **{**params, **adapter_for(engine).connect_args(queue.engine.url)}, autocommit=True)
         try:
             await conn.execute(sql["listen"])
         except BaseException:

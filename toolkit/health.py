@@ -187,6 +187,7 @@ class QueueFacts:
     subscriptions: list[dict[str, Any]] = field(default_factory=list)  # fan-out ring: its subscriptions' lag
     rotation_lag: int | None = None  # reliable_0012: ids drawn since the rotator's last switch
     rotation_blocked_by: list[str] = field(default_factory=list)  # sessions keeping a generation's truncate waiting
+    compaction_blocked_by: list[str] = field(default_factory=list)  # sessions keeping a due compaction waiting
     # The kind's own numbers (queuectl.jobs.inspect.KIND_FIELDS, the statements inspect
     # records): a ring's free slots and push/pop sequence gap, a pending queue's overdue items,
     # a watermark queue's low mark. None: the kind has none.
@@ -272,6 +273,26 @@ def _rotation(conn: Connection, names: QueueNames, info: QueueInfo) -> dict[str,
     return {"rotation_lag": row["lag"], "rotation_blocked_by": blocked}
 
 
+def _compaction(conn: Connection, names: QueueNames, info: QueueInfo) -> list[str]:
+    """Who keeps a ring's or a DELETE-drained queue's due compaction waiting (PostgreSQL): the
+    sessions holding a lock on its tables in transactions older than ROTATION_BLOCKER_AGE_S,
+    once its tables are due (queuectl.jobs.compact, whose defaults decide). A due compaction
+    that nobody blocks is the job's to run, not health's to report."""
+    from queuectl.jobs.base import JobTarget
+    from queuectl.jobs.compact import CompactConfig, Compactor, lock_holders
+
+    sql_dir = adapter_for(conn).sql_dir
+    if sql_dir != "postgresql":
+        return []
+    target = JobTarget(names, info, sql_dir)
+    compactor = Compactor(conn.engine, target, CompactConfig())
+    with conn.begin_nested():
+        rows = conn.execute(target.sql("compact_probe"), {"tables": compactor.tables}).all()
+    if not any(compactor.is_due(int(r.bytes), int(r.live), int(r.dead)) for r in rows):
+        return []
+    return lock_holders(conn, target, compactor.tables, ROTATION_BLOCKER_AGE_S)
+
+
 def _kind_row(conn: Connection, names: QueueNames, info: QueueInfo, section: str, params: dict) -> sa.RowMapping:
     from queuectl.kindspec import kind_template_values
 
@@ -294,6 +315,7 @@ def _probe_destructive(section: str) -> Probe:
             # signed: below zero the stored hint is above a waiting item (graded CRITICAL)
             facts.watermark_lag = _kind_row(conn, names, info, "watermark_lag", {})["lag"] or 0
         facts.kind_fields = _kind_fields(conn, names, info)
+        facts.compaction_blocked_by = _compaction(conn, names, info)
         return facts
 
     return probe
@@ -307,6 +329,7 @@ def _probe_ring(conn: Connection, names: QueueNames, info: QueueInfo, options: H
         enqueued_in_window=row["enqueued_in_window"],
         ring_fill_pct=round(100.0 * row["ready"] / row["slots"], 2) if row["slots"] else 0.0,
         kind_fields=_kind_fields(conn, names, info),
+        compaction_blocked_by=_compaction(conn, names, info),
     )  # fmt: skip
     if getattr(info.settings, "fanout", False):
         # a fan-out ring's messages wait for its subscriptions, not in FULL slots: their lag is the fact
@@ -733,6 +756,14 @@ def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions
             if q.rotation_blocked_by:
                 summary += f"; emptying blocked by {len(q.rotation_blocked_by)} session(s)"
             checks.append(Check("queue.rotation", "queues", q.name, status, summary, q.rotation_lag, "count", advice))
+
+        if q.compaction_blocked_by:
+            # a ring or a DELETE-drained queue over its size bound whose compaction cannot get its lock
+            checks.append(Check(
+                "queue.compaction", "queues", q.name, WARNING,
+                f"compaction due, blocked by {len(q.compaction_blocked_by)} session(s)", len(q.compaction_blocked_by),
+                "count", f"queue {q.name}: its tables cannot be compacted: {q.compaction_blocked_by[0]} holds a lock on "
+                "them: end that transaction; keep dumps and reports off the live tables (pg_dump --exclude-table-data)"))
 
         if q.ring_fill_pct is not None:
             status = grade(q.ring_fill_pct, th["ring_fill"])

@@ -27,18 +27,41 @@ Polling with adaptive back-off
     as the fallback; with `notify=False` it is the only mechanism.
 
 Many consumers
-    A notification wakes every consumer sleeping on the channel, and only one of them gets
-    what it announced. A consumer whose look after a notification comes back empty was
-    outrun: it gives its registration up (so producers need not announce to it) and stops
-    watching the channel until its next poll, 50 ms after the first such look, doubling
-    with each further one up to `poll_interval` until a look that answered a notification
-    finds work; that poll looks, then registers (and looks) as any idle consumer does. So
-    the consumers that keep winning stay on the channel and the others poll ever more
-    rarely. Were every outrun consumer to stay, each enqueue would wake all of them into
-    an empty claim: a full cycle of 2 producers and 32 such consumers spent about 1.5 s of
-    CPU (clients and server) per 1,000 messages, 10x what 4 consumers spend
-    (bench/lab/RESULTS.md). A lone consumer outrun by a spare notification polls 50 ms
-    later, a latency its back-off already allows.
+    One consumer at a time, the looker, holds the queue's seat: a session-level advisory
+    lock on its LISTEN session (activation.sql, seat_take), only ever tried, since a wait
+    in the lock manager would hold a snapshot, and the xmin horizon, for as long as it
+    waits. On a queue that notifies only registered consumers only the looker LISTENs and
+    registers, so a notification signals one backend (PostgreSQL signals every backend
+    that LISTENs in the database at each notification, whatever its channel: about 13 us
+    each). The others neither listen nor register: they look with their gather window and
+    try the seat after an empty look, at most once per `poll_interval`.
+
+    The gather window (Gather): after a claim that filled its batch a consumer looks again
+    at once; after one that did not (it drained the queue), or an empty one, it looks
+    again only after a window in which items can gather. The window shrinks by a tenth
+    after each full claim and doubles after any other, up to 50 ms (min_poll_interval when
+    shorter) for the looker and `poll_interval` for the others, so about one look in eight
+    comes back short once the looks match the items. So many consumers look about as often
+    as a batch forms, and most looks take a full batch, as a few consumers on a backlog do,
+    instead of each batch paying an empty look, a registration and a wake-up. With 2
+    producers at batch 10, 32 such consumers sent 3.5-3.7 statements per batch (6.7-8.3
+    when every idle consumer registered; 4 consumers 3.1), their own CPU per message about
+    halved, and their rate reached the 4-consumer one at a lower latency
+    (bench/lab/RESULTS.md). A looker whose second look in a row finds nothing registers,
+    looks once more and sleeps on the channel.
+
+    Latency: an enqueue while every consumer sleeps wakes the looker a millisecond or two
+    after its commit. While the looker works, nobody is registered, so producers pay no
+    NOTIFY, and an item waits for the next look of a consumer: at most 50 ms for the
+    looker's window, at most `poll_interval` for the others'. A looker with no room for
+    new items (its handlers all busy) gives the seat up after 50 ms, and one that dies
+    frees it with its session; another consumer takes it at its next empty look. A
+    looker whose look after a notification finds nothing (another consumer was faster)
+    gives its registration up and looks again after 50 ms, then registers again.
+    queuectl.asyncworker's consumers take no seat and no window: each idle one LISTENs and
+    registers, and one outrun that way leaves the channel until its next poll, 50 ms,
+    doubling with each further such look up to `poll_interval`, so that the consumers that
+    keep winning stay on the channel.
 
 SQL Server
     SQL Server has no LISTEN/NOTIFY, so its consumers run this same loop with notify off
@@ -141,6 +164,9 @@ from queuectl.storable import diagnostic_text
 QueueClient = Any
 
 DEFAULT_MIN_POLL_INTERVAL = 0.05  # first wait after a look found nothing
+GATHER_FIRST_WAIT = 0.002  # the shortest window between a busy consumer's looks (Gather)
+GATHER_LONGEST = 0.05  # the looker's longest window: the most an item waits for a busy looker's next look
+FULL_CLAIM_SHRINK = 0.9  # a full claim shortens the window this much; any other doubles it
 IN_FLIGHT_FIRST_WAIT = 0.02  # first wait while an enqueue that missed our registration is open
 WAIT_REGISTRATION_REVISION = 6  # reliable_0006: notifications only to registered consumers
 DEFAULT_HEARTBEAT_FRACTION = 1 / 3  # extend leases three times per lease
@@ -174,6 +200,52 @@ class PollBackoff:
         wait = self._current
         self._current = min(self._current * 2, self.longest)
         return min(self.longest, wait * (1 + random.uniform(-self.jitter, self.jitter)))
+
+
+@dataclass
+class Gather:
+    """When a consumer that is not asleep on the channel looks again (see "Many consumers"):
+    after a full claim at once; after a claim that did not fill its batch (it drained the
+    queue), or an empty one, only after a window in which items can gather, neither
+    registered nor listening (nobody announces items to it, no notification wakes it).
+
+    The window shrinks by a tenth after each full claim (items come faster than this
+    consumer looks; not below `shortest`) and doubles after any other, up to a cap, so that
+    about one look in eight comes back short once the looks match the items: for the looker (the
+    consumer holding the queue's seat) `longest` (50 ms, or min_poll_interval when shorter),
+    so that an item waits at most that long for its next look, for the other consumers
+    `slowest` (poll_interval).
+    The looker looks once more after an empty look; a second empty look in a row means the
+    queue went idle (None): it then waits as an idle consumer does (registers, looks once
+    more, sleeps on the channel)."""
+
+    shortest: float = GATHER_FIRST_WAIT
+    longest: float = GATHER_LONGEST
+    slowest: float = DEFAULT_POLL_INTERVAL
+    window: float = field(init=False)
+    active: bool = field(init=False, default=False)  # the looker found work since it last went idle
+    empty: bool = field(init=False, default=False)  # the last look found nothing
+
+    def __post_init__(self) -> None:
+        self.window = self.longest
+
+    def claimed(self, got: int, asked: int, seated: bool = True) -> float | None:
+        """A claim asked for `asked` items and got `got`: the seconds to wait, not listening,
+        before the next look (0: look at once); None (only `seated`): the queue is idle,
+        wait as idle consumers do."""
+        cap = self.longest if seated else self.slowest
+        if got and got >= asked:
+            self.active, self.empty = True, False
+            self.window = max(self.shortest, min(self.window, cap) * FULL_CLAIM_SHRINK)
+            return 0.0
+        if got or not seated or (self.active and not self.empty):
+            self.active, self.empty = True, not got
+            wait = min(self.window, cap)
+            self.window = min(wait * 2, cap)
+            return wait * (1 + random.uniform(-POLL_JITTER, POLL_JITTER))
+        self.active = self.empty = False
+        self.window = min(self.window, self.longest)
+        return None
 
 
 @dataclass(frozen=True)
@@ -337,21 +409,41 @@ class Settlements:
 
 class Listener:
     """LISTEN on the queue's channel over a connection of its own (autocommit, out of the pool);
-    also the bench's consumers' (queuectl.bench.workers.IdleWait)."""
+    also the bench's consumers' (queuectl.bench.workers.IdleWait).
+
+    On a queue that notifies only registered consumers (`gated`) it LISTENs only while it
+    holds the looker's seat (take_seat); otherwise from the start."""
 
     def __init__(self, queue: QueueClient) -> None:
         values = queue.names.template_values()
         self._sql = {key: render("postgresql", "activation", key, values)
-                     for key in ("listen", "notify", "wait_begin", "wait_end")}
+                     for key in ("listen", "unlisten", "notify", "wait_begin", "wait_end", "seat_take", "seat_leave")}
         # reliable_0006+: the queue notifies only consumers registered through wait_begin
         self.gated = schema_revision_number(queue.info.schema_version) >= WAIT_REGISTRATION_REVISION
+        self.seated = False
         raw = queue.engine.raw_connection()
         self.conn = raw.driver_connection
         raw.detach()  # owned here and closed here, never handed back to the pool
         self.conn.rollback()  # the pool's pre-ping may have opened a transaction
         self.conn.autocommit = True
-        self.conn.execute(self._sql["listen"])
+        if not self.gated:
+            self.conn.execute(self._sql["listen"])
         self.fd = self.conn.fileno()
+
+    def take_seat(self) -> bool:
+        """Become the queue's looker if no session is (a try, never a wait); the looker
+        LISTENs. True when this session holds the seat."""
+        if not self.seated and self.conn.execute(self._sql["seat_take"]).fetchone()[0]:
+            self.conn.execute(self._sql["listen"])
+            self.seated = True
+        return self.seated
+
+    def leave_seat(self) -> None:
+        """Stop LISTENing and give the seat up (registration, if any, given up before)."""
+        if self.seated:
+            self.seated = False
+            self.conn.execute(self._sql["unlisten"])
+            self.conn.execute(self._sql["seat_leave"])
 
     def drain(self) -> int:
         """How many notifications arrived (without waiting); raises if the connection broke."""
@@ -542,6 +634,8 @@ class Worker:
         self._registered = False  # the listener session holds the queue's "waiting" registration
         self._armed = False  # ... and no enqueue that missed it was open when it was checked
         self._deaf_until: float = 0.0  # outrun: notifications are drained, not answered, until then
+        self._full_since = math.inf  # since when the looker has had no room for new items
+        self._next_seat_try = 0.0  # when a consumer that is not the looker may try the seat again
         self._selector: selectors.BaseSelector | None = None
         self._processes: list[_HandlerProcess] = []  # one per handler thread, with processes=True
         self._threads: list[threading.Thread] = []
@@ -609,6 +703,8 @@ class Worker:
         backoff = PollBackoff(self.min_poll_interval, self.poll_interval)
         in_flight = PollBackoff(min(IN_FLIGHT_FIRST_WAIT, self.min_poll_interval), self.poll_interval)
         outrun = PollBackoff(self.min_poll_interval, self.poll_interval)
+        gather = Gather(min(GATHER_FIRST_WAIT, self.min_poll_interval), min(GATHER_LONGEST, self.min_poll_interval),
+                        self.poll_interval)
         look = True  # dequeue at the next chance: at start, on a notification, when a poll is due
         notified = False  # the next look answers a notification
         next_poll = math.inf
@@ -624,6 +720,7 @@ class Worker:
             self._heartbeat_if_due()
             self._log_if_due()
             room = self._room()
+            seat_deadline = self._keep_seat(room)
             if look and room:
                 try:
                     messages = self.queue.dequeue(room, lease=self.lease)
@@ -643,19 +740,34 @@ class Worker:
                     self._deaf_until, notified = 0.0, False
                     if self._registered:
                         self._unregister()  # busy: producers need not announce to us
-                    continue  # drain: look again at once
+                    gap = gather.claimed(len(messages), room, self._listener is None or self._listener.seated
+                                         or not self._listener.gated)
+                    if not gap:
+                        continue  # drain: look again at once
+                    # the claim drained the queue: let items gather (see "Many consumers")
+                    look = False
+                    next_poll = self._deaf_until = time.monotonic() + gap
+                    continue
                 self.stats.empty_polls += 1
                 look = False
                 if self.burst and not self._held and self._done.empty():
                     log.info("queue %s is empty: burst worker done", self.queue.name)
                     break
                 if notified and self._registered:
-                    # Another consumer took what the notification announced (see "Many consumers").
+                    # Another consumer took what the notification announced (see "Many consumers");
+                    # the looker comes back after the shortest wait: it is the one to announce to.
                     notified = False
+                    seated = self._listener is not None and self._listener.seated
                     self._unregister()
-                    next_poll = self._deaf_until = time.monotonic() + outrun.next_wait()
+                    wait = gather.longest if seated else outrun.next_wait()
+                    next_poll = self._deaf_until = time.monotonic() + wait
                     continue
                 notified = False
+                seated = self._listener is None or not self._listener.gated or self._take_seat()
+                gap = gather.claimed(0, room, seated)
+                if gap is not None:  # busy a moment ago, or not the looker: look again after a window
+                    next_poll = self._deaf_until = time.monotonic() + gap
+                    continue
                 if self._listener is not None and self._listener.gated and not self._armed:
                     clear = self._register()
                     if clear:
@@ -676,6 +788,7 @@ class Worker:
                 deadlines.append(self._next_settle())
             if self.notify and self._listener is None:
                 deadlines.append(self._listener_retry_at)
+            deadlines.append(seat_deadline)
             if self._wait(max(0.0, min(deadlines) - now)):
                 look = notified = True
                 backoff.reset()
@@ -745,6 +858,47 @@ class Worker:
         assert self._selector is not None
         self._selector.register(self._listener.fd, selectors.EVENT_READ)
         return True
+
+    def _take_seat(self) -> bool:
+        """Hold the looker's seat (see "Many consumers"); False when another consumer holds
+        it (tried at most once per poll_interval), or the listener connection broke (it is
+        dropped, and polling covers until it is back)."""
+        assert self._listener is not None
+        if self._listener.seated:
+            return True
+        now = time.monotonic()
+        if now < self._next_seat_try:
+            return False
+        self._next_seat_try = now + self.poll_interval
+        try:
+            return self._listener.take_seat()
+        except Exception as exc:
+            log.warning("LISTEN connection lost (%s): polling until it is reopened", first_line(exc))
+            self._drop_listener()
+            return False
+
+    def _keep_seat(self, room: int) -> float:
+        """A looker with no room for new items (its handlers busy) gives the seat up after
+        GATHER_LONGEST, so that an idle consumer takes it at its next poll. Returns when
+        to check again (inf: nothing to check)."""
+        if self._listener is None or not self._listener.seated or room:
+            self._full_since = math.inf
+            return math.inf
+        now = time.monotonic()
+        self._full_since = min(self._full_since, now)
+        if now < self._full_since + GATHER_LONGEST:
+            return self._full_since + GATHER_LONGEST
+        if self._registered:
+            self._unregister()
+        self._next_seat_try = 0.0  # it may take the seat back at its next idle look, if still free
+        if self._listener is not None:
+            try:
+                self._listener.leave_seat()
+            except Exception as exc:
+                log.warning("LISTEN connection lost (%s): polling until it is reopened", first_line(exc))
+                self._drop_listener()
+        self._full_since = math.inf
+        return math.inf
 
     def _register(self) -> bool | None:
         """Tell producers this consumer may sleep (reliable_0006: they notify only then); None

@@ -14,7 +14,9 @@ and index entries whatever the horizon (sql/postgresql/reliable.sql: the header 
 why nothing is lost or claimed twice). The existing tables become slot 0, renamed with their
 rows and indexes; the functions keep their signatures. The downgrade copies slots 1 and 2
 back into slot 0 and puts reliable_0011's single tables and functions back.
-SQL Server keeps its single tables (sql/mssql/reliable.sql says why): its sections are empty.
+On SQL Server the same sections make one table per slot, views under the old names for
+readers, and the generation procedures (sql/mssql/reliable.sql's header says why a table per
+slot rather than one partitioned table); parse- and reference-checked, not run live.
 """
 
 from queuectl.migrations.queue_ops import replace_functions, run_claim_sections, run_section, set_version

@@ -13,8 +13,8 @@ release leave a row of the current epoch where it is, READY again), which the AP
 call first, falling back on the parents for the ids not found there
 (sql/postgresql/reliable.sql: create_functions, create_lease_calls). The functions keep
 their signatures. The downgrade puts reliable_0012's bodies back and drops the per-slot calls.
-SQL Server keeps its single tables (sql/mssql/reliable.sql: create_rotation says why): its
-sections are empty.
+On SQL Server the procedures of reliable_0012 already run each call on the current slot's
+table first (sql/mssql/reliable.sql): its sections add nothing and replace the same bodies.
 """
 
 from queuectl.migrations.queue_ops import replace_functions, run_lease_sections, run_section, set_version

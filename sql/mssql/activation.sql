@@ -32,3 +32,9 @@
 
 -- name: notify
 -- Not used on SQL Server (no NOTIFY): an enqueue needs no announcement when consumers poll.
+
+-- name: seat_take
+-- Not used on SQL Server (no LISTEN, so no looker's seat: consumers poll).
+
+-- name: seat_leave
+-- Not used on SQL Server.

@@ -546,9 +546,10 @@ SELECT COUNT_BIG(CASE WHEN r.state = 1 THEN 1 END) AS ready, 0 AS scheduled, COU
 FROM {{ring}} AS r
 
 -- name: queue_rotation
--- The generation rotation of a reliable queue is PostgreSQL's (reliable_0012;
--- sql/mssql/reliable.sql: create_rotation says why SQL Server keeps single tables): health
--- does not read these sections here. Empty on purpose.
+-- The generation rotation of a reliable queue (reliable_0012) runs on SQL Server too
+-- (sql/mssql/reliable.sql's header), but health reads its state and its blockers on
+-- PostgreSQL only: the archive job logs the slot tables a truncate waited for in vain.
+-- Empty on purpose.
 
 -- name: rotation_blockers
 -- PostgreSQL only (see queue_rotation). Empty on purpose.

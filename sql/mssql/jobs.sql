@@ -30,7 +30,9 @@ SET LOCK_TIMEOUT {{lock_timeout_ms}};
 SET DEADLOCK_PRIORITY LOW;
 
 -- name: archive_batch
--- Move one batch of finished rows, with their payloads, from meta/data to history.
+-- Move one batch of finished rows, with their payloads, from meta/data to history. On a
+-- queue at reliable_0012 the job renders it once per generation slot ({{meta}}, {{data}}
+-- and the index names are then that slot's: <queue>_meta is a view over the slots there).
 -- DONE rows older than :min_age_seconds and DEAD rows older than :dead_min_age_seconds,
 -- DONE first then DEAD, oldest first: an ordered seek of the filtered index on finished
 -- rows, meta (status, finished_at) WHERE status >= 2 (reliable.sql, finished_idx).
@@ -111,7 +113,8 @@ DELETE FROM old;
 SELECT @@ROWCOUNT AS purged;
 
 -- name: reset_stale_batch
--- Expired leases: the consumer died or stalled. Back to READY (the expired attempt was
+-- Expired leases: the consumer died or stalled. Rendered once per generation slot on a
+-- queue at reliable_0012, as archive_batch. Back to READY (the expired attempt was
 -- already counted when the item was claimed), or DEAD when that was its last attempt.
 -- READPAST: a consumer still inside its transaction is skipped, never waited for.
 -- Plan: the dequeue's first step (reliable.sql, create_dequeue): a range seek of leased_idx
@@ -434,24 +437,71 @@ LEFT JOIN sys.dm_exec_sessions AS s ON s.session_id = a.session_id
 ORDER BY a.elapsed_time_seconds DESC;
 
 -- name: rot_state
--- The generation rotation of a reliable queue is PostgreSQL's (reliable_0012;
--- sql/mssql/reliable.sql: create_rotation says why SQL Server keeps single tables): the
--- archive job does not call these sections here. Empty on purpose.
+-- The generation rotation of a reliable queue (reliable_0012; sql/mssql/reliable.sql,
+-- section create_rotator, holds the procedures and why they are safe): the same calls as
+-- PostgreSQL's, so queuectl.jobs.archive runs the rotation on both engines. Each call below
+-- is one transaction of its own; a step is marked done (rot_mark) only after it committed.
+-- A call whose procedure returns its outcome in OUTPUT parameters selects them here, as
+-- one row with PostgreSQL's columns.
+EXEC {{fn_rot_state}}
 
 -- name: rot_seal
--- PostgreSQL only (see rot_state). Empty on purpose.
+-- Move the READY rows left in the previous epoch forward (NULL: nothing to seal; -1: more
+-- than :limit there, the epoch stays open).
+EXEC {{fn_rot_seal}} @limit = :limit
 
 -- name: rot_mark
--- PostgreSQL only (see rot_state). Empty on purpose.
+-- Record a committed step; one row, as PostgreSQL's call returns.
+SET NOCOUNT ON; SET ROWCOUNT 0;
+EXEC {{fn_rot_mark}} @what = :what, @epoch = :epoch;
+SELECT CAST(1 AS int) AS marked;
 
 -- name: rot_next_empty
--- PostgreSQL only (see rot_state). Empty on purpose.
+-- The oldest sealed epoch still to be emptied (NULL: none).
+SET NOCOUNT ON; SET ROWCOUNT 0;
+DECLARE @epoch bigint;
+EXEC {{fn_rot_next_empty}} @epoch = @epoch OUTPUT;
+SELECT @epoch AS epoch;
 
 -- name: rot_copy
--- PostgreSQL only (see rot_state). Empty on purpose.
+-- Move a batch of a slot's finished rows to history under row locks (before its
+-- truncate): ids above :after, at most :batch (4,000 at most: lock escalation).
+SET NOCOUNT ON; SET ROWCOUNT 0;
+DECLARE @copied bigint, @last_id bigint;
+EXEC {{fn_rot_copy}} @slot = :slot, @after = :after, @batch = :batch, @copied = @copied OUTPUT,
+                     @last_id = @last_id OUTPUT;
+SELECT @copied AS copied, @last_id AS last_id;
 
 -- name: rot_empty
--- PostgreSQL only (see rot_state). Empty on purpose.
+-- Move what finished since to history, the unfinished rows forward, and truncate the slot,
+-- under the procedure's LOCK_TIMEOUT 50 (error 1222 when the slot stays locked; the job
+-- retries). SET LOCK_TIMEOUT takes a constant only, so the procedure holds the job's 50 ms
+-- (archive.py: EMPTY_LOCK_TIMEOUT_MS); the job's lock_timeout_ms value is not read here.
+EXEC {{fn_rot_empty}}
 
 -- name: rot_switch
--- PostgreSQL only (see rot_state). Empty on purpose.
+-- New rows to the next epoch once the current one has had :items ids (NULL: not yet).
+EXEC {{fn_rot_switch}} @items = :items
+
+-- name: compact_probe
+-- Compaction (queuectl.jobs.compact) is PostgreSQL's: there a pinned xmin horizon keeps every
+-- dead row version in the queue's own tables, and only a new file (TRUNCATE) frees them. On
+-- SQL Server an UPDATE writes the row in place and, under READ_COMMITTED_SNAPSHOT or SNAPSHOT
+-- isolation, copies the previous version to the version store (tempdb, or the persistent
+-- version store with accelerated database recovery): the ring's slots keep their size however
+-- long a snapshot stays open, and what grows is the version store, which no work on the
+-- queue's tables shrinks. The DELETE-drained kinds differ: a deleted row stays a ghost record
+-- while a snapshot may still read it, so a long snapshot transaction keeps their ghosts in the
+-- table's pages (sys.dm_db_index_physical_stats: version_ghost_record_count; health's
+-- version_store and snapshot_holders name the holder; https://www.red-gate.com/simple-talk/sql/performance/read-committed-snapshot-isolation-high-version_ghost_record_count/),
+-- and the ghost cleanup task removes them within seconds of its end. A T-SQL compaction of
+-- those tables is not built: the job does nothing on SQL Server. Empty on purpose.
+
+-- name: compact_ring
+-- PostgreSQL only (see compact_probe). Empty on purpose.
+
+-- name: compact_items
+-- PostgreSQL only (see compact_probe). Empty on purpose.
+
+-- name: compact_result
+-- PostgreSQL only (see compact_probe). Empty on purpose.

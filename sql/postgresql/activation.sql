@@ -146,3 +146,18 @@ SELECT {{fn_wait_end}}()
 -- name: notify
 -- Wake the queue's consumers without inserting (after a worker gives items back at shutdown).
 SELECT pg_notify({{channel_literal}}, '')
+
+-- name: seat_take
+-- The looker's seat (queuectl.worker, "Many consumers"): one session per queue at a time
+-- LISTENs and registers in "waiting", so a notification signals one backend instead of
+-- every consumer's (PostgreSQL signals every backend that LISTENs in the database at each
+-- notification, whatever its channel). A session-level exclusive advisory lock (class
+-- 1902343283, 'qcts'; the same key as "waiting" and "in flight"), only ever tried: a wait
+-- in the lock manager would hold the statement's snapshot, and the xmin horizon, for as
+-- long as it waits. The seat goes with its session, so a consumer that dies (SIGKILL)
+-- frees it when its backend sees the connection close. True: this session is the looker.
+SELECT pg_try_advisory_lock(1902343283, hashtext({{channel_literal}}) & 2147483647)
+
+-- name: seat_leave
+-- The looker gives its seat up (it stays busy, or it stops); it has UNLISTENed first.
+SELECT pg_advisory_unlock(1902343283, hashtext({{channel_literal}}) & 2147483647)

@@ -539,6 +539,34 @@ SELECT count(*) FROM {{schema}}.pgqueuer WHERE status = 'queued'
 -- deletes a job once its completion is written, in buffered batches).
 SELECT count(*) FROM {{schema}}.pgqueuer
 
+-- name: pgboss_drop
+-- pg-boss, a peer of `queuectl bench --scenario sustained`: its own schema (made by its
+-- start(), named for the bench so no application's pg-boss schema is touched), dropped with
+-- everything in it.
+DROP SCHEMA IF EXISTS {{schema}} CASCADE
+
+-- name: pgboss_tables
+-- The tables pg-boss keeps in its schema (its job tables, the default partition job_common
+-- among them, and its bookkeeping: queue, queue_stats, version, ...); not the partitioned
+-- parents, which hold no rows of their own.
+SELECT coalesce(array_agg(c.relname ORDER BY c.relname), ARRAY[]::name[])
+FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = :schema AND c.relkind = 'r'
+
+-- name: pgboss_waiting
+-- Jobs of the queue not yet fetched: created, or waiting for a retry.
+SELECT count(*) FROM {{schema}}.job WHERE name = :queue AND state IN ('created', 'retry')
+
+-- name: pgboss_left
+-- Jobs of the queue not completed: waiting, or fetched and not yet completed (a completed
+-- job stays in the table, state completed, until its deleteAfterSeconds have passed).
+SELECT count(*) FROM {{schema}}.job WHERE name = :queue AND state IN ('created', 'retry', 'active')
+
+-- name: pgboss_states
+-- The queue's jobs by state, and how many ran more than once (retry_count > 0).
+SELECT CAST(state AS text) AS state, count(*) AS jobs, count(*) FILTER (WHERE retry_count > 0) AS retried
+FROM {{schema}}.job WHERE name = :queue GROUP BY state
+
 -- name: sessions_by_name
 -- The server pids of this database's sessions named :names (application_name), for a probe
 -- that reads their CPU from /proc (bench/lab/archive_load.py).

@@ -22,7 +22,7 @@ def bench(
     kind: Annotated[
         Optional[list[str]],
         typer.Option("--kind", "--kinds", help="Queue kind to measure (repeatable, or comma-separated). Default: reliable. "
-                     "The sustained scenario also takes the peers pgq (PgQ with pgqd, from Debian) and pgqueuer."),
+                     "The sustained scenario also takes the peers pgq (PgQ with pgqd, from Debian), pgqueuer and pgboss (make peer-pgboss)."),
     ] = None,
     producers: Annotated[Optional[int], typer.Option(help="Producer processes. Default: 4 (sustained, consumers, cost: 2).")] = None,
     consumers: Annotated[

@@ -4,6 +4,7 @@
     queuectl reorganize NAME [--dry-run]         queuectl jobs history [--last N]
     queuectl inspect NAME                        queuectl jobs run JOB NAME [-o key=value]
     queuectl reset-stale NAME                    queuectl scheduler run [--config] [--max-seconds]
+    queuectl compact NAME [--dry-run] [--continuous]
 
 Thin: parse, call one library function (queuectl.jobs.runner.run_job or the scheduler),
 render. Errors a user can fix raise QueuectlError (one line, exit 2, by queuectl.cli.main); a job
@@ -162,6 +163,39 @@ def archive(
             _run("archive", name, options, url, schema, as_json, render, call=call)
     else:
         _run("archive", name, options, url, schema, as_json, render, call=call)
+
+
+# -- compact -------------------------------------------------------------------------------
+
+
+@app.command()
+def compact(
+    name: QueueArg,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Measure the tables and say whether they are due; change nothing.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Compact even when not due (still within --max-rows).")] = False,
+    continuous: Annotated[bool, typer.Option("--continuous", help="Measure every --interval and compact when due, until stopped (Ctrl-C / SIGTERM).")] = False,
+    interval: Annotated[str, typer.Option(help="With --continuous: how often to measure (e.g. 1s).")] = "1s",
+    max_rows: Annotated[int, typer.Option("--max-rows", help="Leave a queue with more live rows than this alone (the copy under the lock stays short).")] = 100_000,
+    max_seconds: Annotated[Optional[str], typer.Option("--max-seconds", help="With --continuous: stop after this long.", show_default=False)] = None,
+    url: UrlOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+    as_json: JsonOption = False,
+) -> None:
+    """Give a ring's or a DELETE-drained queue's tables (heap, fifo, stack, pending, watermark) new files holding only their live rows, once their dead row versions outnumber the live ones.
+
+    This frees the space that a snapshot held open (a long report, pg_dump, a replica's feedback) keeps VACUUM from reclaiming. It copies the live rows aside, truncates and inserts them back in one short transaction that pushes and pops wait for (milliseconds for a small backlog, tens of milliseconds for thousands of ring slots); when another session holds a lock on the tables (one that read them in an open transaction) it gives up within 50 ms, names that session and tries again later. PostgreSQL only.
+    """  # noqa: E501 (one line per paragraph: --help wraps them itself)
+    options = _options(dry_run=dry_run, force=force, max_rows=max_rows, interval=interval, max_seconds=max_seconds)
+    if continuous:
+        _logging()
+    _run("compact", name, options, url, schema, as_json, lambda r: print_fact(f"compact {name}: {r.summary()}"),
+         call=_compact_continuous if continuous else None)
+
+
+def _compact_continuous(engine: Any, queue: str, config: Any, *, schema: str, stop: threading.Event) -> Any:
+    from queuectl.jobs import compact as compact_job
+
+    return compact_job.run_continuous(engine, queue, config, schema=schema, stop=stop)
 
 
 # -- reorganize ----------------------------------------------------------------------------

@@ -107,11 +107,13 @@ def unsubscribe_command(
     print_fact(f"unsubscribed {subscription} from ring {name}")
 
 
+SubscriptionsJsonOption = json_flag("Print a JSON list, one object per subscription (the columns below, times in ISO 8601).")
+
+
 @app.command("subscriptions")
 def subscriptions_command(
     name: QueueArg,
-    as_json: json_flag("Print a JSON list, one object per subscription (the columns below, times in ISO "
-                       "8601).") = False,
+    as_json: SubscriptionsJsonOption = False,
     url: UrlOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:

@@ -77,7 +77,7 @@ def make_engine(url: str | None = None, *, pool_size: int = 5) -> Engine:
     adapter = _adapters()[parsed.get_backend_name()]
     adapter.check_driver(parsed)
     engine = sa.create_engine(
-        parsed, pool_size=pool_size, pool_pre_ping=True, connect_args=adapter.connect_args()
+        parsed, pool_size=pool_size, pool_pre_ping=True, connect_args=adapter.connect_args(parsed)
     )
     check_connection(engine)
     return engine
@@ -93,7 +93,7 @@ def make_async_engine(url: str | None = None, *, pool_size: int = 1) -> AsyncEng
     adapter = _adapters()[parsed.get_backend_name()]
     adapter.check_asyncio()
     adapter.check_driver(parsed)
-    return create_async_engine(parsed, pool_size=pool_size, pool_pre_ping=True, connect_args=adapter.connect_args())
+    return create_async_engine(parsed, pool_size=pool_size, pool_pre_ping=True, connect_args=adapter.connect_args(parsed))
 
 
 def check_connection(engine: Engine) -> None:

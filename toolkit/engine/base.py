@@ -102,8 +102,9 @@ class Adapter:
     def check_driver(self, url: URL) -> None:
         """Fail with one line saying what to install when the DBAPI driver cannot load."""
 
-    def connect_args(self) -> dict[str, object]:
-        """The driver's connect arguments: a login timeout, so an unreachable server fails fast."""
+    def connect_args(self, url: URL) -> dict[str, object]:
+        """The driver's connect arguments for `url`: a login timeout, so an unreachable server
+        fails fast, and where the driver takes one a session name a DBA can find."""
         raise NotImplementedError
 
     def client_statement(self, engine: Engine, clause: sa.TextClause) -> Callable[[sa.Connection, dict], object]:

@@ -77,8 +77,10 @@ class MssqlAdapter(Adapter):
                 f"ODBC driver {wanted!r} is not installed (installed: {found}): " + MSODBC_HOWTO
             )
 
-    def connect_args(self) -> dict[str, object]:
-        return {"timeout": 10}  # pyodbc's login timeout
+    def connect_args(self, url: URL) -> dict[str, object]:
+        """pyodbc's login timeout. The session's program_name is the URL's to set (`&APP=queuectl`:
+        SQLAlchemy passes query keys it does not know into the ODBC connection string)."""
+        return {"timeout": 10}
 
     def payload_refusal(self, exc: DBAPIError) -> str | None:
         """THROW 50413 in the enqueue procedures; the message without ODBC's [..] prefixes."""

@@ -8,6 +8,7 @@ the xmin horizon.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from queuectl.engine.base import (
@@ -27,6 +28,7 @@ from queuectl.errors import QueuectlError
 from queuectl.names import quote_ident
 from queuectl.sqlfiles import split_statements
 
+APPLICATION_NAME = "queuectl"        # the sessions' application_name unless the URL or PGAPPNAME sets one
 FRESH_LEAF_DENSITY = 90.0           # a freshly built PostgreSQL B-tree's leaves (default fillfactor 90)
 LEFTOVER = re.compile(r"_cc(new|old)[0-9]*$")
 
@@ -170,9 +172,14 @@ class PostgresAdapter(Adapter):
         statements at top-level semicolons."""
         return split_statements(sql)
 
-    def connect_args(self) -> dict[str, object]:
-        """Login timeout in seconds, so an unreachable server fails fast."""
-        return {"connect_timeout": 10}
+    def connect_args(self, url: URL) -> dict[str, object]:
+        """Login timeout in seconds, so an unreachable server fails fast; and the sessions'
+        application_name `queuectl` (what pg_stat_activity, the logs' %a and health's blocker
+        lines show), unless the URL's `?application_name=` or libpq's PGAPPNAME names them."""
+        args: dict[str, object] = {"connect_timeout": 10}
+        if "application_name" not in url.query and not os.environ.get("PGAPPNAME"):
+            args["application_name"] = APPLICATION_NAME
+        return args
 
     def client_statement(self, engine: Engine, clause: sa.TextClause) -> Callable[[sa.Connection, dict], object]:
         """How a client runs one of its hot calls (enqueue, dequeue, ack, ...): on psycopg,
