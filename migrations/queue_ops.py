@@ -45,6 +45,14 @@ def run_claim_sections(file: str, section: str) -> None:
         run_section(file, section, variant)
 
 
+def run_lease_sections(file: str, section: str) -> None:
+    """Run a section once per rendering QueueNames.lease_variants() lists (reliable.sql
+    create_lease_calls: on each slot's tables)."""
+    names, _kind, _settings = _target()
+    for variant in names.lease_variants():
+        run_section(file, section, variant)
+
+
 def run_catalog_section(file: str, section: str) -> None:
     """Execute one named section of sql/<engine>/<file>.sql for the catalog being migrated
     (its only placeholder is {{schema}})."""

@@ -29,9 +29,9 @@ from test_worker import Recorder, Running, finished, handled, start_worker, stat
 
 # Refuses, for items titled so: their ack ('unackable'), or any nack that records an error
 # ('unnackable'; a release records none, and the dequeue's own "lease expired" verdict is let through).
-# A nack records its error in place on the last attempt (an UPDATE to DEAD) and otherwise by
-# moving the row, READY, to the current generation (reliable_0012: DELETE + INSERT): both are
-# refused.
+# A nack records its error in place on the last attempt (an UPDATE to DEAD) and otherwise
+# READY in the current generation: in place when the row is there (reliable_0013: an UPDATE
+# from PROCESSING), else by moving it (DELETE + INSERT): all are refused.
 REFUSE_SETTLING = """
 CREATE FUNCTION refuse_settling() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 from queuectl.engine import adapter_for
 from queuectl.errors import UsageError
 from queuectl.registry import require_queue
-from queuectl.names import CLAIM_CALLS, DEFAULT_SCHEMA, ROTATION_CALLS, QueueNames, quote_ident
+from queuectl.names import CLAIM_CALLS, DEFAULT_SCHEMA, LEASE_CALLS, ROTATION_CALLS, QueueNames, quote_ident
 from queuectl.sqlfiles import render
 
 DEFAULT_PRODUCER_CALLS = ("enqueue", "enqueue_many")
@@ -35,9 +35,10 @@ CONSUMER_CALLS = {
 DEFAULT_CONSUMER_CALLS = ("dequeue",)
 # Functions granted to nobody but still locked down (SECURITY DEFINER, no EXECUTE for
 # PUBLIC): maintenance calls, the activation trigger's function, the rotation's calls and
-# the per-slot claims and acks (the helpers run inside the API functions, as their owner).
+# the per-slot claims, acks, extends, nacks and releases (the helpers run inside the API
+# functions, as their owner).
 MAINTENANCE_CALLS = {
-    "reliable": ("notify", *ROTATION_CALLS, *CLAIM_CALLS),
+    "reliable": ("notify", *ROTATION_CALLS, *CLAIM_CALLS, *LEASE_CALLS),
     "watermark": ("correct_watermark",),
     # the fan-out ring's subscriptions are managed by the owner (queuectl subscribe); its guard
     # trigger's function runs for the owner's functions only
@@ -73,6 +74,10 @@ FUNCTION_ARGUMENTS: dict[str, dict[str, tuple[str, ...]]] = {
         "rot_empty": ("integer",),
         **{call: ("smallint[], integer, double precision, text",) for call in CLAIM_CALLS if call.startswith("claim")},
         **{call: ("bigint[], text",) for call in CLAIM_CALLS if call.startswith("ack")},
+        **{call: ("bigint[], double precision, text",) for call in LEASE_CALLS if call.startswith("extend")},
+        **{call: ("bigint[], text, text, double precision, double precision",)
+           for call in LEASE_CALLS if call.startswith("nack")},
+        **{call: ("bigint[], text",) for call in LEASE_CALLS if call.startswith("release")},
     },
     "heap": _ONE_TABLE_ARGUMENTS,
     "fifo": _ONE_TABLE_ARGUMENTS,

@@ -32,6 +32,9 @@ ROTATION_CALLS = ("rot_move", "rot_follow", "rot_state", "rot_switch", "rot_seal
 # reliable_0012's claim and ack on the parents ("claim_in") and on each slot's own tables
 # ("claim_in0".."claim_in2"), which dequeue and ack call (create_claim_calls)
 CLAIM_CALLS = tuple(f"{call}{slot}" for call in ("claim_in", "ack_in") for slot in ("", "0", "1", "2"))
+# reliable_0013's extend_lease, nack and release on each slot's own tables, which the API
+# functions call first (create_lease_calls)
+LEASE_CALLS = tuple(f"{call}{slot}" for call in ("extend_in", "nack_in", "release_in") for slot in ("0", "1", "2"))
 _COMMON_SUFFIXES = ("version", "version_pkc", "enqueue", "enqueue_many", "dequeue")
 _ITEMS_SUFFIXES = ("items", "items_pkey", "items_id_seq")
 QUEUE_OBJECT_SUFFIXES: dict[str, tuple[str, ...]] = {
@@ -43,7 +46,7 @@ QUEUE_OBJECT_SUFFIXES: dict[str, tuple[str, ...]] = {
         # and the rotator's calls
         *(f"meta{s}{end}" for s in range(3) for end in ("", "_pkey", "_ready", "_leased", "_finished")),
         *(f"data{s}{end}" for s in range(3) for end in ("", "_pkey")),
-        "rot_epoch", "rot_sealed", "rot_emptied", "rot_start", *ROTATION_CALLS, *CLAIM_CALLS,
+        "rot_epoch", "rot_sealed", "rot_emptied", "rot_start", *ROTATION_CALLS, *CLAIM_CALLS, *LEASE_CALLS,
     ),
     "heap": (*_COMMON_SUFFIXES, *_ITEMS_SUFFIXES),
     "fifo": (*_COMMON_SUFFIXES, *_ITEMS_SUFFIXES),
@@ -266,7 +269,7 @@ class QueueNames:
             "channel_literal": f"'{self.channel}'",
         }
         for fn in ("enqueue", "enqueue_many", "dequeue", "ack", "nack", "extend_lease", "release", "notify",
-                   "ack_dequeue", "wait_begin", "wait_end", *ROTATION_CALLS, *CLAIM_CALLS):
+                   "ack_dequeue", "wait_begin", "wait_end", *ROTATION_CALLS, *CLAIM_CALLS, *LEASE_CALLS):
             values[f"fn_{fn}"] = q(fn)
         # reliable_0012's generation layout: bare names for RENAME TO and index names,
         # qualified ones for tables and sequences, text literals for regclass arguments
@@ -291,3 +294,10 @@ class QueueNames:
         q = self.qualified
         return [{"claim_fn": q(f"claim_in{s}"), "ack_fn": q(f"ack_in{s}"),
                  "claim_meta": q(f"meta{s}"), "claim_data": q(f"data{s}")} for s in ("", "0", "1", "2")]
+
+    def lease_variants(self) -> list[dict[str, str]]:
+        """reliable.sql create_lease_calls' own values for each of its three renderings, one
+        per slot's tables."""
+        q = self.qualified
+        return [{"extend_fn": q(f"extend_in{s}"), "nack_fn": q(f"nack_in{s}"), "release_fn": q(f"release_in{s}"),
+                 "lease_meta": q(f"meta{s}")} for s in ("0", "1", "2")]

@@ -1,6 +1,6 @@
-"""Probe: what the reliable queue's ack costs with many items in flight and in the full cycle, reliable_0009 against reliable_0008.
+"""Probe: what the reliable queue's ack costs with many items in flight and in the full cycle, reliable_0009 against reliable_0008; what extend_lease, nack and release cost, the head against reliable_0012.
 
-    python bench/lab/ack_plan.py [--parts in-flight,cycle] [--in-flight 100,1000,10000] [--acks 100]
+    python bench/lab/ack_plan.py [--parts in-flight,cycle,lease] [--in-flight 100,1000,10000] [--acks 100]
         [--batches 1,10,100] [--rounds 4] [--seconds 8] [--clients 8] [--autovacuum on|off]
         [--url URL] [--json out.json]
 
@@ -22,6 +22,17 @@ Two parts, each with a queue at reliable_0008 ("0008") and one at the head ("hea
     side_by_side: every round runs both, in reversed order every other round), at each
     batch: messages/s, per-round ratios to 0008 and their median. With --autovacuum off,
     autovacuum is kept off both queues (truncated before each run, so never analysed).
+
+A third part, not run by default, compares the head with reliable_0012 ("0012"), whose
+extend_lease, nack and release run on the generation slots' partitioned parents:
+
+  * lease: per call (ack, extend_lease, nack, release) on one leased item, in the current
+    slot and in an older one (after a switch): the relation locks the call's transaction
+    holds and how many were taken on the fast path, and the median client-side time of
+    --acks calls (each rolled back, after 8 warm-up calls); then pgbench cycles side by
+    side as in the cycle part, with a consumer that extends the leases it claimed and acks
+    them ("extend"), one that nacks them with no backoff ("nack"), one that releases them
+    ("release").
 
 Without --url the embedded server is used (as `queuectl` itself does).
 """
@@ -48,6 +59,10 @@ from queuectl.names import QueueNames
 from queuectl.sqlfiles import render
 
 REVISIONS: dict[str, str | None] = {"0008": "reliable_0008", "0011": "reliable_0011", "head": None}  # None: the head
+LEASE_REVISIONS: dict[str, str | None] = {"0012": "reliable_0012", "head": None}
+LEASE_CALLS = ("ack", "extend_lease", "nack", "release")
+LEASE_CYCLES = {"extend": "ack_plan_consume_extend", "nack": "ack_plan_consume_nack",
+                "release": "ack_plan_consume_release"}
 WORKER = "ack_plan"
 CLAIM = 20  # items per claim while the queue is filled with leased items
 WARM_UP = 8  # acks before the measured ones: plpgsql decides on a generic plan after five
@@ -60,7 +75,7 @@ def _names(design: str) -> QueueNames:
 
 def _install(engine: sa.Engine, design: str, *, autovacuum: bool) -> QueueNames:
     names = _names(design)
-    reinstall_queue(engine, names.queue, revision=REVISIONS[design])  # a leftover of an aborted run replaced
+    reinstall_queue(engine, names.queue, revision={**REVISIONS, **LEASE_REVISIONS}[design])  # a leftover of an aborted run replaced
     if not autovacuum:
         autovacuum_off(engine, [names.qualified("meta"), names.qualified("data")])
     return names
@@ -133,6 +148,67 @@ def in_flight_part(engine: sa.Engine, counts: list[int], acks: int) -> list[dict
     return cells
 
 
+def lease_call_costs(engine: sa.Engine, names: QueueNames, ids: list[int], calls: int) -> dict[str, Any]:
+    """Per call of LEASE_CALLS on one of `ids` each: the relation locks held after it (the
+    last call's), and the median client-side time; every call rolled back."""
+    statements = {call: sa.text(render(ENGINE_DIR, "reliable", call, names.template_values())) for call in LEASE_CALLS}
+    params = {"worker": WORKER, "lease_seconds": 600, "error": "probe", "base_seconds": 30, "max_seconds": 60}
+    locks = sa.text(probe_sql("ack_plan_relation_locks", {}))
+    out: dict[str, Any] = {}
+    with engine.connect() as conn:
+        for call, statement in statements.items():
+            times: list[float] = []
+            for n, item in enumerate(ids[:WARM_UP + calls]):
+                started = time.perf_counter()
+                changed = conn.execute(statement, {**params, "ids": [item]}).all()
+                elapsed = time.perf_counter() - started
+                held = conn.execute(locks).one()
+                conn.rollback()
+                if not changed or changed[0][0] in (0, None):
+                    raise RuntimeError(f"{call} of leased item {item} changed nothing")
+                if n >= WARM_UP:
+                    times.append(elapsed)
+            out[call] = {"us_median": statistics.median(times) * 1e6, "relations": int(held.relations),
+                         "fastpath": int(held.fastpath), "locks": int(held.locks)}
+    return out
+
+
+def lease_part(engine: sa.Engine, pgbench: Pgbench | None, calls: int, batches: list[int], rounds: int, seconds: int,
+               clients: int, autovacuum: bool) -> dict[str, Any]:
+    cells = []
+    for where in ("current slot", "older slot"):
+        for design in LEASE_REVISIONS:
+            names = _install(engine, design, autovacuum=False)
+            try:
+                ids = lease_items(engine, names, WARM_UP + calls, analysed=True)
+                if where == "older slot":
+                    with engine.begin() as conn:  # new rows go to slot 1; the leased ones stay in slot 0
+                        conn.execute(sa.text(probe_sql("ack_plan_switch", names.template_values())))
+                cell = {"design": design, "where": where, "calls": calls,
+                        **lease_call_costs(engine, names, ids, calls)}
+            finally:
+                uninstall_queue(engine, names.queue, names.schema)
+            cells.append(cell)
+            print(f"{where:12} {design:5} " + ", ".join(
+                f"{c} {cell[c]['us_median']:6.1f} us {cell[c]['relations']} locks ({cell[c]['fastpath']} fast path)"
+                for c in LEASE_CALLS), flush=True)
+    result: dict[str, Any] = {"calls": cells}
+    if pgbench is not None:
+        cycles = {}
+        for cycle, consume in LEASE_CYCLES.items():
+            print(f"cycle {cycle}", flush=True)
+            try:
+                queues = {d: (_install(engine, d, autovacuum=autovacuum), consume) for d in LEASE_REVISIONS}
+                cycles[cycle] = side_by_side(engine, pgbench, queues, batches, rounds=rounds, seconds=seconds,
+                                             clients=clients)
+            finally:
+                for design in LEASE_REVISIONS:
+                    uninstall_queue(engine, _names(design).queue)
+        result["cycles"] = {"batches": batches, "rounds": rounds, "seconds": seconds, "clients": clients,
+                            "autovacuum": autovacuum, "cells": cycles}
+    return result
+
+
 def run(url: str | None, parts: list[str], *, in_flight: list[int], acks: int, batches: list[int], rounds: int,
         seconds: int, clients: int, autovacuum: bool = True) -> dict[str, Any]:
     engine = make_engine(url)
@@ -141,6 +217,14 @@ def run(url: str | None, parts: list[str], *, in_flight: list[int], acks: int, b
     try:
         if "in-flight" in parts:
             result["in_flight"] = {"acks": acks, "cells": in_flight_part(engine, in_flight, acks)}
+        if "lease" in parts:
+            path = find_pgbench()
+            pgbench = Pgbench(path, engine.url.render_as_string(hide_password=False)) if path else None
+            try:
+                result["lease"] = lease_part(engine, pgbench, acks, batches, rounds, seconds, clients, autovacuum)
+            finally:
+                if pgbench is not None:
+                    pgbench.close()
         if "cycle" in parts:
             path = find_pgbench()
             if path is None:
@@ -168,16 +252,16 @@ def _ints(text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default=None, help="database URL (default: the embedded server)")
-    parser.add_argument("--parts", default="in-flight,cycle", help="comma-separated: in-flight, cycle")
+    parser.add_argument("--parts", default="in-flight,cycle", help="comma-separated: in-flight, cycle, lease")
     parser.add_argument("--in-flight", default="100,1000,10000", help="leased items per in-flight cell")
-    parser.add_argument("--acks", type=int, default=100, help="measured acks per in-flight cell")
+    parser.add_argument("--acks", type=int, default=100, help="measured acks per in-flight cell (lease: calls)")
     add_cycle_arguments(parser, note="cycle: ")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = set(parts) - {"in-flight", "cycle"}
+    unknown = set(parts) - {"in-flight", "cycle", "lease"}
     if unknown:
-        parser.error(f"unknown part(s): {', '.join(sorted(unknown))} (choose from in-flight, cycle)")
+        parser.error(f"unknown part(s): {', '.join(sorted(unknown))} (choose from in-flight, cycle, lease)")
     result = run(args.url, parts, in_flight=_ints(args.in_flight), acks=args.acks, batches=_ints(args.batches),
                  rounds=args.rounds, seconds=args.seconds, clients=args.clients,
                  autovacuum=args.autovacuum == "on")

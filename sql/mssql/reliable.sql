@@ -1793,3 +1793,12 @@ DROP PROCEDURE IF EXISTS {{fn_rot_state}};
 -- reliable_0012 downgrade, after reliable_0011's procedures are back: the writers' helpers.
 DROP PROCEDURE IF EXISTS {{fn_rot_follow}};
 DROP PROCEDURE IF EXISTS {{fn_rot_move}};
+
+-- name: create_lease_calls
+-- reliable_0013: PostgreSQL's extend_lease, nack and release on each generation slot's own
+-- tables (a statement on its partitioned parents locks every slot). SQL Server's procedures
+-- (create_functions) already run each call on the current slot's table first, then on the
+-- other slots: nothing to add. Empty on purpose.
+
+-- name: drop_lease_calls
+-- reliable_0013 downgrade: nothing was created. Empty on purpose.

@@ -33,7 +33,10 @@
 --  1. A row never changes slot by an UPDATE: it moves by DELETE + INSERT with its id, in
 --     one statement (a concurrent locker of a deleted row skips it; of a row moved by an
 --     UPDATE of the partition key it would get an error). ack, nack, extend_lease and
---     release find a row by id in whichever slot it is.
+--     release find a row by id in whichever slot it is: on the current slot's own tables
+--     first, then on the parents for the ids not found there (reliable_0013; an UPDATE
+--     that keeps a row in its slot moves nothing, so nack and release of a row of the
+--     current epoch update it in place).
 --  2. A writer (enqueue, enqueue_many, nack, release) reads the epoch, inserts, then reads
 --     the epoch again; if a switch came in between it moves its own rows (uncommitted,
 --     seen by no one else) to the new epoch's slot (rot_move). A writer that read the epoch
@@ -271,12 +274,28 @@ ALTER INDEX {{schema}}.{{data0_pkey}} RENAME TO {{data_pkey}};
 ALTER TABLE {{data}} ADD FOREIGN KEY (id) REFERENCES {{meta}} (id) ON DELETE CASCADE;
 
 -- name: create_functions
--- The SQL API, callable from any language, on the generation layout (reliable_0012).
--- ack and extend_lease update in place, by id, in whichever slot the row is (reliable_0009's
--- bodies: the primary keys only, `m.status::integer = 1` so the leased index's predicate is
--- not matched; set_plan_guard has the figures). nack and release give a row back to the
--- claims: it moves, with its id, priority and payload, to the current epoch (header, 1 and
--- 2); nack's last attempt makes it DEAD in place.
+-- The SQL API, callable from any language, on the generation layout (reliable_0013).
+-- ack, extend_lease, nack and release run on the current slot's own tables first (their
+-- per-slot calls: create_claim_calls, create_lease_calls), where nearly every lease is, and
+-- then on the partitioned parents for the ids not found there: a row is found by id in
+-- whichever slot it is (header, 1). A statement on the parents locks every slot's tables,
+-- and waits behind a truncate's ACCESS EXCLUSIVE on any slot: there extend_lease takes 7
+-- relation locks and nack and release 15 once the session plans them generically, 16 and
+-- 24 in a session's first calls (custom plans lock every index of every slot), past the 16
+-- a backend takes on its fast path (bench/lab/ack_plan.py --parts lease). On the current slot's tables each takes 3 (the
+-- slot's meta table, its primary key, the epoch sequence), as the ack, and never meets a
+-- truncate (only sealed epochs' slots are emptied).
+-- The fallback gets only the ids the slot's call did not find, so nothing is changed twice,
+-- and it runs after the slot's statement: a row the truncate moved into the current slot
+-- meanwhile is seen there (header, 5: a statement that waited for the lock takes its
+-- snapshot after it).
+-- Updates go by the primary keys only, `m.status::integer = 1` so the leased index's
+-- predicate is not matched (reliable_0009; set_plan_guard has the figures).
+-- nack and release give a row back to the claims in the current epoch: a row in the
+-- current slot is updated in place (it stays in its slot, rule 1 holds), a row in an older
+-- slot moves, with its id, priority and payload, by DELETE + INSERT in one statement
+-- (header, 1); if a switch came after the epoch was read, rot_follow moves the rows on
+-- (header, 2). nack's last attempt makes the row DEAD in place.
 -- The calls on leased items and the claim refuse to run in a REPEATABLE READ or
 -- SERIALIZABLE transaction (SQLSTATE QC400): its snapshot may predate a truncate, so an
 -- ack would miss its row (moved to the current epoch after the snapshot) and the item would
@@ -315,18 +334,37 @@ CREATE OR REPLACE FUNCTION {{fn_extend_lease}}(
 ) RETURNS TABLE (id bigint, leased_until timestamptz)
 LANGUAGE plpgsql AS $fn$
 #variable_conflict use_column
+DECLARE
+    v_slot  smallint := ((SELECT last_value FROM {{rot_epoch}}) % 3)::smallint;
+    v_ids   bigint[];
+    v_until timestamptz[];
+    v_rest  bigint[];
 BEGIN
     IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
         RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
             'queue %L: extend_lease runs in READ COMMITTED transactions only (this one is %s): an older snapshot does not see rows the rotation moved',
             {{queue_literal}}, current_setting('transaction_isolation'));
     END IF;
-    RETURN QUERY
-    UPDATE {{meta}} m
-    SET leased_until = now() + make_interval(secs => coalesce(p_lease_seconds, {{lease_seconds}}))
-    WHERE m.id = ANY (p_ids) AND m.status::integer = 1
-      AND (p_worker IS NULL OR m.lease_owner = p_worker)
-    RETURNING m.id, m.leased_until;
+    IF v_slot = 0 THEN
+        SELECT array_agg(e.id), array_agg(e.leased_until) INTO v_ids, v_until
+        FROM {{fn_extend_in0}}(p_ids, p_lease_seconds, p_worker) e;
+    ELSIF v_slot = 1 THEN
+        SELECT array_agg(e.id), array_agg(e.leased_until) INTO v_ids, v_until
+        FROM {{fn_extend_in1}}(p_ids, p_lease_seconds, p_worker) e;
+    ELSE
+        SELECT array_agg(e.id), array_agg(e.leased_until) INTO v_ids, v_until
+        FROM {{fn_extend_in2}}(p_ids, p_lease_seconds, p_worker) e;
+    END IF;
+    RETURN QUERY SELECT u.e_id, u.e_until FROM unnest(v_ids, v_until) AS u(e_id, e_until);
+    v_rest := ARRAY(SELECT unnest(p_ids) EXCEPT SELECT unnest(v_ids));
+    IF cardinality(v_rest) > 0 THEN
+        RETURN QUERY
+        UPDATE {{meta}} m
+        SET leased_until = now() + make_interval(secs => coalesce(p_lease_seconds, {{lease_seconds}}))
+        WHERE m.id = ANY (v_rest) AND m.status::integer = 1
+          AND (p_worker IS NULL OR m.lease_owner = p_worker)
+        RETURNING m.id, m.leased_until;
+    END IF;
 END
 $fn$;
 
@@ -392,43 +430,61 @@ LANGUAGE plpgsql AS $fn$
 #variable_conflict use_column
 DECLARE
     v_epoch bigint := (SELECT last_value FROM {{rot_epoch}});
+    v_ids   bigint[];
+    v_st    smallint[];
+    v_due   timestamptz[];
+    v_rest  bigint[];
 BEGIN
     IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
         RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
             'queue %L: nack runs in READ COMMITTED transactions only (this one is %s): an older snapshot does not see rows the rotation moved',
             {{queue_literal}}, current_setting('transaction_isolation'));
     END IF;
-    RETURN QUERY
-    WITH dead AS (
-        UPDATE {{meta}} m
-        SET status = 3, finished_at = now(), leased_until = NULL, last_error = p_error
-        WHERE m.id = ANY (p_ids) AND m.status::integer = 1
-          AND (p_worker IS NULL OR m.lease_owner = p_worker) AND m.attempts >= m.max_attempts
-        RETURNING m.id, m.status, m.due_at
-    ), gone AS (
-        DELETE FROM {{meta}} m
-        WHERE m.id = ANY (p_ids) AND m.status::integer = 1
-          AND (p_worker IS NULL OR m.lease_owner = p_worker) AND m.attempts < m.max_attempts
-        RETURNING m.id, m.priority, m.title, m.attempts, m.max_attempts, m.enqueued_at, m.dequeued_at
-    ), back AS (
-        INSERT INTO {{meta}} (slot, id, priority, due_at, status, title, attempts, max_attempts,
-                              enqueued_at, dequeued_at, last_error)
-        SELECT (v_epoch % 3)::smallint, g.id, g.priority,
-               now() + make_interval(secs => least(
-                   coalesce(p_base_seconds, {{backoff_base_seconds}})
-                       * power(2, least(greatest(g.attempts - 1, 0), 40)),
-                   coalesce(p_max_seconds, {{backoff_max_seconds}}))),
-               0, g.title, g.attempts, g.max_attempts, g.enqueued_at, g.dequeued_at, p_error
-        FROM gone g
-        RETURNING id, status, due_at
-    ), dgone AS (
-        DELETE FROM {{data}} d WHERE d.id = ANY (ARRAY(SELECT g.id FROM gone g))
-        RETURNING d.id, d.payload, d.headers
-    ), dback AS (
-        INSERT INTO {{data}} (slot, id, payload, headers)
-        SELECT (v_epoch % 3)::smallint, dg.id, dg.payload, dg.headers FROM dgone dg
-    )
-    SELECT * FROM dead UNION ALL SELECT * FROM back;
+    IF v_epoch % 3 = 0 THEN
+        SELECT array_agg(n.id), array_agg(n.status), array_agg(n.due_at) INTO v_ids, v_st, v_due
+        FROM {{fn_nack_in0}}(p_ids, p_error, p_worker, p_base_seconds, p_max_seconds) n;
+    ELSIF v_epoch % 3 = 1 THEN
+        SELECT array_agg(n.id), array_agg(n.status), array_agg(n.due_at) INTO v_ids, v_st, v_due
+        FROM {{fn_nack_in1}}(p_ids, p_error, p_worker, p_base_seconds, p_max_seconds) n;
+    ELSE
+        SELECT array_agg(n.id), array_agg(n.status), array_agg(n.due_at) INTO v_ids, v_st, v_due
+        FROM {{fn_nack_in2}}(p_ids, p_error, p_worker, p_base_seconds, p_max_seconds) n;
+    END IF;
+    RETURN QUERY SELECT u.n_id, u.n_status, u.n_due FROM unnest(v_ids, v_st, v_due) AS u(n_id, n_status, n_due);
+    v_rest := ARRAY(SELECT unnest(p_ids) EXCEPT SELECT unnest(v_ids));
+    IF cardinality(v_rest) > 0 THEN
+        RETURN QUERY
+        WITH dead AS (
+            UPDATE {{meta}} m
+            SET status = 3, finished_at = now(), leased_until = NULL, last_error = p_error
+            WHERE m.id = ANY (v_rest) AND m.status::integer = 1
+              AND (p_worker IS NULL OR m.lease_owner = p_worker) AND m.attempts >= m.max_attempts
+            RETURNING m.id, m.status, m.due_at
+        ), gone AS (
+            DELETE FROM {{meta}} m
+            WHERE m.id = ANY (v_rest) AND m.status::integer = 1
+              AND (p_worker IS NULL OR m.lease_owner = p_worker) AND m.attempts < m.max_attempts
+            RETURNING m.id, m.priority, m.title, m.attempts, m.max_attempts, m.enqueued_at, m.dequeued_at
+        ), back AS (
+            INSERT INTO {{meta}} (slot, id, priority, due_at, status, title, attempts, max_attempts,
+                                  enqueued_at, dequeued_at, last_error)
+            SELECT (v_epoch % 3)::smallint, g.id, g.priority,
+                   now() + make_interval(secs => least(
+                       coalesce(p_base_seconds, {{backoff_base_seconds}})
+                           * power(2, least(greatest(g.attempts - 1, 0), 40)),
+                       coalesce(p_max_seconds, {{backoff_max_seconds}}))),
+                   0, g.title, g.attempts, g.max_attempts, g.enqueued_at, g.dequeued_at, p_error
+            FROM gone g
+            RETURNING id, status, due_at
+        ), dgone AS (
+            DELETE FROM {{data}} d WHERE d.id = ANY (ARRAY(SELECT g.id FROM gone g))
+            RETURNING d.id, d.payload, d.headers
+        ), dback AS (
+            INSERT INTO {{data}} (slot, id, payload, headers)
+            SELECT (v_epoch % 3)::smallint, dg.id, dg.payload, dg.headers FROM dgone dg
+        )
+        SELECT * FROM dead UNION ALL SELECT * FROM back;
+    END IF;
     PERFORM {{fn_rot_follow}}(p_ids, v_epoch);
 END
 $fn$;
@@ -438,6 +494,8 @@ RETURNS integer
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_epoch bigint := (SELECT last_value FROM {{rot_epoch}});
+    v_ids   bigint[];
+    v_rest  bigint[];
     v_count integer;
 BEGIN
     IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
@@ -445,27 +503,38 @@ BEGIN
             'queue %L: release runs in READ COMMITTED transactions only (this one is %s): an older snapshot does not see rows the rotation moved',
             {{queue_literal}}, current_setting('transaction_isolation'));
     END IF;
-    WITH gone AS (
-        DELETE FROM {{meta}} m
-        WHERE m.id = ANY (p_ids) AND m.status::integer = 1
-          AND (p_worker IS NULL OR m.lease_owner = p_worker)
-        RETURNING m.id, m.priority, m.due_at, m.title, m.attempts, m.max_attempts, m.enqueued_at,
-                  m.dequeued_at, m.last_error
-    ), back AS (
-        INSERT INTO {{meta}} (slot, id, priority, due_at, status, title, attempts, max_attempts,
-                              enqueued_at, dequeued_at, last_error)
-        SELECT (v_epoch % 3)::smallint, g.id, g.priority, g.due_at, 0, g.title, greatest(g.attempts - 1, 0),
-               g.max_attempts, g.enqueued_at, g.dequeued_at, g.last_error
-        FROM gone g
-        RETURNING 1
-    ), dgone AS (
-        DELETE FROM {{data}} d WHERE d.id = ANY (ARRAY(SELECT g.id FROM gone g))
-        RETURNING d.id, d.payload, d.headers
-    ), dback AS (
-        INSERT INTO {{data}} (slot, id, payload, headers)
-        SELECT (v_epoch % 3)::smallint, dg.id, dg.payload, dg.headers FROM dgone dg
-    )
-    SELECT count(*) INTO v_count FROM back;
+    IF v_epoch % 3 = 0 THEN
+        v_ids := ARRAY(SELECT r.id FROM {{fn_release_in0}}(p_ids, p_worker) r);
+    ELSIF v_epoch % 3 = 1 THEN
+        v_ids := ARRAY(SELECT r.id FROM {{fn_release_in1}}(p_ids, p_worker) r);
+    ELSE
+        v_ids := ARRAY(SELECT r.id FROM {{fn_release_in2}}(p_ids, p_worker) r);
+    END IF;
+    v_count := cardinality(v_ids);
+    v_rest := ARRAY(SELECT unnest(p_ids) EXCEPT SELECT unnest(v_ids));
+    IF cardinality(v_rest) > 0 THEN
+        WITH gone AS (
+            DELETE FROM {{meta}} m
+            WHERE m.id = ANY (v_rest) AND m.status::integer = 1
+              AND (p_worker IS NULL OR m.lease_owner = p_worker)
+            RETURNING m.id, m.priority, m.due_at, m.title, m.attempts, m.max_attempts, m.enqueued_at,
+                      m.dequeued_at, m.last_error
+        ), back AS (
+            INSERT INTO {{meta}} (slot, id, priority, due_at, status, title, attempts, max_attempts,
+                                  enqueued_at, dequeued_at, last_error)
+            SELECT (v_epoch % 3)::smallint, g.id, g.priority, g.due_at, 0, g.title, greatest(g.attempts - 1, 0),
+                   g.max_attempts, g.enqueued_at, g.dequeued_at, g.last_error
+            FROM gone g
+            RETURNING 1
+        ), dgone AS (
+            DELETE FROM {{data}} d WHERE d.id = ANY (ARRAY(SELECT g.id FROM gone g))
+            RETURNING d.id, d.payload, d.headers
+        ), dback AS (
+            INSERT INTO {{data}} (slot, id, payload, headers)
+            SELECT (v_epoch % 3)::smallint, dg.id, dg.payload, dg.headers FROM dgone dg
+        )
+        SELECT v_count + count(*) INTO v_count FROM back;
+    END IF;
     PERFORM {{fn_rot_follow}}(p_ids, v_epoch);
     RETURN v_count;
 END
@@ -566,6 +635,89 @@ BEGIN
     RETURN v_count;
 END
 $fn$;
+
+-- name: create_lease_calls
+-- reliable_0013: extend_lease, nack and release on one slot's own tables, rendered three
+-- times (<queue>_extend_in0..2, <queue>_nack_in0..2, <queue>_release_in0..2; create_functions
+-- calls the current slot's, then falls back on the parents). Each is one UPDATE of the slot's
+-- meta table by primary key: 3 relation locks per call with the caller's read of the epoch
+-- sequence, all on the fast path, against 7 to 24 on the parents (create_functions).
+-- nack and release leave the row in place, READY again: it is in the
+-- current epoch already, and an UPDATE that keeps the slot moves nothing (header, 1); its
+-- payload is not touched, where a move rewrites it into the slot it came from. The values
+-- each sets are those the parents' move writes: nack's backoff from the attempts made, DEAD
+-- on the last attempt with the lease owner kept; release gives the attempt back; both clear
+-- the lease. Plans as create_claim_calls' (once per session, through the primary key).
+CREATE OR REPLACE FUNCTION {{extend_fn}}(p_ids bigint[], p_lease_seconds double precision, p_worker text)
+RETURNS TABLE (id bigint, leased_until timestamptz)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
+AS $fn$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    UPDATE {{lease_meta}} m
+    SET leased_until = now() + make_interval(secs => coalesce(p_lease_seconds, {{lease_seconds}}))
+    WHERE m.id = ANY (p_ids) AND m.status::integer = 1
+      AND (p_worker IS NULL OR m.lease_owner = p_worker)
+    RETURNING m.id, m.leased_until;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION {{nack_fn}}(p_ids bigint[], p_error text, p_worker text,
+                                      p_base_seconds double precision, p_max_seconds double precision)
+RETURNS TABLE (id bigint, status smallint, due_at timestamptz)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
+AS $fn$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    UPDATE {{lease_meta}} m
+    SET status       = CASE WHEN m.attempts >= m.max_attempts THEN 3 ELSE 0 END,
+        finished_at  = CASE WHEN m.attempts >= m.max_attempts THEN now() END,
+        due_at       = CASE WHEN m.attempts >= m.max_attempts THEN m.due_at
+                            ELSE now() + make_interval(secs => least(
+                                coalesce(p_base_seconds, {{backoff_base_seconds}})
+                                    * power(2, least(greatest(m.attempts - 1, 0), 40)),
+                                coalesce(p_max_seconds, {{backoff_max_seconds}}))) END,
+        lease_owner  = CASE WHEN m.attempts >= m.max_attempts THEN m.lease_owner END,
+        leased_until = NULL,
+        last_error   = p_error
+    WHERE m.id = ANY (p_ids) AND m.status::integer = 1
+      AND (p_worker IS NULL OR m.lease_owner = p_worker)
+    RETURNING m.id, m.status, m.due_at;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION {{release_fn}}(p_ids bigint[], p_worker text)
+RETURNS TABLE (id bigint)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
+AS $fn$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    UPDATE {{lease_meta}} m
+    SET status = 0, attempts = greatest(m.attempts - 1, 0), lease_owner = NULL, leased_until = NULL
+    WHERE m.id = ANY (p_ids) AND m.status::integer = 1
+      AND (p_worker IS NULL OR m.lease_owner = p_worker)
+    RETURNING m.id;
+END
+$fn$;
+
+-- name: drop_lease_calls
+-- reliable_0013 downgrade, after reliable_0012's functions are back: the per-slot
+-- extend_lease, nack and release.
+DROP FUNCTION IF EXISTS {{fn_extend_in0}}(bigint[], double precision, text);
+DROP FUNCTION IF EXISTS {{fn_extend_in1}}(bigint[], double precision, text);
+DROP FUNCTION IF EXISTS {{fn_extend_in2}}(bigint[], double precision, text);
+DROP FUNCTION IF EXISTS {{fn_nack_in0}}(bigint[], text, text, double precision, double precision);
+DROP FUNCTION IF EXISTS {{fn_nack_in1}}(bigint[], text, text, double precision, double precision);
+DROP FUNCTION IF EXISTS {{fn_nack_in2}}(bigint[], text, text, double precision, double precision);
+DROP FUNCTION IF EXISTS {{fn_release_in0}}(bigint[], text);
+DROP FUNCTION IF EXISTS {{fn_release_in1}}(bigint[], text);
+DROP FUNCTION IF EXISTS {{fn_release_in2}}(bigint[], text);
 
 -- name: create_dequeue
 -- reliable_0008's one-statement claim on the generation layout. Expired leases first, then

@@ -162,3 +162,37 @@ FROM pg_class c
 WHERE c.relkind IN ('r', 'i') AND (c.oid IN (SELECT oid FROM tables)
    OR c.oid IN (SELECT i.indexrelid FROM pg_index i WHERE i.indrelid IN (SELECT oid FROM tables)))
 ORDER BY c.relname
+
+-- name: ack_plan_relation_locks
+-- The relation locks this session's transaction holds, and how many of them it took on the
+-- fast path (at most 16 per backend; past them every lock goes through the shared lock
+-- manager's partition locks): the lease-call probe's (ack_plan.py) count after one call.
+SELECT count(DISTINCT l.relation) AS relations, count(*) FILTER (WHERE l.fastpath) AS fastpath, count(*) AS locks
+FROM pg_locks l
+WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND l.relation <> 'pg_locks'::regclass
+
+-- name: ack_plan_consume_extend
+-- The lease probe's heartbeat cycle (pgbench_reliable_consume's twin): dequeue, extend the
+-- leases of what it claimed (a Worker's heartbeat), then ack.
+SELECT coalesce(array_agg(q.id), '{}') AS ids FROM {{fn_dequeue}}(:batch, NULL, :worker) AS q
+\gset
+SELECT count(*) AS extended FROM {{fn_extend_lease}}(CAST(:ids AS bigint[]), 60, :worker);
+SELECT {{fn_ack}}(CAST(:ids AS bigint[]), :worker) AS acked;
+
+-- name: ack_plan_consume_nack
+-- The lease probe's retry cycle: dequeue, then nack what it claimed with no backoff (the
+-- items are READY again at once, DEAD on their last attempt).
+SELECT coalesce(array_agg(q.id), '{}') AS ids FROM {{fn_dequeue}}(:batch, NULL, :worker) AS q
+\gset
+SELECT count(*) AS nacked FROM {{fn_nack}}(CAST(:ids AS bigint[]), 'again', :worker, 0, 0);
+
+-- name: ack_plan_consume_release
+-- The lease probe's give-back cycle: dequeue, then release what it claimed.
+SELECT coalesce(array_agg(q.id), '{}') AS ids FROM {{fn_dequeue}}(:batch, NULL, :worker) AS q
+\gset
+SELECT {{fn_release}}(CAST(:ids AS bigint[]), :worker) AS released;
+
+-- name: ack_plan_switch
+-- Switch new rows to the next generation now (the rotator's switch with a threshold of one
+-- id): the lease probe's items stay leased in the slot before.
+SELECT {{fn_rot_switch}}(1)

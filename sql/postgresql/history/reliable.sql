@@ -642,3 +642,206 @@ BEGIN
     SELECT src.id FROM src ORDER BY src.ord;
 END
 $fn$;
+
+-- name: create_functions_0012
+-- The SQL API, callable from any language, on the generation layout (reliable_0012's:
+-- extend_lease, nack and release run on the partitioned parents; reliable_0013 runs them on
+-- the current slot's tables first). ack and extend_lease update in place, by id, in
+-- whichever slot the row is (reliable_0009's bodies: the primary keys only,
+-- `m.status::integer = 1` so the leased index's predicate is not matched; set_plan_guard
+-- has the figures). nack and release give a row back to the
+-- claims: it moves, with its id, priority and payload, to the current epoch (header, 1 and
+-- 2); nack's last attempt makes it DEAD in place.
+-- The calls on leased items and the claim refuse to run in a REPEATABLE READ or
+-- SERIALIZABLE transaction (SQLSTATE QC400): its snapshot may predate a truncate, so an
+-- ack would miss its row (moved to the current epoch after the snapshot) and the item would
+-- run again. enqueue needs no snapshot of the queue and runs at any level.
+CREATE OR REPLACE FUNCTION {{fn_ack}}(p_ids bigint[], p_worker text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_slot  smallint := ((SELECT last_value FROM {{rot_epoch}}) % 3)::smallint;
+    v_count integer;
+BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: ack runs in READ COMMITTED transactions only (this one is %s): an older snapshot does not see rows the rotation moved',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
+    -- the current slot's tables first (most leases are there); the rest in every slot
+    IF v_slot = 0 THEN
+        v_count := {{fn_ack_in0}}(p_ids, p_worker);
+    ELSIF v_slot = 1 THEN
+        v_count := {{fn_ack_in1}}(p_ids, p_worker);
+    ELSE
+        v_count := {{fn_ack_in2}}(p_ids, p_worker);
+    END IF;
+    IF v_count < cardinality(p_ids) THEN
+        v_count := v_count + {{fn_ack_in}}(p_ids, p_worker);
+    END IF;
+    RETURN v_count;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION {{fn_extend_lease}}(
+    p_ids           bigint[],
+    p_lease_seconds double precision DEFAULT {{lease_seconds}},
+    p_worker        text             DEFAULT NULL
+) RETURNS TABLE (id bigint, leased_until timestamptz)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: extend_lease runs in READ COMMITTED transactions only (this one is %s): an older snapshot does not see rows the rotation moved',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
+    RETURN QUERY
+    UPDATE {{meta}} m
+    SET leased_until = now() + make_interval(secs => coalesce(p_lease_seconds, {{lease_seconds}}))
+    WHERE m.id = ANY (p_ids) AND m.status::integer = 1
+      AND (p_worker IS NULL OR m.lease_owner = p_worker)
+    RETURNING m.id, m.leased_until;
+END
+$fn$;
+
+-- Move rows (meta and data, every column, same id) from whatever slot they are in to slot
+-- p_to; p_status, when given, limits the move to rows still in that status when the DELETE
+-- reaches them (it re-checks rows another transaction changed meanwhile). Returns the
+-- number of meta rows moved. Used by the writers to follow a switch (their own rows), by
+-- the seal (status 0) and by the truncate (under its lock).
+CREATE OR REPLACE FUNCTION {{fn_rot_move}}(p_ids bigint[], p_to smallint, p_status smallint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_moved bigint;
+BEGIN
+    WITH gone AS (
+        DELETE FROM {{meta}} m
+        WHERE m.id = ANY (p_ids) AND m.slot <> p_to AND (p_status IS NULL OR m.status = p_status)
+        RETURNING m.id, m.priority, m.due_at, m.status, m.title, m.attempts, m.max_attempts, m.lease_owner,
+                  m.leased_until, m.enqueued_at, m.dequeued_at, m.finished_at, m.last_error
+    ), back AS (
+        INSERT INTO {{meta}} (slot, id, priority, due_at, status, title, attempts, max_attempts, lease_owner,
+                              leased_until, enqueued_at, dequeued_at, finished_at, last_error)
+        SELECT p_to, g.id, g.priority, g.due_at, g.status, g.title, g.attempts, g.max_attempts, g.lease_owner,
+               g.leased_until, g.enqueued_at, g.dequeued_at, g.finished_at, g.last_error
+        FROM gone g
+        RETURNING 1
+    ), dgone AS (
+        DELETE FROM {{data}} d WHERE d.id = ANY (ARRAY(SELECT g.id FROM gone g)) AND d.slot <> p_to
+        RETURNING d.id, d.payload, d.headers
+    ), dback AS (
+        INSERT INTO {{data}} (slot, id, payload, headers)
+        SELECT p_to, dg.id, dg.payload, dg.headers FROM dgone dg
+    )
+    SELECT count(*) INTO v_moved FROM back;
+    RETURN v_moved;
+END
+$fn$;
+
+-- A writer's rows inserted into epoch p_epoch's slot follow the switches that came since
+-- it read the epoch (header, 2). The rows are the caller's own, uncommitted.
+CREATE OR REPLACE FUNCTION {{fn_rot_follow}}(p_ids bigint[], p_epoch bigint)
+RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_now bigint := (SELECT last_value FROM {{rot_epoch}});
+BEGIN
+    WHILE v_now <> p_epoch LOOP
+        PERFORM {{fn_rot_move}}(p_ids, (v_now % 3)::smallint, 0::smallint);
+        p_epoch := v_now;
+        v_now := (SELECT last_value FROM {{rot_epoch}});
+    END LOOP;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION {{fn_nack}}(
+    p_ids          bigint[],
+    p_error        text             DEFAULT NULL,
+    p_worker       text             DEFAULT NULL,
+    p_base_seconds double precision DEFAULT {{backoff_base_seconds}},
+    p_max_seconds  double precision DEFAULT {{backoff_max_seconds}}
+) RETURNS TABLE (id bigint, status smallint, due_at timestamptz)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_epoch bigint := (SELECT last_value FROM {{rot_epoch}});
+BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: nack runs in READ COMMITTED transactions only (this one is %s): an older snapshot does not see rows the rotation moved',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
+    RETURN QUERY
+    WITH dead AS (
+        UPDATE {{meta}} m
+        SET status = 3, finished_at = now(), leased_until = NULL, last_error = p_error
+        WHERE m.id = ANY (p_ids) AND m.status::integer = 1
+          AND (p_worker IS NULL OR m.lease_owner = p_worker) AND m.attempts >= m.max_attempts
+        RETURNING m.id, m.status, m.due_at
+    ), gone AS (
+        DELETE FROM {{meta}} m
+        WHERE m.id = ANY (p_ids) AND m.status::integer = 1
+          AND (p_worker IS NULL OR m.lease_owner = p_worker) AND m.attempts < m.max_attempts
+        RETURNING m.id, m.priority, m.title, m.attempts, m.max_attempts, m.enqueued_at, m.dequeued_at
+    ), back AS (
+        INSERT INTO {{meta}} (slot, id, priority, due_at, status, title, attempts, max_attempts,
+                              enqueued_at, dequeued_at, last_error)
+        SELECT (v_epoch % 3)::smallint, g.id, g.priority,
+               now() + make_interval(secs => least(
+                   coalesce(p_base_seconds, {{backoff_base_seconds}})
+                       * power(2, least(greatest(g.attempts - 1, 0), 40)),
+                   coalesce(p_max_seconds, {{backoff_max_seconds}}))),
+               0, g.title, g.attempts, g.max_attempts, g.enqueued_at, g.dequeued_at, p_error
+        FROM gone g
+        RETURNING id, status, due_at
+    ), dgone AS (
+        DELETE FROM {{data}} d WHERE d.id = ANY (ARRAY(SELECT g.id FROM gone g))
+        RETURNING d.id, d.payload, d.headers
+    ), dback AS (
+        INSERT INTO {{data}} (slot, id, payload, headers)
+        SELECT (v_epoch % 3)::smallint, dg.id, dg.payload, dg.headers FROM dgone dg
+    )
+    SELECT * FROM dead UNION ALL SELECT * FROM back;
+    PERFORM {{fn_rot_follow}}(p_ids, v_epoch);
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION {{fn_release}}(p_ids bigint[], p_worker text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_epoch bigint := (SELECT last_value FROM {{rot_epoch}});
+    v_count integer;
+BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: release runs in READ COMMITTED transactions only (this one is %s): an older snapshot does not see rows the rotation moved',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
+    WITH gone AS (
+        DELETE FROM {{meta}} m
+        WHERE m.id = ANY (p_ids) AND m.status::integer = 1
+          AND (p_worker IS NULL OR m.lease_owner = p_worker)
+        RETURNING m.id, m.priority, m.due_at, m.title, m.attempts, m.max_attempts, m.enqueued_at,
+                  m.dequeued_at, m.last_error
+    ), back AS (
+        INSERT INTO {{meta}} (slot, id, priority, due_at, status, title, attempts, max_attempts,
+                              enqueued_at, dequeued_at, last_error)
+        SELECT (v_epoch % 3)::smallint, g.id, g.priority, g.due_at, 0, g.title, greatest(g.attempts - 1, 0),
+               g.max_attempts, g.enqueued_at, g.dequeued_at, g.last_error
+        FROM gone g
+        RETURNING 1
+    ), dgone AS (
+        DELETE FROM {{data}} d WHERE d.id = ANY (ARRAY(SELECT g.id FROM gone g))
+        RETURNING d.id, d.payload, d.headers
+    ), dback AS (
+        INSERT INTO {{data}} (slot, id, payload, headers)
+        SELECT (v_epoch % 3)::smallint, dg.id, dg.payload, dg.headers FROM dgone dg
+    )
+    SELECT count(*) INTO v_count FROM back;
+    PERFORM {{fn_rot_follow}}(p_ids, v_epoch);
+    RETURN v_count;
+END
+$fn$;
