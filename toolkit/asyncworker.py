@@ -4,17 +4,27 @@ The rules are the blocking worker's (queuectl.worker, whose docstring has the re
 an event loop instead of threads:
 
 Waking
-    A psycopg AsyncConnection of its own LISTENs on the queue's channel; the event loop
-    watches its socket, so an idle worker sleeps until a notification, a poll timer or a
-    stop. Before it sleeps the loop registers as a possibly sleeping consumer
+    A psycopg AsyncConnection of its own (the AsyncListener) carries the waiting; the event
+    loop watches its socket, so an idle worker sleeps until a notification, a poll timer or
+    a stop. Before it sleeps the loop registers as a possibly sleeping consumer
     (`<queue>_wait_begin()`, reliable_0006+) and looks once more; a busy loop gives the
     registration up (`<queue>_wait_end()`). Polling with the same adaptive back-off
     (PollBackoff: 50 ms doubling to poll_interval) runs underneath, so a lost notification
-    costs latency, never items. A consumer outrun to what a notification announced gives
-    its registration up and leaves the channel until its next poll (queuectl.worker,
-    "Many consumers"). Unlike the blocking worker it takes no seat and no gather window:
-    every idle one LISTENs and registers (a mixed fleet is safe: producers notify while
-    any consumer is registered).
+    costs latency, never items.
+
+Many consumers
+    As the blocking worker's (queuectl.worker, "Many consumers", with the same Gather window
+    and SeatTimes): one consumer per queue, the looker, holds the queue's seat, a
+    session-level advisory lock only ever tried on its AsyncListener's session; only the
+    looker LISTENs and registers, so a notification signals one backend. The others look
+    after their gather window (up to poll_interval) and try the seat after an empty look,
+    at most once per poll_interval. A looker whose claim drained the queue looks again
+    after its window (at most 50 ms); two empty looks in a row and it registers, looks once
+    more and sleeps on the channel. A looker outrun to what a notification announced gives
+    its registration up and looks again after 50 ms; one with no room for new items (its
+    handlers all busy) gives the seat up after 50 ms; one that stops or dies frees the seat
+    with its session. Blocking and asyncio consumers share the seat, so a mixed fleet has
+    one looker.
 
 Concurrency
     Up to `concurrency` handlers run at once as tasks; the loop claims at most

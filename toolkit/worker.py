@@ -58,10 +58,7 @@ Many consumers
     frees it with its session; another consumer takes it at its next empty look. A
     looker whose look after a notification finds nothing (another consumer was faster)
     gives its registration up and looks again after 50 ms, then registers again.
-    queuectl.asyncworker's consumers take no seat and no window: each idle one LISTENs and
-    registers, and one outrun that way leaves the channel until its next poll, 50 ms,
-    doubling with each further such look up to `poll_interval`, so that the consumers that
-    keep winning stay on the channel.
+    queuectl.asyncworker's consumers take the same seat and window (Gather, SeatTimes).
 
 SQL Server
     SQL Server has no LISTEN/NOTIFY, so its consumers run this same loop with notify off
