@@ -4,17 +4,27 @@ The rules are the blocking worker's (queuectl.worker, whose docstring has the re
 an event loop instead of threads:
 
 Waking
-    A psycopg AsyncConnection of its own LISTENs on the queue's channel; the event loop
-    watches its socket, so an idle worker sleeps until a notification, a poll timer or a
-    stop. Before it sleeps the loop registers as a possibly sleeping consumer
+    A psycopg AsyncConnection of its own (the AsyncListener) carries the waiting; the event
+    loop watches its socket, so an idle worker sleeps until a notification, a poll timer or
+    a stop. Before it sleeps the loop registers as a possibly sleeping consumer
     (`<queue>_wait_begin()`, reliable_0006+) and looks once more; a busy loop gives the
     registration up (`<queue>_wait_end()`). Polling with the same adaptive back-off
     (PollBackoff: 50 ms doubling to poll_interval) runs underneath, so a lost notification
-    costs latency, never items. A consumer outrun to what a notification announced gives
-    its registration up and leaves the channel until its next poll (queuectl.worker,
-    "Many consumers"). Unlike the blocking worker it takes no seat and no gather window:
-    every idle one LISTENs and registers (a mixed fleet is safe: producers notify while
-    any consumer is registered).
+    costs latency, never items.
+
+Many consumers
+    As the blocking worker's (queuectl.worker, "Many consumers", with the same Gather window
+    and SeatTimes): one consumer per queue, the looker, holds the queue's seat, a
+    session-level advisory lock only ever tried on its AsyncListener's session; only the
+    looker LISTENs and registers, so a notification signals one backend. The others look
+    after their gather window (up to poll_interval) and try the seat after an empty look,
+    at most once per poll_interval. A looker whose claim drained the queue looks again
+    after its window (at most 50 ms); two empty looks in a row and it registers, looks once
+    more and sleeps on the channel. A looker outrun to what a notification announced gives
+    its registration up and looks again after 50 ms; one with no room for new items (its
+    handlers all busy) gives the seat up after 50 ms; one that stops or dies frees the seat
+    with its session. Blocking and asyncio consumers share the seat, so a mixed fleet has
+    one looker.
 
 Concurrency
     Up to `concurrency` handlers run at once as tasks; the loop claims at most
@@ -59,7 +69,8 @@ from queuectl.messages import Message
 from queuectl.sqlfiles import render
 from queuectl.storable import diagnostic_text
 from queuectl.worker import (
-    IN_FLIGHT_FIRST_WAIT, WAIT_REGISTRATION_REVISION, PollBackoff, Settlements, WorkerStats, loop_settings,
+    GATHER_FIRST_WAIT, GATHER_LONGEST, IN_FLIGHT_FIRST_WAIT, WAIT_REGISTRATION_REVISION, Gather, PollBackoff, SeatTimes,
+    Settlements, WorkerStats, loop_settings,
 )
 
 AsyncHandler = Callable[[Message], Awaitable[Any] | Any]
@@ -69,30 +80,54 @@ log = logging.getLogger("queuectl.worker")
 
 class AsyncListener:
     """LISTEN on the queue's channel over a psycopg AsyncConnection of its own (autocommit);
-    also the peers scenario's asyncio consumers' (queuectl.bench.peers)."""
+    also the peers scenario's asyncio consumers' (queuectl.bench.peers).
+
+    Opened with `seats` on a queue that notifies only registered consumers (`gated`), it
+    LISTENs only while it holds the looker's seat (take_seat), as queuectl.worker.Listener
+    does; otherwise from the start."""
 
     def __init__(self, conn: Any, sql: dict[str, str], gated: bool) -> None:
         self.conn = conn
         self._sql = sql
         self.gated = gated
+        self.seated = False
 
     @classmethod
-    async def open(cls, queue: Any) -> AsyncListener:
+    async def open(cls, queue: Any, seats: bool = False) -> AsyncListener:
         import psycopg
 
         sql = {key: render("postgresql", "activation", key, queue.names.template_values())
-               for key in ("listen", "notify", "wait_begin", "wait_end")}
+               for key in ("listen", "unlisten", "notify", "wait_begin", "wait_end", "seat_take", "seat_leave")}
+        gated = schema_revision_number(queue.info.schema_version) >= WAIT_REGISTRATION_REVISION
         engine = queue.engine.sync_engine
         _args, params = engine.dialect.create_connect_args(queue.engine.url)
         conn = await psycopg.AsyncConnection.connect(
             **{**params, **adapter_for(engine).connect_args(queue.engine.url)}, autocommit=True)
         try:
-            await conn.execute(sql["listen"])
+            if not (gated and seats):
+                await conn.execute(sql["listen"])
         except BaseException:
             await conn.close()
             raise
-        gated = schema_revision_number(queue.info.schema_version) >= WAIT_REGISTRATION_REVISION
         return cls(conn, sql, gated)
+
+    async def take_seat(self) -> bool:
+        """Become the queue's looker if no session is (a try, never a wait); the looker
+        LISTENs. True when this session holds the seat."""
+        if not self.seated:
+            cursor = await self.conn.execute(self._sql["seat_take"])
+            row = await cursor.fetchone()
+            if row[0]:
+                await self.conn.execute(self._sql["listen"])
+                self.seated = True
+        return self.seated
+
+    async def leave_seat(self) -> None:
+        """Stop LISTENing and give the seat up (registration, if any, given up before)."""
+        if self.seated:
+            self.seated = False
+            await self.conn.execute(self._sql["unlisten"])
+            await self.conn.execute(self._sql["seat_leave"])
 
     async def drain(self) -> int:
         """How many notifications arrived (without waiting); raises if the connection broke."""
@@ -151,6 +186,7 @@ class AsyncWorker:
         self._listener_retry_at = 0.0
         self._registered = self._armed = False
         self._deaf_until = 0.0  # outrun: notifications are drained, not answered, until then
+        self._seat = SeatTimes(self.settings.poll_interval)  # when to try the seat, when to give it up
         self._next_heartbeat = math.inf
         self._next_log = math.inf
 
@@ -204,6 +240,8 @@ class AsyncWorker:
         backoff = PollBackoff(self.min_poll_interval, self.poll_interval)
         in_flight = PollBackoff(min(IN_FLIGHT_FIRST_WAIT, self.min_poll_interval), self.poll_interval)
         outrun = PollBackoff(self.min_poll_interval, self.poll_interval)
+        gather = Gather(min(GATHER_FIRST_WAIT, self.min_poll_interval), min(GATHER_LONGEST, self.min_poll_interval),
+                        self.poll_interval)
         look, next_poll = True, math.inf
         notified = False  # the next look answers a notification
         now = time.monotonic()
@@ -216,6 +254,7 @@ class AsyncWorker:
             await self._heartbeat_if_due()
             self._log_if_due()
             room = self._room()
+            seat_deadline = await self._keep_seat(room)
             if look and room:
                 try:
                     messages = await self.queue.dequeue(room, lease=self.lease)
@@ -235,18 +274,27 @@ class AsyncWorker:
                     self._deaf_until, notified = 0.0, False
                     if self._registered:
                         await self._unregister()
+                    gap = gather.claimed(len(messages), room, self._seated_or_ungated())
+                    if gap:  # the claim drained the queue: let items gather (queuectl.worker, "Many consumers")
+                        look = False
+                        next_poll = self._deaf_until = time.monotonic() + gap
                     continue
                 self.stats.empty_polls += 1
                 look = False
                 if self.burst and not self._held:
                     log.info("queue %s is empty: burst worker done", self.queue.name)
                     break
-                if notified and self._registered:  # outrun (queuectl.worker, "Many consumers")
+                if notified and self._registered:  # outrun: the looker is the one to announce to
                     notified = False
+                    wait = gather.longest if self._seated() else outrun.next_wait()
                     await self._unregister()
-                    next_poll = self._deaf_until = time.monotonic() + outrun.next_wait()
+                    next_poll = self._deaf_until = time.monotonic() + wait
                     continue
                 notified = False
+                gap = gather.claimed(0, room, self._seated_or_ungated() or await self._take_seat())
+                if gap is not None:  # busy a moment ago, or not the looker: look again after a window
+                    next_poll = self._deaf_until = time.monotonic() + gap
+                    continue
                 if self._listener is not None and self._listener.gated and not self._armed:
                     clear = await self._register()
                     if clear:
@@ -264,6 +312,7 @@ class AsyncWorker:
                 deadlines.append(self._settlements.next_due())
             if self.notify and self._listener is None:
                 deadlines.append(self._listener_retry_at)
+            deadlines.append(seat_deadline)
             if await self._wait(max(0.0, min(deadlines) - time.monotonic())):
                 look = notified = True
                 backoff.reset()
@@ -320,13 +369,51 @@ class AsyncWorker:
 
     async def _open_listener(self) -> bool:
         try:
-            self._listener = await AsyncListener.open(self.queue)
+            self._listener = await AsyncListener.open(self.queue, seats=True)
         except Exception as exc:
             log.warning("cannot LISTEN on %s (%s): polling, retry in %gs", self.queue.names.channel, first_line(exc),
                         self.poll_interval)
             self._listener_retry_at = time.monotonic() + self.poll_interval
             return False
         return True
+
+    def _seated(self) -> bool:
+        return self._listener is not None and self._listener.seated
+
+    def _seated_or_ungated(self) -> bool:
+        """Whether this consumer looks as the looker does: it holds the seat, or there is no
+        seat to hold (no listener, or a queue that notifies every listener)."""
+        return self._listener is None or not self._listener.gated or self._listener.seated
+
+    async def _take_seat(self) -> bool:
+        """Hold the looker's seat; False when another consumer holds it (tried at most once
+        per poll_interval), or the listener connection broke (it is dropped, and polling
+        covers until it is back)."""
+        assert self._listener is not None
+        if not self._seat.may_try(time.monotonic()):
+            return False
+        try:
+            return await self._listener.take_seat()
+        except Exception as exc:
+            log.warning("LISTEN connection lost (%s): polling until it is reopened", first_line(exc))
+            await self._drop_listener()
+            return False
+
+    async def _keep_seat(self, room: int) -> float:
+        """A looker with no room for new items gives the seat up (queuectl.worker.SeatTimes).
+        Returns when to check again (inf: nothing to check)."""
+        check = self._seat.full(self._seated(), room, time.monotonic())
+        if check is not None:
+            return check
+        if self._registered:
+            await self._unregister()
+        if self._listener is not None:
+            try:
+                await self._listener.leave_seat()
+            except Exception as exc:
+                log.warning("LISTEN connection lost (%s): polling until it is reopened", first_line(exc))
+                await self._drop_listener()
+        return math.inf
 
     async def _register(self) -> bool | None:
         assert self._listener is not None

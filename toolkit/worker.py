@@ -58,10 +58,7 @@ Many consumers
     frees it with its session; another consumer takes it at its next empty look. A
     looker whose look after a notification finds nothing (another consumer was faster)
     gives its registration up and looks again after 50 ms, then registers again.
-    queuectl.asyncworker's consumers take no seat and no window: each idle one LISTENs and
-    registers, and one outrun that way leaves the channel until its next poll, 50 ms,
-    doubling with each further such look up to `poll_interval`, so that the consumers that
-    keep winning stay on the channel.
+    queuectl.asyncworker's consumers take the same seat and window (Gather, SeatTimes).
 
 SQL Server
     SQL Server has no LISTEN/NOTIFY, so its consumers run this same loop with notify off
@@ -245,6 +242,38 @@ class Gather:
             return wait * (1 + random.uniform(-POLL_JITTER, POLL_JITTER))
         self.active = self.empty = False
         self.window = min(self.window, self.longest)
+        return None
+
+
+@dataclass
+class SeatTimes:
+    """When a consumer that is not the looker may try the queue's seat, and when a looker
+    with no room for new items (its handlers all busy) gives it up (see "Many consumers").
+    It sends nothing: the blocking and the asyncio worker take and leave the seat."""
+
+    every: float = DEFAULT_POLL_INTERVAL  # a consumer that is not the looker tries the seat at most this often
+    next_try: float = 0.0
+    full_since: float = math.inf  # since when the looker has had no room for new items
+
+    def may_try(self, now: float) -> bool:
+        """Whether to try the seat now (True at most once per `every`)."""
+        if now < self.next_try:
+            return False
+        self.next_try = now + self.every
+        return True
+
+    def full(self, seated: bool, room: int, now: float) -> float | None:
+        """A looker without room gives the seat up after GATHER_LONGEST, so that an idle
+        consumer takes it at its next look: None when that is now (the caller gives it up,
+        and may take it back at its next idle look, if still free), else when to check
+        again (inf: nothing to check)."""
+        if not seated or room:
+            self.full_since = math.inf
+            return math.inf
+        self.full_since = min(self.full_since, now)
+        if now < self.full_since + GATHER_LONGEST:
+            return self.full_since + GATHER_LONGEST
+        self.full_since, self.next_try = math.inf, 0.0
         return None
 
 
@@ -634,8 +663,7 @@ class Worker:
         self._registered = False  # the listener session holds the queue's "waiting" registration
         self._armed = False  # ... and no enqueue that missed it was open when it was checked
         self._deaf_until: float = 0.0  # outrun: notifications are drained, not answered, until then
-        self._full_since = math.inf  # since when the looker has had no room for new items
-        self._next_seat_try = 0.0  # when a consumer that is not the looker may try the seat again
+        self._seat = SeatTimes(self.settings.poll_interval)  # when to try the seat, when to give it up
         self._selector: selectors.BaseSelector | None = None
         self._processes: list[_HandlerProcess] = []  # one per handler thread, with processes=True
         self._threads: list[threading.Thread] = []
@@ -866,10 +894,8 @@ class Worker:
         assert self._listener is not None
         if self._listener.seated:
             return True
-        now = time.monotonic()
-        if now < self._next_seat_try:
+        if not self._seat.may_try(time.monotonic()):
             return False
-        self._next_seat_try = now + self.poll_interval
         try:
             return self._listener.take_seat()
         except Exception as exc:
@@ -878,26 +904,19 @@ class Worker:
             return False
 
     def _keep_seat(self, room: int) -> float:
-        """A looker with no room for new items (its handlers busy) gives the seat up after
-        GATHER_LONGEST, so that an idle consumer takes it at its next poll. Returns when
-        to check again (inf: nothing to check)."""
-        if self._listener is None or not self._listener.seated or room:
-            self._full_since = math.inf
-            return math.inf
-        now = time.monotonic()
-        self._full_since = min(self._full_since, now)
-        if now < self._full_since + GATHER_LONGEST:
-            return self._full_since + GATHER_LONGEST
+        """A looker with no room for new items gives the seat up (SeatTimes.full). Returns
+        when to check again (inf: nothing to check)."""
+        check = self._seat.full(self._listener is not None and self._listener.seated, room, time.monotonic())
+        if check is not None:
+            return check
         if self._registered:
             self._unregister()
-        self._next_seat_try = 0.0  # it may take the seat back at its next idle look, if still free
         if self._listener is not None:
             try:
                 self._listener.leave_seat()
             except Exception as exc:
                 log.warning("LISTEN connection lost (%s): polling until it is reopened", first_line(exc))
                 self._drop_listener()
-        self._full_since = math.inf
         return math.inf
 
     def _register(self) -> bool | None:
