@@ -33,6 +33,8 @@ RING_CALLS = {
     "sub_take": "SELECT * FROM queuectl.\"f_sub_take\"('s', 1, 30, 0)",
     "sub_done": "SELECT * FROM queuectl.\"f_sub_done\"('s', ARRAY[:id]::bigint[], ARRAY[:tries])",
     "sub_return": "SELECT * FROM queuectl.\"f_sub_return\"('s', ARRAY[:id]::bigint[], ARRAY[:tries])",
+    "subscribe": "SELECT * FROM queuectl.\"f_subscribe\"('t')",
+    "unsubscribe": "SELECT queuectl.\"f_unsubscribe\"('s')",
 }
 WATERMARK_CALLS = {
     "dequeue": 'SELECT * FROM queuectl."w_dequeue"(1)',
@@ -91,7 +93,8 @@ def refusal(engine, level: str, sql: str, params: dict) -> DBAPIError:
 def test_every_ring_and_watermark_call_that_reads_the_queue_refuses_the_level_and_changes_nothing(engine, level):
     claim = setup_queues(engine)
     before = state(engine)
-    calls = [("r" if not c.startswith(("publish", "sub_")) else "f", c, s) for c, s in RING_CALLS.items()]
+    fanout = {"publish", "sub_take", "sub_done", "sub_return", "subscribe", "unsubscribe"}
+    calls = [("f" if c in fanout else "r", c, s) for c, s in RING_CALLS.items()]
     calls += [("w", c, s) for c, s in WATERMARK_CALLS.items()]
     for queue, call, sql in calls:
         exc = refusal(engine, level, sql, claim)
@@ -116,6 +119,8 @@ def test_read_committed_runs_every_call_and_watermark_enqueues_run_at_any_level(
         assert conn.execute(sa.text(RING_CALLS["sub_done"]), {"id": taken.id, "tries": taken.tries}).scalars().all() \
             == [taken.id]
         assert len(conn.execute(sa.text(RING_CALLS["publish"])).all()) == 1
+        assert conn.execute(sa.text(RING_CALLS["subscribe"])).one().name == "t"
+        assert conn.execute(sa.text("SELECT queuectl.\"f_unsubscribe\"('t')")).scalar() is True
         assert [r.payload for r in conn.execute(sa.text(WATERMARK_CALLS["dequeue"]))] == [b"a"]
         conn.execute(sa.text(WATERMARK_CALLS["correct_watermark"])).one()
         conn.commit()

@@ -27,6 +27,11 @@
 -- UPDATE; the session may then keep several claims per side (a comma-separated list).
 -- Since ring_0005 each of them is one statement in the common case,
 -- and the pop takes its slots by UPDATE alone (no lock pass before it).
+-- Since ring_0008 every call but subscriptions() first refuses a REPEATABLE READ or
+-- SERIALIZABLE transaction (SQLSTATE QC400, in the reliable queue's form): the compact job
+-- (jobs/compact.py) TRUNCATEs and refills the tables, which a snapshot older than it sees
+-- empty, so a pop would give up its claims and a push would find the ring full. The check is
+-- one current_setting() call (docs/kinds.md, "Size while a snapshot is held open").
 --
 -- Updates never touch an indexed column (only the slot primary key is indexed) and the
 -- table has fillfactor 50, so PostgreSQL can keep every update HOT (heap-only: no new
@@ -984,6 +989,11 @@ DECLARE
     v_limit bigint;
     v_drop  boolean;
 BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: subscribe runs in READ COMMITTED transactions only (this one is %s): an older snapshot sees the ring''s tables empty once the compact job has rewritten them',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
     IF p_name IS NULL OR p_name !~ '^[a-z][a-z0-9_]{0,47}$' THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('invalid subscription name %L: 1-48 lowercase letters, digits and underscores, starting with a letter', p_name);
@@ -1022,6 +1032,11 @@ LANGUAGE plpgsql AS $fn$
 DECLARE
     v_id integer;
 BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: unsubscribe runs in READ COMMITTED transactions only (this one is %s): an older snapshot sees the ring''s tables empty once the compact job has rewritten them',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
     DELETE FROM {{subs}} u WHERE u.name = p_name RETURNING u.sub_id INTO v_id;
     IF v_id IS NULL THEN
         RETURN false;

@@ -160,7 +160,11 @@ END
 $fn$;
 
 -- name: create_dequeue
--- The dequeue (watermark_0002 installed it; history/watermark.sql keeps watermark_0001's for its downgrade).
+-- The dequeue (watermark_0005 installed it; history/watermark.sql keeps watermark_0001's and watermark_0002's).
+-- dequeue and correct_watermark refuse a REPEATABLE READ or SERIALIZABLE transaction (SQLSTATE
+-- QC400, watermark_0005): the compact job TRUNCATEs and refills the items table, which a
+-- snapshot older than it sees empty, so a dequeue there could move its low mark past items it
+-- cannot see and correct_watermark could raise the stored one past them. enqueue only inserts.
 
 -- dequeue: ONE statement takes up to p_batch items at or above the session's watermark,
 -- oldest first, skipping rows other consumers hold. Around it, every 100th call moves

@@ -1829,3 +1829,72 @@ LANGUAGE sql AS $fn$
     SELECT g.pos FROM given g
 $fn$;
 
+-- name: create_subscribe_0006
+-- subscribe (since ring_0006): add a subscription online. It sees every message pushed
+-- after it: its cursor starts past the highest position pushers have claimed, read under a
+-- SHARE ROW EXCLUSIVE lock on the slots. That lock waits for the pushes in flight and holds
+-- new ones back until this commits, so every position at or past the start is written by a
+-- push whose free test sees the new subscription (and a position claimed earlier but written
+-- later is below the start: not the subscription's). Pops and pushes wait for the lock
+-- meanwhile: one short transaction. lag_limit and drop_when_behind, when NULL, take the
+-- columns' defaults: the ring's install settings (create_subscription_tables). Its `size` slot rows are inserted here; that is the only time they grow.
+CREATE OR REPLACE FUNCTION {{fn_subscribe}}(
+    p_name             text,
+    p_lag_limit        bigint  DEFAULT NULL,
+    p_drop_when_behind boolean DEFAULT NULL
+) RETURNS TABLE (name text, start_pos bigint, lag_limit bigint, drop_when_behind boolean)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_id    integer;
+    v_start bigint;
+    v_limit bigint;
+    v_drop  boolean;
+BEGIN
+    IF p_name IS NULL OR p_name !~ '^[a-z][a-z0-9_]{0,47}$' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('invalid subscription name %L: 1-48 lowercase letters, digits and underscores, starting with a letter', p_name);
+    END IF;
+    IF p_lag_limit < 1 OR p_lag_limit > {{size}} THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('lag limit must be from 1 to the ring''s size (%s), got %s', {{size}}, p_lag_limit);
+    END IF;
+    IF (SELECT r.state FROM {{ring}} r WHERE r.slot = 0) < 4 THEN
+        RAISE EXCEPTION USING ERRCODE = 'QR003',
+            MESSAGE = format('ring %s does not fan out: install it with fanout to subscribe', {{ring_regclass}});
+    END IF;
+    LOCK TABLE {{ring}} IN SHARE ROW EXCLUSIVE MODE;
+    IF EXISTS (SELECT 1 FROM {{subs}} u WHERE u.name = p_name) THEN
+        RAISE EXCEPTION USING ERRCODE = '42710', MESSAGE = format('subscription %L exists', p_name);
+    END IF;
+    SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END INTO v_start FROM {{push_seq}} s;
+    SELECT coalesce(max(u.sub_id), 0) + 1 INTO v_id FROM {{subs}} u;
+    INSERT INTO {{subs}} AS u (sub_id, name, start_pos, next_pos) VALUES (v_id, p_name, v_start, v_start)
+    RETURNING u.lag_limit, u.drop_when_behind INTO v_limit, v_drop;
+    v_limit := coalesce(p_lag_limit, v_limit);
+    v_drop := coalesce(p_drop_when_behind, v_drop);
+    UPDATE {{subs}} u SET lag_limit = v_limit, drop_when_behind = v_drop WHERE u.sub_id = v_id;
+    INSERT INTO {{sub_slots}} (sub_id, slot, pos)
+    SELECT v_id, g, -1 FROM generate_series(0, {{size}} - 1) AS g;
+    RETURN QUERY SELECT p_name, v_start, v_limit, v_drop;
+END
+$fn$;
+
+-- name: create_unsubscribe_0006
+-- unsubscribe (since ring_0006): remove a subscription (active or dropped) and its slot
+-- rows; the producer no longer waits for it. Its consumers' next call fails. True if it
+-- existed.
+CREATE OR REPLACE FUNCTION {{fn_unsubscribe}}(p_name text) RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_id integer;
+BEGIN
+    DELETE FROM {{subs}} u WHERE u.name = p_name RETURNING u.sub_id INTO v_id;
+    IF v_id IS NULL THEN
+        RETURN false;
+    END IF;
+    DELETE FROM {{sub_slots}} k WHERE k.sub_id = v_id;
+    RETURN true;
+END
+$fn$;
+
