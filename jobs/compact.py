@@ -17,8 +17,10 @@ reported: milliseconds for a small backlog, tens for thousands of ring slots); a
 `lock_timeout` (a session that read the tables in an open transaction holds ACCESS SHARE, as
 pg_dump does) is given up and tried again later, never waited for in the lock queue, and the
 job names that session. TRUNCATE is not MVCC-safe: a REPEATABLE READ or SERIALIZABLE
-transaction whose snapshot is older than a compaction sees the tables empty (docs/kinds.md:
-what each kind's calls then do; none loses a message).
+transaction whose snapshot is older than a compaction sees the tables empty, so the ring's
+calls and the watermark's dequeue and correct_watermark refuse those levels (SQLSTATE QC400:
+ring_0008, watermark_0005); the other one-table kinds' dequeues take nothing there and lose
+nothing (docs/kinds.md, "Size while a snapshot is held open").
 
 run_once: probe; compact the tables that are due (up to `tries` attempts at the lock).
 run_continuous: the same every `interval` until stopped.
@@ -48,7 +50,7 @@ from queuectl.sqlfiles import render
 log = logging.getLogger("queuectl.jobs.compact")
 
 KINDS = ("ring", *DESTRUCTIVE_KINDS)
-RING_REVISION = "ring_0007"         # the newest ring: slots, side table and fan-out tables
+RING_REVISION = "ring_0007"         # the first ring with every table compact_ring copies: slots, side table, fan-out tables
 DEFAULT_MAX_ROWS = 100_000          # live rows copied under the lock at most (a default ring's 65,536
                                     # slots fit: ~0.5 s; the stall stays under a second)
 MAX_MAX_ROWS = 10_000_000

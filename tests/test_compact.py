@@ -423,11 +423,11 @@ def test_fifo_dequeue_in_a_repeatable_read_transaction_older_than_a_compaction_l
 
 
 def test_ring_calls_in_a_repeatable_read_transaction_older_than_a_compaction_lose_no_message(engine):
-    """The ring's calls do not refuse REPEATABLE READ (a ring revision would add the check):
-    a pop older than a compaction sees no slot and gives up its claims, whose messages then
+    """At ring_0007 the ring's calls do not refuse REPEATABLE READ (ring_0008 refuses it:
+    tests/test_isolation_refusal.py): a pop older than a compaction sees no slot and gives up its claims, whose messages then
     wait for ring_repair, which delivers each once under a new id; a push sees no free slot
     and keeps its claim. The client runs its calls at READ COMMITTED."""
-    install_queue(engine, "r", "ring", RingSettings(size=4))
+    install_queue(engine, "r", "ring", RingSettings(size=4), revision="ring_0007")
     with RingQueue(engine, "r") as q:
         q.enqueue_many([b"a", b"b"])
     old = repeatable_read(engine)

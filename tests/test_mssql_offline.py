@@ -460,16 +460,20 @@ def test_ring_release_0002_tsql_rescues_through_the_push_procedure_under_a_savep
 def test_destructive_kinds_install_to_the_head_keeping_their_first_dequeue_procedure(kind):
     """<kind>_0002 changes PostgreSQL's dequeue only and <kind>_0003 PostgreSQL's autovacuum
     parameters only: the offline install creates the dequeue procedure once (CREATE OR
-    ALTER, so the downgrade can run it again) and its 0002 and 0003 steps run no batch of
-    their own, only the version bookkeeping."""
+    ALTER, so the downgrade can run it again; watermark_0005 runs the same text again) and
+    its 0002 and 0003 steps run no batch of their own, only the version bookkeeping."""
     script = install_script(None, "orders", kind, dialect="mssql")
     batches = split_go_batches(script)
     dequeue = [b for b in batches if re.match(r'CREATE (?:OR ALTER )?PROCEDURE "queuectl"\."orders_dequeue"\s', b)]
-    assert len(dequeue) == 1 and dequeue[0].startswith("CREATE OR ALTER PROCEDURE")
+    # watermark_0005 renders today's procedure again (its isolation check is PostgreSQL's)
+    assert len(dequeue) == (2 if kind == "watermark" else 1) and set(dequeue) == {dequeue[0]}
+    assert dequeue[0].startswith("CREATE OR ALTER PROCEDURE")
     assert f"UPDATE queuectl.orders_version SET version_num='{kind}_0002'" in script
     assert f"UPDATE queuectl.orders_version SET version_num='{kind}_0003'" in script
     assert "ALTER TABLE" not in script  # no per-table autovacuum on SQL Server
     after_0001 = script[script.index(f"VALUES ('{kind}_0001')"):]
+    if kind == "watermark":
+        after_0001 = after_0001[:after_0001.index("SET version_num='watermark_0004'")]
     assert "PROCEDURE" not in after_0001
 
 
@@ -479,18 +483,21 @@ def test_ring_install_script_ends_with_ring_0003s_procedures():
     the last definitions the script leaves are ring_0003's, with a release per kept claim."""
     batches = split_go_batches(install_script(None, "orders", "ring", dialect="mssql"))
     release = [b for b in batches if '"queuectl"."orders_ring_release"' in b]
-    # ring_0007 alters them once more (the side table's pointer): its bodies keep ring_0003's marks
+    # ring_0007 alters them once more (the side table's pointer), ring_0008 renders the same
+    # bodies again (its isolation check is PostgreSQL's): both keep ring_0003's marks
     assert [b.split(None, 4)[:4] for b in release] == [
         ["CREATE", "OR", "ALTER", "PROCEDURE"],
         ["DROP", "PROCEDURE", "IF", "EXISTS"],
         ["CREATE", "OR", "ALTER", "PROCEDURE"], ["CREATE", "OR", "ALTER", "PROCEDURE"],
-        ["CREATE", "OR", "ALTER", "PROCEDURE"]]
+        ["CREATE", "OR", "ALTER", "PROCEDURE"], ["CREATE", "OR", "ALTER", "PROCEDURE"]]
+    assert release[5] == release[4]
     assert "@timeout float = 0.1" not in release[0] and "@timeout float = 0.1" in release[2]
     assert "WHILE EXISTS (SELECT 1 FROM @claims)" not in release[2] and "WHILE EXISTS (SELECT 1 FROM @claims)" in release[3]
     ring_0003 = {"enqueue": "FOR JSON PATH", "enqueue_many": "orders_ring_push", "dequeue": "sp_sequence_get_range"}
     for fn, mark in ring_0003.items():
         defined = [b for b in batches if re.match(r'CREATE (?:OR ALTER )?PROCEDURE "queuectl"\."orders_%s"\s' % fn, b)]
-        assert len(defined) == 3 and mark not in defined[0] and mark in defined[1] and mark in defined[2], fn
+        assert len(defined) == 4 and mark not in defined[0] and mark in defined[1] and mark in defined[2], fn
+        assert defined[3] == defined[2], fn
     flat = " ".join(batches)
     assert flat.index("schema_version=N'ring_0002'") < flat.index("schema_version=N'ring_0003'")
     assert "UPDATE queuectl.queues SET schema_version=N'ring_0003'" in flat

@@ -43,8 +43,9 @@ def _fanout() -> bool:
 
 def upgrade() -> None:
     run_section("ring", "create_large_table")
-    replace_functions("ring", "create_enqueue_many", "create_enqueue", "create_dequeue", "create_ring_repair",
-                      "create_ring_release", "create_fanout_guard", "create_publish", "create_sub_take")
+    replace_functions("ring", "create_enqueue_many_0007", "create_enqueue_0007", "create_dequeue_0007",
+                      "create_ring_repair_0007", "create_ring_release_0007", "create_fanout_guard",
+                      "create_publish_0007", "create_sub_take_0007")
     if _fanout():
         run_section("ring", "refresh_fanout_guard")  # SQL Server's trigger, made from the new guard
     record_settings()

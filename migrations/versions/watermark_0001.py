@@ -15,6 +15,7 @@ depends_on = None
 def upgrade() -> None:
     run_section("watermark", "create_tables")
     run_section("watermark", "create_functions")
+    run_section("watermark", "create_correct_watermark_0001")
     run_section("watermark", "create_dequeue_0001")
     register(revision)
 

@@ -220,6 +220,11 @@ BEGIN
            CAST(CASE WHEN @new <> @old THEN 1 ELSE 0 END AS bit) AS changed, @reason AS reason;
 END
 
+-- name: create_correct_watermark
+-- create_functions creates correct_watermark here. On PostgreSQL this section holds it so that
+-- watermark_0005 can give it the isolation check against the compact job's TRUNCATE; SQL Server
+-- has no compaction, so nothing is replaced. Empty on purpose.
+
 -- name: create_dequeue
 -- The dequeue procedure of every revision (CREATE OR ALTER: watermark_0001 and the downgrade
 -- of watermark_0002 run it). It deletes through its TOP pick, with no join to the picks, so

@@ -27,6 +27,11 @@
 -- UPDATE; the session may then keep several claims per side (a comma-separated list).
 -- Since ring_0005 each of them is one statement in the common case,
 -- and the pop takes its slots by UPDATE alone (no lock pass before it).
+-- Since ring_0008 every call but subscriptions() first refuses a REPEATABLE READ or
+-- SERIALIZABLE transaction (SQLSTATE QC400, in the reliable queue's form): the compact job
+-- (jobs/compact.py) TRUNCATEs and refills the tables, which a snapshot older than it sees
+-- empty, so a pop would give up its claims and a push would find the ring full. The check is
+-- one current_setting() call (docs/kinds.md, "Size while a snapshot is held open").
 --
 -- Updates never touch an indexed column (only the slot primary key is indexed) and the
 -- table has fillfactor 50, so PostgreSQL can keep every update HOT (heap-only: no new
@@ -224,6 +229,11 @@ DECLARE
     v_i        bigint;
     v_id       bigint;
 BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: enqueue_many runs in READ COMMITTED transactions only (this one is %s): an older snapshot sees the ring''s tables empty once the compact job has rewritten them',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
     IF v_n = 0 THEN
         RETURN;
     END IF;
@@ -357,6 +367,11 @@ DECLARE
     v_key text := 'queuectl.rpush' || {{ring_regclass}}::regclass::oid;
     v_pos bigint;
 BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: enqueue runs in READ COMMITTED transactions only (this one is %s): an older snapshot sees the ring''s tables empty once the compact job has rewritten them',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
     IF coalesce(current_setting(v_key, true), '') = ''
        AND coalesce(octet_length(p_payload), 0) + coalesce(octet_length(p_headers::text), 0)
            <= least({{slot_bytes}}, {{max_payload_bytes}}) THEN
@@ -406,6 +421,11 @@ DECLARE
     v_need     integer;
     v_more     bigint;
 BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: dequeue runs in READ COMMITTED transactions only (this one is %s): an older snapshot sees the ring''s tables empty once the compact job has rewritten them',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
     -- one statement: top up, take, keep
     RETURN QUERY
     WITH more AS MATERIALIZED (
@@ -528,6 +548,11 @@ DECLARE
     v_orphan    record;
     v_new       bigint;
 BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: ring_repair runs in READ COMMITTED transactions only (this one is %s): an older snapshot sees the ring''s tables empty once the compact job has rewritten them',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
     -- the highest position each side has handed out (-1: none yet)
     SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END INTO v_push_high FROM {{push_seq}} s;
     SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END INTO v_pop_high FROM {{pop_seq}} s;
@@ -593,6 +618,11 @@ DECLARE
     v_pos    bigint;
     v_msg    record;
 BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: ring_release runs in READ COMMITTED transactions only (this one is %s): an older snapshot sees the ring''s tables empty once the compact job has rewritten them',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
     v_claims := coalesce(string_to_array(nullif(current_setting(v_push, true), ''), ',')::bigint[], '{}');
     -- cleared before a rescue below pushes: that push must draw a position of its own
     PERFORM set_config(v_push, '', false);
@@ -841,6 +871,11 @@ DECLARE
     v_i        bigint;
     v_id       bigint;
 BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: publish runs in READ COMMITTED transactions only (this one is %s): an older snapshot sees the ring''s tables empty once the compact job has rewritten them',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
     IF v_n = 0 THEN
         RETURN;
     END IF;
@@ -954,6 +989,11 @@ DECLARE
     v_limit bigint;
     v_drop  boolean;
 BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: subscribe runs in READ COMMITTED transactions only (this one is %s): an older snapshot sees the ring''s tables empty once the compact job has rewritten them',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
     IF p_name IS NULL OR p_name !~ '^[a-z][a-z0-9_]{0,47}$' THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('invalid subscription name %L: 1-48 lowercase letters, digits and underscores, starting with a letter', p_name);
@@ -992,6 +1032,11 @@ LANGUAGE plpgsql AS $fn$
 DECLARE
     v_id integer;
 BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: unsubscribe runs in READ COMMITTED transactions only (this one is %s): an older snapshot sees the ring''s tables empty once the compact job has rewritten them',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
     DELETE FROM {{subs}} u WHERE u.name = p_name RETURNING u.sub_id INTO v_id;
     IF v_id IS NULL THEN
         RETURN false;
@@ -1061,6 +1106,11 @@ DECLARE
     v_deadline timestamptz := clock_timestamp() + make_interval(secs => greatest(coalesce(p_timeout, 0), 0));
     v_pause    double precision := 0.001;
 BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: sub_take runs in READ COMMITTED transactions only (this one is %s): an older snapshot sees the ring''s tables empty once the compact job has rewritten them',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
     IF p_batch IS NULL OR p_batch < 1 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'batch must be at least 1';
     END IF;
@@ -1147,12 +1197,23 @@ $fn$;
 -- An ack after the lease expired but before another consumer took the message counts.
 CREATE OR REPLACE FUNCTION {{fn_sub_done}}(p_name text, p_ids bigint[], p_tries integer[])
 RETURNS SETOF bigint
-LANGUAGE sql AS $fn$
-    UPDATE {{sub_slots}} k SET lease_until = NULL
-    FROM {{subs}} u, unnest(p_ids, p_tries) AS a(pos, tries)
-    WHERE u.name = p_name AND k.sub_id = u.sub_id AND k.slot = mod(a.pos, {{size}})
-      AND k.pos = a.pos AND k.tries = a.tries AND k.lease_until IS NOT NULL
-    RETURNING k.pos
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: sub_done runs in READ COMMITTED transactions only (this one is %s): an older snapshot sees the ring''s tables empty once the compact job has rewritten them',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
+    RETURN QUERY
+    WITH done AS (
+        UPDATE {{sub_slots}} k SET lease_until = NULL
+        FROM {{subs}} u, unnest(p_ids, p_tries) AS a(pos, tries)
+        WHERE u.name = p_name AND k.sub_id = u.sub_id AND k.slot = mod(a.pos, {{size}})
+          AND k.pos = a.pos AND k.tries = a.tries AND k.lease_until IS NOT NULL
+        RETURNING k.pos
+    )
+    SELECT done.pos FROM done;
+END
 $fn$;
 
 -- name: create_sub_return
@@ -1161,7 +1222,14 @@ $fn$;
 -- more try); same matching and result as sub_done.
 CREATE OR REPLACE FUNCTION {{fn_sub_return}}(p_name text, p_ids bigint[], p_tries integer[])
 RETURNS SETOF bigint
-LANGUAGE sql AS $fn$
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: sub_return runs in READ COMMITTED transactions only (this one is %s): an older snapshot sees the ring''s tables empty once the compact job has rewritten them',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
+    RETURN QUERY
     WITH given AS (
         UPDATE {{sub_slots}} k SET lease_until = '-infinity'
         FROM {{subs}} u, unnest(p_ids, p_tries) AS a(pos, tries)
@@ -1171,7 +1239,8 @@ LANGUAGE sql AS $fn$
     ), look AS (
         UPDATE {{subs}} u SET scan_at = now() WHERE u.sub_id IN (SELECT g.sub_id FROM given g)
     )
-    SELECT g.pos FROM given g
+    SELECT g.pos FROM given g;
+END
 $fn$;
 
 -- name: drop_subscription_functions

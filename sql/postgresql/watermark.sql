@@ -95,6 +95,10 @@ BEGIN
 END
 $fn$;
 
+-- name: create_correct_watermark
+-- correct_watermark (watermark_0005 gave it its isolation check; history/watermark.sql keeps
+-- watermark_0001's body). CREATE OR REPLACE: watermark_0001 runs it after create_functions.
+
 -- correct_watermark: recompute the true low bound (the smallest id still in the table,
 -- else the next id to be drawn) and fix the stored hint; sessions adopt a changed hint
 -- at their next move. Meant for a job every few minutes: it walks the index from its
@@ -105,7 +109,7 @@ $fn$;
 --    running, else up to the candidate this function recorded on its previous run once
 --    every transaction older than that run has ended (so a busy queue takes two runs).
 -- Returns one row: the old and new stored low, the true bound, whether it changed, why.
-CREATE FUNCTION {{fn_correct_watermark}}()
+CREATE OR REPLACE FUNCTION {{fn_correct_watermark}}()
 RETURNS TABLE (old_low bigint, new_low bigint, true_low bigint, changed boolean, reason text)
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -116,6 +120,11 @@ DECLARE
     v_new    bigint;
     v_reason text;
 BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: correct_watermark runs in READ COMMITTED transactions only (this one is %s): an older snapshot sees the items table empty once the compact job has rewritten it, and the mark would move past its items',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
     SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END INTO v_next FROM {{items_seq}} s;
     v_snap := pg_current_snapshot();
     SELECT w.low, w.epoch, w.pending_low, w.pending_xmax INTO v_row FROM {{watermark}} w FOR UPDATE;
@@ -151,7 +160,11 @@ END
 $fn$;
 
 -- name: create_dequeue
--- The dequeue (watermark_0002 installed it; history/watermark.sql keeps watermark_0001's for its downgrade).
+-- The dequeue (watermark_0005 installed it; history/watermark.sql keeps watermark_0001's and watermark_0002's).
+-- dequeue and correct_watermark refuse a REPEATABLE READ or SERIALIZABLE transaction (SQLSTATE
+-- QC400, watermark_0005): the compact job TRUNCATEs and refills the items table, which a
+-- snapshot older than it sees empty, so a dequeue there could move its low mark past items it
+-- cannot see and correct_watermark could raise the stored one past them. enqueue only inserts.
 
 -- dequeue: ONE statement takes up to p_batch items at or above the session's watermark,
 -- oldest first, skipping rows other consumers hold. Around it, every 100th call moves
@@ -174,6 +187,11 @@ DECLARE
     v_calls  integer;
     v_stored record;
 BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: dequeue runs in READ COMMITTED transactions only (this one is %s): an older snapshot sees the items table empty once the compact job has rewritten it, and the session''s mark would move past its items',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
     IF v_state IS NULL OR cardinality(v_state) <> 5 THEN
         -- first dequeue of this session: start from the stored hint
         SELECT ARRAY[w.low::text, '0', '', '', w.epoch::text] INTO v_state FROM {{watermark}} w;

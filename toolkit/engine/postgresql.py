@@ -232,8 +232,8 @@ class PostgresAdapter(Adapter):
         return state in self._SCHEMA_CHANGED
 
     def isolation_refusal(self, exc: DBAPIError) -> str | None:
-        """The server's message when a reliable queue's call refused a REPEATABLE READ or
-        SERIALIZABLE transaction (reliable_0012: SQLSTATE QC400), else None."""
+        """The server's message when a queue's call refused a REPEATABLE READ or SERIALIZABLE
+        transaction (SQLSTATE QC400: reliable_0012, ring_0008, watermark_0005), else None."""
         orig = exc.orig
         if getattr(orig, "sqlstate", None) != "QC400":
             return None
