@@ -290,6 +290,8 @@ def test_worker_with_notifications_off_polls_every_item(engine, orders):
     running = Running(Worker(orders, handler, batch=3, notify=False, poll_interval=0.2))
     expected = [f"item {i}" for i in range(40)]
     try:
+        # its first look finds the queue empty (a slow start could otherwise find every item there)
+        wait_until(lambda: getattr(getattr(running.worker, "stats", None), "empty_polls", 0) >= 1)
         with Queue(engine, "orders") as producer:
             for text in expected:
                 producer.enqueue(text)
