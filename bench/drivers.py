@@ -465,7 +465,7 @@ class LeanDriver:
         return [names.table("meta")]
 
 
-# -- destructive kinds (fifo, ring), through queuectl.client ----------------------------------
+# -- destructive kinds (heap, fifo, stack, pending, watermark, ring), through queuectl.client ---------
 
 RING_BENCH_SIZE = 8192  # slots of a bench ring unless a scenario installs it with its own size
 
@@ -493,10 +493,13 @@ class _KindSession:
 
 
 class KindQueueDriver:
-    """A destructive kind (no ack) through its own client, queuectl.client.CLIENTS[kind]."""
+    """A destructive kind (no ack) through its own client, queuectl.client.CLIENTS[kind];
+    `name` when the driver is a variant of its kind (a strict FIFO: `strict`)."""
 
-    def __init__(self, kind: str, description: str) -> None:
-        self.name = kind
+    def __init__(self, kind: str, description: str, *, name: str | None = None, strict: bool = False) -> None:
+        self.kind = kind
+        self.name = name or kind
+        self.strict = strict
         self.description = description
 
     def install(self, engine: Engine, names: QueueNames, size: int | None = None) -> None:
@@ -508,8 +511,9 @@ class KindQueueDriver:
             existing = get_queue(conn, names.queue, names.schema)
         if existing is not None:
             uninstall_queue(engine, names.queue, names.schema)
-        ring_size = (size or RING_BENCH_SIZE) if self.name == "ring" else None
-        install_queue(engine, names.queue, self.name, settings_for(self.name, size=ring_size), names.schema)
+        ring_size = (size or RING_BENCH_SIZE) if self.kind == "ring" else None
+        install_queue(engine, names.queue, self.kind, settings_for(self.kind, size=ring_size, strict=self.strict),
+                      names.schema)
 
     def uninstall(self, engine: Engine, names: QueueNames) -> None:
         from queuectl.install import uninstall_queue
@@ -519,7 +523,7 @@ class KindQueueDriver:
     def reset(self, conn: Connection, names: QueueNames) -> None:
         """A fresh queue of the same size: a ring's slots and sequences start over."""
         size = None
-        if self.name == "ring":
+        if self.kind == "ring":
             from queuectl.registry import get_queue
 
             info = get_queue(conn, names.queue, names.schema)
@@ -528,7 +532,7 @@ class KindQueueDriver:
         self.install(conn.engine, names, size)
 
     def open(self, url: str, names: QueueNames) -> Session:
-        return _KindSession(url, names, self.name)
+        return _KindSession(url, names, self.kind)
 
     def consumed(self, conn: Connection, names: QueueNames) -> tuple[int, float | None]:
         raise NotImplementedError(f"{self.name}: destructive reads leave no record of consumed items")
@@ -536,7 +540,7 @@ class KindQueueDriver:
     def ready(self, conn: Connection, names: QueueNames) -> int:
         from queuectl.stats import queue_counts
 
-        n = queue_counts(conn, names.queue, self.name, names.schema).get("ready", 0)
+        n = queue_counts(conn, names.queue, self.kind, names.schema).get("ready", 0)
         conn.commit()
         return int(n)
 
@@ -544,9 +548,9 @@ class KindQueueDriver:
         return None
 
     def tables(self, names: QueueNames) -> list[str]:
-        if self.name == "watermark":
+        if self.kind == "watermark":
             return [names.table("items"), names.table("watermark")]
-        return [names.table("ring" if self.name == "ring" else "items")]
+        return [names.table("ring" if self.kind == "ring" else "items")]
 
 
 FANOUT_SUBSCRIPTION = "bench"  # the one subscription of a bench fan-out ring, its consumers competing
@@ -637,7 +641,12 @@ register(ReliableLeaseScanDriver())
 register(ReliableSqlalchemyDriver())
 register(OneTableDriver(), user_kind=False)
 register(LeanDriver(), user_kind=False)
+register(KindQueueDriver("heap", "no order promised (one table, INSERT / DELETE ... RETURNING) via queuectl.client"))
 register(KindQueueDriver("fifo", "lax FIFO (one table, INSERT / DELETE ... RETURNING) via queuectl.client"))
+register(KindQueueDriver("fifo", "strict FIFO (one table, consumers wait for each other) via queuectl.client",
+                         name="fifo_strict", strict=True))
+register(KindQueueDriver("stack", "LIFO stack (one table, newest first) via queuectl.client"))
+register(KindQueueDriver("pending", "due-time queue (one table, earliest due first; due at enqueue) via queuectl.client"))
 register(KindQueueDriver("ring", "ring buffer (preallocated slots, UPDATE only) via queuectl.client"))
 register(FanoutRingDriver())
 register(KindQueueDriver("watermark", "FIFO whose dequeue starts at a low watermark (one table) via queuectl.client"))

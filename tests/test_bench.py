@@ -535,6 +535,41 @@ def test_tiny_sustained_run_holds_the_horizon_accounts_for_every_message_and_plo
         assert su["plots"][kind] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
+def test_tiny_sustained_run_drives_every_one_table_kind_and_balances_its_messages(
+        db_url: str, engine: sa.Engine, tmp_path: Path) -> None:
+    """The one-table kinds that had no bench driver (heap, stack, pending, a strict fifo) run
+    the sustained scenario as the others do, each message enqueued completed or still
+    waiting, none lost; each driver installs its kind (the strict fifo with its setting)."""
+    from queuectl.bench.drivers import driver_for
+    from queuectl.names import QueueNames
+    from queuectl.registry import get_queue
+
+    kinds = ("heap", "stack", "pending", "fifo_strict")
+    result = _run_json(db_url, tmp_path, "--scenario", "sustained", "--kinds", ",".join(kinds), "--minutes", "0.02",
+                       "--interval", "1", "--hold", "both", "--rate", "200", "--producers", "1", "--consumers", "1",
+                       "--bystander-rows", "20000")
+    runs = result["scenario"]["sustained"]["runs"]
+    assert [(r["kind"], r["hold"]) for r in runs] == [(k, h) for k in kinds for h in ("none", "snapshot")]
+    for r in runs:
+        ledger = r["ledger"]
+        assert r["summary"]["completed_per_s"] > 0 and r["series"][-1]["total_bytes"] > 0
+        assert ledger["enqueued"] > 0 and ledger["enqueued"] == ledger["completed"] + ledger["left"]
+        assert ledger["lost"] == 0
+    installed = {}
+    for name in kinds:
+        driver, names = driver_for(name), QueueNames(f"bdrv_{name}")
+        driver.install(engine, names)
+        try:
+            with engine.connect() as conn:
+                installed[name] = get_queue(conn, names.queue)
+        finally:
+            driver.uninstall(engine, names)
+    assert {k: i.kind for k, i in installed.items()} == {
+        "heap": "heap", "stack": "stack", "pending": "pending", "fifo_strict": "fifo"}
+    assert installed["fifo_strict"].settings.as_dict()["strict"] is True
+
+
 def test_tiny_sustained_run_measures_its_peers_beside_queuectl_or_says_how_to_install_them(
         db_url: str, tmp_path: Path) -> None:
     """--kinds reliable,pgq,pgqueuer: each peer runs the same paced load, hold and sampling
