@@ -9,7 +9,8 @@ count in turn, --repeats times. For each run it prints the messages/s, the CPU s
 --pgdata, default the embedded server's: the postmaster's own and reaped children's CPU
 from /proc, plus its live children's) and of the worker processes by role (the bench's
 own count), and the statements per batch taken (pg_stat_statements: claims, acks,
-enqueues, registrations wait_begin and wait_end). On a machine shared with other work,
+enqueues, registrations wait_begin and wait_end), with each statement's server time and
+shared blocks per call (so a claim that walks past other consumers' locked rows shows). On a machine shared with other work,
 CPU per message is the figure to read: the rate follows the share of the 2 cores the run
 gets, the CPU per message what each message costs.
 """
@@ -80,13 +81,15 @@ def main() -> None:
             for n in counts:
                 with run.engine.connect() as conn:
                     driver.reset(conn, names)
-                before = {key: run.pgss_calls(fn)["calls"] for key, fn in functions.items()}
+                before = {key: run.pgss_calls(fn) for key, fn in functions.items()}
                 cpu = server_cpu(postmaster)
                 res = run.python_phase(KIND, names, "cycle", batch=10, payload_bytes=300, producers=2, consumers=n,
                                        seconds=args.seconds)
                 time.sleep(0.5)  # the workers' sessions end and are reaped
                 server = server_cpu(postmaster) - cpu
-                calls = {key: run.pgss_calls(fn)["calls"] - before[key] for key, fn in functions.items()}
+                totals = {key: {k: v - before[key][k] for k, v in run.pgss_calls(fn).items()}
+                          for key, fn in functions.items()}
+                calls = {key: t["calls"] for key, t in totals.items()}
                 batches = res["idle"].get("work_takes") or 1
                 per_1k = 1000 / max(res["messages"], 1)
                 row = {"repeat": repeat + 1, "consumers": n, "rate": res["rate"], "load_1min": load_average()[:1],
@@ -94,7 +97,11 @@ def main() -> None:
                        "producer_cpu_per_1k": res["cpu_seconds"]["producer"] * per_1k,
                        "consumer_cpu_per_1k": res["cpu_seconds"]["consumer"] * per_1k,
                        "calls_per_batch": {key: round(v / batches, 2) for key, v in calls.items()},
-                       "idle_per_batch": {key: round(v / batches, 2) for key, v in res["idle"].items()}}
+                       "idle_per_batch": {key: round(v / batches, 2) for key, v in res["idle"].items()},
+                       "server_us_per_call": {key: round(t["total_exec_time"] * 1000 / t["calls"], 1)
+                                              for key, t in totals.items() if t["calls"]},
+                       "blocks_per_call": {key: round(t["shared_blks_hit"] / t["calls"], 1)
+                                           for key, t in totals.items() if t["calls"]}}
                 out.append(row)
                 print(json.dumps(row), flush=True)
     finally:
