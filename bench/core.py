@@ -82,6 +82,7 @@ class BenchOptions:
     rate: float | None = None  # sustained: offered msgs/s across producers; None: half the calibrated maximum
     interval: float = 5.0  # sustained: seconds between samples
     bystander_rows: int = 1_000_000  # sustained: rows of the unrelated table whose query is timed
+    upkeep: bool = True  # sustained: run the upkeep job a kind has (archive, compact) beside its load
     plots: str | None = None  # sustained, consumers: PNGs as <plots>-<kind>.png, cost: <plots>-<curve>.png; None: none
     consumer_counts: list[int] | None = None  # consumers: the curve's consumer counts; None: the scenario's default
     items: int = 10_000  # cost: messages one consumer claims and acks at each backlog and payload size

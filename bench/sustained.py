@@ -324,7 +324,7 @@ def measure(run: BenchRun, driver: str, hold: str, rate: float) -> dict[str, Any
     specs += [PacedSpec(role="consumer", seed=2000 + i, **common) for i in range(consumers)]
     sampler = Sampler(run, names, subject, o.interval, count)
     bystander = Bystander(run)
-    upkeep = Upkeep(run, names, subject.kind) if Upkeep.serves(subject.kind) else None
+    upkeep = Upkeep(run, names, subject.kind) if run.options.upkeep and Upkeep.serves(subject.kind) else None
     held: dict[str, Any] = {}
     holder_facts: dict[str, Any] | None = None
     sampler.start()
@@ -492,7 +492,7 @@ def plots_available() -> bool:
 
 @scenario("sustained", "each --kind at a fixed offered rate for --minutes, clean and with the horizon held (--hold)",
           ("kinds", "producers", "consumers", "batch", "payload_bytes", "minutes", "hold", "rate", "interval", "plots",
-           "backlog", "bystander_rows"))
+           "backlog", "bystander_rows", "upkeep"))
 def sustained(run: BenchRun) -> dict[str, Any]:
     from queuectl.bench.sustained_peers import peer_for
 
@@ -562,6 +562,9 @@ def sustained(run: BenchRun) -> dict[str, Any]:
         "backlog over the last half of the window",
         f"bystander: a sum over 10,000 primary-key rows of a {bystander_rows:,}-row table in schema "
         f"{BYSTANDER_SCHEMA}, run by another thread every {BYSTANDER_PAUSE_SECONDS:g} s; its median per interval",
+        ("upkeep: each kind's job beside its load, continuous, with its defaults (reliable: archive, which rotates "
+         "the generations; ring and the one-table kinds: compact)" if o.upkeep else
+         "upkeep: none (--no-upkeep): no archive or compact job ran beside the load"),
     ]
     if any(peer_for(k) is not None for k in kinds):
         notes.append("peers (queuectl.bench.sustained_peers): the same paced producers, hold, sampler and bystander "
@@ -585,7 +588,8 @@ def sustained(run: BenchRun) -> dict[str, Any]:
         "unavailable": unavailable,
         "sustained": {
             "offered_rate": rate, "rate_source": "given" if o.rate else "calibrated", "calibration": calibration,
-            "interval": o.interval, "holds": holds, "bystander_rows": bystander_rows, "runs": runs, "plots": plots,
+            "interval": o.interval, "holds": holds, "bystander_rows": bystander_rows, "upkeep": o.upkeep, "runs": runs,
+            "plots": plots,
         },
     }
 

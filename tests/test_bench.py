@@ -539,8 +539,9 @@ def test_tiny_sustained_run_holds_the_horizon_accounts_for_every_message_and_plo
 def test_tiny_sustained_run_drives_every_one_table_kind_and_balances_its_messages(
         db_url: str, engine: sa.Engine, tmp_path: Path) -> None:
     """The one-table kinds that had no bench driver (heap, stack, pending, a strict fifo) run
-    the sustained scenario as the others do, each message enqueued completed or still
-    waiting, none lost; each driver installs its kind (the strict fifo with its setting)."""
+    the sustained scenario as the others do, the compact job beside them (or, with
+    --no-upkeep, nothing), each message enqueued completed or still waiting, none lost; each
+    driver installs its kind (the strict fifo with its setting)."""
     from queuectl.bench.drivers import driver_for
     from queuectl.names import QueueNames
     from queuectl.registry import get_queue
@@ -550,12 +551,21 @@ def test_tiny_sustained_run_drives_every_one_table_kind_and_balances_its_message
                        "--interval", "1", "--hold", "both", "--rate", "200", "--producers", "1", "--consumers", "1",
                        "--bystander-rows", "20000")
     runs = result["scenario"]["sustained"]["runs"]
+    assert result["scenario"]["sustained"]["upkeep"] is True
     assert [(r["kind"], r["hold"]) for r in runs] == [(k, h) for k in kinds for h in ("none", "snapshot")]
     for r in runs:
         ledger = r["ledger"]
         assert r["summary"]["completed_per_s"] > 0 and r["series"][-1]["total_bytes"] > 0
         assert ledger["enqueued"] > 0 and ledger["enqueued"] == ledger["completed"] + ledger["left"]
         assert ledger["lost"] == 0
+        assert r["upkeep"]["job"] == "compact" and r["upkeep"]["errors"] == 0  # beside the load, as scheduled
+    # --no-upkeep: the same load with no job beside it (the "before" of compaction), said in the notes
+    bare = _run_json(db_url, tmp_path, "--scenario", "sustained", "--kinds", "heap", "--minutes", "0.02",
+                     "--interval", "1", "--hold", "none", "--rate", "200", "--producers", "1", "--consumers", "1",
+                     "--bystander-rows", "20000", "--no-upkeep")
+    assert bare["scenario"]["sustained"]["upkeep"] is False
+    assert [r["upkeep"] for r in bare["scenario"]["sustained"]["runs"]] == [None]
+    assert any(n.startswith("upkeep: none (--no-upkeep)") for n in bare["scenario"]["notes"])
     installed = {}
     for name in kinds:
         driver, names = driver_for(name), QueueNames(f"bdrv_{name}")

@@ -89,6 +89,13 @@ def bench(
         typer.Option(help="sustained: rows of the unrelated table (made once, in schema queuectl_bystander) whose "
                      "range query is timed beside the queues."),
     ] = 1_000_000,
+    upkeep: Annotated[
+        bool,
+        typer.Option("--upkeep/--no-upkeep",
+                     help="sustained: run each kind's upkeep job beside its load, as the scheduler does (the "
+                     "reliable queue's archive job, which rotates its generations; the compact job of a ring "
+                     "and the one-table kinds). --no-upkeep measures the tables without it."),
+    ] = True,
     consumer_counts: Annotated[
         Optional[str],
         typer.Option(help="consumers: consumer process counts of the curve, comma-separated; each count runs a "
@@ -135,7 +142,7 @@ def bench(
         schema=schema, pgbench=not no_pgbench, backlog=backlog, rows=_sizes(rows, "--rows"),
         batches=_sizes(batches, "--batches"), sizes=_sizes(sizes, "--sizes"), soak=soak,
         payload_content=payload_content, minutes=minutes, hold=hold, rate=rate, interval=interval,
-        bystander_rows=bystander_rows, plots=_plots_prefix(plots, json_file, scenario), items=items,
+        bystander_rows=bystander_rows, upkeep=upkeep, plots=_plots_prefix(plots, json_file, scenario), items=items,
         consumer_counts=_sizes(consumer_counts, "--consumer-counts"), given=_given(ctx),
     )
     result = run_bench(options, console=out, argv=["queuectl", *_masked(sys.argv[1:])])
