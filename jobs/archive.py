@@ -39,7 +39,7 @@ from sqlalchemy.exc import DBAPIError
 
 from queuectl.engine import adapter_for
 from queuectl.engine.urls import error_text
-from queuectl.jobs.base import JobTarget, check_number, format_duration, sleep_unless_stopped
+from queuectl.jobs.base import JobTarget, check_number, format_duration, sleep_unless_stopped, table_list
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
 from queuectl.sqlfiles import render
 
@@ -228,9 +228,11 @@ def rotation_blockers(conn: Connection, names: QueueNames, sql_dir: str, epoch: 
     name them alike)."""
     sql = sa.text(render(sql_dir, "health", "rotation_blockers", names.template_values()))
     tables = [names.qualified(f"{part}{epoch % 3}") for part in ("meta", "data")]
-    return [f"pid {r.pid} ({r.usename}, {r.state}, {r.mode}, in its transaction for "
+    who = "session" if sql_dir == "mssql" else "pid"
+    return [f"{who} {r.pid} ({r.usename}, {r.state}, {r.mode}, in its transaction for "
             f"{format_duration(r.xact_age_s or 0)})"
-            for r in conn.execute(sql, {"tables": tables, "min_age_s": min_age_s})]
+            for r in conn.execute(sql, {"tables": table_list(sql_dir, tables), "min_age_s": min_age_s})
+            if r.pid is not None]
 
 
 @dataclass
@@ -286,9 +288,6 @@ class Rotator:
         return self.target.sql_dir == "mssql" and adapter_for(self.engine).canceled(exc)
 
     def _blockers(self, epoch: int) -> str:
-        if self.target.sql_dir == "mssql":  # health.sql's rotation_blockers is PostgreSQL's only
-            return (f"sessions holding locks on {self.target.names.qualified(f'meta{epoch % 3}')} or "
-                    f"{self.target.names.qualified(f'data{epoch % 3}')} (sys.dm_tran_locks names them)")
         with self.engine.connect() as conn:
             found = rotation_blockers(conn, self.target.names, self.target.sql_dir, epoch, min_age_s=0)
         return "; ".join(found[:3]) or "no session holds its lock now"

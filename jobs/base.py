@@ -183,3 +183,9 @@ def sleep_unless_stopped(stop: threading.Event | None, seconds: float) -> bool:
         threading.Event().wait(seconds)
         return False
     return stop.wait(seconds)
+
+
+def table_list(sql_dir: str, tables: list[str]) -> Any:
+    """health.sql rotation_blockers' :tables: a text[] on PostgreSQL, the names joined by
+    commas on SQL Server (no array parameters there; queue and schema names hold no comma)."""
+    return ",".join(tables) if sql_dir == "mssql" else tables

@@ -42,7 +42,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from queuectl.engine.urls import error_text
-from queuectl.jobs.base import JobTarget, check_number, format_duration, sleep_unless_stopped
+from queuectl.jobs.base import JobTarget, check_number, format_duration, sleep_unless_stopped, table_list
 from queuectl.kindspec import DESTRUCTIVE_KINDS
 from queuectl.names import DEFAULT_SCHEMA
 from queuectl.sqlfiles import render
@@ -162,7 +162,7 @@ def lock_holders(conn: Any, target: JobTarget, tables: list[str], min_age_s: flo
     sql = sa.text(render(target.sql_dir, "health", "rotation_blockers", target.names.template_values()))
     return [f"pid {r.pid} ({r.usename}, {r.state}, {r.mode}, in its transaction for "
             f"{format_duration(round(r.xact_age_s or 0, 1))})"
-            for r in conn.execute(sql, {"tables": tables, "min_age_s": min_age_s})]
+            for r in conn.execute(sql, {"tables": table_list(target.sql_dir, tables), "min_age_s": min_age_s})]
 
 
 class Compactor:

@@ -318,6 +318,30 @@ def test_healthy_queue_reports_ok_with_its_depth_and_tables(mssql_engine, orders
     assert {"orders_meta", "orders_data", "orders_history"} == {t["table"] for t in data["storage"]["tables"]}
 
 
+def test_health_reports_the_rotation_lag_and_names_a_session_that_keeps_a_generation(mssql_engine, orders, schema):
+    """The generations' state on SQL Server as on PostgreSQL (health.sql queue_rotation,
+    rotation_blockers): the lag is the ids drawn since the last switch, and a session whose
+    open transaction holds a lock on a slot table is named by the query that explains a
+    truncate that waits."""
+    import time
+
+    import sqlalchemy as sa
+
+    orders.enqueue_many([b"x"] * 13)
+    rep = report(mssql_engine, schema)
+    [q] = rep.to_dict()["queues"]
+    assert q["rotation"] == {"lag": 13, "blocked_by": []}
+    assert the(rep, "queue.rotation", "orders").value == 13
+    with mssql_engine.connect() as holder:  # pyodbc: the first statement opens a transaction
+        spid = holder.execute(sa.text("SELECT @@SPID")).scalar_one()
+        holder.execute(sa.text(f"SELECT TOP 1 id FROM {orders.names.qualified('meta0')} WITH (TABLOCK, HOLDLOCK)"))
+        time.sleep(0.2)
+        with mssql_engine.connect() as conn:
+            found = archive.rotation_blockers(conn, orders.names, "mssql", 0, min_age_s=0.1)
+        holder.rollback()
+    assert [f for f in found if f.startswith(f"session {spid} ")], found
+
+
 def test_expired_lease_is_a_stuck_item_and_dead_letters_are_counted(mssql_engine, schema):
     install_queue(mssql_engine, "orders", schema=schema)
     install_queue(mssql_engine, "mail", settings=QueueSettings(max_attempts=1), schema=schema)

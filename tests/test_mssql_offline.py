@@ -289,9 +289,7 @@ def test_current_files_hold_no_revision_sections_and_history_files_only_those():
 
 # Sections of health.sql whose result queuectl.health does not read by column name.
 HEALTH_UNREAD = {"session_limits": "run for its effect", "create_pgstattuple": "a no-op on SQL Server",
-                 "now": "read with scalar_one()",
-                 "queue_rotation": "reliable_0012's generations: PostgreSQL only, empty on SQL Server",
-                 "rotation_blockers": "reliable_0012's generations: PostgreSQL only, empty on SQL Server"}
+                 "now": "read with scalar_one()"}
 _PARSERS = {d: Linter(config=FluffConfig(overrides={"dialect": d})) for d in ("tsql", "postgres")}
 
 

@@ -177,6 +177,9 @@ SYSTEM_TABLE_FUNCTIONS: dict[str, set[str]] = {
     # https://learn.microsoft.com/en-us/sql/t-sql/functions/openjson-transact-sql (without WITH;
     # OPENJSON ... WITH (...) has the columns it declares)
     "openjson": {"key", "value", "type"},
+    # https://learn.microsoft.com/en-us/sql/t-sql/functions/string-split-transact-sql (compatibility
+    # level 130+; the ordinal column only with its third argument, which queuectl does not pass)
+    "string_split": {"value"},
 }
 
 # System stored procedures: parameter name -> has a default (may be left out). "*": takes

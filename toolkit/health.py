@@ -253,10 +253,10 @@ ROTATION_BLOCKER_AGE_S = 10.0
 
 
 def _rotation(conn: Connection, names: QueueNames, info: QueueInfo) -> dict[str, Any]:
-    """A reliable queue's rotation (reliable_0012 on PostgreSQL): how far it lags, and who
-    keeps a sealed generation from being emptied."""
+    """A reliable queue's rotation (reliable_0012): how far it lags, and who keeps a sealed
+    generation from being emptied."""
     sql_dir = adapter_for(conn).sql_dir
-    if sql_dir != "postgresql" or info.schema_version < "reliable_0012":
+    if info.schema_version < "reliable_0012":
         return {}
     values = names.template_values()
     try:
@@ -746,8 +746,7 @@ def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions
             if q.rotation_blocked_by:
                 status = worst(status, WARNING)
                 advice = (f"queue {q.name}: a generation cannot be emptied: {q.rotation_blocked_by[0]} holds a lock "
-                          "on its tables: end that transaction; keep dumps and reports off the live tables "
-                          "(pg_dump --exclude-table-data, read history instead)")
+                          f"on its tables: end that transaction; {facts.words.keep_off_live_tables}")
             elif status != OK:
                 advice = (f"queue {q.name}: {fmt_count(q.rotation_lag)} items since its generations last rotated: "
                           f"the archive job rotates them: run queuectl schedule (or queuectl archive {q.name} "

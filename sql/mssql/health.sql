@@ -546,10 +546,53 @@ SELECT COUNT_BIG(CASE WHEN r.state = 1 THEN 1 END) AS ready, 0 AS scheduled, COU
 FROM {{ring}} AS r
 
 -- name: queue_rotation
--- The generation rotation of a reliable queue (reliable_0012) runs on SQL Server too
--- (sql/mssql/reliable.sql's header), but health reads its state and its blockers on
--- PostgreSQL only: the archive job logs the slot tables a truncate waited for in vain.
--- Empty on purpose.
+-- A reliable queue's generations (reliable_0012; sql/mssql/reliable.sql's header): the ids
+-- drawn since the last switch (the rotator keeps this near its rotate_items; it grows when
+-- no archive job runs, or when a sealed generation cannot be emptied), and the oldest sealed
+-- generation still waiting to be emptied (NULL: none waits). Read from the rotation's
+-- sequences as the rot_state procedure reads them; a sequence the role may not see reads as
+-- NULL, and so does the lag.
+SELECT i.last_id - r.start_id AS lag,
+       CASE WHEN r.emptied < r.sealed THEN r.emptied + 1 END AS waiting_epoch
+FROM (SELECT (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
+              WHERE s.object_id = OBJECT_ID({{rot_sealed_regclass}})) AS sealed,
+             (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
+              WHERE s.object_id = OBJECT_ID({{rot_emptied_regclass}})) AS emptied,
+             (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
+              WHERE s.object_id = OBJECT_ID({{rot_start_regclass}})) AS start_id) AS r
+CROSS JOIN (SELECT COALESCE((SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
+                             WHERE s.object_id = OBJECT_ID({{meta_seq_regclass}})), 0) AS last_id) AS i
 
 -- name: rotation_blockers
--- PostgreSQL only (see queue_rotation). Empty on purpose.
+-- Sessions holding a granted lock on the given tables (:tables, their qualified names
+-- joined by commas: the slot tables of a generation waiting to be emptied), in a
+-- transaction older than :min_age_s: what keeps its TRUNCATE (a schema modification lock)
+-- waiting. Any lock on the table counts: a reader's intent-shared lock is enough to block
+-- it. Oldest transaction first. Without VIEW SERVER STATE the lock and transaction views
+-- are not readable: no rows.
+SET NOCOUNT ON; SET ROWCOUNT 0;
+IF COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, 'VIEW SERVER STATE'), 0) = 1
+    SELECT CAST(b.session_id AS int) AS pid, b.login_name AS usename, b.program_name AS application_name,
+           b.state, b.request_mode AS mode, b.xact_age_s
+    FROM (
+        SELECT DISTINCT s.session_id, s.login_name, s.program_name,
+               CASE WHEN r.session_id IS NOT NULL THEN N'active' ELSE N'idle in transaction' END AS state,
+               l.request_mode,
+               DATEDIFF_BIG(millisecond, at.transaction_begin_time, GETDATE()) / 1e3 AS xact_age_s
+        FROM STRING_SPLIT(:tables, N',') AS t
+        JOIN sys.dm_tran_locks AS l
+          ON l.resource_type = N'OBJECT' AND l.resource_database_id = DB_ID()
+         AND l.resource_associated_entity_id = OBJECT_ID(t.value) AND l.request_status = N'GRANT'
+        JOIN sys.dm_exec_sessions AS s ON s.session_id = l.request_session_id
+        JOIN sys.dm_tran_session_transactions AS st ON st.session_id = s.session_id
+        JOIN sys.dm_tran_active_transactions AS at ON at.transaction_id = st.transaction_id
+        LEFT JOIN sys.dm_exec_requests AS r ON r.session_id = s.session_id
+        WHERE s.session_id <> @@SPID
+          AND at.transaction_begin_time < DATEADD(millisecond, -CAST(:min_age_s * 1000 AS int), GETDATE())
+    ) AS b
+    ORDER BY b.xact_age_s DESC;
+ELSE
+    SELECT CAST(NULL AS int) AS pid, CAST(NULL AS nvarchar(128)) AS usename,
+           CAST(NULL AS nvarchar(128)) AS application_name, CAST(NULL AS nvarchar(32)) AS state,
+           CAST(NULL AS nvarchar(60)) AS mode, CAST(NULL AS float) AS xact_age_s
+    WHERE 1 = 0;

@@ -221,6 +221,7 @@ class AdviceWords:
     exclusive_lock: str
     invalid_index_summary: str
     no_holder: str
+    keep_off_live_tables: str    # how to keep long readers from holding a generation's tables
 
     def holder(self, h: dict[str, Any], duration: Fmt) -> str: raise NotImplementedError
     def end_session(self, pid: Any) -> str: raise NotImplementedError

@@ -217,6 +217,7 @@ class MssqlWords(AdviceWords):
     exclusive_lock = "Sch-M or X mode (DDL, an offline rebuild, a table lock)"
     invalid_index_summary = "disabled index (no query uses it, writes do not maintain it)"
     no_holder = "no open transaction holds ghost cleanup back"
+    keep_off_live_tables = "keep reports off the live tables (read history instead) and their transactions short"
 
     def holder(self, h: dict[str, Any], duration: Fmt) -> str:
         return f"session {h['pid']} (open {duration(h['xact_age_s'])})"

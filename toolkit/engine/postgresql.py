@@ -318,6 +318,8 @@ class PostgresWords(AdviceWords):
     exclusive_lock = "ACCESS EXCLUSIVE mode (DDL, VACUUM FULL, REINDEX?)"
     invalid_index_summary = "invalid index (leftover of an interrupted build or REINDEX CONCURRENTLY)"
     no_holder = "no open transaction holds cleanup back"
+    keep_off_live_tables = ("keep dumps and reports off the live tables (pg_dump --exclude-table-data, read history "
+                            "instead)")
 
     def holder(self, h: dict[str, Any], duration: Fmt) -> str:
         return f"pid {h['pid']} (open {duration(h['xact_age_s'])})"
