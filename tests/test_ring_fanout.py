@@ -587,3 +587,32 @@ def test_fault_run_three_subscriptions_two_consumers_each_one_killed(engine, db_
     assert [c.status for c in result["lagger_during_run"]] == ["CRITICAL"]
     assert result["final_checks"]["fan.lagger"].status == "CRITICAL"
     assert all(result["final_checks"][f"fan.{s}"].status == "OK" for s in ("audit", "billing", "search"))
+
+
+def test_a_fanout_rings_depth_is_its_slowest_live_subscriptions_lag_and_its_claims(engine, db_url):
+    """A fan-out ring keeps no FULL slot, so counting them said 0 whatever waited: `queuectl
+    list` and counts() read the subscriptions instead (ready: what the slowest live one has not
+    been handed; processing: the claims held); a dropped subscription no longer counts, and a
+    plain ring still counts its FULL slots."""
+    from conftest import run_cli
+
+    with fanout(engine, 16) as q:
+        assert q.counts()["ready"] == 0
+        q.subscribe("fast")
+        q.subscribe("slow", lag_limit=12, drop_when_behind=True)
+        q.enqueue_many([f"m{i}" for i in range(10)])
+        fast = q.subscription("fast")
+        taken = fast.dequeue(4)
+        assert (q.counts()["ready"], q.counts()["processing"]) == (10, 4)  # "slow" has all 10 to read
+        fast.ack(taken)
+        assert (q.counts()["ready"], q.counts()["processing"]) == (10, 0)
+        listed = {r["name"]: r["counts"] for r in json.loads(run_cli("list", "--json", url=db_url).stdout)}
+        assert (listed["f"]["ready"], listed["f"]["processing"]) == (10, 0)
+        assert fast.ack(fast.dequeue(10)) == list(range(4, 10))
+        q.enqueue_many([f"n{i}" for i in range(3)])  # "slow" passes its limit of 12 and is dropped
+        assert [s.dropped_at is not None for s in q.subscriptions()] == [False, True]
+        assert (q.counts()["ready"], q.counts()["processing"]) == (3, 0)  # only "fast" is waited for
+    install_queue(engine, "p", "ring", RingSettings(size=8))
+    with RingQueue(engine, "p") as plain:
+        plain.enqueue_many(["a", "b"])
+        assert plain.counts()["ready"] == 2
