@@ -8,7 +8,6 @@ the horizon pinned, every item is completed exactly once."""
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections import Counter
 
@@ -21,7 +20,7 @@ from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_qu
 from queuectl.registry import list_queues
 
 from lab_probes import lab_module
-from test_rotation import Pin, ledger, relation_locks, rotator, state
+from test_rotation import RotationRun, ledger, relation_locks, rotator, state
 
 # A backend takes up to 16 weak relation locks without the shared lock manager (PostgreSQL's
 # FP_LOCK_SLOTS_PER_BACKEND); past them every lock goes through its partition locks.
@@ -188,39 +187,24 @@ def test_workers_extending_nacking_and_releasing_while_the_rotator_turns_lose_no
     """3 producers, 4 workers that extend their leases (every item, some twice) and then ack,
     nack, release or drop it (lease expiry), two rotators switching every 40 ids, every 5 ms,
     the horizon pinned: every item is acked exactly once, none is lost, payloads intact."""
-    pin = Pin(engine)
-    sent: dict[int, bytes] = {}
-    acked: Counter[int] = Counter()
+    run = RotationRun(engine)
+    sent, acked = run.sent, run.acked
     calls: Counter[str] = Counter()
-    stop_producing, stop_all = threading.Event(), threading.Event()
-    errors: list[BaseException] = []
-    emptied = [0]
 
-    def guarded(fn):
-        def run(*args):
-            try:
-                fn(*args)
-            except BaseException as exc:  # noqa: BLE001 - reported by the test
-                errors.append(exc)
-                stop_all.set()
-        return run
-
-    @guarded
     def produce(n: int) -> None:
         rnd = random.Random(n)
         with Queue(engine, "orders") as q:
             i = 0
-            while not stop_producing.is_set():
+            while not run.stop_producing.is_set():
                 payloads = [f"p{n}-{i}-{k}".encode() for k in range(rnd.randint(1, 6))]
                 sent.update(zip(q.enqueue_many(payloads, max_attempts=1000), payloads))
                 i += 1
                 time.sleep(0.003)
 
-    @guarded
     def work(n: int) -> None:
         rnd = random.Random(100 + n)
         with Queue(engine, "orders") as q:
-            while not stop_all.is_set():
+            while not run.stop_all.is_set():
                 batch = q.dequeue(5, lease=1)
                 if not batch:
                     time.sleep(0.01)
@@ -244,42 +228,8 @@ def test_workers_extending_nacking_and_releasing_while_the_rotator_turns_lose_no
                         calls["release"] += q.release([m])
                     # else dropped: its lease expires and a claim takes it again
 
-    @guarded
-    def rotate() -> None:
-        rot = rotator(engine, items=40)
-        while not stop_all.is_set():
-            emptied[0] += rot.rotate().emptied
-            time.sleep(0.005)
-
-    threads = ([threading.Thread(target=produce, args=(n,)) for n in range(3)]
-               + [threading.Thread(target=work, args=(n,)) for n in range(4)]
-               + [threading.Thread(target=rotate) for _ in range(2)])
-    for t in threads:
-        t.start()
-    time.sleep(5)
-    stop_producing.set()
-    deadline = time.monotonic() + 90
-    while not errors and time.monotonic() < deadline:
-        if len(acked) >= len(sent):  # every item sent has been acked (dropped ones come back)
-            break
-        time.sleep(0.2)
-    stop_all.set()
-    for t in threads:
-        t.join(30)
-    assert not errors, errors
-    assert pin.held_xmin(engine) == pin.xmin  # the horizon stayed pinned throughout
-    pin.close()
-
-    book = ledger(engine, orders)
-    assert len(sent) > 1000
-    assert [i for i in sent if book["count"][i] == 0] == []  # none lost
-    assert [i for i, n in book["count"].items() if n > 1] == []  # none twice
-    assert set(book["count"]) == set(sent)
-    left = sorted(i for i in sent if book["status"][i] != 2)
-    assert left == [], (len(left), len(sent), calls, state(engine, orders), rows(engine, orders, left[:5]))
-    assert all(n == 1 for n in acked.values()) and set(acked) == set(sent)
-    assert {i: book["payload"][i] for i in sent} == sent
-    assert emptied[0] >= 5, emptied
+    run.run(produce, work, producers=3, workers=4, rotate_items=40, rotate_every=0.005, seconds=5, drain_s=90)
+    run.finish(orders, lambda left: (len(left), len(sent), calls, state(engine, orders), rows(engine, orders, left[:5])))
     assert min(calls[c] for c in ("extend_lease", "nack", "release")) > 50, calls
 
 

@@ -74,33 +74,92 @@ class Pin:
         self.conn.close()
 
 
+class RotationRun:
+    """The concurrency harness of the rotation tests: producers and workers (the test's own
+    bodies, each wrapped by `guarded`), two rotators at once (as a scheduler and a person
+    running the archive job would), the horizon pinned throughout. `sent` maps every id a
+    producer enqueued to its payload, `acked` counts each id's acks; `finish` checks the
+    ledger: every item sent completed exactly once, none lost, payloads intact."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        self.sent: dict[int, bytes] = {}
+        self.acked: Counter[int] = Counter()  # only ids whose ack counted (a Counter keeps a key added with 0)
+        self.stop_producing, self.stop_all = threading.Event(), threading.Event()
+        self.errors: list[BaseException] = []
+        self.emptied = 0
+
+    def guarded(self, fn):
+        """fn's failure is the run's: recorded, and every thread told to stop."""
+        def run(*args):
+            try:
+                fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                self.errors.append(exc)
+                self.stop_all.set()
+        return run
+
+    def run(self, produce, work, *, producers: int, workers: int, rotate_items: int, rotate_every: float,
+            seconds: float, drain_s: float) -> None:
+        """Producers for `seconds`, then workers until every item sent is acked (at most
+        `drain_s`); the rotators switch every `rotate_items` ids, `rotate_every` apart."""
+        pin = Pin(self.engine)
+
+        @self.guarded
+        def rotate() -> None:
+            rot = rotator(self.engine, items=rotate_items)
+            while not self.stop_all.is_set():
+                self.emptied += rot.rotate().emptied
+                time.sleep(rotate_every)
+
+        threads = ([threading.Thread(target=self.guarded(produce), args=(n,)) for n in range(producers)]
+                   + [threading.Thread(target=self.guarded(work), args=(n,)) for n in range(workers)]
+                   + [threading.Thread(target=rotate) for _ in range(2)])
+        for t in threads:
+            t.start()
+        time.sleep(seconds)
+        self.stop_producing.set()
+        deadline = time.monotonic() + drain_s
+        while not self.errors and time.monotonic() < deadline:
+            if len(self.acked) >= len(self.sent):  # every item sent has been acked (dropped ones come back)
+                break
+            time.sleep(0.2)
+        self.stop_all.set()
+        for t in threads:
+            t.join(30)
+        assert not self.errors, self.errors
+        assert pin.held_xmin(self.engine) == pin.xmin  # the horizon stayed pinned throughout
+        pin.close()
+
+    def finish(self, queue: Queue, explain=lambda left: left) -> None:
+        """Every item sent is in meta or history exactly once, DONE, acked once, its payload
+        intact, and the generations did turn over; `explain(left)` is shown for items not DONE."""
+        book = ledger(self.engine, queue)
+        sent = self.sent
+        assert len(sent) > 1000
+        assert [i for i in sent if book["count"][i] == 0] == []  # none lost
+        assert [i for i, n in book["count"].items() if n > 1] == []  # none twice
+        assert set(book["count"]) == set(sent)
+        left = sorted(i for i in sent if book["status"][i] != 2)
+        assert left == [], explain(left)  # DONE, each once
+        assert all(n == 1 for n in self.acked.values()) and set(self.acked) == set(sent)
+        assert {i: book["payload"][i] for i in sent} == sent
+        assert self.emptied >= 5, self.emptied  # the generations did turn over
+
+
 @pytest.mark.slow
 def test_producers_consumers_and_the_rotator_at_once_lose_nothing_and_complete_nothing_twice(engine, orders):
     """3 producers (priorities, delays), 3 consumers that ack, nack, release or drop (lease
     expiry), two rotators at once (as a scheduler and a person running the archive job
     would) every 20 ms with 40 ids per generation, the horizon pinned."""
-    pin = Pin(engine)
-    sent: dict[int, bytes] = {}
-    acked = Counter()
-    stop_producing, stop_all = threading.Event(), threading.Event()
-    errors: list[BaseException] = []
-    emptied = [0]
+    run = RotationRun(engine)
+    sent, acked = run.sent, run.acked
 
-    def guarded(fn):
-        def run(*args):
-            try:
-                fn(*args)
-            except BaseException as exc:  # noqa: BLE001 - reported by the test
-                errors.append(exc)
-                stop_all.set()
-        return run
-
-    @guarded
     def produce(n: int) -> None:
         rnd = random.Random(n)
         with Queue(engine, "orders") as q:
             i = 0
-            while not stop_producing.is_set():
+            while not run.stop_producing.is_set():
                 if rnd.random() < 0.3:
                     payloads = [f"p{n}-{i}-{k}".encode() for k in range(rnd.randint(2, 8))]
                     ids = q.enqueue_many(payloads, max_attempts=100)
@@ -112,11 +171,10 @@ def test_producers_consumers_and_the_rotator_at_once_lose_nothing_and_complete_n
                 i += 1
                 time.sleep(0.002)
 
-    @guarded
     def consume(n: int) -> None:
         rnd = random.Random(100 + n)
         with Queue(engine, "orders") as q:
-            while not stop_all.is_set():
+            while not run.stop_all.is_set():
                 batch = q.dequeue(5, lease=1)
                 if not batch:
                     time.sleep(0.01)
@@ -125,8 +183,7 @@ def test_producers_consumers_and_the_rotator_at_once_lose_nothing_and_complete_n
                     assert m.payload == sent.get(m.id, m.payload)
                     roll = rnd.random()
                     if roll < 0.7:
-                        got = q.ack([m])  # 0: the lease expired and another claim has the item
-                        if got:  # (a Counter keeps a key added with 0, which the wait below would count)
+                        if got := q.ack([m]):  # 0: the lease expired and another claim has the item
                             acked[m.id] += got
                     elif roll < 0.8:
                         q.nack([m], error="again", base_delay=0.05)
@@ -134,42 +191,8 @@ def test_producers_consumers_and_the_rotator_at_once_lose_nothing_and_complete_n
                         q.release([m])
                     # else dropped: its lease expires and a claim takes it again
 
-    @guarded
-    def rotate() -> None:
-        rot = rotator(engine)
-        while not stop_all.is_set():
-            emptied[0] += rot.rotate().emptied
-            time.sleep(0.02)
-
-    threads = ([threading.Thread(target=produce, args=(n,)) for n in range(3)]
-               + [threading.Thread(target=consume, args=(n,)) for n in range(3)]
-               + [threading.Thread(target=rotate) for _ in range(2)])
-    for t in threads:
-        t.start()
-    time.sleep(4)
-    stop_producing.set()
-    deadline = time.monotonic() + 60
-    while not errors and time.monotonic() < deadline:
-        if len(acked) >= len(sent):  # every item sent has been acked (dropped ones come back)
-            break
-        time.sleep(0.2)
-    stop_all.set()
-    for t in threads:
-        t.join(30)
-    assert not errors, errors
-    assert pin.held_xmin(engine) == pin.xmin  # the horizon stayed pinned throughout
-    pin.close()
-
-    book = ledger(engine, orders)
-    assert len(sent) > 1000
-    lost = [i for i in sent if book["count"][i] == 0]
-    twice = [i for i, n in book["count"].items() if n > 1]
-    assert lost == [] and twice == []
-    assert set(book["count"]) == set(sent)
-    assert all(book["status"][i] == 2 for i in sent)  # DONE, each once
-    assert all(n == 1 for n in acked.values()) and set(acked) == set(sent)
-    assert {i: book["payload"][i] for i in sent} == sent
-    assert emptied[0] >= 5, emptied  # the generations did turn over
+    run.run(produce, consume, producers=3, workers=3, rotate_items=40, rotate_every=0.02, seconds=4, drain_s=60)
+    run.finish(orders)
 
 
 def test_the_ledger_sees_items_a_truncate_without_the_move_would_lose(engine, orders):
