@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from queuectl.names import QueueNames
-from queuectl.worker import IN_FLIGHT_FIRST_WAIT, Gather, PollBackoff
+from queuectl.worker import IN_FLIGHT_FIRST_WAIT, Gather, PollBackoff, SeatTimes
 
 STAMP = struct.Struct("<d")
 WARMUP_CALLS = 6
@@ -184,7 +184,7 @@ class FixedPause:
 class IdleRule:
     """When a consumer that found the queue empty looks again, as queuectl's Worker decides it
     (queuectl.worker: "Waking", "Polling with adaptive back-off", "Many consumers"), with the
-    Worker's PollBackoff; the waiting itself is IdleWait's (blocking) or the peers scenario's
+    Worker's own parts (PollBackoff, Gather, SeatTimes); the waiting itself is IdleWait's (blocking) or the peers scenario's
     (asyncio). On a queue that notifies only registered consumers (`gated`), the first
     empty take registers (wait_begin) and looks once more; while registered it sleeps until
     a notification or until the back-off's poll is due (50 ms, doubling to 2 s); a take
@@ -206,8 +206,8 @@ class IdleRule:
         self.gated = gated
         self.seats = gated and seats  # only the looker (its listener's take_seat) registers
         self.seated = False
-        self.next_seat_try = 0.0  # tried at most once per poll interval by a consumer that is not the looker
         self.backoff = PollBackoff()
+        self.seat_times = SeatTimes(self.backoff.longest)  # a consumer that is not the looker tries it this often
         self.in_flight = PollBackoff(IN_FLIGHT_FIRST_WAIT)
         self.outrun = PollBackoff()
         self.gather = Gather()
@@ -245,9 +245,8 @@ class IdleRule:
             # the looker comes back after the shortest wait: it is the one to announce to
             return "outrun", self.outrun.shortest if self.seated else self.outrun.next_wait()
         self.notified = False
-        if self.seats and not self.seated and time.monotonic() >= self.next_seat_try:
+        if self.seats and not self.seated and self.seat_times.may_try(time.monotonic()):
             self.counts["seat_tries"] += 1
-            self.next_seat_try = time.monotonic() + self.backoff.longest
             return "seat", 0.0
         return self.seat_answered(self.seated or not self.seats)
 
