@@ -38,6 +38,7 @@ def test_continuous_archive_under_load_keeps_every_id_in_exactly_one_place(db_ur
     consumers = [ctx.Process(target=consumer, args=(db_url, "orders", stop_consumers, done_q)) for _ in range(4)]
     for p in producers + consumers:
         p.start()
+    stalled = None
     try:
         # load runs until the archiver has moved a good share while producers still produce
         wait_until(lambda: scalar(engine, "SELECT count(*) FROM queuectl.orders_history") >= 5000, timeout=60, interval=0.2)
@@ -50,13 +51,23 @@ def test_continuous_archive_under_load_keeps_every_id_in_exactly_one_place(db_ur
         for p in producers + consumers:
             p.join(timeout=30)
         # the archiver catches up with everything finished, then stops cleanly on SIGTERM
-        wait_until(lambda: scalar(engine, "SELECT count(*) FROM queuectl.orders_meta") == 0, timeout=60, interval=0.2)
+        try:
+            wait_until(lambda: scalar(engine, "SELECT count(*) FROM queuectl.orders_meta") == 0, timeout=60,
+                       interval=0.2)
+        except AssertionError:  # say what was left and what the archiver said (it is stopped below)
+            left = [tuple(r) for r in rows(engine, "SELECT slot, status, count(*) FROM queuectl.orders_meta "
+                                                   "GROUP BY slot, status ORDER BY slot, status")]
+            rot = tuple(rows(engine, "SELECT * FROM queuectl.orders_rot_state()")[0])
+            stalled = f"meta not emptied within 60 s: (slot, status, rows) {left}; rot_state {rot}"
+            raise
     finally:
         archiver.send_signal(signal.SIGTERM)
         stdout, stderr = archiver.communicate(timeout=30)
         for p in producers + consumers:
             if p.is_alive():
                 p.kill()
+        if stalled:
+            raise AssertionError(f"{stalled}; archiver's stderr: {stderr.decode()[-3000:]}")
     assert archiver.returncode == 0, stderr.decode()
     assert "stop requested" in stdout.decode()
     assert acked == len(sent) > 5000 and archived_during_load > 0
