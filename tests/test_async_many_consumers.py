@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -108,13 +107,11 @@ if __name__ == "__main__":
 
 
 import pytest  # noqa: E402
-import sqlalchemy as sa  # noqa: E402
 
 from queuectl.client import Queue  # noqa: E402
 from queuectl.worker import GATHER_LONGEST  # noqa: E402
 
-from activation_handlers import CREATE_TABLE  # noqa: E402
-from test_many_consumers import seat_holders  # noqa: E402
+from test_many_consumers import seat_holders, seat_passes_on_when_its_holder_is_killed  # noqa: E402
 from test_notify import psycopg_conninfo, waiting_sessions  # noqa: E402
 from test_worker import wait_until  # noqa: E402
 
@@ -162,41 +159,8 @@ def test_the_seat_passes_on_when_its_async_holder_is_killed(db_url, engine, orde
     """Three asyncio worker processes: SIGKILL the looker; its session's seat is freed,
     another worker takes it within its poll interval and registers, and the next enqueue
     is announced to that one and taken at once."""
-    with engine.begin() as conn:
-        conn.execute(sa.text(CREATE_TABLE))
-    sep = "&" if "?" in db_url else "?"
-    procs = {f"w{i}": start_async_worker(f"{db_url}{sep}application_name=w{i}", tmp_path / f"w{i}.log", 2)
-             for i in range(3)}
-    try:
-        wait_until(lambda: len(seat_holders(engine)) == 1 and waiting_sessions(engine) == 1, timeout=60,
-                   what="a looker")
-        [looker] = seat_holders(engine)
-        procs[looker].send_signal(signal.SIGKILL)
-        procs[looker].wait(10)
-        killed = time.monotonic()
-        wait_until(lambda: seat_holders(engine) not in ([], [looker]) and waiting_sessions(engine) == 1,
-                   timeout=20, what="another worker taking the seat")
-        assert time.monotonic() - killed < 10
-        [heir] = seat_holders(engine)
-        assert heir != looker
-        time.sleep(2.5)  # the third worker's window grows to the poll interval
-        sent = time.time()
-        orders.enqueue("after the kill")
-        with engine.connect() as conn:
-            wait_until(lambda: conn.execute(sa.text("SELECT count(*) FROM handled")).scalar_one() == 1,
-                       timeout=10, what="the item")
-            pid, started = conn.execute(sa.text("SELECT pid, extract(epoch FROM started) FROM handled")).one()
-        assert pid == procs[heir].pid  # announced to the new looker...
-        assert float(started) - sent < 1.0  # ...and taken at once
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(30)
-            except Exception:
-                proc.kill()
+    seat_passes_on_when_its_holder_is_killed(
+        db_url, engine, orders, tmp_path, lambda url, log: start_async_worker(url, log, 2))
 
 
 def test_a_lone_async_worker_takes_a_trickle_within_the_gather_window(db_url, engine, orders):

@@ -69,11 +69,17 @@ def test_the_seat_passes_on_when_its_holder_is_killed(db_url, engine, orders, tm
     """Three `queuectl worker` processes: SIGKILL the looker; its session's seat is freed,
     another worker takes it within its poll interval and registers, and the next enqueue
     is announced to that one and taken at once."""
+    seat_passes_on_when_its_holder_is_killed(
+        db_url, engine, orders, tmp_path, lambda url, log: start_worker(url, log, "--poll-interval", "2"))
+
+
+def seat_passes_on_when_its_holder_is_killed(db_url, engine, orders, tmp_path, start) -> None:
+    """The run of the seat's hand-over, for any worker: `start(url, log)` starts one worker
+    process (poll interval 2 s) on `orders`, its handler recording in the handled table."""
     with engine.begin() as conn:
         conn.execute(sa.text(CREATE_TABLE))
     sep = "&" if "?" in db_url else "?"
-    procs = {f"w{i}": start_worker(f"{db_url}{sep}application_name=w{i}", tmp_path / f"w{i}.log",
-                                   "--poll-interval", "2") for i in range(3)}
+    procs = {f"w{i}": start(f"{db_url}{sep}application_name=w{i}", tmp_path / f"w{i}.log") for i in range(3)}
     try:
         wait_until(lambda: len(seat_holders(engine)) == 1 and waiting_sessions(engine) == 1, timeout=60,
                    what="a looker")
