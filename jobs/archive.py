@@ -39,9 +39,8 @@ from sqlalchemy.exc import DBAPIError
 
 from queuectl.engine import adapter_for
 from queuectl.engine.urls import error_text
-from queuectl.jobs.base import JobTarget, check_number, format_duration, sleep_unless_stopped, table_list
+from queuectl.jobs.base import JobTarget, check_number, format_duration, lock_holders, sleep_unless_stopped
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
-from queuectl.sqlfiles import render
 
 log = logging.getLogger("queuectl.jobs.archive")
 
@@ -226,13 +225,8 @@ def rotation_blockers(conn: Connection, names: QueueNames, sql_dir: str, epoch: 
     """The sessions holding a lock on the slot tables of generation `epoch`, in transactions
     older than `min_age_s`, oldest first, each in one phrase (the job's log and health's advice
     name them alike)."""
-    sql = sa.text(render(sql_dir, "health", "rotation_blockers", names.template_values()))
     tables = [names.qualified(f"{part}{epoch % 3}") for part in ("meta", "data")]
-    who = "session" if sql_dir == "mssql" else "pid"
-    return [f"{who} {r.pid} ({r.usename}, {r.state}, {r.mode}, in its transaction for "
-            f"{format_duration(r.xact_age_s or 0)})"
-            for r in conn.execute(sql, {"tables": table_list(sql_dir, tables), "min_age_s": min_age_s})
-            if r.pid is not None]
+    return lock_holders(conn, sql_dir, names, tables, min_age_s)
 
 
 @dataclass

@@ -185,7 +185,15 @@ def sleep_unless_stopped(stop: threading.Event | None, seconds: float) -> bool:
     return stop.wait(seconds)
 
 
-def table_list(sql_dir: str, tables: list[str]) -> Any:
-    """health.sql rotation_blockers' :tables: a text[] on PostgreSQL, the names joined by
-    commas on SQL Server (no array parameters there; queue and schema names hold no comma)."""
-    return ",".join(tables) if sql_dir == "mssql" else tables
+def lock_holders(conn: Any, sql_dir: str, names: Any, tables: list[str], min_age_s: float) -> list[str]:
+    """The sessions holding a lock on `tables` (qualified names) in transactions older than
+    `min_age_s`, oldest first, each in one phrase: what keeps a truncate or a compaction
+    waiting (health.sql rotation_blockers; the jobs' logs and health's advice name them alike).
+    Its :tables is a text[] on PostgreSQL, the names joined by commas on SQL Server (no array
+    parameters there; queue and schema names hold no comma)."""
+    sql = sa.text(render(sql_dir, "health", "rotation_blockers", names.template_values()))
+    who = "session" if sql_dir == "mssql" else "pid"
+    param = ",".join(tables) if sql_dir == "mssql" else tables
+    return [f"{who} {r.pid} ({r.usename}, {r.state}, {r.mode}, in its transaction for "
+            f"{format_duration(round(r.xact_age_s or 0, 1))})"
+            for r in conn.execute(sql, {"tables": param, "min_age_s": min_age_s}) if r.pid is not None]

@@ -37,15 +37,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from queuectl.engine.urls import error_text
-from queuectl.jobs.base import JobTarget, check_number, format_duration, sleep_unless_stopped, table_list
+from queuectl.jobs.base import JobTarget, check_number, lock_holders, sleep_unless_stopped
 from queuectl.kindspec import DESTRUCTIVE_KINDS
 from queuectl.names import DEFAULT_SCHEMA
-from queuectl.sqlfiles import render
 
 log = logging.getLogger("queuectl.jobs.compact")
 
@@ -156,15 +154,6 @@ class CompactResult:
         return asdict(self)
 
 
-def lock_holders(conn: Any, target: JobTarget, tables: list[str], min_age_s: float) -> list[str]:
-    """The sessions holding a lock on `tables` in transactions older than `min_age_s`, each in
-    one phrase, oldest first (as the reliable queue's rotation names them)."""
-    sql = sa.text(render(target.sql_dir, "health", "rotation_blockers", target.names.template_values()))
-    return [f"pid {r.pid} ({r.usename}, {r.state}, {r.mode}, in its transaction for "
-            f"{format_duration(round(r.xact_age_s or 0, 1))})"
-            for r in conn.execute(sql, {"tables": table_list(target.sql_dir, tables), "min_age_s": min_age_s})]
-
-
 class Compactor:
     def __init__(self, engine: Engine, target: JobTarget, config: CompactConfig) -> None:
         self.engine, self.target, self.config = engine, target, config
@@ -218,7 +207,7 @@ class Compactor:
 
     def blockers(self) -> str:
         with self.engine.connect() as conn:
-            found = lock_holders(conn, self.target, self.tables, min_age_s=0)
+            found = lock_holders(conn, self.target.sql_dir, self.target.names, self.tables, min_age_s=0)
             conn.rollback()
         return "; ".join(found) or "a session that has ended since"
 

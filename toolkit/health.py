@@ -278,8 +278,8 @@ def _compaction(conn: Connection, names: QueueNames, info: QueueInfo) -> list[st
     sessions holding a lock on its tables in transactions older than ROTATION_BLOCKER_AGE_S,
     once its tables are due (queuectl.jobs.compact, whose defaults decide). A due compaction
     that nobody blocks is the job's to run, not health's to report."""
-    from queuectl.jobs.base import JobTarget
-    from queuectl.jobs.compact import CompactConfig, Compactor, lock_holders
+    from queuectl.jobs.base import JobTarget, lock_holders
+    from queuectl.jobs.compact import CompactConfig, Compactor
 
     sql_dir = adapter_for(conn).sql_dir
     if sql_dir != "postgresql":
@@ -290,7 +290,7 @@ def _compaction(conn: Connection, names: QueueNames, info: QueueInfo) -> list[st
         rows = conn.execute(target.sql("compact_probe"), {"tables": compactor.tables}).all()
     if not any(compactor.is_due(int(r.bytes), int(r.live), int(r.dead)) for r in rows):
         return []
-    return lock_holders(conn, target, compactor.tables, ROTATION_BLOCKER_AGE_S)
+    return lock_holders(conn, sql_dir, names, compactor.tables, ROTATION_BLOCKER_AGE_S)
 
 
 def _kind_row(conn: Connection, names: QueueNames, info: QueueInfo, section: str, params: dict) -> sa.RowMapping:
