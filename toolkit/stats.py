@@ -35,7 +35,7 @@ def queue_counts(conn: Connection, name: str, kind: str, schema: str = DEFAULT_S
     if kind == "ring":
         if fanout is None:
             info = get_queue(conn, name, schema)
-            fanout = info is not None and bool(info.settings.as_dict().get("fanout"))
+            fanout = info is not None and bool(getattr(info.settings, "fanout", False))
         if fanout:
             subs = conn.execute(sa.text(render(sql_dir, "ring", "subscriptions", values))).mappings().all()
             live = [s for s in subs if s["dropped_at"] is None]
@@ -53,8 +53,7 @@ def queue_overview(engine: Engine, schema: str = DEFAULT_SCHEMA) -> list[dict[st
                 "schema_version": q.schema_version,
                 "created_at": q.created_at,
                 "settings": q.settings.as_dict(),
-                "counts": queue_counts(conn, q.name, q.kind, schema,
-                                       fanout=bool(q.settings.as_dict().get("fanout"))),
+                "counts": queue_counts(conn, q.name, q.kind, schema, fanout=bool(getattr(q.settings, "fanout", False))),
             }
             for q in list_queues(conn, schema)
         ]

@@ -206,7 +206,8 @@ class _AsyncClient:
         if self._conn is None:
             await self._connect()
         assert self._conn is not None
-        return await self._conn.run_sync(queue_counts, self.name, self.kind, self.names.schema)
+        return await self._conn.run_sync(queue_counts, self.name, self.kind, self.names.schema,
+                                         fanout=getattr(self, "fanout", None))
 
     async def close(self) -> None:
         await self._close_connection()

@@ -302,8 +302,8 @@ class KindQueue(KindCalls):
 
     def counts(self) -> dict[str, int]:
         """Items waiting: 'ready' (and 'scheduled' for pending items not yet due)."""
-        fanout = bool(self.info.settings.as_dict().get("fanout")) if self.kind == "ring" else None
-        return queue_counts(self._conn, self.name, self.kind, self.names.schema, fanout=fanout)
+        # a ring's client knows whether it fans out (RingCalls.fanout); the other kinds have no such thing
+        return queue_counts(self._conn, self.name, self.kind, self.names.schema, fanout=getattr(self, "fanout", None))
 
     def close(self) -> None:
         self._conn.close()
