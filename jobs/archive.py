@@ -63,6 +63,8 @@ SEAL_LIMIT = 50_000                 # READY rows a seal moves; more: the epoch s
 EMPTY_LOCK_TIMEOUT_MS = 50          # a truncate waits this long for its slot's lock...
 EMPTY_TRIES = 5                     # ...this many times per pass, then waits for the next pass
 LOCK_NOT_AVAILABLE = "55P03"
+DEADLOCK_DETECTED = "40P01"
+COPY_TRIES = 3                      # sends of a generation's copy batch that lost a deadlock
 
 
 @dataclass(frozen=True)
@@ -274,6 +276,23 @@ class Rotator:
             self.target.set_local_timeouts(conn, c.lock_timeout, c.statement_timeout)
             return conn.execute(self._sql[name], params).one()
 
+    def _copy(self, slot: int, after: int) -> Any:
+        """One batch of a generation's finished rows to history. Two rotators copying the same
+        rows insert the same history keys, not always in the same order, so one may lose a
+        deadlock; its batch rolled back whole and is sent again (a copied row is skipped)."""
+        for attempt in range(COPY_TRIES):
+            try:
+                return self._one("rot_copy", slot=slot, after=after, batch=self.config.batch)
+            except DBAPIError as exc:
+                if attempt == COPY_TRIES - 1 or not self._lost_deadlock(exc):
+                    raise
+                time.sleep(_jittered(0.01 * (attempt + 1)))
+
+    def _lost_deadlock(self, exc: DBAPIError) -> bool:
+        if getattr(exc.orig, "sqlstate", None) == DEADLOCK_DETECTED:
+            return True
+        return self.target.sql_dir == "mssql" and adapter_for(self.engine).canceled(exc)
+
     def _lock_timed_out(self, exc: DBAPIError) -> bool:
         """The truncate gave up waiting for its slot's lock: lock_not_available on PostgreSQL,
         lock request time out (1222) or a lost deadlock on SQL Server (the adapter's canceled)."""
@@ -299,7 +318,7 @@ class Rotator:
         while (epoch := self._one("rot_next_empty").epoch) is not None:
             after = 0
             while True:  # the finished rows in batches, before the truncate's short lock
-                batch = self._one("rot_copy", slot=epoch % 3, after=after, batch=self.config.batch)
+                batch = self._copy(epoch % 3, after)
                 p.copied += batch.copied
                 if batch.last_id is None:
                     break
