@@ -252,7 +252,7 @@ def test_an_0012_queue_upgrades_with_every_row_and_goes_back(engine):
             assert conn.execute(fn_count).scalar() == 0
 
         assert upgrade_queue(engine, "old") == ("reliable_0012", head_of("reliable"))
-        assert head_of("reliable") == "reliable_0013"
+        assert head_of("reliable") >= "reliable_0013"
         assert ledger(engine, q) == before and q.counts() == counts
         with engine.connect() as conn:
             assert conn.execute(fn_count).scalar() == 9

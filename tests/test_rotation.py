@@ -409,3 +409,49 @@ def test_an_0011_queue_becomes_generations_with_every_row_and_goes_back(engine):
                                          "AND contype = 'f'"), {"t": q.names.qualified("data")}).scalar()
         assert kinds == "r" and fkeys == 1
         assert [m.payload for m in q.dequeue(10)][:3] == [b"m6", b"m7", b"after the upgrade"]
+
+
+def history_insert_order(engine: sa.Engine, queue: Queue, slot: int) -> list[int]:
+    """The ids rot_copy inserts into history, in the order it inserts them, with the join
+    planned as a hash join (so its order may follow the data table's physical order). A row
+    trigger logs each insert; everything, trigger included, is rolled back."""
+    history = queue.names.qualified("history")
+    with engine.connect() as conn:
+        conn.execute(sa.text("CREATE TEMP TABLE copy_log (n serial, id bigint) ON COMMIT DROP"))
+        conn.execute(sa.text(
+            "CREATE FUNCTION pg_temp.log_copy() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$BEGIN INSERT INTO copy_log (id) VALUES (NEW.id); RETURN NULL; END$$"))
+        conn.execute(sa.text(f"CREATE TRIGGER log_copy AFTER INSERT ON {history} "
+                             "FOR EACH ROW EXECUTE FUNCTION pg_temp.log_copy()"))
+        conn.execute(sa.text("SET LOCAL enable_nestloop = off"))
+        conn.execute(sa.text("SET LOCAL enable_mergejoin = off"))
+        copied = conn.execute(sa.text(f"SELECT copied FROM {queue.names.qualified('rot_copy')}("
+                                      "CAST(:slot AS smallint), 0, NULL)"), {"slot": slot}).scalar()
+        order = conn.execute(sa.text("SELECT id FROM copy_log ORDER BY n")).scalars().all()
+        conn.rollback()
+    assert copied == len(order)
+    return order
+
+
+def test_the_copy_to_history_inserts_in_id_order_whatever_order_its_join_yields(engine):
+    """Two rotators copying the same generation insert the same history keys; ON CONFLICT
+    makes one wait on the other's uncommitted key, so both must insert in one order or they
+    can deadlock (a CI run's two-rotator test met 40P01 in rot_copy). Here half the slot's
+    payload rows have newer versions, so a scan of the data table meets ids 21-40 before
+    1-20: reliable_0013's copy, whose INSERT takes its hash join's order, inserts in that
+    order (the control); reliable_0014's inserts in id order, and its downgrade goes back."""
+    install_queue(engine, "old", settings=QueueSettings(), revision="reliable_0013")
+    with Queue(engine, "old") as q:
+        ids = q.enqueue_many([f"m{i}".encode() for i in range(40)])
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"UPDATE {q.names.qualified('data0')} SET headers = headers WHERE id <= 20"))
+            conn.execute(sa.text(f"ANALYZE {q.names.qualified('data0')}, {q.names.qualified('meta0')}"))
+        assert q.ack(q.dequeue(40)) == 40
+
+        before = history_insert_order(engine, q, 0)
+        assert sorted(before) == sorted(ids) and before != sorted(ids)
+        assert upgrade_queue(engine, "old") == ("reliable_0013", head_of("reliable"))
+        assert head_of("reliable") >= "reliable_0014"
+        assert history_insert_order(engine, q, 0) == sorted(ids)
+        assert downgrade_queue(engine, "old", "reliable_0013") == (head_of("reliable"), "reliable_0013")
+        assert history_insert_order(engine, q, 0) == before

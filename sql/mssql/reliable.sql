@@ -1779,6 +1779,12 @@ BEGIN
     SELECT @epoch AS epoch, @copied AS copied, @moved AS moved;
 END
 
+-- name: create_rot_copy
+-- reliable_0014 on PostgreSQL: the copy to history inserts in id order, so that two rotators
+-- copying the same generation never wait on each other's keys. SQL Server's rot_copy (in
+-- create_rotator above) picks its rows WITH (UPDLOCK, READPAST) and moves them: two rotators
+-- never take the same row, so neither inserts a key the other holds. Empty on purpose.
+
 -- name: drop_rotator
 -- reliable_0012 downgrade: the rotator's calls.
 DROP PROCEDURE IF EXISTS {{fn_rot_empty}};

@@ -967,34 +967,6 @@ BEGIN
 END
 $fn$;
 
--- Copy finished rows of slot p_slot, with their payloads, to history: those with an id above
--- p_after, at most p_batch of them (NULL: all), in id order, so the archive job copies a
--- large generation in short transactions (a queue migrated with millions of rows in slot 0).
--- Returns how many were copied and the last id looked at (the next call's p_after).
-CREATE OR REPLACE FUNCTION {{fn_rot_copy}}(p_slot smallint, p_after bigint, p_batch integer,
-                                         OUT copied bigint, OUT last_id bigint)
-LANGUAGE plpgsql AS $fn$
-BEGIN
-    WITH picked AS MATERIALIZED (
-        SELECT m.id, m.priority, m.due_at, m.status, m.title, m.attempts, m.max_attempts, m.lease_owner,
-               m.enqueued_at, m.dequeued_at, m.finished_at, m.last_error
-        FROM {{meta}} m
-        WHERE m.slot = p_slot AND m.id > p_after AND m.status >= 2
-        ORDER BY m.id
-        LIMIT p_batch
-    ), copied AS (
-        INSERT INTO {{history}} (id, priority, due_at, status, title, attempts, max_attempts, lease_owner,
-                                 enqueued_at, dequeued_at, finished_at, last_error, payload, headers, archived_at)
-        SELECT p.id, p.priority, p.due_at, p.status, p.title, p.attempts, p.max_attempts, p.lease_owner,
-               p.enqueued_at, p.dequeued_at, p.finished_at, p.last_error, d.payload, d.headers, now()
-        FROM picked p LEFT JOIN {{data}} d ON d.id = p.id AND d.slot = p_slot
-        ON CONFLICT (id) DO NOTHING
-        RETURNING 1
-    )
-    SELECT (SELECT count(*) FROM copied), (SELECT max(p.id) FROM picked p) INTO copied, last_id;
-END
-$fn$;
-
 -- The oldest sealed epoch that is not emptied yet: its number, or NULL.
 CREATE OR REPLACE FUNCTION {{fn_rot_next_empty}}() RETURNS bigint
 LANGUAGE sql VOLATILE AS $$
@@ -1042,6 +1014,46 @@ BEGIN
     ELSE
         TRUNCATE {{meta2}}, {{data2}};
     END IF;
+END
+$fn$;
+
+-- name: create_rot_copy
+-- reliable_0014: the rotator's copy of a generation's finished rows to history, on its own
+-- so a revision can replace it (reliable_0012's body, without the ORDER BY, is in
+-- history/reliable.sql). rot_empty calls it.
+
+-- Copy finished rows of slot p_slot, with their payloads, to history: those with an id above
+-- p_after, at most p_batch of them (NULL: all), in id order, so the archive job copies a
+-- large generation in short transactions (a queue migrated with millions of rows in slot 0).
+-- Returns how many were copied and the last id looked at (the next call's p_after).
+-- The rows go into history in id order (the ORDER BY of the INSERT's SELECT; the executor
+-- inserts them as its sort yields them): two rotators copying the same generation insert
+-- the same keys, and ON CONFLICT makes the second wait on the first's uncommitted key; in
+-- the same order no two wait on each other, while in the join's order (which may follow the
+-- data table's physical order, where rot_move put stragglers after newer rows) two could
+-- each wait on a key the other inserted first, a deadlock.
+CREATE OR REPLACE FUNCTION {{fn_rot_copy}}(p_slot smallint, p_after bigint, p_batch integer,
+                                         OUT copied bigint, OUT last_id bigint)
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    WITH picked AS MATERIALIZED (
+        SELECT m.id, m.priority, m.due_at, m.status, m.title, m.attempts, m.max_attempts, m.lease_owner,
+               m.enqueued_at, m.dequeued_at, m.finished_at, m.last_error
+        FROM {{meta}} m
+        WHERE m.slot = p_slot AND m.id > p_after AND m.status >= 2
+        ORDER BY m.id
+        LIMIT p_batch
+    ), copied AS (
+        INSERT INTO {{history}} (id, priority, due_at, status, title, attempts, max_attempts, lease_owner,
+                                 enqueued_at, dequeued_at, finished_at, last_error, payload, headers, archived_at)
+        SELECT p.id, p.priority, p.due_at, p.status, p.title, p.attempts, p.max_attempts, p.lease_owner,
+               p.enqueued_at, p.dequeued_at, p.finished_at, p.last_error, d.payload, d.headers, now()
+        FROM picked p LEFT JOIN {{data}} d ON d.id = p.id AND d.slot = p_slot
+        ORDER BY p.id
+        ON CONFLICT (id) DO NOTHING
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM copied), (SELECT max(p.id) FROM picked p) INTO copied, last_id;
 END
 $fn$;
 

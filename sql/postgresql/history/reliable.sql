@@ -845,3 +845,35 @@ BEGIN
     RETURN v_count;
 END
 $fn$;
+
+-- name: create_rot_copy_0012
+-- reliable_0012's copy of a generation's finished rows to history: the INSERT takes the
+-- join's order, which two rotators may not share (reliable_0014's downgrade puts it back).
+
+-- Copy finished rows of slot p_slot, with their payloads, to history: those with an id above
+-- p_after, at most p_batch of them (NULL: all), in id order, so the archive job copies a
+-- large generation in short transactions (a queue migrated with millions of rows in slot 0).
+-- Returns how many were copied and the last id looked at (the next call's p_after).
+CREATE OR REPLACE FUNCTION {{fn_rot_copy}}(p_slot smallint, p_after bigint, p_batch integer,
+                                         OUT copied bigint, OUT last_id bigint)
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    WITH picked AS MATERIALIZED (
+        SELECT m.id, m.priority, m.due_at, m.status, m.title, m.attempts, m.max_attempts, m.lease_owner,
+               m.enqueued_at, m.dequeued_at, m.finished_at, m.last_error
+        FROM {{meta}} m
+        WHERE m.slot = p_slot AND m.id > p_after AND m.status >= 2
+        ORDER BY m.id
+        LIMIT p_batch
+    ), copied AS (
+        INSERT INTO {{history}} (id, priority, due_at, status, title, attempts, max_attempts, lease_owner,
+                                 enqueued_at, dequeued_at, finished_at, last_error, payload, headers, archived_at)
+        SELECT p.id, p.priority, p.due_at, p.status, p.title, p.attempts, p.max_attempts, p.lease_owner,
+               p.enqueued_at, p.dequeued_at, p.finished_at, p.last_error, d.payload, d.headers, now()
+        FROM picked p LEFT JOIN {{data}} d ON d.id = p.id AND d.slot = p_slot
+        ON CONFLICT (id) DO NOTHING
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM copied), (SELECT max(p.id) FROM picked p) INTO copied, last_id;
+END
+$fn$;
