@@ -4,7 +4,7 @@
 
 Runs the full cycle of `queuectl bench --scenario consumers` (BenchRun.python_phase: 2
 producers, batch 10, the reliable kind, consumers waiting as the Worker does) at each
-count in turn, --repeats times. For each run it prints the messages/s, the CPU seconds per
+count in turn (rising, then falling in the next repeat), --repeats times. For each run it prints the messages/s, the CPU seconds per
 1,000 messages of the server (every process of the local server whose data directory is
 --pgdata, default the embedded server's: the postmaster's own and reaped children's CPU
 from /proc, plus its live children's) and of the worker processes by role (the bench's
@@ -78,7 +78,7 @@ def main() -> None:
     out: list[dict[str, Any]] = []
     try:
         for repeat in range(args.repeats):
-            for n in counts:
+            for n in counts if repeat % 2 == 0 else counts[::-1]:  # alternate, as --scenario consumers does
                 with run.engine.connect() as conn:
                     driver.reset(conn, names)
                 before = {key: run.pgss_calls(fn) for key, fn in functions.items()}
