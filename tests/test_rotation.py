@@ -455,3 +455,20 @@ def test_the_copy_to_history_inserts_in_id_order_whatever_order_its_join_yields(
         assert history_insert_order(engine, q, 0) == sorted(ids)
         assert downgrade_queue(engine, "old", "reliable_0013") == (head_of("reliable"), "reliable_0013")
         assert history_insert_order(engine, q, 0) == before
+
+
+def test_health_counts_a_generation_copied_to_history_but_not_yet_emptied_once(engine, orders):
+    """Between a generation's copy to history and its truncate (which a session holding the
+    slot can delay for as long as it stays), its finished rows are in meta and in history:
+    the window's rates count them once."""
+    orders.enqueue_many([f"m{i}".encode() for i in range(30)])
+    assert orders.ack(orders.dequeue(20)) == 20
+    with engine.begin() as conn:
+        copied = conn.execute(sa.text(f"SELECT copied FROM {orders.names.qualified('rot_copy')}(0::smallint, 0, NULL)")).scalar()
+    assert copied == 20
+    history = orders.names.qualified("history")
+    with engine.connect() as conn:
+        assert conn.execute(sa.text(f"SELECT count(*) FROM {history}")).scalar() == 20
+    [q] = health_report(engine, None, options=HealthOptions()).to_dict()["queues"]
+    assert q["depth"]["done"] == 20
+    assert (q["rates"]["enqueued"], q["rates"]["dequeued"], q["rates"]["completed"]) == (30, 20, 20)

@@ -52,7 +52,11 @@ CREATE EXTENSION IF NOT EXISTS pgstattuple
 -- rows (the archive job moves finished rows there, so recent completions live in both).
 -- :history_scan bounds that look to the newest N archived rows through the primary key,
 -- so the cost does not grow with the history table. An item counts as dequeued in the
--- window when its latest dequeue falls in it (a retried item counts once).
+-- window when its latest dequeue falls in it (a retried item counts once). A generation's
+-- rows are copied to history before its truncate removes them from meta (reliable_0012:
+-- for as long as a session holding the slot keeps the truncate waiting), so an archived
+-- row still in meta is counted from meta only (at most :history_scan probes of meta's
+-- primary keys).
 WITH live AS (
     SELECT count(*) FILTER (WHERE status = 0 AND due_at <= now())            AS ready,
            count(*) FILTER (WHERE status = 0 AND due_at > now())             AS scheduled,
@@ -72,8 +76,9 @@ WITH live AS (
            count(*) FILTER (WHERE h.dequeued_at >= now() - make_interval(secs => :window_s)) AS dequeued,
            count(*) FILTER (WHERE h.status = 2 AND h.finished_at >= now() - make_interval(secs => :window_s)) AS completed,
            count(*) FILTER (WHERE h.status = 3 AND h.finished_at >= now() - make_interval(secs => :window_s)) AS died
-    FROM (SELECT enqueued_at, dequeued_at, finished_at, status FROM {{history}}
+    FROM (SELECT id, enqueued_at, dequeued_at, finished_at, status FROM {{history}}
           ORDER BY id DESC LIMIT :history_scan) h
+    WHERE NOT EXISTS (SELECT 1 FROM {{meta}} m WHERE m.id = h.id)
 )
 SELECT live.ready, live.scheduled, live.processing, live.done, live.dead, live.stuck,
        extract(epoch FROM now() - live.oldest_expired_lease)::float8 AS oldest_expired_lease_s,
