@@ -72,9 +72,10 @@ SELECT CAST(0 AS int) AS created
 -- An item counts as dequeued in the window when its latest dequeue falls in it. A row is
 -- never in both: rot_copy and archive_batch move rows (DELETE ... OUTPUT INTO history),
 -- where PostgreSQL's rotation copies a generation before its truncate (its section leaves
--- out the archived rows still in meta). Plain committed reads: under read committed snapshot they never wait; with locking
--- read committed a row held by a consumer's open transaction waits at most the session's
--- LOCK_TIMEOUT (session_limits), and the queue is then reported as not read.
+-- out the archived rows still in meta). Plain committed reads: under read committed
+-- snapshot they never wait; with locking read committed a row held by a consumer's open
+-- transaction waits at most the session's LOCK_TIMEOUT (session_limits), and the queue is
+-- then reported as not read.
 WITH clock AS (
     SELECT SYSUTCDATETIME() AS now_utc,
            DATEADD(second, -CAST(:window_s AS int), SYSUTCDATETIME()) AS window_start
