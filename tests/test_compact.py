@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import pytest
 import sqlalchemy as sa
 
-from jobs_helpers import scalar
+from jobs_helpers import scalar, wait_until
 from queuectl.client import FifoQueue, QueueFullError, RingQueue
 from queuectl.install import install_queue
 from queuectl.jobs import compact
@@ -72,7 +72,9 @@ class Compactor(threading.Thread):
 
 def await_compaction(compactor: "Compactor", timeout: float = 10.0) -> None:
     """Wait for the compactor's next compaction, so that compactions fall between a worker's
-    calls whatever the machine's pace."""
+    calls whatever the machine's pace. (While the job locked a ring's tables in another order
+    than a fan-out consumer's call, a compactor beside two consumers sometimes waited more
+    than 10 s here: see test_a_fanout_consumer_mid_call_waits_for_no_compaction_that_waits_for_it.)"""
     seen = compactor.compactions
     deadline = time.monotonic() + timeout
     while compactor.compactions == seen and time.monotonic() < deadline:
@@ -371,6 +373,53 @@ def test_a_reader_holding_access_share_is_named_and_pushes_do_not_wait(engine):
         reader.rollback()
         reader.close()
     assert compact.run_once(engine, "r", FORCE, schema="queuectl").compactions == 1  # once it is gone
+
+
+def test_a_fanout_consumer_mid_call_waits_for_no_compaction_that_waits_for_it(engine):
+    """A fan-out consumer's call reads the subscriptions first and the ring after (sub_take).
+    The compaction locks the tables in that order: while a consumer holds the subscriptions,
+    the compaction waits for them without holding the ring, so the consumer's next read goes
+    through, its call ends, and the compaction follows. (Locking the ring first, it held the
+    ring while waiting for the subscriptions and the consumer waited for the ring: each
+    stalled the other until the compaction's lock_timeout, and beside back-to-back calls a
+    compaction could miss its locks for seconds on end.)"""
+    install_queue(engine, "f", "ring", RingSettings(size=16, fanout=True))
+    with RingQueue(engine, "f") as q:
+        q.subscribe("a")
+        q.enqueue_many(["m0", "m1"])
+    consumer = engine.connect()
+    outcome: dict[str, object] = {}
+    try:
+        consumer.execute(sa.text('SELECT count(*) FROM queuectl."f_subs"')).scalar()  # a call's first read
+        pid = consumer.execute(sa.text("SELECT pg_backend_pid()")).scalar()
+
+        def run():
+            try:
+                outcome["result"] = compact.run_once(engine, "f", compact.CompactConfig(force=True, lock_timeout=5.0,
+                                                                                         tries=1), schema="queuectl")
+            except Exception as exc:  # locking the ring first: a deadlock, one side aborted after deadlock_timeout
+                outcome["error"] = exc
+
+        compactor = threading.Thread(target=run, daemon=True)
+        compactor.start()
+        # the compaction is queued on a lock the consumer holds
+        wait_until(lambda: scalar(engine, "SELECT count(*) FROM pg_locks l JOIN pg_locks h ON h.relation = l.relation "
+                                          "AND h.granted AND h.pid = :pid WHERE NOT l.granted AND l.pid <> :pid",
+                                  pid=pid) > 0, timeout=10, interval=0.02)
+        consumer.execute(sa.text("SET LOCAL lock_timeout = '2s'"))
+        t0 = time.monotonic()
+        consumer.execute(sa.text('SELECT count(*) FROM queuectl."f_ring"')).scalar()  # the call's next read
+        waited = time.monotonic() - t0
+        consumer.commit()
+        compactor.join(30)
+        assert "error" not in outcome, outcome["error"]
+        assert waited < 1.0, waited
+        result = outcome["result"]
+        assert result.compactions == 1 and result.waits == 0, result
+    finally:
+        consumer.close()
+    with RingQueue(engine, "f") as q:
+        assert [m.text for m in q.subscription("a").dequeue(5)] == ["m0", "m1"]
 
 
 def test_health_names_the_session_keeping_a_due_compaction_waiting(engine, monkeypatch):
