@@ -577,10 +577,12 @@ def test_fault_run_three_subscriptions_two_consumers_each_one_killed(engine, db_
         assert r["every_message_once"] and r["acked"] == r["distinct_acked"] == messages, (s, r)
         assert r["payloads_match"], s
     # the ring and the claims settle within the first laps (pages the concurrent row versions
-    # need: a few more on a loaded machine), then stop growing: bounded here, where 30 laps of a
-    # busy machine may still add a page; the run by hand at 100,000 messages (RESULTS, the
-    # report) shows the second half adding none
-    bounds = [round(1.25 * b) for b in result["sizes_before"]]
+    # need: a few more on a loaded machine, where vacuum falls behind), then stop growing:
+    # bounded here, where 30 laps of a busy machine may still add pages (a CI run saw the
+    # claims table at 1.27x its size after the first laps; growth without bound would be
+    # about the number of laps); the run by hand at 100,000 messages (RESULTS, the report)
+    # shows the second half adding none
+    bounds = [round(1.5 * b) for b in result["sizes_before"]]
     assert all(a <= b for a, b in zip(result["sizes_after"], bounds)), (result["sizes_before"], result["sizes_after"])
     if messages >= 100_000:
         assert result["sizes_after"] == result["sizes_middle"], (result["sizes_middle"], result["sizes_after"])

@@ -99,6 +99,20 @@ def _consumer(url: str, stop: Any, acked: Any) -> None:
                 time.sleep(0.005)
 
 
+def _history_rows(engine: Any) -> int:
+    """Rows in the queue's history table: what the archiver has committed so far. (Its own
+    progress is reported once per round, and a round that rotates a large generation can
+    outlast a window: counted that way, a window could see no rows while the archiver
+    copied thousands.)"""
+    import sqlalchemy as sa
+
+    from queuectl.names import DEFAULT_SCHEMA, QueueNames
+
+    history = sa.table(QueueNames(QUEUE, DEFAULT_SCHEMA).table("history"), schema=DEFAULT_SCHEMA)
+    with engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(history)).scalar_one())
+
+
 def _archiver(url: str, stop: Any, active: Any, moved: Any, min_age: float, delay: float, batch: int, pid: Any) -> None:
     """Archive continuously while `active` is set; pause (between batches) while it is not."""
     from queuectl.engine import make_engine
@@ -156,9 +170,9 @@ def repeat(url: str, args: argparse.Namespace) -> dict[str, Any]:
         pids["archiver_process"] = [archiver_pid.value]
         pids["fg_processes"] = [p.pid for p in procs[:-1] if p.pid is not None]
         c0 = {k: sum(_cpu(p) for p in v) for k, v in pids.items()}
-        a0, e0, m0, t0 = acked.value, enqueued.value, moved.value, time.monotonic()
+        a0, e0, m0, t0 = acked.value, enqueued.value, _history_rows(engine), time.monotonic()
         time.sleep(args.window)
-        a1, e1, m1, t1 = acked.value, enqueued.value, moved.value, time.monotonic()
+        a1, e1, m1, t1 = acked.value, enqueued.value, _history_rows(engine), time.monotonic()
         c1 = {k: sum(_cpu(p) for p in v) for k, v in pids.items()}
         dt = t1 - t0
         cpu = {k: c1[k] - c0[k] for k in c0}
