@@ -72,9 +72,8 @@ class Compactor(threading.Thread):
 
 def await_compaction(compactor: "Compactor", timeout: float = 10.0) -> None:
     """Wait for the compactor's next compaction, so that compactions fall between a worker's
-    calls whatever the machine's pace. (While the job locked a ring's tables in another order
-    than a fan-out consumer's call, a compactor beside two consumers sometimes waited more
-    than 10 s here: see test_a_fanout_consumer_mid_call_waits_for_no_compaction_that_waits_for_it.)"""
+    calls whatever the machine's pace (beside fan-out consumers this holds because the job
+    locks the tables in their calls' order: test_a_fanout_consumer_mid_call_waits_for_no_compaction_that_waits_for_it)."""
     seen = compactor.compactions
     deadline = time.monotonic() + timeout
     while compactor.compactions == seen and time.monotonic() < deadline:

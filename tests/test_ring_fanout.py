@@ -578,8 +578,8 @@ def test_fault_run_three_subscriptions_two_consumers_each_one_killed(engine, db_
         assert r["payloads_match"], s
     # the ring and the claims settle within the first laps (pages the concurrent row versions
     # need: a few more on a loaded machine, where vacuum falls behind), then stop growing:
-    # bounded here, where 30 laps of a busy machine may still add pages (a CI run saw the
-    # claims table at 1.27x its size after the first laps; growth without bound would be
+    # bounded here, where 30 laps of a busy machine may still add pages (the claims table
+    # can reach about 1.3x its size after the first laps; growth without bound would be
     # about the number of laps); the run by hand at 100,000 messages (RESULTS, the report)
     # shows the second half adding none
     bounds = [round(1.5 * b) for b in result["sizes_before"]]

@@ -436,7 +436,7 @@ def history_insert_order(engine: sa.Engine, queue: Queue, slot: int) -> list[int
 def test_the_copy_to_history_inserts_in_id_order_whatever_order_its_join_yields(engine):
     """Two rotators copying the same generation insert the same history keys; ON CONFLICT
     makes one wait on the other's uncommitted key, so both must insert in one order or they
-    can deadlock (a CI run's two-rotator test met 40P01 in rot_copy). Here half the slot's
+    can deadlock (40P01 in rot_copy). Here half the slot's
     payload rows have newer versions, so a scan of the data table meets ids 21-40 before
     1-20: reliable_0013's copy, whose INSERT takes its hash join's order, inserts in that
     order (the control); reliable_0014's inserts in id order, and its downgrade goes back."""

@@ -100,10 +100,9 @@ def _consumer(url: str, stop: Any, acked: Any) -> None:
 
 
 def _history_rows(engine: Any) -> int:
-    """Rows in the queue's history table: what the archiver has committed so far. (Its own
-    progress is reported once per round, and a round that rotates a large generation can
-    outlast a window: counted that way, a window could see no rows while the archiver
-    copied thousands.)"""
+    """Rows in the queue's history table: what the archiver has committed so far, whatever
+    its rounds (run_continuous reports its progress once per round, and a round that rotates
+    a large generation can outlast a window)."""
     import sqlalchemy as sa
 
     from queuectl.names import DEFAULT_SCHEMA, QueueNames
@@ -113,7 +112,7 @@ def _history_rows(engine: Any) -> int:
         return int(conn.execute(sa.select(sa.func.count()).select_from(history)).scalar_one())
 
 
-def _archiver(url: str, stop: Any, active: Any, moved: Any, min_age: float, delay: float, batch: int, pid: Any) -> None:
+def _archiver(url: str, stop: Any, active: Any, min_age: float, delay: float, batch: int, pid: Any) -> None:
     """Archive continuously while `active` is set; pause (between batches) while it is not."""
     from queuectl.engine import make_engine
     from queuectl.jobs.archive import ArchiveConfig, run_continuous
@@ -121,11 +120,6 @@ def _archiver(url: str, stop: Any, active: Any, moved: Any, min_age: float, dela
     pid.value = os.getpid()
     engine = make_engine(_named(url, "qa_archiver"))
     config = ArchiveConfig(min_age=min_age, delay=delay, batch=batch)
-    base = 0
-
-    def progress(p: Any) -> None:
-        moved.value = base + p.rows
-
     while not stop.is_set():
         if not active.wait(0.05):
             continue
@@ -137,7 +131,7 @@ def _archiver(url: str, stop: Any, active: Any, moved: Any, min_age: float, dela
             pause.set()
 
         threading.Thread(target=watch, daemon=True).start()
-        base += run_continuous(engine, QUEUE, config, stop=pause, on_progress=progress).rows
+        run_continuous(engine, QUEUE, config, stop=pause)
 
 
 def repeat(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -148,12 +142,12 @@ def repeat(url: str, args: argparse.Namespace) -> dict[str, Any]:
     reinstall_queue(engine, QUEUE)
     ctx = mp.get_context("spawn")
     stop, active = ctx.Event(), ctx.Event()
-    enqueued, acked, moved = ctx.Value("q", 0), ctx.Value("q", 0), ctx.Value("q", 0)
+    enqueued, acked = ctx.Value("q", 0), ctx.Value("q", 0)
     archiver_pid = ctx.Value("q", 0)
     procs = [ctx.Process(target=_producer, args=(url, stop, enqueued, acked, args.backlog))
              for _ in range(args.producers)]
     procs += [ctx.Process(target=_consumer, args=(url, stop, acked)) for _ in range(args.consumers)]
-    procs.append(ctx.Process(target=_archiver, args=(url, stop, active, moved, args.min_age, args.delay, args.batch,
+    procs.append(ctx.Process(target=_archiver, args=(url, stop, active, args.min_age, args.delay, args.batch,
                                                      archiver_pid)))
     for p in procs:
         p.start()
