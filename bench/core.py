@@ -48,6 +48,8 @@ DEFAULT_BATCH = {"split": 10, "ghosts": 1, "ring": 10, "sustained": 10, "consume
 # The sustained scenario offers a modest fixed rate from few processes (the table it is read against); the
 # consumers curve asks what many consumers cost two producers.
 DEFAULT_PRODUCERS = {"sustained": 2, "consumers": 2, "cost": 2}
+# the consumers curve's full cycles need about 20 s to reach a steady state (docs/benchmarks.md)
+DEFAULT_SECONDS = {"consumers": 20.0}
 DEFAULT_CONSUMERS = {"sustained": 2, "cost": 2}
 HOLDS = ("none", "snapshot", "idle-in-transaction", "both", "all")
 # what --kinds may also name in the sustained scenario (the keys of queuectl.bench.sustained_peers.PEERS)
@@ -65,7 +67,7 @@ class BenchOptions:
     consumers: int | None = None  # None: the scenario's default (DEFAULT_CONSUMERS, else 4)
     batch: int | None = None  # None: the scenario's default (DEFAULT_BATCH)
     payload_bytes: int = 300
-    seconds: float = 10.0
+    seconds: float | None = None  # each measured phase; None: the scenario's default (DEFAULT_SECONDS, else 10)
     repeat: int = 3
     scenario: str = "kinds"
     url: str | None = None
@@ -82,7 +84,7 @@ class BenchOptions:
     rate: float | None = None  # sustained: offered msgs/s across producers; None: half the calibrated maximum
     interval: float = 5.0  # sustained: seconds between samples
     bystander_rows: int = 1_000_000  # sustained: rows of the unrelated table whose query is timed
-    upkeep: bool = True  # sustained: run the upkeep job a kind has (archive, compact) beside its load
+    upkeep: bool = True  # sustained, consumers (full cycle): run the kind's upkeep job (archive, compact) beside its load
     plots: str | None = None  # sustained, consumers: PNGs as <plots>-<kind>.png, cost: <plots>-<curve>.png; None: none
     consumer_counts: list[int] | None = None  # consumers: the curve's consumer counts; None: the scenario's default
     items: int = 10_000  # cost: messages one consumer claims and acks at each backlog and payload size
@@ -93,6 +95,8 @@ class BenchOptions:
     def validate(self) -> "BenchOptions":
         if self.producers is None:
             self.producers = DEFAULT_PRODUCERS.get(self.scenario, 4)
+        if self.seconds is None:
+            self.seconds = DEFAULT_SECONDS.get(self.scenario, 10.0)
         if self.consumers is None:
             self.consumers = DEFAULT_CONSUMERS.get(self.scenario, 4)
         if self.batch is None:

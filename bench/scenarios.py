@@ -152,9 +152,13 @@ def kinds(run: BenchRun) -> dict[str, Any]:
 SCENARIO_TEXT = "enqueue-only, dequeue-only and full cycle per kind, each beside the same SQL under pgbench"
 
 
-def python_phases(run: BenchRun, kind: str, names: Any, consumers: int | None = None) -> dict[str, dict[str, Any]]:
+def python_phases(run: BenchRun, kind: str, names: Any, consumers: int | None = None,
+                  upkeep: bool = False) -> dict[str, dict[str, Any]]:
     """The three phases through the kind's client, each on an emptied queue but dequeue-only,
-    which drains what enqueue-only left; `consumers` processes (None: --consumers)."""
+    which drains what enqueue-only left; `consumers` processes (None: --consumers). With
+    `upkeep`, the kind's upkeep job (the reliable queue's archive job, which rotates its
+    generations) runs beside the full cycle, as the scheduler keeps it running; its result
+    is the cycle's "upkeep"."""
     o = run.options
     driver = driver_for(kind)
     common = dict(batch=o.batch, payload_bytes=o.payload_bytes, producers=o.producers,
@@ -166,7 +170,24 @@ def python_phases(run: BenchRun, kind: str, names: Any, consumers: int | None = 
     out["dequeue"] = run.python_phase(kind, names, "dequeue", **common)
     with run.engine.connect() as conn:
         driver.reset(conn, names)
-    out["cycle"] = run.python_phase(kind, names, "cycle", **common)
+    job = None
+    if upkeep:
+        from queuectl.bench.sustained import Upkeep, installed_kind
+
+        installed = installed_kind(run, names)  # reliable_adq is a reliable queue
+        if Upkeep.serves(installed):
+            job = Upkeep(run, names, installed)
+            job.start()
+    try:
+        out["cycle"] = run.python_phase(kind, names, "cycle", **common)
+    finally:
+        if job is not None:
+            job.stopped.set()
+            job.join()
+    if job is not None:
+        if job.error is not None:
+            raise job.error
+        out["cycle"]["upkeep"] = job.result
     with run.engine.connect() as conn:
         driver.reset(conn, names)
     return out
@@ -198,7 +219,7 @@ def kinds_targets(run: BenchRun, rows: list[dict[str, Any]]) -> list[dict[str, A
 
 
 @scenario("consumers", "each --kind's full cycle and dequeue-only at every --consumer-counts, with a PNG",
-          ("kinds", "producers", "batch", "payload_bytes", "seconds", "backlog", "consumer_counts", "plots"))
+          ("kinds", "producers", "batch", "payload_bytes", "seconds", "backlog", "consumer_counts", "plots", "upkeep"))
 def consumers(run: BenchRun) -> dict[str, Any]:
     """The curve of consumer counts: the kinds scenario's phases through the Python client
     at each count, counts in rising order in even repeats and falling in odd ones (so a
@@ -212,7 +233,7 @@ def consumers(run: BenchRun) -> dict[str, Any]:
     base = 4 if 4 in counts else counts[0]  # every point is also read against this count
     per: dict[tuple[str, int], dict[str, list[Any]]] = {
         (kind, n): {k: [] for k in ("dequeue", "cycle", "p50", "p99", "load", "producer_cpu", "consumer_cpu",
-                                    *IDLE_COUNTS)}
+                                    "emptied", *IDLE_COUNTS)}
         for kind in o.kinds for n in counts
     }
     for kind in o.kinds:
@@ -222,13 +243,14 @@ def consumers(run: BenchRun) -> dict[str, Any]:
             for n in counts if r % 2 == 0 else counts[::-1]:
                 for kind in o.kinds:
                     rep.step(f"repeat {r + 1}: {kind}, {n} consumers")
-                    py = python_phases(run, kind, run.names(bench_queue_name(kind)), consumers=n)
+                    py = python_phases(run, kind, run.names(bench_queue_name(kind)), consumers=n, upkeep=o.upkeep)
                     m, cycle = per[(kind, n)], py["cycle"]
                     m["dequeue"].append(py["dequeue"]["rate"])
                     m["cycle"].append(cycle["rate"])
                     m["p50"].append(cycle["p50_ms"])
                     m["p99"].append(cycle["p99_ms"])
                     m["load"].append((load_average() or [None])[0])
+                    m["emptied"].append((cycle.get("upkeep") or {}).get("generations_emptied"))
                     batches = cycle["idle"].get("work_takes") or 0
                     for key in IDLE_COUNTS:
                         m[key].append(cycle["idle"].get(key, 0) / batches if batches else None)
@@ -245,6 +267,8 @@ def consumers(run: BenchRun) -> dict[str, Any]:
                            "load_1min": stat(m["load"])}
                 if phase == "cycle":
                     metrics.update({key: stat(m[key]) for key in (*IDLE_COUNTS, "producer_cpu", "consumer_cpu")})
+                    if any(x is not None for x in m["emptied"]):
+                        metrics["generations_emptied"] = stat(m["emptied"])
                 rows.append({
                     "subject": f"queuectl {kind}",
                     "phase": PHASE_LABEL[phase],
@@ -283,6 +307,15 @@ def consumers(run: BenchRun) -> dict[str, Any]:
             "the consumers' takes and waits per take that found work, summed over consumers; CPU: the "
             "worker processes' own seconds per 1,000 messages (their server sessions' are not in it)",
             f"load_1min: the machine's 1-minute load average after each point ({os.cpu_count()} cores)",
+            "a window of a few seconds is not a steady state: a count whose consumers fall behind the producers "
+            "runs on a standing backlog (--backlog), and without upkeep its claims grow dearer through the run "
+            "(each walks the entries of rows claimed since the last VACUUM at the head of the ready index); "
+            "many consumers' first seconds cost more per message than their later ones. The default --seconds "
+            "here, 20, gives the steady state (docs/benchmarks.md)",
+            "upkeep: beside each full cycle, the kind's upkeep job, continuous, with its defaults, as the scheduler "
+            "runs it (reliable: the archive job, which rotates the generations; generations_emptied: its truncates "
+            "per point)" if o.upkeep else
+            "upkeep: none (--no-upkeep): no archive or compact job ran beside the full cycles",
         ],
         "display_metrics": [[f"x{base}", f"vs_{base}"], ["empty/batch", "empty_takes"], ["outrun/batch", "outrun"],
                             ["prod CPU s/1k", "producer_cpu"], ["cons CPU s/1k", "consumer_cpu"], ["load", "load_1min"]],

@@ -695,7 +695,8 @@ def test_an_idle_bench_consumer_waits_as_the_worker_does(db_url: str, engine: sa
 def test_tiny_consumers_curve_measures_each_count_against_four_and_plots(db_url: str, tmp_path: Path) -> None:
     """`--scenario consumers`: a full cycle and a dequeue-only phase at each count, each
     read against 4 consumers in the same repeat, the consumers' takes and waits per batch,
-    the workers' CPU, and a PNG of the curve beside the JSON."""
+    the workers' CPU, the archive job beside each full cycle unless --no-upkeep, and a PNG
+    of the curve beside the JSON."""
     result = _run_json(db_url, tmp_path, "--scenario", "consumers", "--consumer-counts", "4,2", "--seconds", "0.5",
                        "--repeat", "1", "--batch", "5", "--producers", "1")
     sc = result["scenario"]
@@ -710,10 +711,19 @@ def test_tiny_consumers_curve_measures_each_count_against_four_and_plots(db_url:
             assert row["params"]["producers"] == 1 and 0 < row["latency_ms"]["p50"]["median"] <= row["latency_ms"]["p99"]["median"]
             assert row["metrics"]["producer_cpu"]["median"] > 0 and row["metrics"]["consumer_cpu"]["median"] > 0
             assert row["metrics"]["empty_takes"]["median"] >= row["metrics"]["outrun"]["median"] >= 0
+            # the archive job ran beside each full cycle (the default, as the scheduler runs it)
+            assert row["metrics"]["generations_emptied"]["median"] >= 0
         else:
             assert row["latency_ms"] is None and "empty_takes" not in row["metrics"]
+            assert "generations_emptied" not in row["metrics"]
+    assert any(n.startswith("upkeep: beside each full cycle") for n in sc["notes"])
     assert sc["targets"] == []  # the target reads 32 consumers against 4
     assert (tmp_path / "bench-reliable.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # --no-upkeep: no job beside the cycles, said in the notes
+    bare = _run_json(db_url, tmp_path, "--scenario", "consumers", "--consumer-counts", "1", "--seconds", "0.5",
+                     "--repeat", "1", "--batch", "5", "--producers", "1", "--no-upkeep")["scenario"]
+    assert all("generations_emptied" not in r["metrics"] for r in bare["rows"])
+    assert any(n.startswith("upkeep: none (--no-upkeep)") for n in bare["notes"])
     # the curve's counts are --consumer-counts; --consumers would be silently ignored, so it is refused
     proc = run_cli("bench", "--scenario", "consumers", "--consumers", "8", url=db_url)
     assert proc.returncode == 2
@@ -843,6 +853,16 @@ def test_sustained_options_are_checked_before_anything_runs() -> None:
                          ({"bystander_rows": 10_000}, "--bystander-rows")):
         with pytest.raises(UsageError, match=words):
             BenchOptions(scenario="sustained", **bad).validate()
+
+
+def test_the_consumers_curve_measures_twenty_second_phases_unless_told() -> None:
+    """The consumers curve's full cycles need about 20 s to reach a steady state; the other
+    scenarios keep 10 s, and --seconds wins over both."""
+    from queuectl.bench.core import BenchOptions
+
+    assert BenchOptions(scenario="consumers").validate().seconds == 20.0
+    assert BenchOptions().validate().seconds == 10.0
+    assert BenchOptions(scenario="consumers", seconds=5.0).validate().seconds == 5.0
 
 
 def test_json_payloads_are_compressed_inline_where_random_ones_go_out_of_line(db_url: str, engine: sa.Engine) -> None:

@@ -39,7 +39,11 @@ def bench(
         typer.Option(help="split: what the payloads hold. random: incompressible bytes; json: JSON-like order "
                      "records, which PostgreSQL compresses (pglz, about 3x) before it moves a payload out of line."),
     ] = "random",
-    seconds: Annotated[float, typer.Option(help="Length of each measured phase.")] = 10.0,
+    seconds: Annotated[
+        Optional[float],
+        typer.Option(help="Length of each measured phase. Default: 10; consumers: 20, which its full cycles need "
+                     "to reach a steady state."),
+    ] = None,
     repeat: Annotated[int, typer.Option(help="Repeats; medians are reported.")] = 3,
     scenario: Annotated[
         str,
@@ -92,9 +96,9 @@ def bench(
     upkeep: Annotated[
         bool,
         typer.Option("--upkeep/--no-upkeep",
-                     help="sustained: run each kind's upkeep job beside its load, as the scheduler does (the "
-                     "reliable queue's archive job, which rotates its generations; the compact job of a ring "
-                     "and the one-table kinds). --no-upkeep measures the tables without it."),
+                     help="sustained, and consumers' full cycles: run each kind's upkeep job beside its load, as "
+                     "the scheduler does (the reliable queue's archive job, which rotates its generations; the "
+                     "compact job of a ring and the one-table kinds). --no-upkeep measures the tables without it."),
     ] = True,
     consumer_counts: Annotated[
         Optional[str],
