@@ -1,6 +1,6 @@
 """Probe: where a full cycle's CPU goes as consumers grow: server and worker CPU per 1,000 messages, and statements per batch.
 
-    python bench/lab/consumers_cpu.py [--url URL] [--pgdata DIR] [--counts 4,32] [--seconds 8] [--repeats 2] [--json FILE]
+    python bench/lab/consumers_cpu.py [--url URL] [--pgdata DIR] [--counts 4,32] [--seconds 8] [--repeats 2] [--upkeep] [--json FILE]
 
 Runs the full cycle of `queuectl bench --scenario consumers` (BenchRun.python_phase: 2
 producers, batch 10, the reliable kind, consumers waiting as the Worker does) at each
@@ -10,7 +10,11 @@ count in turn (rising, then falling in the next repeat), --repeats times. For ea
 from /proc, plus its live children's) and of the worker processes by role (the bench's
 own count), and the statements per batch taken (pg_stat_statements: claims, acks,
 enqueues, registrations wait_begin and wait_end), with each statement's server time and
-shared blocks per call (so a claim that walks past other consumers' locked rows shows). On a machine shared with other work,
+shared blocks per call (so a claim that walks past other consumers' locked rows shows),
+and at the run's end the ready indexes' size and the blocks a look at the head of the
+READY rows reads (with a standing backlog both grow through a run until VACUUM). With
+--upkeep the archive job (which rotates the generations) runs beside each cycle, as the
+scheduler runs it. On a machine shared with other work,
 CPU per message is the figure to read: the rate follows the share of the 2 cores the run
 gets, the CPU per message what each message costs.
 """
@@ -24,8 +28,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+
+from lab_helpers import probe_sql
 from queuectl.bench.core import BenchOptions, BenchRun, load_average
 from queuectl.bench.drivers import driver_for
+from queuectl.bench.sustained import Upkeep
 from queuectl.engine.embedded import default_home
 
 KIND = "reliable"
@@ -55,6 +63,19 @@ def server_cpu(postmaster: int) -> float:
     return total / TICK
 
 
+def head_state(run: BenchRun, values: dict[str, str]) -> dict[str, Any]:
+    """At a run's end: the ready indexes' size, and the blocks a look at the head of the READY
+    rows reads (the claim's walk, locking nothing): entries of rows claimed since the last
+    VACUUM stay in the index until an insert needs their page, so with a standing backlog the
+    walk grows through a run."""
+    with run.engine.connect() as conn:
+        size = conn.execute(sa.text(probe_sql("consumers_ready_index_bytes", values))).scalar_one()
+        plan = conn.execute(sa.text(probe_sql("consumers_head_look", values))).scalar_one()
+    root = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
+    return {"ready_index_kb": size // 1024,
+            "head_look_blocks": root.get("Shared Hit Blocks", 0) + root.get("Shared Read Blocks", 0)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--url", default=None)
@@ -62,6 +83,8 @@ def main() -> None:
     parser.add_argument("--counts", default="4,32")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--upkeep", action="store_true",
+                        help="run the archive job (which rotates the generations) beside each cycle, as the scheduler does")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     pgdata = args.pgdata or default_home() / "pgdata"
@@ -72,7 +95,9 @@ def main() -> None:
     names = run.names(QUEUE)
     driver = driver_for(KIND)
     driver.install(run.engine, names)
-    functions = {key: names.template_values()[f"fn_{key}"] for key in STATEMENTS}
+    values = names.template_values()
+    values["ready_idx_literal"] = f"'{values['schema']}.{values['ready_idx']}'"
+    functions = {key: values[f"fn_{key}"] for key in STATEMENTS}
     if not run.pgss_available():
         raise SystemExit("pg_stat_statements is needed (shared_preload_libraries)")
     out: list[dict[str, Any]] = []
@@ -83,16 +108,28 @@ def main() -> None:
                     driver.reset(conn, names)
                 before = {key: run.pgss_calls(fn) for key, fn in functions.items()}
                 cpu = server_cpu(postmaster)
-                res = run.python_phase(KIND, names, "cycle", batch=10, payload_bytes=300, producers=2, consumers=n,
-                                       seconds=args.seconds)
+                job = Upkeep(run, names, KIND) if args.upkeep else None
+                if job is not None:
+                    job.start()
+                try:
+                    res = run.python_phase(KIND, names, "cycle", batch=10, payload_bytes=300, producers=2,
+                                           consumers=n, seconds=args.seconds)
+                finally:
+                    if job is not None:
+                        job.stopped.set()
+                        job.join()
+                if job is not None and job.error is not None:
+                    raise job.error
                 time.sleep(0.5)  # the workers' sessions end and are reaped
                 server = server_cpu(postmaster) - cpu
+                head = head_state(run, values)
                 totals = {key: {k: v - before[key][k] for k, v in run.pgss_calls(fn).items()}
                           for key, fn in functions.items()}
                 calls = {key: t["calls"] for key, t in totals.items()}
                 batches = res["idle"].get("work_takes") or 1
                 per_1k = 1000 / max(res["messages"], 1)
                 row = {"repeat": repeat + 1, "consumers": n, "rate": res["rate"], "load_1min": load_average()[:1],
+                       "upkeep": job.result if job is not None else None, **head,
                        "server_cpu_per_1k": server * per_1k,
                        "producer_cpu_per_1k": res["cpu_seconds"]["producer"] * per_1k,
                        "consumer_cpu_per_1k": res["cpu_seconds"]["consumer"] * per_1k,

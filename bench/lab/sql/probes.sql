@@ -196,3 +196,20 @@ SELECT {{fn_release}}(CAST(:ids AS bigint[]), :worker) AS released;
 -- Switch new rows to the next generation now (the rotator's switch with a threshold of one
 -- id): the lease probe's items stay leased in the slot before.
 SELECT {{fn_rot_switch}}(1)
+
+-- name: consumers_ready_index_bytes
+-- consumers_cpu.py, at a run's end: the size of the queue's ready indexes (every slot's),
+-- which hold only READY rows' entries plus those of rows claimed since the last VACUUM that
+-- no insert has cleared from their page.
+SELECT coalesce(sum(pg_relation_size(p.relid)), 0)::bigint AS bytes
+FROM pg_partition_tree(to_regclass({{ready_idx_literal}})) p
+WHERE p.isleaf
+
+-- name: consumers_head_look
+-- consumers_cpu.py, at a run's end: what a look at the head of the READY rows reads (the
+-- claim's walk, read-only: no row locked), from the plan's buffer counts.
+EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, FORMAT JSON)
+SELECT m.id FROM {{meta}} m
+WHERE m.status = 0 AND m.due_at <= now()
+ORDER BY m.priority, m.due_at, m.id
+LIMIT 10
