@@ -15,7 +15,8 @@ PHASES = (("full-cycle", "full cycle", "tab:blue"), ("dequeue-only", "dequeue-on
 CPU = (("producer_cpu", "producers", "tab:green"), ("consumer_cpu", "consumers", "tab:red"))
 
 
-def plot_curve(path: Path, kind: str, rows: list[dict[str, Any]], *, producers: int, batch: int, repeat: int) -> None:
+def plot_curve(path: Path, kind: str, rows: list[dict[str, Any]], *, producers: int, batch: int, repeat: int,
+               seconds: float | None = None, upkeep: bool | None = None) -> None:
     """Two panels: msgs/s by consumer count (median line, each repeat a dot), full cycle and
     dequeue-only; and the full cycle's worker CPU per 1,000 messages, producers and consumers."""
     import matplotlib
@@ -48,7 +49,11 @@ def plot_curve(path: Path, kind: str, rows: list[dict[str, Any]], *, producers: 
         ax.set_title(title, fontsize=10)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"queuectl bench --scenario consumers: {kind}, {producers} producers, batch {batch}", fontsize=12)
+    detail = "" if seconds is None else f", {seconds:g} s phases"
+    if upkeep is not None:
+        detail += ", upkeep job beside" if upkeep else ", no upkeep job"
+    fig.suptitle(f"queuectl bench --scenario consumers: {kind}, {producers} producers, batch {batch}{detail}",
+                 fontsize=12)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)

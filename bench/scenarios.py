@@ -294,7 +294,7 @@ def consumers(run: BenchRun) -> dict[str, Any]:
 
         for kind in o.kinds:
             plot_curve(Path(f"{o.plots}-{kind}.png"), kind, [row for row in rows if row["params"]["kind"] == kind],
-                       producers=o.producers, batch=o.batch, repeat=o.repeat)
+                       producers=o.producers, batch=o.batch, repeat=o.repeat, seconds=o.seconds, upkeep=o.upkeep)
     return {
         "name": "consumers",
         "description": f"full cycle and dequeue-only by consumer count, {o.producers} producers, batch {o.batch}",
