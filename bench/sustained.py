@@ -209,9 +209,10 @@ class Upkeep(threading.Thread):
     compact job (new files holding only the live rows once the dead versions outnumber them),
     whose lock time per compaction is the stall it causes the pushes and pops."""
 
-    def __init__(self, run: BenchRun, names: QueueNames, kind: str) -> None:
+    def __init__(self, run: BenchRun, names: QueueNames, kind: str, archive_config: Any = None) -> None:
         super().__init__(name=f"upkeep {names.queue}", daemon=True)
         self.bench, self.names, self.kind = run, names, kind
+        self.archive_config = archive_config  # an ArchiveConfig; None: the job's defaults
         self.stopped = threading.Event()
         self.result: dict[str, Any] | None = None
         self.error: BaseException | None = None
@@ -227,7 +228,8 @@ class Upkeep(threading.Thread):
 
         try:
             if self.kind in archive.KINDS:
-                done = archive.run_continuous(self.bench.engine, self.names.queue, archive.ArchiveConfig(),
+                done = archive.run_continuous(self.bench.engine, self.names.queue,
+                                              self.archive_config or archive.ArchiveConfig(),
                                               schema=self.names.schema, stop=self.stopped)
                 self.result = {"job": "archive", "rows": done.rows, "generations_emptied": done.rotations,
                                "errors": done.errors, "last_error": done.last_error}

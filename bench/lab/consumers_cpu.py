@@ -1,6 +1,6 @@
 """Probe: where a full cycle's CPU goes as consumers grow: server and worker CPU per 1,000 messages, and statements per batch.
 
-    python bench/lab/consumers_cpu.py [--url URL] [--pgdata DIR] [--counts 4,32] [--seconds 8] [--repeats 2] [--upkeep] [--json FILE]
+    python bench/lab/consumers_cpu.py [--url URL] [--pgdata DIR] [--counts 4,32] [--seconds 8] [--repeats 2] [--upkeep [--rotate-items N]] [--json FILE]
 
 Runs the full cycle of `queuectl bench --scenario consumers` (BenchRun.python_phase: 2
 producers, batch 10, the reliable kind, consumers waiting as the Worker does) at each
@@ -35,6 +35,7 @@ from queuectl.bench.core import BenchOptions, BenchRun, load_average
 from queuectl.bench.drivers import driver_for
 from queuectl.bench.sustained import Upkeep
 from queuectl.engine.embedded import default_home
+from queuectl.jobs.archive import ArchiveConfig
 
 KIND = "reliable"
 QUEUE = "bench_reliable"
@@ -85,6 +86,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--upkeep", action="store_true",
                         help="run the archive job (which rotates the generations) beside each cycle, as the scheduler does")
+    parser.add_argument("--rotate-items", type=int, default=None,
+                        help="with --upkeep: the archive job's ids per generation (default: the job's, 2,000)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     pgdata = args.pgdata or default_home() / "pgdata"
@@ -108,7 +111,8 @@ def main() -> None:
                     driver.reset(conn, names)
                 before = {key: run.pgss_calls(fn) for key, fn in functions.items()}
                 cpu = server_cpu(postmaster)
-                job = Upkeep(run, names, KIND) if args.upkeep else None
+                config = None if args.rotate_items is None else ArchiveConfig(rotate_items=args.rotate_items)
+                job = Upkeep(run, names, KIND, config) if args.upkeep else None
                 if job is not None:
                     job.start()
                 try:
