@@ -170,24 +170,15 @@ def python_phases(run: BenchRun, kind: str, names: Any, consumers: int | None = 
     out["dequeue"] = run.python_phase(kind, names, "dequeue", **common)
     with run.engine.connect() as conn:
         driver.reset(conn, names)
-    job = None
-    if upkeep:
-        from queuectl.bench.sustained import Upkeep, installed_kind
+    from queuectl.bench.sustained import Upkeep, installed_kind
 
-        installed = installed_kind(run, names)  # reliable_adq is a reliable queue
-        if Upkeep.serves(installed):
-            job = Upkeep(run, names, installed)
-            job.start()
-    try:
-        out["cycle"] = run.python_phase(kind, names, "cycle", **common)
-    finally:
-        if job is not None:
-            job.stopped.set()
-            job.join()
-    if job is not None:
-        if job.error is not None:
-            raise job.error
+    installed = installed_kind(run, names) if upkeep else kind  # reliable_adq is a reliable queue
+    if upkeep and Upkeep.serves(installed):
+        with Upkeep(run, names, installed).beside() as job:
+            out["cycle"] = run.python_phase(kind, names, "cycle", **common)
         out["cycle"]["upkeep"] = job.result
+    else:
+        out["cycle"] = run.python_phase(kind, names, "cycle", **common)
     with run.engine.connect() as conn:
         driver.reset(conn, names)
     return out

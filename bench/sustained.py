@@ -217,6 +217,19 @@ class Upkeep(threading.Thread):
         self.result: dict[str, Any] | None = None
         self.error: BaseException | None = None
 
+    @contextmanager
+    def beside(self) -> Iterator["Upkeep"]:
+        """Run the job for the duration of the block: started on entry, stopped and joined on
+        exit; its error, if it failed, is raised once the block has ended without one."""
+        self.start()
+        try:
+            yield self
+        finally:
+            self.stopped.set()
+            self.join()
+        if self.error is not None:
+            raise self.error
+
     @staticmethod
     def serves(kind: str) -> bool:
         from queuectl.jobs import archive, compact

@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -113,17 +114,9 @@ def main() -> None:
                 cpu = server_cpu(postmaster)
                 config = None if args.rotate_items is None else ArchiveConfig(rotate_items=args.rotate_items)
                 job = Upkeep(run, names, KIND, config) if args.upkeep else None
-                if job is not None:
-                    job.start()
-                try:
+                with job.beside() if job is not None else nullcontext():
                     res = run.python_phase(KIND, names, "cycle", batch=10, payload_bytes=300, producers=2,
                                            consumers=n, seconds=args.seconds)
-                finally:
-                    if job is not None:
-                        job.stopped.set()
-                        job.join()
-                if job is not None and job.error is not None:
-                    raise job.error
                 time.sleep(0.5)  # the workers' sessions end and are reaped
                 server = server_cpu(postmaster) - cpu
                 head = head_state(run, values)
