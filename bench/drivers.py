@@ -201,6 +201,8 @@ class ReliableDriver:
 
     def reset(self, conn: Connection, names: QueueNames) -> None:
         conn.execute(sa.text(bench_sql("reliable_reset", names.template_values())))
+        if self.revision is None or self.revision >= "reliable_0012":
+            conn.execute(sa.text(bench_sql("reliable_reset_rotation", names.template_values())))
         conn.commit()
 
     def open(self, url: str, names: QueueNames) -> Session:

@@ -86,6 +86,17 @@ FROM {{fn_ack_dequeue}}(CAST(:ids AS bigint[]), :batch, NULL, :worker) AS q
 -- Empty the queue between benchmark phases (bench queues only).
 TRUNCATE {{data}}, {{meta}}
 
+-- name: reliable_reset_rotation
+-- After reliable_reset, on a queue at reliable_0012 or later with no archive job running:
+-- every slot is empty, so every epoch before the current one is marked sealed and emptied
+-- and the next switch counts ids from here. Each phase then starts as a fresh queue does
+-- (its claims on one slot's tables), whatever state the archive job of the phase before
+-- left the rotation in.
+SELECT setval({{rot_sealed_regclass}}, e.last_value - 1, true),
+       setval({{rot_emptied_regclass}}, e.last_value - 1, true),
+       setval({{rot_start_regclass}}, (SELECT s.last_value FROM {{meta_seq}} s), true)
+FROM {{rot_epoch}} e
+
 -- name: reliable_analyze
 -- The same after-fill step as onetable_analyze, for both tables of the split.
 VACUUM (ANALYZE) {{meta}}, {{data}}
