@@ -676,9 +676,9 @@ END
 -- UPDLOCK), and the page allows one hint of the granularity group it shares with ROWLOCK.
 -- READPAST is rejected under SNAPSHOT isolation (error 650): run consumers at READ
 -- COMMITTED (the default), with RCSI on or off.
--- The PostgreSQL dequeue's last resort (every slot, when an older slot is not emptied yet) is
--- not taken: a late writer's READY row in a sealed slot waits for the truncate, which comes
--- within one rotation.
+-- A sealed slot the archive job has yet to empty is not looked in (as on PostgreSQL since
+-- reliable_0015): a late writer's READY row or an expired lease there waits for the truncate,
+-- which comes within one pass of the job.
 CREATE OR ALTER PROCEDURE {{fn_dequeue}}
     @batch         int           = 1,
     @lease_seconds float         = NULL,

@@ -720,19 +720,23 @@ DROP FUNCTION IF EXISTS {{fn_release_in1}}(bigint[], text);
 DROP FUNCTION IF EXISTS {{fn_release_in2}}(bigint[], text);
 
 -- name: create_dequeue
--- reliable_0008's one-statement claim on the generation layout. Expired leases first, then
+-- reliable_0015: reliable_0008's one-statement claim on the generation layout. Expired leases first, then
 -- READY rows by priority, due time and id, SKIP LOCKED; the claim itself is
 -- create_claim_calls' (one statement, on the current slot's tables or on the parents).
 -- The READY walk covers the open epochs' slots only (one, or two between a switch and its
 -- seal): the dead READY entries of sealed epochs, which a pinned horizon keeps, are never
 -- walked. rot_sealed is read before rot_epoch (header, 3).
 -- While the previous epoch is sealed, every READY row is in the current slot and the claim
--- runs on that slot's tables alone. A claim short of a batch is done when every older slot
--- is emptied too (an idle consumer's poll of an empty queue costs one slot's statement);
--- otherwise the rest is looked for in every slot (expired leases of a sealed epoch not yet
--- emptied, and READY rows of a switch that came meanwhile). So a lease that expired in a
--- sealed epoch is claimed again by a claim that finds the current slot short of a batch,
--- or once the truncate has moved it forward.
+-- runs on that slot's tables alone. A claim short of a batch is done there, unless a switch
+-- came meanwhile: then the rest is looked for in the open slots (the new epoch's READY rows).
+-- It never looks in a sealed slot that the archive job has yet to empty: a lease that
+-- expired there is claimed again once the truncate has moved the row forward (header, 5),
+-- late by at most one pass of the job, as on SQL Server. reliable_0012's claim looked in
+-- every slot for such leases whenever it came back short of a batch while an older slot
+-- waited for its truncate: with many consumers and little backlog most claims are short, so
+-- in that window, once or twice in every pass of the job, they locked every slot's tables
+-- and queued behind the truncate's lock (bench/lab/RESULTS.md: "The archive job beside a
+-- full-speed cycle").
 CREATE OR REPLACE FUNCTION {{fn_dequeue}}(
     p_batch         integer          DEFAULT 1,
     p_lease_seconds double precision DEFAULT {{lease_seconds}},
@@ -768,9 +772,8 @@ BEGIN
         IF v_got >= p_batch THEN
             RETURN;
         END IF;
-        -- short of a batch: done if every other slot is emptied and no switch came meanwhile
-        IF (SELECT last_value FROM {{rot_emptied}}) >= v_epoch - 1
-           AND (SELECT last_value FROM {{rot_epoch}}) = v_epoch THEN
+        -- short of a batch: done unless a switch came meanwhile
+        IF (SELECT last_value FROM {{rot_epoch}}) = v_epoch THEN
             RETURN;
         END IF;
         v_sealed := (SELECT last_value FROM {{rot_sealed}});
@@ -1018,14 +1021,25 @@ END
 $fn$;
 
 -- name: create_rot_copy
--- reliable_0014: the rotator's copy of a generation's finished rows to history, on its own
--- so a revision can replace it (reliable_0012's body, without the ORDER BY, is in
+-- reliable_0015: the rotator's copy of a generation's finished rows to history, on its own
+-- so a revision can replace it (reliable_0012's and reliable_0014's bodies are in
 -- history/reliable.sql). rot_empty calls it.
 
 -- Copy finished rows of slot p_slot, with their payloads, to history: those with an id above
 -- p_after, at most p_batch of them (NULL: all), in id order, so the archive job copies a
 -- large generation in short transactions (a queue migrated with millions of rows in slot 0).
 -- Returns how many were copied and the last id looked at (the next call's p_after).
+-- A row already in history is passed over before its payload is read: the truncate copies
+-- what finished since the precopy (p_after 0) under its lock, and reads history's primary key
+-- once for each row the precopy copied, where reliable_0014 joined each to its payload first
+-- and left it to ON CONFLICT. The look-up is a correlated subquery, not NOT EXISTS: the
+-- planner would make that an anti-join, which it may run as a hash or merge join reading all
+-- of history, where a subquery is one probe of history's primary key per row picked. Each
+-- call is planned for its own arguments (force_custom_plan): the slot's own tables, and for a
+-- batch a walk of the slot's primary key in id order that stops after p_batch finished rows.
+-- A generic plan (plpgsql's choice after five calls) knows neither: it read every finished
+-- row of the slot above p_after and sorted them, at every batch, so a precopy in batches of
+-- 1,000 of a generation of 7,000 ids read 28,000 rows.
 -- The rows go into history in id order (the ORDER BY of the INSERT's SELECT; the executor
 -- inserts them as its sort yields them): two rotators copying the same generation insert
 -- the same keys, and ON CONFLICT makes the second wait on the first's uncommitted key; in
@@ -1034,7 +1048,9 @@ $fn$;
 -- each wait on a key the other inserted first, a deadlock.
 CREATE OR REPLACE FUNCTION {{fn_rot_copy}}(p_slot smallint, p_after bigint, p_batch integer,
                                          OUT copied bigint, OUT last_id bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_custom_plan
+AS $fn$
 BEGIN
     WITH picked AS MATERIALIZED (
         SELECT m.id, m.priority, m.due_at, m.status, m.title, m.attempts, m.max_attempts, m.lease_owner,
@@ -1043,12 +1059,15 @@ BEGIN
         WHERE m.slot = p_slot AND m.id > p_after AND m.status >= 2
         ORDER BY m.id
         LIMIT p_batch
+    ), fresh AS MATERIALIZED (
+        SELECT p.* FROM picked p
+        WHERE (SELECT true FROM {{history}} h WHERE h.id = p.id) IS NULL
     ), copied AS (
         INSERT INTO {{history}} (id, priority, due_at, status, title, attempts, max_attempts, lease_owner,
                                  enqueued_at, dequeued_at, finished_at, last_error, payload, headers, archived_at)
         SELECT p.id, p.priority, p.due_at, p.status, p.title, p.attempts, p.max_attempts, p.lease_owner,
                p.enqueued_at, p.dequeued_at, p.finished_at, p.last_error, d.payload, d.headers, now()
-        FROM picked p LEFT JOIN {{data}} d ON d.id = p.id AND d.slot = p_slot
+        FROM fresh p LEFT JOIN {{data}} d ON d.id = p.id AND d.slot = p_slot
         ORDER BY p.id
         ON CONFLICT (id) DO NOTHING
         RETURNING 1

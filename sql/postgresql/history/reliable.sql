@@ -877,3 +877,100 @@ BEGIN
     SELECT (SELECT count(*) FROM copied), (SELECT max(p.id) FROM picked p) INTO copied, last_id;
 END
 $fn$;
+
+-- name: create_dequeue_0012
+-- reliable_0012's claim on the generation layout (reliable_0015's downgrade puts it back). A
+-- claim that found the current slot short of a batch looked in every slot (on the parents'
+-- tables) while an older epoch was sealed but not yet emptied, for the expired leases there:
+-- in that window, one or two of every pass of the archive job, such claims locked every
+-- slot's tables and waited behind the truncate's lock.
+CREATE OR REPLACE FUNCTION {{fn_dequeue}}(
+    p_batch         integer          DEFAULT 1,
+    p_lease_seconds double precision DEFAULT {{lease_seconds}},
+    p_worker        text             DEFAULT NULL
+) RETURNS TABLE (
+    id bigint, priority smallint, due_at timestamptz, title text, attempts integer,
+    max_attempts integer, enqueued_at timestamptz, dequeued_at timestamptz,
+    leased_until timestamptz, payload bytea, headers jsonb
+)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_sealed bigint := (SELECT last_value FROM {{rot_sealed}});
+    v_epoch  bigint := (SELECT last_value FROM {{rot_epoch}});
+    v_slot   smallint := (v_epoch % 3)::smallint;
+    v_lease  double precision := coalesce(p_lease_seconds, {{lease_seconds}});
+    v_got    integer := 0;
+BEGIN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING ERRCODE = 'QC400', MESSAGE = format(
+            'queue %L: dequeue runs in READ COMMITTED transactions only (this one is %s): an older snapshot does not see rows the rotation moved',
+            {{queue_literal}}, current_setting('transaction_isolation'));
+    END IF;
+    IF v_sealed >= v_epoch - 1 THEN
+        IF v_slot = 0 THEN
+            RETURN QUERY SELECT * FROM {{fn_claim_in0}}(ARRAY[v_slot], p_batch, v_lease, p_worker);
+        ELSIF v_slot = 1 THEN
+            RETURN QUERY SELECT * FROM {{fn_claim_in1}}(ARRAY[v_slot], p_batch, v_lease, p_worker);
+        ELSE
+            RETURN QUERY SELECT * FROM {{fn_claim_in2}}(ARRAY[v_slot], p_batch, v_lease, p_worker);
+        END IF;
+        GET DIAGNOSTICS v_got = ROW_COUNT;
+        IF v_got >= p_batch THEN
+            RETURN;
+        END IF;
+        -- short of a batch: done if every other slot is emptied and no switch came meanwhile
+        IF (SELECT last_value FROM {{rot_emptied}}) >= v_epoch - 1
+           AND (SELECT last_value FROM {{rot_epoch}}) = v_epoch THEN
+            RETURN;
+        END IF;
+        v_sealed := (SELECT last_value FROM {{rot_sealed}});
+        v_epoch := (SELECT last_value FROM {{rot_epoch}});
+    END IF;
+    RETURN QUERY SELECT * FROM {{fn_claim_in}}(
+        CASE WHEN v_sealed >= v_epoch - 1 THEN ARRAY[(v_epoch % 3)::smallint]
+             ELSE ARRAY[((v_epoch - 1) % 3)::smallint, (v_epoch % 3)::smallint] END,
+        p_batch - v_got, v_lease, p_worker);
+END
+$fn$;
+
+-- name: create_rot_copy_0014
+-- reliable_0014's copy of a generation's finished rows to history, in id order
+-- (reliable_0015's downgrade puts it back): it joined every finished row of the slot to its
+-- payload before ON CONFLICT skipped those already copied, so the truncate's copy (under its
+-- lock) read the payload of every row the precopy had copied.
+
+-- Copy finished rows of slot p_slot, with their payloads, to history: those with an id above
+-- p_after, at most p_batch of them (NULL: all), in id order, so the archive job copies a
+-- large generation in short transactions (a queue migrated with millions of rows in slot 0).
+-- Returns how many were copied and the last id looked at (the next call's p_after).
+-- The rows go into history in id order (the ORDER BY of the INSERT's SELECT; the executor
+-- inserts them as its sort yields them): two rotators copying the same generation insert
+-- the same keys, and ON CONFLICT makes the second wait on the first's uncommitted key; in
+-- the same order no two wait on each other, while in the join's order (which may follow the
+-- data table's physical order, where rot_move put stragglers after newer rows) two could
+-- each wait on a key the other inserted first, a deadlock.
+CREATE OR REPLACE FUNCTION {{fn_rot_copy}}(p_slot smallint, p_after bigint, p_batch integer,
+                                         OUT copied bigint, OUT last_id bigint)
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    WITH picked AS MATERIALIZED (
+        SELECT m.id, m.priority, m.due_at, m.status, m.title, m.attempts, m.max_attempts, m.lease_owner,
+               m.enqueued_at, m.dequeued_at, m.finished_at, m.last_error
+        FROM {{meta}} m
+        WHERE m.slot = p_slot AND m.id > p_after AND m.status >= 2
+        ORDER BY m.id
+        LIMIT p_batch
+    ), copied AS (
+        INSERT INTO {{history}} (id, priority, due_at, status, title, attempts, max_attempts, lease_owner,
+                                 enqueued_at, dequeued_at, finished_at, last_error, payload, headers, archived_at)
+        SELECT p.id, p.priority, p.due_at, p.status, p.title, p.attempts, p.max_attempts, p.lease_owner,
+               p.enqueued_at, p.dequeued_at, p.finished_at, p.last_error, d.payload, d.headers, now()
+        FROM picked p LEFT JOIN {{data}} d ON d.id = p.id AND d.slot = p_slot
+        ORDER BY p.id
+        ON CONFLICT (id) DO NOTHING
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM copied), (SELECT max(p.id) FROM picked p) INTO copied, last_id;
+END
+$fn$;
