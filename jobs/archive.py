@@ -15,8 +15,10 @@ History retention (`history_retention`) purges history archived longer ago than 
 the same small-batch way.
 
 Rotation (a reliable queue at reliable_0012 or later, on either engine): before its batches the
-job also rotates the queue's generations (Archiver.rotate): it seals the previous epoch,
-copies the oldest sealed one's finished rows to history and empties it with TRUNCATE (under
+job also rotates the queue's generations (Archiver.rotate): it seals the previous epoch (moves
+the READY rows left there forward: once LAZY_SEAL_ROWS or fewer are left, since the claims
+take a backlog where it is, oldest first, or once the current epoch is full), copies the
+oldest sealed one's finished rows to history and empties it with TRUNCATE (under
 a short lock_timeout, retried, so producers and consumers never queue behind it for long),
 and switches new rows to the next epoch every `rotate_items` ids. Finished rows of an emptied
 generation reach history whatever their age: `min_age` and `dead_min_age` apply to the row
@@ -60,6 +62,8 @@ MAX_CONSECUTIVE_ERRORS = 10
 DEFAULT_ROTATE_ITEMS = 2000         # ids per generation: what one truncate frees
 MAX_ROTATE_ITEMS = 10_000_000
 SEAL_LIMIT = 50_000                 # READY rows a seal moves; more: the epoch stays open (a backlog)
+LAZY_SEAL_ROWS = 100                # a seal waits while more READY rows than this are left behind,
+                                    # until the current epoch has had rotate_items ids
 EMPTY_LOCK_TIMEOUT_MS = 50          # a truncate waits this long for its slot's lock...
 EMPTY_TRIES = 5                     # ...this many times per pass, then waits for the next pass
 LOCK_NOT_AVAILABLE = "55P03"
@@ -307,15 +311,38 @@ class Rotator:
         return "; ".join(found[:3]) or "no session holds its lock now"
 
     def rotate(self, stopping: Callable[[], bool] = lambda: False) -> RotationPass:
-        """One pass: seal, empty what is sealed, switch when the epoch is full. `stopping` is
-        asked between copy batches: a pass told to stop leaves its generation sealed, copied in
-        part (the next pass copies the rest: a copied row is skipped)."""
+        """One pass: seal, empty what is sealed, switch when the epoch is full, then seal and
+        empty the epoch it closed if it can. `stopping` is asked between copy batches: a pass
+        told to stop leaves its generation sealed, copied in part (the next pass copies the
+        rest: a copied row is skipped).
+
+        A generation is emptied in the pass that seals it: between the seal and the truncate
+        its expired leases wait (the claims look in the current slot only), and a truncate
+        that comes at once moves the few items still leased rather than leave the window open
+        for a pause of the job. The seal waits while a backlog is left in the previous epoch:
+        moving it at every switch cost the consumers more than the claims that take it where
+        it is, on both open slots (bench/lab/RESULTS.md: "The archive job beside a full-speed
+        cycle")."""
         p = RotationPass()
         state = self._one("rot_state")
         p.active = self._last_id is not None and state.last_id != self._last_id
         self._last_id = state.last_id
         if state.sealed < state.epoch - 1:
-            self._seal(p, state.epoch - 1)
+            # the claims drain the previous epoch's backlog; moved only once the current one is full
+            self._seal(p, state.epoch - 1, lazy=state.last_id - state.start_id < self.config.rotate_items)
+        if not self._empty_sealed(p, stopping):
+            return p
+        switched = self._one("rot_switch", items=self.config.rotate_items).epoch
+        p.switched = switched is not None
+        if p.switched:
+            # sealed at once unless a backlog is left there: until then the claims walk two
+            # slots, on the parents' tables
+            self._seal(p, switched - 1, lazy=True)
+            self._empty_sealed(p, stopping)
+        return p
+
+    def _empty_sealed(self, p: RotationPass, stopping: Callable[[], bool]) -> bool:
+        """Copy and empty every sealed epoch not emptied yet, oldest first; False when told to stop."""
         while (epoch := self._one("rot_next_empty").epoch) is not None:
             after = 0
             while True:  # the finished rows in batches, before the truncate's short lock
@@ -325,7 +352,7 @@ class Rotator:
                     break
                 after = batch.last_id
                 if stopping():
-                    return p
+                    return False
             for attempt in range(EMPTY_TRIES):
                 try:
                     row = self._one("rot_empty", lock_timeout_ms=EMPTY_LOCK_TIMEOUT_MS)
@@ -343,16 +370,12 @@ class Rotator:
             self._one("rot_mark", what="emptied", epoch=row.epoch)
             p.emptied += 1
             p.copied += row.copied
-        switched = self._one("rot_switch", items=self.config.rotate_items).epoch
-        p.switched = switched is not None
-        if p.switched:
-            # sealed at once: until then the claims walk two slots, on the parents' tables
-            self._seal(p, switched - 1)
-        return p
+        return True
 
-    def _seal(self, p: RotationPass, epoch: int) -> None:
-        """Move epoch's READY rows forward and mark it sealed (unless a backlog keeps it open)."""
-        moved = self._one("rot_seal", limit=SEAL_LIMIT).moved
+    def _seal(self, p: RotationPass, epoch: int, lazy: bool) -> None:
+        """Move epoch's READY rows forward and mark it sealed, unless more are left than the
+        seal moves (LAZY_SEAL_ROWS when `lazy`, else SEAL_LIMIT): the epoch then stays open."""
+        moved = self._one("rot_seal", limit=LAZY_SEAL_ROWS if lazy else SEAL_LIMIT).moved
         if moved is not None and moved >= 0:
             self._one("rot_mark", what="sealed", epoch=epoch)
             p.sealed = (p.sealed or 0) + moved

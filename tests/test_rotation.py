@@ -313,15 +313,15 @@ def test_a_session_holding_the_queue_blocks_the_truncate_is_named_and_the_queue_
                                                                                               monkeypatch):
     rot = rotator(engine, items=10)
     orders.enqueue_many([b"a"] * 20)
-    rot.rotate()  # switch to epoch 1
+    while batch := orders.dequeue(10):
+        orders.ack(batch)
     holder = engine.connect()
     holder.begin()
     holder.execute(sa.text(f"SELECT count(*) FROM {orders.names.qualified('meta')}"))
     holder_pid = holder.execute(sa.text("SELECT pg_backend_pid()")).scalar()
     try:
-        while batch := orders.dequeue(10):
-            orders.ack(batch)
-        done = rot.rotate()  # seals epoch 0; its truncate waits in vain for the holder
+        done = rot.rotate()  # switches to epoch 1, seals epoch 0; its truncate waits in vain for the holder
+        assert done.switched and state(engine, orders).sealed == 0
         assert done.emptied == 0 and done.blocked and f"pid {holder_pid}" in done.blocked, done
         assert "AccessShareLock" in done.blocked
         # producers and consumers are not held up meanwhile
@@ -472,3 +472,138 @@ def test_health_counts_a_generation_copied_to_history_but_not_yet_emptied_once(e
     [q] = health_report(engine, None, options=HealthOptions()).to_dict()["queues"]
     assert q["depth"]["done"] == 20
     assert (q["rates"]["enqueued"], q["rates"]["dequeued"], q["rates"]["completed"]) == (30, 20, 20)
+
+
+def sealed_not_emptied(engine: sa.Engine, queue: Queue) -> None:
+    """Epoch 1 opens and epoch 0 is sealed, its truncate still to come: the window between the
+    seal and the truncate that every generation passes through."""
+    fn = queue.names.qualified
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"SELECT {fn('rot_switch')}(1)"))
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"SELECT {fn('rot_seal')}(50000)"))
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"SELECT {fn('rot_mark')}('sealed', 0)"))
+    st = state(engine, queue)
+    assert (st.epoch, st.sealed, st.emptied) == (1, 0, -1)
+
+
+def claim_beside_a_truncate(engine: sa.Engine, queue: Queue, n: int) -> list[int] | str:
+    """dequeue(n) while another session holds slot 0's tables ACCESS EXCLUSIVE, as rot_empty
+    does while it copies and truncates: the ids claimed (the claim then rolled back), or the
+    error of a claim that waited for that lock past a 2-s lock_timeout."""
+    fn = queue.names.qualified
+    holder = engine.connect()
+    holder.begin()
+    holder.execute(sa.text(f"LOCK TABLE {fn('meta0')}, {fn('data0')} IN ACCESS EXCLUSIVE MODE"))
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SET lock_timeout = '2s'"))
+            try:
+                return conn.execute(sa.text(f"SELECT id FROM {fn('dequeue')}(:n)"), {"n": n}).scalars().all()
+            except DBAPIError as exc:
+                return str(exc.orig).splitlines()[0]
+            finally:
+                conn.rollback()
+    finally:
+        holder.rollback()
+        holder.close()
+
+
+def test_a_claim_short_of_a_batch_does_not_wait_for_the_truncate_of_a_sealed_generation(engine):
+    """A claim for more than the current slot holds, while the sealed epoch 0 waits for its
+    truncate: at reliable_0012-0014 it looked in every slot for expired leases and queued
+    behind the truncate's lock (the control); since reliable_0015 it returns what the current
+    slot holds, and the downgrade brings the old claim back."""
+    install_queue(engine, "old", settings=QueueSettings(), revision="reliable_0014")
+    with Queue(engine, "old") as q:
+        q.enqueue_many([b"old"] * 5)
+        sealed_not_emptied(engine, q)  # the seal moved the 5 READY rows to slot 1
+        q.enqueue_many([b"new"] * 3)
+        assert "lock timeout" in claim_beside_a_truncate(engine, q, 20)
+
+        assert upgrade_queue(engine, "old") == ("reliable_0014", head_of("reliable"))
+        assert head_of("reliable") >= "reliable_0015"
+        got = claim_beside_a_truncate(engine, q, 20)
+        assert isinstance(got, list) and len(got) == 8, got
+
+        assert downgrade_queue(engine, "old", "reliable_0014") == (head_of("reliable"), "reliable_0014")
+        assert "lock timeout" in claim_beside_a_truncate(engine, q, 20)
+        assert len(q.dequeue(20)) == 8
+
+
+def test_a_lease_that_expired_in_a_sealed_generation_comes_back_once_the_truncate_moves_it(engine, orders):
+    """Two items leased for 0.2 s in epoch 0, which is then sealed; their leases expire before
+    its truncate. The claims do not look in the sealed slot; the archive job's next pass moves
+    the rows forward, where the next claim takes them again (second attempt)."""
+    ids = orders.enqueue_many([b"a", b"b"])
+    assert sorted(m.id for m in orders.dequeue(2, lease=0.2)) == sorted(ids)
+    sealed_not_emptied(engine, orders)
+    time.sleep(0.3)
+    assert orders.dequeue(10) == []
+    assert rotator(engine, items=10**7).rotate().emptied == 1
+    again = orders.dequeue(10)
+    assert sorted(m.id for m in again) == sorted(ids) and {m.attempts for m in again} == {2}
+    assert orders.ack(again) == 2
+
+
+def slot_counts(engine: sa.Engine, queue: Queue) -> dict[tuple[int, int], int]:
+    """(slot, status) -> rows in meta."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(f"SELECT slot, status, count(*) AS n FROM {queue.names.qualified('meta')} "
+                                    "GROUP BY slot, status")).all()
+    return {(r.slot, r.status): r.n for r in rows}
+
+
+def test_a_backlog_in_the_previous_generation_is_claimed_where_it_is_until_the_current_one_is_full(engine, orders):
+    """300 READY items in epoch 0 when the rotator switches (generations of 300 ids): the seal
+    leaves them where they are, more than LAZY_SEAL_ROWS, and the claims take them there, in
+    order. Once at most LAZY_SEAL_ROWS are left the seal moves those few; and once the current
+    epoch is full it moves whatever is left (here the next generation's 300)."""
+    rot = rotator(engine, items=300)
+    first = orders.enqueue_many([f"a{i}".encode() for i in range(300)])
+    done = rot.rotate()
+    assert done.switched and done.sealed is None
+    assert rot.rotate().sealed is None  # nothing drawn since: still open
+    assert slot_counts(engine, orders) == {(0, 0): 300}
+    second = orders.enqueue_many([f"b{i}".encode() for i in range(100)])
+    taken = orders.dequeue(250)
+    assert [m.id for m in taken] == first[:250]
+    assert orders.ack(taken) == 250
+    assert slot_counts(engine, orders) == {(0, 0): 50, (0, 2): 250, (1, 0): 100}
+    done = rot.rotate()  # 50 left (<= LAZY_SEAL_ROWS): moved, and epoch 0 emptied
+    assert (done.sealed, done.emptied, done.switched) == (50, 1, False)
+    assert slot_counts(engine, orders) == {(1, 0): 150}
+    third = orders.enqueue_many([f"c{i}".encode() for i in range(200)])  # epoch 1 full: switch
+    done = rot.rotate()
+    assert done.switched and state(engine, orders).sealed == 0  # epoch 1's 350 READY stay
+    orders.enqueue_many([f"d{i}".encode() for i in range(300)])  # epoch 2 full: the seal moves them
+    done = rot.rotate()
+    assert done.sealed == 350 and done.emptied == 1
+    rest = orders.dequeue(1000)
+    assert [m.id for m in rest][:350] == first[250:] + second + third
+    assert orders.ack(rest) == 650
+    assert sum(slot_counts(engine, orders).get((s, 0), 0) for s in range(3)) == 0
+
+
+def test_the_truncate_copies_only_what_finished_since_the_precopy(engine, orders):
+    """rot_copy passes over the rows already in history before it reads their payloads: the
+    truncate's copy under its lock reads what finished since the precopy, not the generation."""
+    fn = orders.names.qualified
+    ids = orders.enqueue_many([f"m{i}".encode() for i in range(10)])
+    taken = orders.dequeue(10)
+    assert orders.ack(taken[:6]) == 6
+    sealed_not_emptied(engine, orders)
+
+    def copy(after: int = 0) -> tuple[int, int | None]:
+        with engine.begin() as conn:
+            return tuple(conn.execute(sa.text(f"SELECT * FROM {fn('rot_copy')}(CAST(0 AS smallint), :after, NULL)"),
+                                      {"after": after}).one())
+
+    assert copy() == (6, max(m.id for m in taken[:6]))
+    assert orders.ack(taken[6:]) == 4
+    assert copy() == (4, max(ids))  # the last id looked at: every finished row of the slot
+    assert copy() == (0, max(ids))
+    assert copy(max(ids)) == (0, None)
+    assert ledger(engine, orders)["count"] == Counter({i: 2 for i in ids})  # in meta and in history
+
