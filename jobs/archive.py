@@ -321,7 +321,7 @@ class Rotator:
         that comes at once moves the few items still leased rather than leave the window open
         for a pause of the job. The seal waits while a backlog is left in the previous epoch:
         moving it at every switch cost the consumers more than the claims that take it where
-        it is, on both open slots (bench/lab/RESULTS.md: "The archive job beside a full-speed
+        it is, on both open slots (bench/lab/RESULTS.md: "the archive job beside a full-speed
         cycle")."""
         p = RotationPass()
         state = self._one("rot_state")

@@ -545,7 +545,7 @@ $fn$;
 -- partitioned parents (<queue>_claim_in, <queue>_ack_in: every slot) and on each slot's own
 -- tables (<queue>_claim_in0..2, <queue>_ack_in0..2). dequeue and ack (create_dequeue,
 -- create_functions) call the current slot's while every READY row is in the current epoch,
--- the parents' otherwise and for what the slot's call did not find. Why: a statement on the
+-- the parents' otherwise (and ack for the ids the slot's call did not find). Why: a statement on the
 -- parents locks and opens every slot table and every index of each when it starts (26
 -- relation locks per claim, past the 16 a backend takes without the shared lock manager,
 -- against 7 on reliable_0011's single tables): the SQL cycle ran at 0.66x reliable_0011's
@@ -735,7 +735,7 @@ DROP FUNCTION IF EXISTS {{fn_release_in2}}(bigint[], text);
 -- every slot for such leases whenever it came back short of a batch while an older slot
 -- waited for its truncate: with many consumers and little backlog most claims are short, so
 -- in that window, once or twice in every pass of the job, they locked every slot's tables
--- and queued behind the truncate's lock (bench/lab/RESULTS.md: "The archive job beside a
+-- and queued behind the truncate's lock (bench/lab/RESULTS.md: "the archive job beside a
 -- full-speed cycle").
 CREATE OR REPLACE FUNCTION {{fn_dequeue}}(
     p_batch         integer          DEFAULT 1,
