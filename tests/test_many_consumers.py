@@ -157,7 +157,7 @@ def test_an_idle_worker_takes_what_arrives_while_the_looker_is_busy(db_url, engi
         time.sleep(1.5)  # the other's window reaches the poll interval
         with Queue(engine, "orders") as producer:
             producer.enqueue("slow 1")
-            wait_until(lambda: handler.texts()["slow 1"] == 1, timeout=5, what="the looker's item")
+            wait_until(lambda: handler.texts()["slow 1"] == 1, timeout=5, what="the first item")
             time.sleep(0.3)  # the looker is in its handler, without room
             sent = time.monotonic()
             producer.enqueue("slow 2")
