@@ -17,7 +17,8 @@ the same small-batch way.
 Rotation (a reliable queue at reliable_0012 or later, on either engine): before its batches the
 job also rotates the queue's generations (Archiver.rotate): it seals the previous epoch (moves
 the READY rows left there forward: once LAZY_SEAL_ROWS or fewer are left, since the claims
-take a backlog where it is, oldest first, or once the current epoch is full), copies the
+take a backlog where it is, oldest first, or once the current epoch is full; right after a
+switch, on PostgreSQL, in the switch's own transaction), copies the
 oldest sealed one's finished rows to history and empties it with TRUNCATE (under
 a short lock_timeout, retried, so producers and consumers never queue behind it for long),
 and switches new rows to the next epoch every `rotate_items` ids. Finished rows of an emptied
@@ -62,7 +63,9 @@ MAX_CONSECUTIVE_ERRORS = 10
 DEFAULT_ROTATE_ITEMS = 2000         # ids per generation: what one truncate frees
 MAX_ROTATE_ITEMS = 10_000_000
 SEAL_LIMIT = 50_000                 # READY rows a seal moves; more: the epoch stays open (a backlog)
-LAZY_SEAL_ROWS = 100                # a seal waits while more READY rows than this are left behind,
+LAZY_SEAL_ROWS = 500                # a seal waits while more READY rows than this are left behind (moving
+                                    # them takes milliseconds; while it waits every claim walks both open
+                                    # slots on the parents, two to three times the cost of one slot),
                                     # until the current epoch has had rotate_items ids
 EMPTY_LOCK_TIMEOUT_MS = 50          # a truncate waits this long for its slot's lock...
 EMPTY_TRIES = 5                     # ...this many times per pass, then waits for the next pass
@@ -265,6 +268,7 @@ class Rotator:
         self.target = target
         self.config = config
         self._last_id: int | None = None
+        self._conn: Connection | None = None  # the pass's own connection (rotate)
         self._sql = {name: target.sql(name) for name in (
             "rot_state", "rot_seal", "rot_mark", "rot_next_empty", "rot_copy", "rot_empty", "rot_switch")}
 
@@ -275,10 +279,12 @@ class Rotator:
         return target.info.kind == "reliable" and target.info.schema_version >= "reliable_0012"
 
     def _one(self, name: str, **params: Any) -> Any:
+        """One step in a transaction of its own, on the pass's connection."""
+        assert self._conn is not None, "a step runs within rotate()"
         c = self.config
-        with self.engine.begin() as conn:
-            self.target.set_local_timeouts(conn, c.lock_timeout, c.statement_timeout)
-            return conn.execute(self._sql[name], params).one()
+        with self._conn.begin():
+            self.target.set_local_timeouts(self._conn, c.lock_timeout, c.statement_timeout)
+            return self._conn.execute(self._sql[name], params).one()
 
     def _copy(self, slot: int, after: int) -> Any:
         """One batch of a generation's finished rows to history. Two rotators copying the same
@@ -322,7 +328,19 @@ class Rotator:
         for a pause of the job. The seal waits while a backlog is left in the previous epoch:
         moving it at every switch cost the consumers more than the claims that take it where
         it is, on both open slots (bench/lab/RESULTS.md: "the archive job beside a full-speed
-        cycle")."""
+        cycle").
+
+        The pass's steps share one connection: a switch opens a window in which the claims
+        walk both open slots on the parents' tables until the seal's mark, and steps that each
+        took a connection from the pool (and pinged it) held that window open longer."""
+        with self.engine.connect() as conn:
+            self._conn = conn
+            try:
+                return self._rotate(stopping)
+            finally:
+                self._conn = None
+
+    def _rotate(self, stopping: Callable[[], bool]) -> RotationPass:
         p = RotationPass()
         state = self._one("rot_state")
         p.active = self._last_id is not None and state.last_id != self._last_id
@@ -332,14 +350,41 @@ class Rotator:
             self._seal(p, state.epoch - 1, lazy=state.last_id - state.start_id < self.config.rotate_items)
         if not self._empty_sealed(p, stopping):
             return p
-        switched = self._one("rot_switch", items=self.config.rotate_items).epoch
-        p.switched = switched is not None
+        p.switched = self._switch(p)
         if p.switched:
-            # sealed at once unless a backlog is left there: until then the claims walk two
-            # slots, on the parents' tables
-            self._seal(p, switched - 1, lazy=True)
             self._empty_sealed(p, stopping)
         return p
+
+    def _switch(self, p: RotationPass) -> bool:
+        """Switch to the next epoch once the current one is full, and seal the one it closed
+        at once unless a backlog is left there: until the seal's mark the claims walk both
+        open slots on the parents' tables (two to three times a claim's cost on one slot's).
+
+        On PostgreSQL the switch, the seal and its mark are one transaction, the mark last:
+        the window lasts the seal's own statement, not three transactions. The mark (a
+        sequence: seen by every session at once) comes before the seal's commit, so for that
+        one round trip the rows it moved are in neither open slot for the claims; were the
+        commit to fail they stay READY in the sealed slot, and the truncate moves them forward
+        (rot_empty): late by one rotation, never lost. SQL Server's calls keep a transaction
+        each, the mark after the seal's commit."""
+        if self.target.sql_dir != "postgresql":
+            switched = self._one("rot_switch", items=self.config.rotate_items).epoch
+            if switched is not None:
+                self._seal(p, switched - 1, lazy=True)
+            return switched is not None
+        assert self._conn is not None
+        c, conn = self.config, self._conn
+        with conn.begin():
+            self.target.set_local_timeouts(conn, c.lock_timeout, c.statement_timeout)
+            switched = conn.execute(self._sql["rot_switch"], {"items": c.rotate_items}).one().epoch
+            if switched is None:
+                return False
+            moved = conn.execute(self._sql["rot_seal"], {"limit": LAZY_SEAL_ROWS}).one().moved
+            if moved is not None and moved >= 0:
+                conn.execute(self._sql["rot_mark"], {"what": "sealed", "epoch": switched - 1}).one()
+        if moved is not None and moved >= 0:
+            p.sealed = (p.sealed or 0) + moved
+        return True
 
     def _empty_sealed(self, p: RotationPass, stopping: Callable[[], bool]) -> bool:
         """Copy and empty every sealed epoch not emptied yet, oldest first; False when told to stop."""

@@ -19,7 +19,7 @@ from queuectl.client import Queue
 from queuectl.engine import adapter_for
 from queuectl.health import HealthOptions, health_report
 from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue
-from queuectl.jobs.archive import ArchiveConfig, Rotator
+from queuectl.jobs.archive import LAZY_SEAL_ROWS, ArchiveConfig, Rotator
 from queuectl.jobs.base import JobTarget
 
 SLOTS = ("meta0", "meta1", "meta2", "data0", "data1", "data2")
@@ -243,6 +243,31 @@ def test_the_seal_never_waits_on_a_consumer_and_a_row_it_skips_comes_back_one_ro
     assert sorted(m.id for m in again) == sorted(held)
     assert [m.payload for m in again] == [f"m{ids.index(m.id)}".encode() for m in again]
     assert orders.ack(again) == 3
+
+
+def test_a_switch_whose_transaction_fails_after_the_seal_s_mark_loses_no_row(engine, orders):
+    """The switch, the seal of the epoch it closed and the seal's mark are one transaction, the
+    mark (a sequence: seen by every session at once) just before the commit. Should that
+    transaction fail after the mark, the rows the seal moved are READY in the sealed slot
+    again, where no claim looks: the truncate of the job's next pass moves them forward."""
+    rot = rotator(engine, items=10)
+    ids = orders.enqueue_many([f"m{i}".encode() for i in range(12)])
+    marks = rot._sql["rot_mark"]
+    rot._sql["rot_mark"] = sa.text(  # the mark, then an error (a subquery: not folded when planned)
+        f"WITH m AS MATERIALIZED (SELECT {orders.names.qualified('rot_mark')}(:what, :epoch)) "
+        "SELECT 1 / (SELECT count(*) - 1 FROM m)")
+    with pytest.raises(DBAPIError, match="division by zero"):
+        rot.rotate()  # switched to epoch 1, sealed 12 rows, marked; then the transaction failed
+    st = state(engine, orders)
+    assert (st.epoch, st.sealed, st.emptied) == (1, 0, -1)
+    assert slot_counts(engine, orders) == {(0, 0): 12}
+    assert orders.dequeue(20) == []  # the claims walk the open epoch only
+    rot._sql["rot_mark"] = marks
+    assert rot.rotate().emptied == 1
+    again = orders.dequeue(20)
+    assert [m.id for m in again] == ids
+    assert [m.payload for m in again] == [f"m{i}".encode() for i in range(12)]
+    assert orders.ack(again) == 12
 
 
 def relation_locks(conn: sa.Connection) -> list[sa.Row]:
@@ -556,33 +581,34 @@ def slot_counts(engine: sa.Engine, queue: Queue) -> dict[tuple[int, int], int]:
 
 
 def test_a_backlog_in_the_previous_generation_is_claimed_where_it_is_until_the_current_one_is_full(engine, orders):
-    """300 READY items in epoch 0 when the rotator switches (generations of 300 ids): the seal
-    leaves them where they are, more than LAZY_SEAL_ROWS, and the claims take them there, in
-    order. Once at most LAZY_SEAL_ROWS are left the seal moves those few; and once the current
-    epoch is full it moves whatever is left (here the next generation's 300)."""
-    rot = rotator(engine, items=300)
-    first = orders.enqueue_many([f"a{i}".encode() for i in range(300)])
+    """3n READY items in epoch 0 when the rotator switches (n = LAZY_SEAL_ROWS, generations
+    of 3n ids): the seal leaves them where they are, more than n, and the claims take them
+    there, in order. Once at most n are left the seal moves those few; and once the current
+    epoch is full it moves whatever is left (here the next generation's 3.5n)."""
+    n = LAZY_SEAL_ROWS
+    rot = rotator(engine, items=3 * n)
+    first = orders.enqueue_many([f"a{i}".encode() for i in range(3 * n)])
     done = rot.rotate()
     assert done.switched and done.sealed is None
     assert rot.rotate().sealed is None  # nothing drawn since: still open
-    assert slot_counts(engine, orders) == {(0, 0): 300}
-    second = orders.enqueue_many([f"b{i}".encode() for i in range(100)])
-    taken = orders.dequeue(250)
-    assert [m.id for m in taken] == first[:250]
-    assert orders.ack(taken) == 250
-    assert slot_counts(engine, orders) == {(0, 0): 50, (0, 2): 250, (1, 0): 100}
-    done = rot.rotate()  # 50 left (<= LAZY_SEAL_ROWS): moved, and epoch 0 emptied
-    assert (done.sealed, done.emptied, done.switched) == (50, 1, False)
-    assert slot_counts(engine, orders) == {(1, 0): 150}
-    third = orders.enqueue_many([f"c{i}".encode() for i in range(200)])  # epoch 1 full: switch
+    assert slot_counts(engine, orders) == {(0, 0): 3 * n}
+    second = orders.enqueue_many([f"b{i}".encode() for i in range(n)])
+    taken = orders.dequeue(5 * n // 2)
+    assert [m.id for m in taken] == first[:5 * n // 2]
+    assert orders.ack(taken) == 5 * n // 2
+    assert slot_counts(engine, orders) == {(0, 0): n // 2, (0, 2): 5 * n // 2, (1, 0): n}
+    done = rot.rotate()  # n/2 left (<= n): moved, and epoch 0 emptied
+    assert (done.sealed, done.emptied, done.switched) == (n // 2, 1, False)
+    assert slot_counts(engine, orders) == {(1, 0): 3 * n // 2}
+    third = orders.enqueue_many([f"c{i}".encode() for i in range(2 * n)])  # epoch 1 full: switch
     done = rot.rotate()
-    assert done.switched and state(engine, orders).sealed == 0  # epoch 1's 350 READY stay
-    orders.enqueue_many([f"d{i}".encode() for i in range(300)])  # epoch 2 full: the seal moves them
+    assert done.switched and state(engine, orders).sealed == 0  # epoch 1's 3.5n READY stay
+    orders.enqueue_many([f"d{i}".encode() for i in range(3 * n)])  # epoch 2 full: the seal moves them
     done = rot.rotate()
-    assert done.sealed == 350 and done.emptied == 1
-    rest = orders.dequeue(1000)
-    assert [m.id for m in rest][:350] == first[250:] + second + third
-    assert orders.ack(rest) == 650
+    assert done.sealed == 7 * n // 2 and done.emptied == 1
+    rest = orders.dequeue(10 * n)
+    assert [m.id for m in rest][:7 * n // 2] == first[5 * n // 2:] + second + third
+    assert orders.ack(rest) == 13 * n // 2
     assert sum(slot_counts(engine, orders).get((s, 0), 0) for s in range(3)) == 0
 
 
