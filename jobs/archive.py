@@ -32,7 +32,8 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -278,13 +279,21 @@ class Rotator:
         sql/<engine>/jobs.sql take the same parameters and return the same columns)."""
         return target.info.kind == "reliable" and target.info.schema_version >= "reliable_0012"
 
-    def _one(self, name: str, **params: Any) -> Any:
-        """One step in a transaction of its own, on the pass's connection."""
-        assert self._conn is not None, "a step runs within rotate()"
+    @contextmanager
+    def _transaction(self) -> Iterator[Callable[..., Any]]:
+        """A transaction on the pass's connection, under the job's timeouts; yields a call
+        that runs one step (a rot_* statement) in it and returns its row."""
+        conn = self._conn
+        assert conn is not None, "a step runs within rotate()"
         c = self.config
-        with self._conn.begin():
-            self.target.set_local_timeouts(self._conn, c.lock_timeout, c.statement_timeout)
-            return self._conn.execute(self._sql[name], params).one()
+        with conn.begin():
+            self.target.set_local_timeouts(conn, c.lock_timeout, c.statement_timeout)
+            yield lambda name, **params: conn.execute(self._sql[name], params).one()
+
+    def _one(self, name: str, **params: Any) -> Any:
+        """One step in a transaction of its own."""
+        with self._transaction() as step:
+            return step(name, **params)
 
     def _copy(self, slot: int, after: int) -> Any:
         """One batch of a generation's finished rows to history. Two rotators copying the same
@@ -367,24 +376,12 @@ class Rotator:
         commit to fail they stay READY in the sealed slot, and the truncate moves them forward
         (rot_empty): late by one rotation, never lost. SQL Server's calls keep a transaction
         each, the mark after the seal's commit."""
-        if self.target.sql_dir != "postgresql":
-            switched = self._one("rot_switch", items=self.config.rotate_items).epoch
+        steps = self._transaction() if self.target.sql_dir == "postgresql" else nullcontext(self._one)
+        with steps as step:
+            switched = step("rot_switch", items=self.config.rotate_items).epoch
             if switched is not None:
-                self._seal(p, switched - 1, lazy=True)
-            return switched is not None
-        assert self._conn is not None
-        c, conn = self.config, self._conn
-        with conn.begin():
-            self.target.set_local_timeouts(conn, c.lock_timeout, c.statement_timeout)
-            switched = conn.execute(self._sql["rot_switch"], {"items": c.rotate_items}).one().epoch
-            if switched is None:
-                return False
-            moved = conn.execute(self._sql["rot_seal"], {"limit": LAZY_SEAL_ROWS}).one().moved
-            if moved is not None and moved >= 0:
-                conn.execute(self._sql["rot_mark"], {"what": "sealed", "epoch": switched - 1}).one()
-        if moved is not None and moved >= 0:
-            p.sealed = (p.sealed or 0) + moved
-        return True
+                self._seal(p, switched - 1, lazy=True, step=step)
+        return switched is not None
 
     def _empty_sealed(self, p: RotationPass, stopping: Callable[[], bool]) -> bool:
         """Copy and empty every sealed epoch not emptied yet, oldest first; False when told to stop."""
@@ -417,12 +414,14 @@ class Rotator:
             p.copied += row.copied
         return True
 
-    def _seal(self, p: RotationPass, epoch: int, lazy: bool) -> None:
+    def _seal(self, p: RotationPass, epoch: int, lazy: bool, step: Callable[..., Any] | None = None) -> None:
         """Move epoch's READY rows forward and mark it sealed, unless more are left than the
-        seal moves (LAZY_SEAL_ROWS when `lazy`, else SEAL_LIMIT): the epoch then stays open."""
-        moved = self._one("rot_seal", limit=LAZY_SEAL_ROWS if lazy else SEAL_LIMIT).moved
+        seal moves (LAZY_SEAL_ROWS when `lazy`, else SEAL_LIMIT): the epoch then stays open.
+        Each step in a transaction of its own, or both through `step` (one transaction's)."""
+        step = step or self._one
+        moved = step("rot_seal", limit=LAZY_SEAL_ROWS if lazy else SEAL_LIMIT).moved
         if moved is not None and moved >= 0:
-            self._one("rot_mark", what="sealed", epoch=epoch)
+            step("rot_mark", what="sealed", epoch=epoch)
             p.sealed = (p.sealed or 0) + moved
 
 

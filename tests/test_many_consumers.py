@@ -158,7 +158,7 @@ def test_an_idle_worker_takes_what_arrives_while_the_looker_is_busy(db_url, engi
         with Queue(engine, "orders") as producer:
             producer.enqueue("slow 1")
             wait_until(lambda: handler.texts()["slow 1"] == 1, timeout=5, what="the first item")
-            time.sleep(0.3)  # the looker is in its handler, without room
+            time.sleep(0.3)  # its taker (the looker, or the sleeper if its look came first) is busy
             sent = time.monotonic()
             producer.enqueue("slow 2")
             wait_until(lambda: handler.texts()["slow 2"] == 1, timeout=10, what="the second item")
