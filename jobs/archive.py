@@ -17,8 +17,8 @@ the same small-batch way.
 Rotation (a reliable queue at reliable_0012 or later, on either engine): before its batches the
 job also rotates the queue's generations (Archiver.rotate): it seals the previous epoch (moves
 the READY rows left there forward: once LAZY_SEAL_ROWS or fewer are left, since the claims
-take a backlog where it is, oldest first, or once the current epoch is full; right after a
-switch, on PostgreSQL, in the switch's own transaction), copies the
+take a backlog where it is, oldest first, or once the current epoch is full; on PostgreSQL
+the seal and its mark are one transaction, with the switch when one came just before), copies the
 oldest sealed one's finished rows to history and empties it with TRUNCATE (under
 a short lock_timeout, retried, so producers and consumers never queue behind it for long),
 and switches new rows to the next epoch every `rotate_items` ids. Finished rows of an emptied
@@ -33,7 +33,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -356,7 +356,9 @@ class Rotator:
         self._last_id = state.last_id
         if state.sealed < state.epoch - 1:
             # the claims drain the previous epoch's backlog; moved only once the current one is full
-            self._seal(p, state.epoch - 1, lazy=state.last_id - state.start_id < self.config.rotate_items)
+            with self._seal_steps() as step:
+                self._seal(p, state.epoch - 1, lazy=state.last_id - state.start_id < self.config.rotate_items,
+                           step=step)
         if not self._empty_sealed(p, stopping):
             return p
         p.switched = self._switch(p)
@@ -376,12 +378,18 @@ class Rotator:
         commit to fail they stay READY in the sealed slot, and the truncate moves them forward
         (rot_empty): late by one rotation, never lost. SQL Server's calls keep a transaction
         each, the mark after the seal's commit."""
-        steps = self._transaction() if self.target.sql_dir == "postgresql" else nullcontext(self._one)
-        with steps as step:
+        with self._seal_steps() as step:
             switched = step("rot_switch", items=self.config.rotate_items).epoch
             if switched is not None:
                 self._seal(p, switched - 1, lazy=True, step=step)
         return switched is not None
+
+    def _seal_steps(self) -> AbstractContextManager[Callable[..., Any]]:
+        """How a seal and its mark run (with the switch before them, if any): on PostgreSQL
+        one transaction, the mark last (_switch says why), so the claims walk both open slots
+        on the parents' tables for the seal's own statement only; on SQL Server a transaction
+        per step, the mark after the seal's commit."""
+        return self._transaction() if self.target.sql_dir == "postgresql" else nullcontext(self._one)
 
     def _empty_sealed(self, p: RotationPass, stopping: Callable[[], bool]) -> bool:
         """Copy and empty every sealed epoch not emptied yet, oldest first; False when told to stop."""
@@ -414,11 +422,10 @@ class Rotator:
             p.copied += row.copied
         return True
 
-    def _seal(self, p: RotationPass, epoch: int, lazy: bool, step: Callable[..., Any] | None = None) -> None:
+    def _seal(self, p: RotationPass, epoch: int, lazy: bool, step: Callable[..., Any]) -> None:
         """Move epoch's READY rows forward and mark it sealed, unless more are left than the
         seal moves (LAZY_SEAL_ROWS when `lazy`, else SEAL_LIMIT): the epoch then stays open.
-        Each step in a transaction of its own, or both through `step` (one transaction's)."""
-        step = step or self._one
+        Both steps through `step` (_seal_steps)."""
         moved = step("rot_seal", limit=LAZY_SEAL_ROWS if lazy else SEAL_LIMIT).moved
         if moved is not None and moved >= 0:
             step("rot_mark", what="sealed", epoch=epoch)

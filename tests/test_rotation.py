@@ -245,19 +245,24 @@ def test_the_seal_never_waits_on_a_consumer_and_a_row_it_skips_comes_back_one_ro
     assert orders.ack(again) == 3
 
 
-def test_a_switch_whose_transaction_fails_after_the_seal_s_mark_loses_no_row(engine, orders):
-    """The switch, the seal of the epoch it closed and the seal's mark are one transaction, the
-    mark (a sequence: seen by every session at once) just before the commit. Should that
-    transaction fail after the mark, the rows the seal moved are READY in the sealed slot
-    again, where no claim looks: the truncate of the job's next pass moves them forward."""
+@pytest.mark.parametrize("when", ["with the switch", "at a pass's start"])
+def test_a_seal_whose_transaction_fails_after_its_mark_loses_no_row(engine, orders, when):
+    """A seal and its mark are one transaction (with the switch that closed the epoch, when
+    the pass made one; alone when the pass finds an epoch left unsealed), the mark (a
+    sequence: seen by every session at once) just before the commit. Should that transaction
+    fail after the mark, the rows the seal moved are READY in the sealed slot again, where no
+    claim looks: the truncate of the job's next pass moves them forward."""
     rot = rotator(engine, items=10)
     ids = orders.enqueue_many([f"m{i}".encode() for i in range(12)])
+    if when == "at a pass's start":  # another client switched and left the seal to the job
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"SELECT {orders.names.qualified('rot_switch')}(10)"))
     marks = rot._sql["rot_mark"]
     rot._sql["rot_mark"] = sa.text(  # the mark, then an error (a subquery: not folded when planned)
         f"WITH m AS MATERIALIZED (SELECT {orders.names.qualified('rot_mark')}(:what, :epoch)) "
         "SELECT 1 / (SELECT count(*) - 1 FROM m)")
     with pytest.raises(DBAPIError, match="division by zero"):
-        rot.rotate()  # switched to epoch 1, sealed 12 rows, marked; then the transaction failed
+        rot.rotate()  # (switched to epoch 1,) sealed 12 rows, marked; then the transaction failed
     st = state(engine, orders)
     assert (st.epoch, st.sealed, st.emptied) == (1, 0, -1)
     assert slot_counts(engine, orders) == {(0, 0): 12}

@@ -236,9 +236,10 @@ ORDER BY xmin_age DESC NULLS LAST
 -- The generation rotation of a reliable queue (reliable_0012; sql/postgresql/reliable.sql,
 -- section create_rotator, holds the calls and why they are safe). Each call below is one
 -- transaction of its own; a step is marked done (rot_mark) only after it committed. One
--- exception: the archive job runs a switch, the seal of the epoch it closed and that seal's
--- mark as one transaction, the mark just before the commit (queuectl.jobs.archive,
--- Rotator._switch, says why; a failed commit leaves the moved rows to the truncate).
+-- exception: the archive job runs a seal and its mark as one transaction (with the switch
+-- before them, when the seal follows one), the mark just before the commit
+-- (queuectl.jobs.archive, Rotator._switch, says why; a failed commit leaves the moved rows
+-- to the truncate).
 SELECT * FROM {{fn_rot_state}}()
 
 -- name: rot_seal

@@ -895,7 +895,8 @@ $fn$;
 -- name: create_rotator
 -- reliable_0012: the rotator's calls (queuectl.jobs.archive runs them, each in a
 -- transaction of its own, and marks a step done with rot_mark only after it committed,
--- except a seal right after a switch: one transaction, marked just before its commit).
+-- except a seal, its mark and the switch before them (when there is one): one
+-- transaction, marked just before its commit).
 -- Any other client may run them too: each checks the state itself and does nothing when
 -- its step is not due, so two rotators at once cost retries, never rows.
 
