@@ -213,3 +213,16 @@ SELECT m.id FROM {{meta}} m
 WHERE m.status = 0 AND m.due_at <= now()
 ORDER BY m.priority, m.due_at, m.id
 LIMIT 10
+
+-- name: replan_truncate
+-- replan.py: empty slot 0's tables as the archive job's truncate does (new files: every
+-- session's cached plans on them are invalid).
+TRUNCATE {{meta0}}, {{data0}}
+
+-- name: replan_claim
+-- replan.py: the claim on slot 0's own tables, as dequeue calls it (batch 10).
+SELECT * FROM {{fn_claim_in0}}(ARRAY[0]::smallint[], 10, 30, 'replan')
+
+-- name: replan_ack
+-- replan.py: the ack on slot 0's own tables, as ack calls it (ids that are not there).
+SELECT {{fn_ack_in0}}(ARRAY[1, 2, 3]::bigint[], 'replan')
