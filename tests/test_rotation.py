@@ -577,6 +577,40 @@ def test_a_lease_that_expired_in_a_sealed_generation_comes_back_once_the_truncat
     assert orders.ack(again) == 2
 
 
+def test_health_warns_of_items_stranded_in_a_generation_no_archive_job_empties(engine, orders, monkeypatch):
+    """Leases that expired in a sealed generation come back only with its truncate: while no
+    archive job runs they wait there, and health says so (queue.rotation, once the oldest has
+    waited ROTATION_STRANDED_AGE_S; stuck_items points there), with the count in --json and
+    the metrics. A generation with nothing stranded is not flagged."""
+    def report() -> tuple[dict, health.Check, health.Check]:
+        rep = health_report(engine, None, options=HealthOptions())
+        [q] = rep.to_dict()["queues"]
+        checks = {c.id: c for c in rep.checks if c.object == "orders"}
+        return q, checks["queue.rotation"], checks.get("queue.stuck_items")
+
+    ids = orders.enqueue_many([b"a", b"b", b"c"])
+    leased = orders.dequeue(2, lease=0.2)
+    sealed_not_emptied(engine, orders)
+    q, rotation, _ = report()
+    assert q["rotation"]["stranded"] == 0 and rotation.status == "OK"  # leases not expired yet; "c" moved forward
+    time.sleep(0.3)
+    q, rotation, stuck = report()
+    assert (q["rotation"]["stranded"], rotation.status) == (2, "OK")  # not for long yet
+    assert 0.1 < q["rotation"]["stranded_age_s"] < 60
+    assert "2 waiting in a sealed generation" in rotation.summary
+    assert "come back when the archive job empties it" in stuck.advice
+    monkeypatch.setattr(health, "ROTATION_STRANDED_AGE_S", 0.1)
+    q, rotation, _ = report()
+    assert rotation.status == "WARNING", rotation
+    assert "2 item(s) due for up to" in rotation.advice and "queuectl archive orders" in rotation.advice
+    assert orders.dequeue(10)[0].payload == b"c"  # the others wait in the sealed slot ...
+    assert rotator(engine, items=10**7).rotate().emptied == 1
+    again = orders.dequeue(10)  # ... until the truncate moves them forward
+    assert sorted(m.id for m in again) == sorted(m.id for m in leased) and set(ids) > {m.id for m in again}
+    q, rotation, _ = report()
+    assert q["rotation"]["stranded"] == 0 and rotation.status == "OK"
+
+
 def slot_counts(engine: sa.Engine, queue: Queue) -> dict[tuple[int, int], int]:
     """(slot, status) -> rows in meta."""
     with engine.connect() as conn:

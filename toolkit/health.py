@@ -187,6 +187,8 @@ class QueueFacts:
     subscriptions: list[dict[str, Any]] = field(default_factory=list)  # fan-out ring: its subscriptions' lag
     rotation_lag: int | None = None  # reliable_0012: ids drawn since the rotator's last switch
     rotation_blocked_by: list[str] = field(default_factory=list)  # sessions keeping a generation's truncate waiting
+    rotation_stranded: int | None = None  # items due in a sealed generation not emptied yet (no claim looks there)
+    rotation_stranded_age_s: float | None = None  # how long the oldest of them has been due
     compaction_blocked_by: list[str] = field(default_factory=list)  # sessions keeping a due compaction waiting
     # The kind's own numbers (queuectl.jobs.inspect.KIND_FIELDS, the statements inspect
     # records): a ring's free slots and push/pop sequence gap, a pending queue's overdue items,
@@ -250,6 +252,10 @@ def _probe_reliable(conn: Connection, names: QueueNames, info: QueueInfo, option
 # A session that holds a lock on a generation waiting to be emptied, in a transaction this
 # old, is named as its blocker (claims and acks hold such locks for milliseconds).
 ROTATION_BLOCKER_AGE_S = 10.0
+# Items due this long in a sealed generation not emptied yet (no claim looks there; the
+# archive job's truncate moves them forward) make queue.rotation a WARNING: a scheduled
+# archive job passes at least once a minute, --continuous every few seconds.
+ROTATION_STRANDED_AGE_S = 120.0
 
 
 def _rotation(conn: Connection, names: QueueNames, info: QueueInfo) -> dict[str, Any]:
@@ -265,12 +271,24 @@ def _rotation(conn: Connection, names: QueueNames, info: QueueInfo) -> dict[str,
     except DBAPIError as exc:
         return {"notes": [f"rotation not read: {first_line(exc.orig)} (it needs SELECT on the queue's "
                           "rot_* sequences)"]}
-    blocked: list[str] = []
+    found: dict[str, Any] = {"rotation_lag": row["lag"], "rotation_blocked_by": [], "rotation_stranded": 0}
     if row["waiting_epoch"] is not None:
         from queuectl.jobs.archive import rotation_blockers
 
-        blocked = rotation_blockers(conn, names, sql_dir, row["waiting_epoch"], ROTATION_BLOCKER_AGE_S)
-    return {"rotation_lag": row["lag"], "rotation_blocked_by": blocked}
+        found["rotation_blocked_by"] = rotation_blockers(conn, names, sql_dir, row["waiting_epoch"],
+                                                         ROTATION_BLOCKER_AGE_S)
+        try:
+            with conn.begin_nested():  # a role that may read the queue's views but not its slot tables
+                stranded = conn.execute(sa.text(render(sql_dir, "health", "rotation_stranded", values)),
+                                        {"slot": row["waiting_epoch"] % 3}).mappings().one()
+        except DBAPIError as exc:
+            found["rotation_stranded"] = None
+            found["notes"] = [f"items in the sealed generation not read: {first_line(exc.orig)} (it needs SELECT "
+                              "on the queue's slot tables)"]
+        else:
+            found["rotation_stranded"] = stranded["stranded"]
+            found["rotation_stranded_age_s"] = stranded["stranded_age_s"]
+    return found
 
 
 def _compaction(conn: Connection, names: QueueNames, info: QueueInfo) -> list[str]:
@@ -702,6 +720,9 @@ def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions
                 advice = (f"queue {q.name}: {fmt_count(q.stuck)} item(s) hold leases that expired up to "
                           f"{fmt_duration(q.oldest_expired_lease_s)} ago: their consumers died or stalled; the next "
                           "dequeue (or the stale-reset job) takes them back: check the consumers' logs")
+                if q.rotation_stranded:
+                    advice += ("; those in a sealed generation come back when the archive job empties it "
+                               "(queue.rotation)")
             checks.append(Check("queue.stuck_items", "queues", q.name, status,
                                 f"{fmt_count(q.stuck)} expired lease(s)", q.stuck, "count", advice))
 
@@ -743,10 +764,17 @@ def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions
         if q.rotation_lag is not None:
             status = grade(q.rotation_lag, th["rotation_lag"])
             advice = None
+            stranded = (q.rotation_stranded or 0) > 0 and (q.rotation_stranded_age_s or 0) >= ROTATION_STRANDED_AGE_S
             if q.rotation_blocked_by:
                 status = worst(status, WARNING)
                 advice = (f"queue {q.name}: a generation cannot be emptied: {q.rotation_blocked_by[0]} holds a lock "
                           f"on its tables: end that transaction; {facts.words.keep_off_live_tables}")
+            elif stranded:
+                status = worst(status, WARNING)
+                advice = (f"queue {q.name}: {fmt_count(q.rotation_stranded)} item(s) due for up to "
+                          f"{fmt_duration(q.rotation_stranded_age_s)} wait in a sealed generation (expired leases, "
+                          "or ready items the seal passed over): no dequeue looks there until the archive job "
+                          f"empties it and moves them forward: run queuectl schedule (or queuectl archive {q.name})")
             elif status != OK:
                 advice = (f"queue {q.name}: {fmt_count(q.rotation_lag)} items since its generations last rotated: "
                           f"the archive job rotates them: run queuectl schedule (or queuectl archive {q.name} "
@@ -754,6 +782,8 @@ def _queue_checks(facts: Facts, th: dict[str, Threshold], options: HealthOptions
             summary = f"{fmt_count(q.rotation_lag)} items in the current generation"
             if q.rotation_blocked_by:
                 summary += f"; emptying blocked by {len(q.rotation_blocked_by)} session(s)"
+            if q.rotation_stranded:
+                summary += f"; {fmt_count(q.rotation_stranded)} waiting in a sealed generation"
             checks.append(Check("queue.rotation", "queues", q.name, status, summary, q.rotation_lag, "count", advice))
 
         if q.compaction_blocked_by:
@@ -1081,7 +1111,9 @@ def _queue_dict(q: QueueFacts) -> dict[str, Any]:
                   "dequeued_per_min": q.per_minute(q.dequeued_in_window),
                   "completed_per_min": q.per_minute(q.completed_in_window)},
         "watermark_lag": q.watermark_lag, "ring_fill_pct": q.ring_fill_pct,
-        "rotation": None if q.rotation_lag is None else {"lag": q.rotation_lag, "blocked_by": q.rotation_blocked_by},
+        "rotation": None if q.rotation_lag is None else {
+            "lag": q.rotation_lag, "blocked_by": q.rotation_blocked_by,
+            "stranded": q.rotation_stranded, "stranded_age_s": q.rotation_stranded_age_s},
         "kind_fields": q.kind_fields,
         "notes": q.notes,
     }

@@ -117,6 +117,9 @@ def families(report: HealthReport) -> list[Metric]:
         m.gauge("queuectl_queue_ring_fill_ratio", "Share of a ring queue's slots in use.", labels, _ratio(q.ring_fill_pct))
         m.gauge("queuectl_queue_rotation_lag", "Items since a reliable queue's generations last rotated (the archive "
                 "job rotates them).", labels, q.rotation_lag)
+        m.gauge("queuectl_queue_rotation_stranded", "Items due in a reliable queue's sealed generation that the "
+                "archive job has not emptied yet (expired leases, ready items the seal passed over): no dequeue looks "
+                "there.", labels, q.rotation_stranded)
 
     graded = {(c.id, c.object): c.value for c in report.checks}
     for t in f.tables:

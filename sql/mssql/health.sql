@@ -566,6 +566,23 @@ FROM (SELECT (SELECT CAST(s.current_value AS bigint) FROM sys.sequences AS s
 CROSS JOIN (SELECT COALESCE((SELECT CAST(s.last_used_value AS bigint) FROM sys.sequences AS s
                              WHERE s.object_id = OBJECT_ID({{meta_seq_regclass}})), 0) AS last_id) AS i
 
+-- name: rotation_stranded
+-- The items stranded in a sealed generation still waiting to be emptied (slot :slot):
+-- expired leases and due READY rows the seal passed over. No claim looks for them in a
+-- sealed slot; the archive job's truncate moves them forward. How long the oldest has been
+-- due: seconds since its lease expired, or since its due time. Only the slot's own table
+-- is read (each arm's test of :slot is a startup filter), through its ready and leased
+-- indexes; the role needs SELECT on the slot tables (the meta view does not carry the slot).
+SELECT COUNT_BIG(*) AS stranded,
+       DATEDIFF_BIG(millisecond, MIN(CASE WHEN m.status = 1 THEN m.leased_until ELSE m.due_at END),
+                    SYSUTCDATETIME()) / 1e3 AS stranded_age_s
+FROM (SELECT m0.status, m0.due_at, m0.leased_until FROM {{meta0}} AS m0 WHERE :slot = 0
+      UNION ALL
+      SELECT m1.status, m1.due_at, m1.leased_until FROM {{meta1}} AS m1 WHERE :slot = 1
+      UNION ALL
+      SELECT m2.status, m2.due_at, m2.leased_until FROM {{meta2}} AS m2 WHERE :slot = 2) AS m
+WHERE (m.status = 0 AND m.due_at <= SYSUTCDATETIME()) OR (m.status = 1 AND m.leased_until < SYSUTCDATETIME());
+
 -- name: rotation_blockers
 -- Sessions holding a granted lock on the given tables (:tables, their qualified names
 -- joined by commas: the slot tables of a generation waiting to be emptied), in a

@@ -282,6 +282,20 @@ FROM {{ring}}
 SELECT s.last_id - s.start_id AS lag, CASE WHEN s.emptied < s.sealed THEN s.emptied + 1 END AS waiting_epoch
 FROM {{fn_rot_state}}() s
 
+-- name: rotation_stranded
+-- The items stranded in a sealed generation still waiting to be emptied (slot :slot):
+-- expired leases and due READY rows the seal passed over. No claim looks for them in a
+-- sealed slot; the archive job's truncate moves them forward. How long the oldest has been
+-- due: seconds since its lease expired, or since its due time. Through the parent (the
+-- slot is pruned when planned: the role needs SELECT on the parent only) and the slot's
+-- ready and leased indexes.
+SELECT count(*) AS stranded,
+       extract(epoch FROM now() - min(CASE WHEN m.status = 1 THEN m.leased_until ELSE m.due_at END))::float8
+           AS stranded_age_s
+FROM {{meta}} m
+WHERE m.slot = CAST(:slot AS smallint)
+  AND ((m.status = 0 AND m.due_at <= now()) OR (m.status = 1 AND m.leased_until < now()))
+
 -- name: rotation_blockers
 -- Sessions holding a lock on the given tables (text[] of qualified names: the slot tables of
 -- a generation waiting to be emptied), in a transaction older than :min_age_s: what keeps
