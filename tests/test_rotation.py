@@ -21,6 +21,7 @@ from queuectl.health import HealthOptions, health_report
 from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue
 from queuectl.jobs.archive import LAZY_SEAL_ROWS, ArchiveConfig, Rotator
 from queuectl.jobs.base import JobTarget
+from queuectl.metrics import families
 
 SLOTS = ("meta0", "meta1", "meta2", "data0", "data1", "data2")
 
@@ -585,6 +586,8 @@ def test_health_warns_of_items_stranded_in_a_generation_no_archive_job_empties(e
     def report() -> tuple[dict, health.Check, health.Check]:
         rep = health_report(engine, None, options=HealthOptions())
         [q] = rep.to_dict()["queues"]
+        gauge = [s.value for f in families(rep) for s in f.samples if s.name == "queuectl_queue_rotation_stranded"]
+        assert gauge == [q["rotation"]["stranded"]]
         checks = {c.id: c for c in rep.checks if c.object == "orders"}
         return q, checks["queue.rotation"], checks.get("queue.stuck_items")
 
@@ -603,7 +606,7 @@ def test_health_warns_of_items_stranded_in_a_generation_no_archive_job_empties(e
     q, rotation, _ = report()
     assert rotation.status == "WARNING", rotation
     assert "2 item(s) due for up to" in rotation.advice and "queuectl archive orders" in rotation.advice
-    assert orders.dequeue(10)[0].payload == b"c"  # the others wait in the sealed slot ...
+    assert [m.payload for m in orders.dequeue(10)] == [b"c"]  # the others wait in the sealed slot ...
     assert rotator(engine, items=10**7).rotate().emptied == 1
     again = orders.dequeue(10)  # ... until the truncate moves them forward
     assert sorted(m.id for m in again) == sorted(m.id for m in leased) and set(ids) > {m.id for m in again}

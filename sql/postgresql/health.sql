@@ -286,9 +286,9 @@ FROM {{fn_rot_state}}() s
 -- The items stranded in a sealed generation still waiting to be emptied (slot :slot):
 -- expired leases and due READY rows the seal passed over. No claim looks for them in a
 -- sealed slot; the archive job's truncate moves them forward. How long the oldest has been
--- due: seconds since its lease expired, or since its due time. Through the parent (the
--- slot is pruned when planned: the role needs SELECT on the parent only) and the slot's
--- ready and leased indexes.
+-- due: seconds since its lease expired, or since its due time. Through the parent (only
+-- the slot's partition is read, the others pruned before the scan; the role needs SELECT
+-- on the parent only) and the slot's ready and leased indexes.
 SELECT count(*) AS stranded,
        extract(epoch FROM now() - min(CASE WHEN m.status = 1 THEN m.leased_until ELSE m.due_at END))::float8
            AS stranded_age_s
