@@ -163,6 +163,64 @@ def test_grant_keeps_the_setting_and_a_secured_queue_downgrades_to_its_secured_f
         assert conn.execute(sa.text('SELECT queuectl."g_ack"(ARRAY[:i]::bigint[])'), {"i": row.id}).scalar_one() == 1
 
 
+# -- a backlog that arrives where the statistics say few rows are READY -------------------
+
+SORT_GUARD = "enable_sort=off"
+CLAIMS = ("claim_in", "claim_in0", "claim_in1", "claim_in2")
+
+
+def drained_statistics(engine, name: str, tables: list[str]) -> None:
+    """Statistics that say few rows are READY, as autovacuum leaves them after analysing a
+    drained generation: every row of a few thousand acked, ANALYZE, then the slot emptied by
+    TRUNCATE as the archive job empties it (the statistics stay; the row counts become unknown)."""
+    with open_queue(engine, name) as q:
+        enqueue_in_chunks(q, bytes(300), 3000)
+        while batch := q.dequeue(500):
+            q.ack([m.id for m in batch])
+    with engine.begin() as conn:
+        conn.execute(sa.text("ANALYZE " + ", ".join(tables)))
+        conn.execute(sa.text("TRUNCATE " + ", ".join(tables)))
+
+
+@pytest.mark.parametrize("statistics", ["none", "drained"])
+def test_a_claim_planned_after_a_burst_walks_the_ready_index_whatever_the_statistics_say(engine, statistics):
+    """A session that plans its claim while the current generation's statistics are missing
+    (tables never analysed: a new queue, and every generation of one autovacuum has not
+    analysed yet, as each starts with a truncate) chose a bitmap scan of the whole ready set
+    and a sort, and kept that generic plan: each dequeue(10) read every READY row of the
+    slot. Since reliable_0016 the claims plan without a sort, so they walk the ready index
+    in its order and stop after the batch, however large the backlog, whatever the
+    statistics say (also when they describe a drained generation)."""
+    install_queue(engine, "b")
+    tables = [QueueNames("b").qualified(role) for role in ("meta", "data")]
+    lab_module("lab_helpers").autovacuum_off(engine, tables)
+    assert all(SORT_GUARD in config for config in proconfig(engine, "b", CLAIMS).values())
+    if statistics == "drained":
+        drained_statistics(engine, "b", tables)
+    cost = {}
+    for rows in (2000, GROWN_TO):
+        with open_queue(engine, "b") as q:
+            enqueue_in_chunks(q, bytes(300), rows)
+        with engine.connect() as conn:  # a new session: it plans on the grown tables
+            cost[rows] = kind_cost(conn, "b", 8)
+        with engine.begin() as conn:
+            conn.execute(sa.text("TRUNCATE " + ", ".join(tables)))
+    assert cost[GROWN_TO] <= cost[2000] * 1.2 + 10, cost  # the batch's rows, not the backlog's
+    if statistics == "drained":
+        return
+
+    assert downgrade_queue(engine, "b", "reliable_0015") == (head_of("reliable"), "reliable_0015")
+    assert not any(SORT_GUARD in config for config in proconfig(engine, "b", CLAIMS).values())
+    with open_queue(engine, "b") as q:
+        enqueue_in_chunks(q, bytes(300), GROWN_TO)
+    with engine.connect() as conn:
+        unguarded = kind_cost(conn, "b", 8)
+        assert unguarded > cost[GROWN_TO] * 3, (unguarded, cost)  # the flaw, so the test can tell
+        assert upgrade_queue(engine, "b") == ("reliable_0015", head_of("reliable"))
+        fixed = kind_cost(conn, "b", 2)  # the same session, at its next call
+    assert fixed <= cost[GROWN_TO] * 1.2 + 10, (fixed, cost)
+
+
 # -- the one-table kinds ------------------------------------------------------------------
 
 KINDS = [("heap", None), ("fifo", None), ("fifo", FifoSettings(strict=True)), ("stack", None), ("pending", None),

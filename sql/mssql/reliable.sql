@@ -1107,6 +1107,17 @@ DROP PROCEDURE IF EXISTS {{fn_ack_dequeue}};
 -- name: reset_plan_guard
 -- reliable_0008 downgrade: nothing was set (see set_plan_guard). Empty on purpose.
 
+-- name: set_sort_guard
+-- reliable_0016 on PostgreSQL keeps the claims' cached plans from reading a slot's whole
+-- ready set and sorting it for the batch (a plan made while the statistics counted few READY
+-- rows). Here the claims name the ready index in a table hint (INDEX: create_dequeue) and
+-- read it in its own (priority, due_at, id) order under TOP, which needs no sort; nothing
+-- else is set. Checked offline only: no SQL Server ran these claims here. Empty on purpose
+-- (no batch runs).
+
+-- name: reset_sort_guard
+-- reliable_0016 downgrade: nothing was set (see set_sort_guard). Empty on purpose.
+
 -- name: enqueue
 -- Client call: one item.
 EXEC {{fn_enqueue}} @payload = :payload, @headers = :headers, @priority = :priority,

@@ -559,6 +559,8 @@ $fn$;
 -- custom plan knows the LIMIT (p_batch) where the generic one assumes a tenth of the table.
 -- Measured (pgbench, one client, dequeue(1) + ack, 60,000 rows): with generic plans
 -- reliable_0011's cycle ran 1.2-1.3x its rate, a slot's 1.4-1.7x.
+-- The claims also plan without a sort since reliable_0016 (set_sort_guard: ALTER FUNCTION,
+-- which a CREATE OR REPLACE of these undoes).
 CREATE OR REPLACE FUNCTION {{claim_fn}}(
     p_open          smallint[],
     p_batch         integer,
@@ -1298,6 +1300,40 @@ ALTER FUNCTION {{fn_ack}}(bigint[], text) RESET enable_seqscan RESET jit;
 ALTER FUNCTION {{fn_nack}}(bigint[], text, text, double precision, double precision) RESET enable_seqscan RESET jit;
 ALTER FUNCTION {{fn_extend_lease}}(bigint[], double precision, text) RESET enable_seqscan RESET jit;
 ALTER FUNCTION {{fn_release}}(bigint[], text) RESET enable_seqscan RESET jit;
+
+-- name: set_sort_guard
+-- reliable_0016: the claims (create_claim_calls: on the parents and on each slot's tables)
+-- plan without a sort (reset_sort_guard removes exactly this setting). Their plans are
+-- generic, made once per session and again after each truncate of a slot they name, that is
+-- at the start of every generation, when the slot's row counts are unknown (a TRUNCATE
+-- resets them). On a slot autovacuum has not analysed yet (every slot of a new queue, for a
+-- while) the planner then counts a few READY rows and finds it cheapest to read them all
+-- through a bitmap scan of the ready index and sort them for the batch; the plan stays for
+-- the generation, and when a backlog stands there every claim reads and sorts the whole of
+-- it. Measured: a new session's dequeue(10) on 20,000 READY rows of such a slot read 511
+-- shared buffers against 128 with this setting, which is what it reads at 2,000 rows too;
+-- beside a full-speed cycle with the archive job, 4 consumers on a standing backlog, a claim
+-- on a slot's own tables took 1.6-2.8 ms against 0.5 ms with it (bench/lab/RESULTS.md: "a
+-- claim planned after the truncate"). With sorts disabled the ready CTE walks the ready
+-- index in its own order ((priority, due_at, id); a Merge Append of the slots' indexes on
+-- the parents) and stops after the batch. The result's own ORDER BY (a batch of rows at
+-- most) has no other way and keeps its sort, at a cost estimate raised by 10^10 that no
+-- choice depends on; JIT is off on these functions already (set_plan_guard says why that
+-- matters). A later revision that replaces the claims (CREATE OR REPLACE resets SET
+-- clauses) must run this section again (a test checks the installed head:
+-- tests/test_plan_guard.py).
+ALTER FUNCTION {{fn_claim_in}}(smallint[], integer, double precision, text) SET enable_sort = off;
+ALTER FUNCTION {{fn_claim_in0}}(smallint[], integer, double precision, text) SET enable_sort = off;
+ALTER FUNCTION {{fn_claim_in1}}(smallint[], integer, double precision, text) SET enable_sort = off;
+ALTER FUNCTION {{fn_claim_in2}}(smallint[], integer, double precision, text) SET enable_sort = off;
+
+-- name: reset_sort_guard
+-- reliable_0016 downgrade: the claims plan with sorts allowed again (their other SET clauses,
+-- create_claim_calls', stay).
+ALTER FUNCTION {{fn_claim_in}}(smallint[], integer, double precision, text) RESET enable_sort;
+ALTER FUNCTION {{fn_claim_in0}}(smallint[], integer, double precision, text) RESET enable_sort;
+ALTER FUNCTION {{fn_claim_in1}}(smallint[], integer, double precision, text) RESET enable_sort;
+ALTER FUNCTION {{fn_claim_in2}}(smallint[], integer, double precision, text) RESET enable_sort;
 
 -- name: enqueue
 -- Client call: one item.
