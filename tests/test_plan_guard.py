@@ -268,6 +268,45 @@ def test_a_one_table_queue_planned_empty_dequeues_through_its_index_after_growth
     assert dequeue_definition(engine, "k") == installed  # pending: pending_0002's dequeue again
 
 
+def burst(engine, name: str, rows: int = GROWN_TO) -> None:
+    """`rows` items enqueued in one call, so in one transaction: one due time for all."""
+    with engine.begin() as conn:
+        conn.execute(sa.text(f'SELECT count(*) FROM queuectl."{name}_enqueue_many"(array_fill(CAST(:p AS bytea), '
+                             f'ARRAY[{int(rows)}]))'), {"p": bytes(300)})
+
+
+def test_a_pending_dequeue_planned_on_an_empty_table_deletes_its_picks_without_walking_their_due_time(
+        engine, early_session):
+    """A session that planned its dequeue on the empty table (a new queue, or after the compact
+    job's TRUNCATE) went through the due index for the DELETE of its picks, by their due time
+    only: after a burst enqueued in one transaction (one due time for all) each dequeue(10)
+    read every entry of it. Since pending_0005 the DELETE takes the picks by row address and
+    that session reads what a new one reads; pending_0004 shows the flaw (and the upgrade
+    reaches the early session at its next call)."""
+    install_queue(engine, "p", "pending")
+    table = QueueNames("p").qualified("items")
+    lab_module("lab_helpers").autovacuum_off(engine, [table])
+    cost = {}
+    for revision in (head_of("pending"), "pending_0004"):
+        if revision == "pending_0004":
+            assert downgrade_queue(engine, "p", revision) == (head_of("pending"), revision)
+        with engine.begin() as conn:
+            conn.execute(sa.text("TRUNCATE " + table))
+        kind_cost(early_session, "p", 8)  # plans cached on the empty table
+        burst(engine, "p")
+        with engine.connect() as fresh_conn:
+            fresh = kind_cost(fresh_conn, "p", 8)
+        cost[revision] = (kind_cost(early_session, "p", 2), fresh)
+    (fixed, fresh), (stale, _) = cost[head_of("pending")], cost["pending_0004"]
+    assert fixed <= fresh * 1.2 + 10, cost
+    assert stale > fresh * 2, cost  # the flaw, so the test can tell
+    assert upgrade_queue(engine, "p") == ("pending_0004", head_of("pending"))
+    assert kind_cost(early_session, "p", 2) <= fresh * 1.2 + 10, cost
+    with open_queue(engine, "p") as q:  # and it still takes the earliest due, in order
+        got = [m.id for m in q.dequeue(5)]
+    assert got == sorted(got) and len(got) == 5, got
+
+
 # -- the probe ---------------------------------------------------------------------------
 
 

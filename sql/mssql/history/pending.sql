@@ -11,3 +11,7 @@
 -- name: create_dequeue_0004
 -- Empty: pending_0004 changed PostgreSQL's dequeue only (pending.sql: create_dequeue says why SQL
 -- Server's needs no change).
+
+-- name: create_dequeue_0005
+-- Empty: pending_0005 changed PostgreSQL's dequeue only (its DELETE by row address); SQL
+-- Server's deletes through its TOP pick with table hints (pending.sql: create_dequeue).
