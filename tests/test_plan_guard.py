@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from lab_probes import lab_module
-from queuectl.bench.drivers import enqueue_in_chunks, plan_shared_hits
+from queuectl.bench.drivers import BinaryArray, bench_sql, enqueue_in_chunks, plan_shared_hits
 from queuectl.grants import grant_queue
 from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_queue
 from queuectl.registry import list_queues
@@ -269,10 +269,11 @@ def test_a_one_table_queue_planned_empty_dequeues_through_its_index_after_growth
 
 
 def burst(engine, name: str, rows: int = GROWN_TO) -> None:
-    """`rows` items enqueued in one call, so in one transaction: one due time for all."""
+    """`rows` items enqueued in one call (bench.sql cost_fill), so in one transaction: one
+    due time for all."""
     with engine.begin() as conn:
-        conn.execute(sa.text(f'SELECT count(*) FROM queuectl."{name}_enqueue_many"(array_fill(CAST(:p AS bytea), '
-                             f'ARRAY[{int(rows)}]))'), {"p": bytes(300)})
+        conn.execute(sa.text(bench_sql("cost_fill", QueueNames(name).template_values())),
+                     {"pool": BinaryArray([bytes(300)]), "rows": rows})
 
 
 def test_a_pending_dequeue_planned_on_an_empty_table_deletes_its_picks_without_walking_their_due_time(

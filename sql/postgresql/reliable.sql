@@ -1314,9 +1314,9 @@ ALTER FUNCTION {{fn_release}}(bigint[], text) RESET enable_seqscan RESET jit;
 -- shared buffers against 128 with this setting, which is what it reads at 2,000 rows too;
 -- beside a full-speed cycle with the archive job, 4 consumers on a standing backlog, a claim
 -- on a slot's own tables took 1.6-2.8 ms against 0.5 ms with it (bench/lab/RESULTS.md: "a
--- claim planned at the start of a generation"). With sorts disabled the ready CTE walks the ready
--- index in its own order ((priority, due_at, id); a Merge Append of the slots' indexes on
--- the parents) and stops after the batch. The result's own ORDER BY (a batch of rows at
+-- claim planned at the start of a generation"). With sorts disabled the ready CTE walks the
+-- ready index in its own order ((priority, due_at, id); a Merge Append of the slots' indexes
+-- on the parents) and stops after the batch. The result's own ORDER BY (a batch of rows at
 -- most) has no other way and keeps its sort, at a cost estimate raised by 10^10 that no
 -- choice depends on; JIT is off on these functions already (set_plan_guard says why that
 -- matters). A later revision that replaces the claims (CREATE OR REPLACE resets SET
