@@ -115,7 +115,10 @@ def test_queue_at_0001_upgrades_alone_and_downgrades_to_the_same_function(engine
         assert upgrade_queue(engine, "alpha") == (old_revision, head)
         new = dequeue_definition(engine, "alpha")
         # pending_0005 deletes its picks by row address
-        picks = "ctid = ANY (ARRAY(SELECT p.row_address" if kind == "pending" else "= ANY (ARRAY(SELECT p.id FROM picked p))"
+        if kind == "pending":
+            picks = "ctid = ANY (ARRAY(SELECT p.row_address"
+        else:
+            picks = "= ANY (ARRAY(SELECT p.id FROM picked p))"
         assert new != old and picks in new and "USING picked" not in new
         assert ("SKIP LOCKED" in new) == ("SKIP LOCKED" in old)  # strict FIFO still waits
         assert dequeue_definition(engine, "beta") == old  # upgraded one at a time

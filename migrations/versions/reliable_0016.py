@@ -10,10 +10,10 @@ generation, when the slot's row counts are unknown. On a slot autovacuum had not
 through a bitmap scan and sorted them for the batch, and kept that plan while a backlog filled
 the slot: every dequeue(10) then read the whole backlog. This revision sets enable_sort = off
 on the four claim functions (sql/postgresql/reliable.sql, section set_sort_guard, has the
-figures), so they walk the ready index in its own order and stop after the batch. The downgrade RESETs
-exactly that setting. Running consumers need no restart: a session recompiles a function
-whose catalog row changed at its next call. SQL Server's sections are empty: its claims
-name the ready index and read it in order.
+figures), so they walk the ready index in its own order and stop after the batch. The
+downgrade RESETs exactly that setting. Running consumers need no restart: a session
+recompiles a function whose catalog row changed at its next call. SQL Server's sections are
+empty: its claims name the ready index and read it in order.
 """
 
 from queuectl.migrations.queue_ops import run_section, set_version
