@@ -270,8 +270,11 @@ class Rotator:
         self.config = config
         self._last_id: int | None = None
         self._conn: Connection | None = None  # the pass's own connection (rotate)
+        # reliable_0017 on PostgreSQL: the truncate is told its precopy's horizon (_empty_sealed)
+        self._horizon = target.sql_dir == "postgresql" and target.info.schema_version >= "reliable_0017"
         self._sql = {name: target.sql(name) for name in (
-            "rot_state", "rot_seal", "rot_mark", "rot_next_empty", "rot_copy", "rot_empty", "rot_switch")}
+            "rot_state", "rot_seal", "rot_mark", "rot_next_empty", "rot_copy", "rot_empty", "rot_switch",
+            *(("rot_horizon", "rot_empty_since") if self._horizon else ()))}
 
     @staticmethod
     def applies(target: JobTarget) -> bool:
@@ -392,8 +395,16 @@ class Rotator:
         return self._transaction() if self.target.sql_dir == "postgresql" else nullcontext(self._one)
 
     def _empty_sealed(self, p: RotationPass, stopping: Callable[[], bool]) -> bool:
-        """Copy and empty every sealed epoch not emptied yet, oldest first; False when told to stop."""
+        """Copy and empty every sealed epoch not emptied yet, oldest first; False when told to stop.
+
+        On PostgreSQL (reliable_0017 or later) the truncate is told the epoch precopied and a
+        transaction horizon taken before the precopy began: what a transaction below it
+        finished, the precopy's batches (each committed before the next, read to the end of
+        the slot) copied, so the copy under the truncate's lock looks up in history only the
+        rows finished since (reliable.sql: create_rot_copy). A pass told to stop truncates
+        nothing, and the next pass precopies again from a horizon of its own."""
         while (epoch := self._one("rot_next_empty").epoch) is not None:
+            horizon = self._one("rot_horizon").horizon if self._horizon else None
             after = 0
             while True:  # the finished rows in batches, before the truncate's short lock
                 batch = self._copy(epoch % 3, after)
@@ -405,7 +416,11 @@ class Rotator:
                     return False
             for attempt in range(EMPTY_TRIES):
                 try:
-                    row = self._one("rot_empty", lock_timeout_ms=EMPTY_LOCK_TIMEOUT_MS)
+                    if horizon is None:
+                        row = self._one("rot_empty", lock_timeout_ms=EMPTY_LOCK_TIMEOUT_MS)
+                    else:
+                        row = self._one("rot_empty_since", lock_timeout_ms=EMPTY_LOCK_TIMEOUT_MS, epoch=epoch,
+                                        horizon=horizon)
                     break
                 except DBAPIError as exc:
                     if not self._lock_timed_out(exc):

@@ -11,7 +11,7 @@ from alembic import context, op
 
 from queuectl.catalog import QueueSettings, queues_table
 from queuectl.engine import adapter_for
-from queuectl.grants import function_values, secured_calls
+from queuectl.grants import FUNCTION_ARGUMENTS, function_values, secured_calls
 from queuectl.kindspec import kind_template_values
 from queuectl.names import QueueNames, quote_ident
 from queuectl.sqlfiles import render
@@ -73,6 +73,30 @@ def replace_functions(file: str, *sections: str) -> None:
     values = function_values(names, kind, secured_calls(kind))
     for statement in adapter.split_batches(render(adapter.sql_dir, "grant", "resecure_functions", values)):
         op.execute(sa.text(statement))
+
+
+def replace_signatures(file: str, sections: tuple[str, ...], changes: tuple[tuple[str, str, str], ...],
+                       drop: str) -> None:
+    """Replace functions by ones with other arguments: run `sections` (they create the new
+    functions beside the old), give each new one the old one's grants (`changes`: the call,
+    its argument types before and after; grant.sql: carry_function_grants), run `drop` (it
+    drops the old ones), then what replace_functions runs after its sections. On SQL Server
+    only the sections run: its revisions alter procedures in place, which keeps their
+    permissions."""
+    for section in sections:
+        run_section(file, section)
+    names, kind, _settings = _target()
+    adapter = adapter_for(op.get_context().dialect.name)
+    if adapter.sql_dir == "postgresql":
+        for call, old, new in changes:
+            # the types are the kind's fixed lists (grants.FUNCTION_ARGUMENTS), never user input
+            if old not in FUNCTION_ARGUMENTS[kind][call] or new not in FUNCTION_ARGUMENTS[kind][call]:
+                raise ValueError(f"{kind} call {call}: unknown argument types {old!r} or {new!r}")
+            values = {**function_values(names, kind, ()), "function_literal": f"'{names.table(call)}'",
+                      "old_types": f"'{old}'", "new_types": f"'{new}'"}
+            for statement in adapter.split_batches(render(adapter.sql_dir, "grant", "carry_function_grants", values)):
+                op.execute(sa.text(statement))
+    replace_functions(file, drop)
 
 
 def register(revision: str) -> None:

@@ -315,3 +315,50 @@ def test_granted_roles_keep_working_across_revisions_that_replace_functions_in_p
     finally:
         as_producer.dispose()
         as_consumer.dispose()
+
+
+def function_acl(engine, queue: str, call: str) -> dict[str, object]:
+    """The queue's function `call`, whatever its arguments: its argument types, whether PUBLIC
+    and which roles may execute it, and whether it runs SECURITY DEFINER."""
+    with engine.connect() as conn:
+        [row] = conn.execute(sa.text(
+            "SELECT oidvectortypes(p.proargtypes) AS types, p.prosecdef, "
+            "has_function_privilege('public', p.oid, 'EXECUTE') AS public, "
+            "ARRAY(SELECT a.grantee::regrole::text FROM aclexplode(p.proacl) a "
+            "      WHERE a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, p.proowner) ORDER BY 1) AS roles "
+            "FROM pg_proc p WHERE p.pronamespace = 'queuectl'::regnamespace AND p.proname = :name"),
+            {"name": f"{queue}_{call}"}).all()
+    return {"types": row.types, "secured": row.prosecdef, "public": row.public, "roles": list(row.roles)}
+
+
+@pytest.mark.slow
+def test_a_revision_that_changes_a_functions_arguments_carries_its_grants_both_ways(engine, roles):
+    """reliable_0017 replaces rot_copy and rot_empty by functions with more arguments (created
+    beside them, the old ones dropped): a new function would be executable by PUBLIC and
+    granted to nobody. What the old one had, the new one gets: EXECUTE revoked from PUBLIC,
+    granted to the roles it was granted to, SECURITY DEFINER (on the downgrade too). A queue
+    never granted keeps its functions as installed."""
+    from queuectl.install import downgrade_queue, head_of, upgrade_queue
+
+    producer, consumer, other = roles
+    old, new = "reliable_0016", head_of("reliable")
+    install_queue(engine, "granted", "reliable", revision=old)
+    install_queue(engine, "plain", "reliable", revision=old)
+    grant_queue(engine, "granted", producer=producer, consumer=consumer)
+    with engine.begin() as conn:  # a role the DBA let run the truncate itself
+        conn.execute(sa.text(f'GRANT EXECUTE ON FUNCTION queuectl.granted_rot_empty(integer) TO "{other}"'))
+    types = {old: {"rot_copy": "smallint, bigint, integer", "rot_empty": "integer"},
+             new: {"rot_copy": "smallint, bigint, integer, xid8", "rot_empty": "integer, bigint, xid8"}}
+    for step, revision in (("installed", old), ("upgrade", new), ("downgrade", old)):
+        if step == "upgrade":
+            assert upgrade_queue(engine, "granted") == (old, new)
+            assert upgrade_queue(engine, "plain") == (old, new)
+        elif step == "downgrade":
+            assert downgrade_queue(engine, "granted", old) == (new, old)
+            assert downgrade_queue(engine, "plain", old) == (new, old)
+        for call in ("rot_copy", "rot_empty"):
+            want = types[revision][call]
+            assert function_acl(engine, "granted", call) == {
+                "types": want, "secured": True, "public": False, "roles": [other] if call == "rot_empty" else []}, step
+            assert function_acl(engine, "plain", call) == {"types": want, "secured": False, "public": True,
+                                                          "roles": []}, step

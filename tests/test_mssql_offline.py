@@ -47,12 +47,16 @@ MSSQL_URL = "mssql+pyodbc://sa:Not-Shown-42@nowhere.invalid:1433/app"
 POSTGRESQL_ONLY = {"bench": "benchmark helpers (VACUUM, REPEATABLE READ snapshots) run on PostgreSQL only"}
 # Sections of one engine's file with no counterpart in the other's, and why. The job
 # statements differ where the engines' tools do: pgstattuple/REINDEX CONCURRENTLY/VACUUM
-# on one side, sys.dm_db_index_physical_stats/ALTER INDEX on the other.
+# on one side, sys.dm_db_index_physical_stats/ALTER INDEX on the other; a PostgreSQL
+# truncate is told its precopy's transaction horizon (SQL Server's precopy moves its rows
+# out of the slot); a PostgreSQL function replaced by one of other arguments is created
+# beside it and given its grants (SQL Server alters procedures in place).
 ENGINE_SPECIFIC = {
+    "grant": {"postgresql": {"carry_function_grants"}},
     "jobs": {
         "postgresql": {
             "pgstattuple_schema", "create_pgstattuple", "drop_index_concurrently", "reindex_concurrently",
-            "vacuum_table",
+            "vacuum_table", "rot_horizon", "rot_empty_since",
         },
         "mssql": {
             "index_capabilities", "reorganize_index", "update_index_statistics", "rebuild_index_online",

@@ -22,6 +22,7 @@ from queuectl.install import downgrade_queue, head_of, install_queue, upgrade_qu
 from queuectl.jobs.archive import LAZY_SEAL_ROWS, ArchiveConfig, Rotator
 from queuectl.jobs.base import JobTarget
 from queuectl.metrics import families
+from queuectl.sqlfiles import render
 
 SLOTS = ("meta0", "meta1", "meta2", "data0", "data1", "data2")
 
@@ -674,4 +675,77 @@ def test_the_truncate_copies_only_what_finished_since_the_precopy(engine, orders
     assert copy() == (0, max(ids))
     assert copy(max(ids)) == (0, None)
     assert ledger(engine, orders)["count"] == Counter({i: 2 for i in ids})  # in meta and in history
+
+
+def horizon(engine: sa.Engine) -> str:
+    """A transaction horizon, taken as the archive job takes it before a precopy."""
+    with engine.begin() as conn:
+        return conn.execute(sa.text(render("postgresql", "jobs", "rot_horizon", {}))).scalar_one()
+
+
+def history_ids(engine: sa.Engine, queue: Queue) -> list[int]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text(f"SELECT id FROM {queue.names.qualified('history')} ORDER BY id")).scalars())
+
+
+def test_a_copy_told_its_precopys_horizon_looks_up_only_the_rows_finished_since(engine, orders):
+    """rot_copy told the horizon its caller took before a precopy passes over the rows a
+    transaction below it finished (the precopy copied those) without looking them up in
+    history, and looks up every other: a row finished by a transaction open across the horizon
+    and one in a subtransaction of it, a row whose transaction committed before the horizon but
+    after that one began (above the horizon: it is looked up, though the precopy copied it), and
+    a row finished after the precopy. History loses the precopied rows here before the copy,
+    so a row looked up is copied again and a row passed over is not."""
+    fn = orders.names.qualified
+    ids = orders.enqueue_many([f"m{i}".encode() for i in range(8)])
+    taken = orders.dequeue(8)
+    assert [m.id for m in taken] == ids
+    assert orders.ack(taken[:4]) == 4
+    sealed_not_emptied(engine, orders)
+    ack = sa.text(f"SELECT {fn('ack')}(CAST(:ids AS bigint[]), :worker)")
+    with engine.connect() as across:  # acks before the horizon is taken, commits after
+        assert across.execute(ack, {"ids": [ids[4]], "worker": orders.worker}).scalar_one() == 1
+        with across.begin_nested():
+            assert across.execute(ack, {"ids": [ids[5]], "worker": orders.worker}).scalar_one() == 1
+        assert orders.ack(taken[6:7]) == 1  # committed, before the horizon
+        cut = horizon(engine)
+        across.commit()
+
+    def copy(before: str | None) -> int:
+        with engine.begin() as conn:
+            return conn.execute(sa.text(f"SELECT copied FROM {fn('rot_copy')}(CAST(0 AS smallint), 0, NULL, "
+                                        "CAST(:before AS xid8))"), {"before": before}).scalar_one()
+
+    assert copy(None) == 7  # the precopy
+    assert orders.ack(taken[7:]) == 1
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"DELETE FROM {fn('history')}"))
+    assert copy(cut) == 4
+    assert history_ids(engine, orders) == ids[4:]
+    assert copy(cut) == 0  # what it looked up it found this time
+    assert copy(None) == 4  # without the horizon every finished row is looked up
+    assert history_ids(engine, orders) == ids
+
+
+def test_a_truncate_uses_the_horizon_only_for_the_epoch_it_was_precopied_for(engine, orders):
+    """rot_empty's horizon holds for the epoch its caller precopied: told it for that epoch the
+    copy under the lock passes over what finished below it; told it for another (another
+    rotator emptied the precopied one meanwhile) it looks every finished row up. A horizon
+    above every ack, with history emptied after the precopy, shows which it did."""
+    fn = orders.names.qualified
+    ids = orders.enqueue_many([f"m{i}".encode() for i in range(4)])
+    assert orders.ack(orders.dequeue(4)) == 4
+    sealed_not_emptied(engine, orders)
+    with engine.begin() as conn:
+        assert conn.execute(sa.text(f"SELECT copied FROM {fn('rot_copy')}(CAST(0 AS smallint), 0, NULL)")).scalar_one() == 4
+        conn.execute(sa.text(f"DELETE FROM {fn('history')}"))
+    cut = horizon(engine)
+    empty = sa.text(f"SELECT * FROM {fn('rot_empty')}(50, :epoch, CAST(:before AS xid8))")
+    with engine.connect() as conn:
+        assert tuple(conn.execute(empty, {"epoch": 0, "before": cut}).one()) == (0, 0, 0)
+        conn.rollback()
+    with engine.begin() as conn:
+        assert tuple(conn.execute(empty, {"epoch": 7, "before": cut}).one()) == (0, 4, 0)
+    assert history_ids(engine, orders) == ids
+    assert state(engine, orders).emptied == -1  # the caller marks it (rot_mark)
 

@@ -32,7 +32,7 @@ def upgrade() -> None:
     run_claim_sections("reliable", "create_claim_calls_0012")
     # before the guard: CREATE OR REPLACE resets a function's SET clauses
     replace_functions("reliable", "create_functions_0012", "create_dequeue_0012", "create_enqueue_functions_0012",
-                      "create_rotator_0012", "create_rot_copy_0012")
+                      "create_rotator_0012", "create_rot_empty_0012", "create_rot_copy_0012")
     run_section("reliable", "set_plan_guard")
     run_section("activation", "create_notify_trigger")
     set_version(revision)

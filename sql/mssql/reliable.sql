@@ -1796,6 +1796,22 @@ END
 -- create_rotator above) picks its rows WITH (UPDLOCK, READPAST) and moves them: two rotators
 -- never take the same row, so neither inserts a key the other holds. Empty on purpose.
 
+-- name: create_rot_empty
+-- reliable_0017 on PostgreSQL: rot_empty takes the epoch its caller precopied and the
+-- transaction horizon it precopied from, and its copy under the lock looks up in history only
+-- the rows finished since (PostgreSQL's rot_copy leaves the rows it copies in the slot, for
+-- the truncate). SQL Server's rot_copy moves the rows it copies out of the slot, so what its
+-- truncate finds there finished since already; its rot_empty (in create_rotator above) is
+-- unchanged. Empty on purpose.
+
+-- name: drop_rot_calls_unaware
+-- reliable_0017 upgrade on PostgreSQL: drops rot_copy and rot_empty without the precopy's
+-- horizon. Nothing was created here (see create_rot_empty). Empty on purpose.
+
+-- name: drop_rot_calls_aware
+-- reliable_0017 downgrade on PostgreSQL: drops rot_copy and rot_empty with the precopy's
+-- horizon. Nothing was created here (see create_rot_empty). Empty on purpose.
+
 -- name: drop_rotator
 -- reliable_0012 downgrade: the rotator's calls.
 DROP PROCEDURE IF EXISTS {{fn_rot_empty}};

@@ -8,10 +8,11 @@
 -- (every table the functions touch is schema-qualified already). PostgreSQL grants
 -- EXECUTE on new functions to PUBLIC: that is revoked, or every role could use the
 -- owner's rights. Done at grant time rather than in the install migration, so the
--- functions' definitions stay as installed; re-run `queuectl grant` after an upgrade
--- that recreates them (a revision that replaces them in place restores this itself:
--- resecure_functions). {{function_signatures}} are the queue's own functions as (name,
--- argument types) pairs: a name alone may also be another queue's overload.
+-- functions' definitions stay as installed. A revision that replaces them in place, or
+-- by functions of other arguments, restores this itself (resecure_functions,
+-- carry_function_grants); re-run `queuectl grant` after one that recreates them otherwise.
+-- {{function_signatures}} are the queue's own functions as (name, argument types) pairs: a
+-- name alone may also be another queue's overload.
 
 -- name: role_exists
 -- Whether a role of that name exists (grants name existing roles only).
@@ -54,6 +55,35 @@ BEGIN
           AND NOT has_function_privilege('public', p.oid, 'EXECUTE')
     LOOP
         EXECUTE 'ALTER FUNCTION ' || f::text || ' SECURITY DEFINER SET search_path = pg_catalog, pg_temp';
+    END LOOP;
+END
+$grant$
+
+-- name: carry_function_grants
+-- Run by a queue revision that replaces a function by one with other arguments: it creates
+-- the new one beside the old, runs this, then drops the old. A new function is executable by
+-- PUBLIC and granted to nobody, so it gets what `queuectl grant` gave the old one: EXECUTE
+-- revoked from PUBLIC when it was revoked there, and granted to each role it was granted to
+-- (resecure_functions, run after, gives a secured one SECURITY DEFINER and its search_path
+-- back). Nothing when either does not exist. {{function_literal}} is the function's name,
+-- {{old_types}} and {{new_types}} its argument types before and after, as literals.
+DO $grant$
+DECLARE
+    v_old regprocedure := to_regprocedure(format('%I.%I(%s)', {{schema_literal}}, {{function_literal}}, {{old_types}}));
+    v_new regprocedure := to_regprocedure(format('%I.%I(%s)', {{schema_literal}}, {{function_literal}}, {{new_types}}));
+    v_role regrole;
+BEGIN
+    IF v_old IS NULL OR v_new IS NULL THEN
+        RETURN;
+    END IF;
+    IF NOT has_function_privilege('public', v_old, 'EXECUTE') THEN
+        EXECUTE 'REVOKE ALL ON FUNCTION ' || v_new::text || ' FROM PUBLIC';
+    END IF;
+    FOR v_role IN
+        SELECT a.grantee::regrole FROM pg_proc p, aclexplode(p.proacl) a
+        WHERE p.oid = v_old AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, p.proowner)
+    LOOP
+        EXECUTE 'GRANT EXECUTE ON FUNCTION ' || v_new::text || ' TO ' || v_role::text;
     END LOOP;
 END
 $grant$

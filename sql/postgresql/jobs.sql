@@ -264,6 +264,17 @@ SELECT * FROM {{fn_rot_copy}}(CAST(:slot AS smallint), :after, :batch)
 -- a lock_timeout of :lock_timeout_ms (55P03 when the slot stays locked).
 SELECT * FROM {{fn_rot_empty}}(:lock_timeout_ms)
 
+-- name: rot_horizon
+-- The transaction horizon before a precopy (reliable_0017 or later): every transaction below
+-- it has ended, so whatever one of them finished the precopy's batches read (rot_empty_since).
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS horizon
+
+-- name: rot_empty_since
+-- rot_empty at reliable_0017 or later, told the epoch the caller precopied and the horizon
+-- it took before (rot_horizon): the copy under the lock looks up in history only the rows
+-- finished since.
+SELECT * FROM {{fn_rot_empty}}(:lock_timeout_ms, :epoch, CAST(:horizon AS xid8))
+
 -- name: rot_switch
 -- New rows to the next epoch once the current one has had :items ids (NULL: not yet).
 SELECT {{fn_rot_switch}}(:items) AS epoch

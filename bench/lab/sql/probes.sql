@@ -226,3 +226,24 @@ SELECT * FROM {{fn_claim_in0}}(ARRAY[0]::smallint[], 10, 30, 'replan')
 -- name: replan_ack
 -- replan.py: the ack on slot 0's own tables, as ack calls it (ids that are not there).
 SELECT {{fn_ack_in0}}(ARRAY[1, 2, 3]::bigint[], 'replan')
+
+-- name: empty_look_switch
+-- empty_look.py: new rows to the next epoch (a generation of at least 1 id).
+SELECT {{fn_rot_switch}}(1) AS epoch
+
+-- name: empty_look_seal
+-- empty_look.py: seal the previous epoch (its READY rows move forward) and mark it sealed.
+SELECT {{fn_rot_seal}}(100000) AS moved, {{fn_rot_mark}}('sealed', :epoch)
+
+-- name: empty_look_horizon
+-- empty_look.py: the horizon the archive job takes before its precopy (jobs.sql: rot_horizon).
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS horizon
+
+-- name: empty_look_precopy
+-- empty_look.py: one batch of the precopy, as the archive job runs it (jobs.sql: rot_copy).
+SELECT * FROM {{fn_rot_copy}}(CAST(:slot AS smallint), :after, :batch)
+
+-- name: empty_look_copy
+-- empty_look.py: the copy rot_empty runs under its lock, without a horizon (every finished
+-- row of the slot looked up in history) or with the precopy's (NULL: without).
+SELECT * FROM {{fn_rot_copy}}(CAST(:slot AS smallint), 0, NULL, CAST(:horizon AS xid8))

@@ -974,3 +974,108 @@ BEGIN
     SELECT (SELECT count(*) FROM copied), (SELECT max(p.id) FROM picked p) INTO copied, last_id;
 END
 $fn$;
+
+-- name: create_rot_empty_0012
+-- reliable_0012's truncate, without the precopied epoch and its horizon (reliable_0017's
+-- downgrade puts it back). reliable_0012 creates it with the other rotator calls
+-- (create_rotator).
+
+-- Archive and empty the oldest sealed epoch (header, 5) under lock_timeout p_lock_timeout_ms;
+-- the caller has precopied it (rot_copy, without the lock). Returns the epoch emptied (the
+-- caller marks it), or NULL when none waits; raises lock_not_available (55P03) when the
+-- slot stays locked past the timeout.
+CREATE OR REPLACE FUNCTION {{fn_rot_empty}}(p_lock_timeout_ms integer,
+                                          OUT epoch bigint, OUT copied bigint, OUT moved bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_slot smallint;
+    v_ids bigint[];
+BEGIN
+    epoch := {{fn_rot_next_empty}}();
+    IF epoch IS NULL THEN
+        RETURN;
+    END IF;
+    v_slot := (epoch % 3)::smallint;
+    PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
+    IF v_slot = 0 THEN
+        LOCK TABLE {{meta0}}, {{data0}} IN ACCESS EXCLUSIVE MODE;
+    ELSIF v_slot = 1 THEN
+        LOCK TABLE {{meta1}}, {{data1}} IN ACCESS EXCLUSIVE MODE;
+    ELSE
+        LOCK TABLE {{meta2}}, {{data2}} IN ACCESS EXCLUSIVE MODE;
+    END IF;
+    -- Another rotator may have emptied this epoch while we waited for the lock, marked it
+    -- and switched new rows into the same slot: the state is read again under the lock
+    -- (a mark is set only after its truncate committed), and nothing is done if it moved on.
+    IF {{fn_rot_next_empty}}() IS DISTINCT FROM epoch THEN
+        epoch := NULL;
+        RETURN;
+    END IF;
+    copied := (SELECT c.copied FROM {{fn_rot_copy}}(v_slot, 0, NULL) c);
+    v_ids := ARRAY(SELECT m.id FROM {{meta}} m WHERE m.slot = v_slot AND m.status < 2);
+    moved := {{fn_rot_move}}(v_ids, ((SELECT last_value FROM {{rot_epoch}}) % 3)::smallint);
+    IF v_slot = 0 THEN
+        TRUNCATE {{meta0}}, {{data0}};
+    ELSIF v_slot = 1 THEN
+        TRUNCATE {{meta1}}, {{data1}};
+    ELSE
+        TRUNCATE {{meta2}}, {{data2}};
+    END IF;
+END
+$fn$;
+
+-- name: create_rot_copy_0015
+-- reliable_0015's copy of a generation's finished rows to history, without the precopy's
+-- horizon (reliable_0017's downgrade puts it back): the truncate's copy under its lock
+-- looked up in history every finished row of the generation.
+
+-- Copy finished rows of slot p_slot, with their payloads, to history: those with an id above
+-- p_after, at most p_batch of them (NULL: all), in id order, so the archive job copies a
+-- large generation in short transactions (a queue migrated with millions of rows in slot 0).
+-- Returns how many were copied and the last id looked at (the next call's p_after).
+-- A row already in history is passed over before its payload is read: the truncate copies
+-- what finished since the precopy (p_after 0) under its lock, and reads history's primary key
+-- once for each row the precopy copied, where reliable_0014 joined each to its payload first
+-- and left it to ON CONFLICT. The look-up is a correlated subquery, not NOT EXISTS: the
+-- planner would make that an anti-join, which it may run as a hash or merge join reading all
+-- of history, where a subquery is one probe of history's primary key per row picked. Each
+-- call is planned for its own arguments (force_custom_plan): the slot's own tables, and for a
+-- batch a walk of the slot's primary key in id order that stops after p_batch finished rows.
+-- A generic plan (plpgsql's choice after five calls) knows neither: it read every finished
+-- row of the slot above p_after and sorted them, at every batch, so a precopy in batches of
+-- 1,000 of a generation of 7,000 ids read 28,000 rows.
+-- The rows go into history in id order (the ORDER BY of the INSERT's SELECT; the executor
+-- inserts them as its sort yields them): two rotators copying the same generation insert
+-- the same keys, and ON CONFLICT makes the second wait on the first's uncommitted key; in
+-- the same order no two wait on each other, while in the join's order (which may follow the
+-- data table's physical order, where rot_move put stragglers after newer rows) two could
+-- each wait on a key the other inserted first, a deadlock.
+CREATE OR REPLACE FUNCTION {{fn_rot_copy}}(p_slot smallint, p_after bigint, p_batch integer,
+                                         OUT copied bigint, OUT last_id bigint)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_custom_plan
+AS $fn$
+BEGIN
+    WITH picked AS MATERIALIZED (
+        SELECT m.id, m.priority, m.due_at, m.status, m.title, m.attempts, m.max_attempts, m.lease_owner,
+               m.enqueued_at, m.dequeued_at, m.finished_at, m.last_error
+        FROM {{meta}} m
+        WHERE m.slot = p_slot AND m.id > p_after AND m.status >= 2
+        ORDER BY m.id
+        LIMIT p_batch
+    ), fresh AS MATERIALIZED (
+        SELECT p.* FROM picked p
+        WHERE (SELECT true FROM {{history}} h WHERE h.id = p.id) IS NULL
+    ), copied AS (
+        INSERT INTO {{history}} (id, priority, due_at, status, title, attempts, max_attempts, lease_owner,
+                                 enqueued_at, dequeued_at, finished_at, last_error, payload, headers, archived_at)
+        SELECT p.id, p.priority, p.due_at, p.status, p.title, p.attempts, p.max_attempts, p.lease_owner,
+               p.enqueued_at, p.dequeued_at, p.finished_at, p.last_error, d.payload, d.headers, now()
+        FROM fresh p LEFT JOIN {{data}} d ON d.id = p.id AND d.slot = p_slot
+        ORDER BY p.id
+        ON CONFLICT (id) DO NOTHING
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM copied), (SELECT max(p.id) FROM picked p) INTO copied, last_id;
+END
+$fn$;
