@@ -81,7 +81,7 @@ def replace_signatures(file: str, sections: tuple[str, ...], changes: tuple[tupl
     functions beside the old), give each new one the old one's grants (`changes`: the call,
     its argument types before and after; grant.sql: carry_function_grants), run `drop` (it
     drops the old ones), then what replace_functions runs after its sections. On SQL Server
-    only the sections run: its revisions alter procedures in place, which keeps their
+    nothing is carried: its revisions alter procedures in place, which keeps their
     permissions."""
     for section in sections:
         run_section(file, section)

@@ -737,7 +737,8 @@ def test_a_truncate_uses_the_horizon_only_for_the_epoch_it_was_precopied_for(eng
     assert orders.ack(orders.dequeue(4)) == 4
     sealed_not_emptied(engine, orders)
     with engine.begin() as conn:
-        assert conn.execute(sa.text(f"SELECT copied FROM {fn('rot_copy')}(CAST(0 AS smallint), 0, NULL)")).scalar_one() == 4
+        precopy = sa.text(f"SELECT copied FROM {fn('rot_copy')}(CAST(0 AS smallint), 0, NULL)")
+        assert conn.execute(precopy).scalar_one() == 4
         conn.execute(sa.text(f"DELETE FROM {fn('history')}"))
     cut = horizon(engine)
     empty = sa.text(f"SELECT * FROM {fn('rot_empty')}(50, :epoch, CAST(:before AS xid8))")

@@ -1065,7 +1065,10 @@ $fn$;
 -- caller precopied epoch p_epoch from horizon p_copied_before (rot_copy says what that
 -- promises); the copy under the lock then looks up only the rows finished since. The horizon
 -- holds for that epoch only: were another one next to empty (another rotator emptied
--- p_epoch meanwhile), every finished row of it is looked up.
+-- p_epoch meanwhile), every finished row of it is looked up. A caller that names a horizon
+-- vouches for its precopy: rows it says were copied are not looked up, and the truncate
+-- drops them. `queuectl grant` gives the rotator's calls to no role (the queue's owner runs
+-- the archive job); a DBA who grants this one grants that trust with it.
 CREATE OR REPLACE FUNCTION {{fn_rot_empty}}(p_lock_timeout_ms integer, p_epoch bigint DEFAULT NULL,
                                           p_copied_before xid8 DEFAULT NULL,
                                           OUT epoch bigint, OUT copied bigint, OUT moved bigint)
@@ -1094,8 +1097,8 @@ BEGIN
         epoch := NULL;
         RETURN;
     END IF;
-    copied := (SELECT c.copied FROM {{fn_rot_copy}}(v_slot, 0, NULL,
-                                                   CASE WHEN epoch = p_epoch THEN p_copied_before END) c);
+    copied := (SELECT c.copied
+               FROM {{fn_rot_copy}}(v_slot, 0, NULL, CASE WHEN epoch = p_epoch THEN p_copied_before END) c);
     v_ids := ARRAY(SELECT m.id FROM {{meta}} m WHERE m.slot = v_slot AND m.status < 2);
     moved := {{fn_rot_move}}(v_ids, ((SELECT last_value FROM {{rot_epoch}}) % 3)::smallint);
     IF v_slot = 0 THEN
