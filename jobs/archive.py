@@ -72,6 +72,7 @@ EMPTY_LOCK_TIMEOUT_MS = 50          # a truncate waits this long for its slot's 
 EMPTY_TRIES = 5                     # ...this many times per pass, then waits for the next pass
 LOCK_NOT_AVAILABLE = "55P03"
 DEADLOCK_DETECTED = "40P01"
+UNDEFINED_FUNCTION = "42883"
 COPY_TRIES = 3                      # sends of a generation's copy batch that lost a deadlock (before reliable_0014)
 
 
@@ -423,6 +424,13 @@ class Rotator:
                                         horizon=horizon)
                     break
                 except DBAPIError as exc:
+                    if horizon is not None and getattr(exc.orig, "sqlstate", None) == UNDEFINED_FUNCTION:
+                        # the queue was taken back below reliable_0017 while this job ran: its
+                        # rot_empty takes no horizon, and looks every finished row up
+                        log.warning("archive %s: rot_empty takes no horizon (the queue was downgraded?): "
+                                    "emptying without it", self.target.names.queue)
+                        self._horizon, horizon = False, None
+                        continue
                     if not self._lock_timed_out(exc):
                         raise
                     time.sleep(EMPTY_LOCK_TIMEOUT_MS / 1000 * (attempt + 1))

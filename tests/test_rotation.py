@@ -727,6 +727,24 @@ def test_a_copy_told_its_precopys_horizon_looks_up_only_the_rows_finished_since(
     assert history_ids(engine, orders) == ids
 
 
+def test_a_job_started_at_a_horizon_revision_keeps_emptying_after_a_downgrade_below_it(engine, orders, caplog):
+    """A job that resolved its queue at reliable_0017 or later tells the truncate its precopy's
+    horizon; taken back below that revision while the job runs, the queue's rot_empty takes no
+    horizon: the job empties without it (and says so) instead of failing every pass."""
+    rot = rotator(engine, items=10)
+    assert rot.target.info.schema_version >= "reliable_0017"
+    ids = orders.enqueue_many([f"m{i}".encode() for i in range(10)])
+    assert orders.ack(orders.dequeue(10)) == 10
+    orders.enqueue("next generation")  # the epoch is full: the pass switches
+    assert downgrade_queue(engine, "orders", "reliable_0016")[1] == "reliable_0016"
+    with caplog.at_level("WARNING", logger="queuectl.jobs.archive"):
+        done = rot.rotate()
+    assert done.switched and done.emptied == 1 and done.copied == 10
+    assert "takes no horizon" in caplog.text
+    assert history_ids(engine, orders) == ids
+    assert rot.rotate().emptied == 0  # nothing more to empty, and no error
+
+
 def test_a_truncate_uses_the_horizon_only_for_the_epoch_it_was_precopied_for(engine, orders):
     """rot_empty's horizon holds for the epoch its caller precopied: told it for that epoch the
     copy under the lock passes over what finished below it; told it for another (another
