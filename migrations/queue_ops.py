@@ -86,16 +86,14 @@ def replace_signatures(file: str, sections: tuple[str, ...], changes: tuple[tupl
     for section in sections:
         run_section(file, section)
     names, kind, _settings = _target()
-    adapter = adapter_for(op.get_context().dialect.name)
-    if adapter.sql_dir == "postgresql":
+    if adapter_for(op.get_context().dialect.name).sql_dir == "postgresql":
         for call, old, new in changes:
             # the types are the kind's fixed lists (grants.FUNCTION_ARGUMENTS), never user input
             if old not in FUNCTION_ARGUMENTS[kind][call] or new not in FUNCTION_ARGUMENTS[kind][call]:
                 raise ValueError(f"{kind} call {call}: unknown argument types {old!r} or {new!r}")
-            values = {**function_values(names, kind, ()), "function_literal": f"'{names.table(call)}'",
-                      "old_types": f"'{old}'", "new_types": f"'{new}'"}
-            for statement in adapter.split_batches(render(adapter.sql_dir, "grant", "carry_function_grants", values)):
-                op.execute(sa.text(statement))
+            run_section("grant", "carry_function_grants", {
+                **function_values(names, kind, ()), "function_literal": f"'{names.table(call)}'",
+                "old_types": f"'{old}'", "new_types": f"'{new}'"})
     replace_functions(file, drop)
 
 

@@ -7,7 +7,7 @@ The archive job copies a sealed generation's finished rows to history in batches
 precopy, without a lock), then truncates the generation's slot under ACCESS EXCLUSIVE, and
 copies first, under that lock, what finished meanwhile. That copy looked up every finished row
 of the generation in history's primary key, a read of history's heap per row (its new pages
-are not all-visible yet): about 1.9 us a row, on 2 saturated cores part of the job's whole
+are not all-visible yet): about 2.5 us a row, on 2 saturated cores part of the job's whole
 cost beside a full-speed cycle, and all of it time the slot stays locked. This revision's
 rot_copy takes a transaction horizon the caller took before its precopy, and rot_empty the
 epoch precopied and that horizon: the copy under the lock then looks up only the rows that a

@@ -1012,7 +1012,7 @@ $$;
 -- then probes history for the few rows finished since the precopy, not for every row of the
 -- generation: each probe reads history's heap (its new pages are not all-visible yet). For a
 -- generation of 2,000 rows, 20 finished since: 2.2 ms under the lock against 7.0-7.3, about
--- 2.5 us a row (bench/lab/empty_look.py; bench/lab/RESULTS.md, series 38).
+-- 2.5 us a row (python bench/lab/empty_look.py).
 -- The rows go into history in id order (the ORDER BY of the INSERT's SELECT; the executor
 -- inserts them as its sort yields them): two rotators copying the same generation insert
 -- the same keys, and ON CONFLICT makes the second wait on the first's uncommitted key; in
