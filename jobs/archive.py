@@ -72,8 +72,10 @@ EMPTY_LOCK_TIMEOUT_MS = 50          # a truncate waits this long for its slot's 
 EMPTY_TRIES = 5                     # ...this many times per pass, then waits for the next pass
 LOCK_NOT_AVAILABLE = "55P03"
 DEADLOCK_DETECTED = "40P01"
+UNIQUE_VIOLATION = "23505"
 UNDEFINED_FUNCTION = "42883"
-COPY_TRIES = 3                      # sends of a generation's copy batch that lost a deadlock (before reliable_0014)
+ROWS_BESIDE_ROTATION_EVERY = 1.0    # continuous, rotated queue: the row-by-row batch at most this often (s)
+COPY_TRIES = 3                      # sends of a generation's copy batch that lost a race to another rotator
 
 
 @dataclass(frozen=True)
@@ -285,13 +287,12 @@ class Rotator:
 
     @contextmanager
     def _transaction(self) -> Iterator[Callable[..., Any]]:
-        """A transaction on the pass's connection, under the job's timeouts; yields a call
-        that runs one step (a rot_* statement) in it and returns its row."""
+        """A transaction on the pass's connection (under the job's timeouts: rotate() sets
+        them for the pass); yields a call that runs one step (a rot_* statement) in it and
+        returns its row."""
         conn = self._conn
         assert conn is not None, "a step runs within rotate()"
-        c = self.config
         with conn.begin():
-            self.target.set_local_timeouts(conn, c.lock_timeout, c.statement_timeout)
             yield lambda name, **params: conn.execute(self._sql[name], params).one()
 
     def _one(self, name: str, **params: Any) -> Any:
@@ -301,19 +302,22 @@ class Rotator:
 
     def _copy(self, slot: int, after: int) -> Any:
         """One batch of a generation's finished rows to history. Two rotators copying the same
-        rows insert the same history keys: in id order since reliable_0014, so neither waits on
-        the other; a queue at reliable_0012 or 0013 inserts in its join's order, and one may
-        lose a deadlock: its batch rolled back whole and is sent again (a copied row is skipped)."""
+        rows insert the same history keys, in id order since reliable_0014: the second waits
+        on the first's, and since reliable_0018 (no ON CONFLICT) fails with unique_violation
+        once the first commits; a queue at reliable_0012 or 0013 inserts in its join's order,
+        and one may lose a deadlock. Either way its batch rolled back whole and is sent again
+        (a copied row is skipped)."""
         for attempt in range(COPY_TRIES):
             try:
                 return self._one("rot_copy", slot=slot, after=after, batch=self.config.batch)
             except DBAPIError as exc:
-                if attempt == COPY_TRIES - 1 or not self._lost_deadlock(exc):
+                if attempt == COPY_TRIES - 1 or not self._lost_race(exc):
                     raise
                 time.sleep(_jittered(0.01 * (attempt + 1)))
 
-    def _lost_deadlock(self, exc: DBAPIError) -> bool:
-        if getattr(exc.orig, "sqlstate", None) == DEADLOCK_DETECTED:
+    def _lost_race(self, exc: DBAPIError) -> bool:
+        """Another rotator copied the same rows first (or the two deadlocked)."""
+        if getattr(exc.orig, "sqlstate", None) in (DEADLOCK_DETECTED, UNIQUE_VIOLATION):
             return True
         return self.target.sql_dir == "mssql" and adapter_for(self.engine).canceled(exc)
 
@@ -345,13 +349,20 @@ class Rotator:
 
         The pass's steps share one connection: a switch opens a window in which the claims
         walk both open slots on the parents' tables until the seal's mark, and steps that each
-        took a connection from the pool (and pinged it) held that window open longer."""
+        took a connection from the pool (and pinged it) held that window open longer. The
+        job's timeouts are set on it once for the pass, not in each of its dozen transactions
+        (a statement each; beside a full-speed cycle every statement of the job is CPU taken
+        from the consumers), and reset before it goes back to the pool."""
+        c = self.config
         with self.engine.connect() as conn:
+            self.target.set_session_timeouts(conn, c.lock_timeout, c.statement_timeout)
+            conn.commit()
             self._conn = conn
             try:
                 return self._rotate(stopping)
             finally:
                 self._conn = None
+                _reset_timeouts(self.target, conn)
 
     def _rotate(self, stopping: Callable[[], bool]) -> RotationPass:
         p = RotationPass()
@@ -455,6 +466,18 @@ class Rotator:
             p.sealed = (p.sealed or 0) + moved
 
 
+def _reset_timeouts(target: JobTarget, conn: Connection) -> None:
+    """Give a pass's connection back to the pool with the server's timeouts, or not at all:
+    a connection whose reset failed is discarded rather than left with the job's."""
+    try:
+        if conn.in_transaction():
+            conn.rollback()
+        target.reset_session_timeouts(conn)
+        conn.commit()
+    except sa.exc.SQLAlchemyError:
+        conn.invalidate()
+
+
 def _jittered(seconds: float) -> float:
     return seconds * random.uniform(1 - JITTER, 1 + JITTER)
 
@@ -546,6 +569,7 @@ def run_continuous(
     pause = config.delay
     consecutive_errors = 0
     rotator = Rotator(engine, archiver.target, config) if Rotator.applies(archiver.target) else None
+    row_backlog, next_rows = False, started
     while True:
         if stop.is_set():
             result.stopped = "stop requested"
@@ -561,9 +585,15 @@ def run_continuous(
                 done = rotator.rotate(stop.is_set)
                 result.add_rotation(done)  # committed: counted even if the batch below fails
                 moved, busy = done.copied, done.busy
-            batch_rows = archiver.move_batch()
-            result.rows += batch_rows
-            moved += batch_rows
+            if rotator is None or row_backlog or t0 >= next_rows:
+                # beside the rotation, rows finish in a slot and leave with its truncate: a
+                # row old enough for this batch is one an epoch kept open (a backlog), so it
+                # is looked for once a second, not every round
+                batch_rows = archiver.move_batch()
+                row_backlog = batch_rows >= config.batch
+                next_rows = t0 + ROWS_BESIDE_ROTATION_EVERY
+                result.rows += batch_rows
+                moved += batch_rows
             if next_purge is not None and t0 >= next_purge:
                 while not stop.is_set():
                     purged = archiver.purge_batch()

@@ -8,6 +8,7 @@ single-runner lock and the job-run history; the scheduler only calls the runner.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
@@ -104,6 +105,13 @@ class JobBusy(QueuectlError):
     """Another runner holds the single-runner lock of this job and queue."""
 
 
+@functools.lru_cache(maxsize=1024)
+def _job_sql(names: QueueNames, kind: str, sql_dir: str, section: str,
+             extra: tuple[tuple[str, str | int], ...]) -> sa.TextClause:
+    values: dict[str, str | int] = {**names.template_values(), **kind_template_values(names, kind), **dict(extra)}
+    return sa.text(render(sql_dir, "jobs", section, values))
+
+
 @dataclass(frozen=True)
 class JobTarget:
     """The queue a job works on, with its statements rendered from sql/<engine>/jobs.sql."""
@@ -145,9 +153,9 @@ class JobTarget:
         return tables
 
     def sql(self, section: str, **extra: str | int) -> sa.TextClause:
-        values: dict[str, str | int] = {**self.names.template_values(), **kind_template_values(self.names, self.kind),
-                                        **extra}
-        return sa.text(render(self.sql_dir, "jobs", section, values))
+        """A section of sql/<engine>/jobs.sql rendered for this queue (and `extra`), once: the
+        archive job runs a few statements per transaction, several transactions a generation."""
+        return _job_sql(self.names, self.kind, self.sql_dir, section, tuple(sorted(extra.items())))
 
     def row_sql(self, section: str) -> list[sa.TextClause]:
         """A statement that writes a reliable queue's meta and data rows (archive_batch,
@@ -173,6 +181,11 @@ class JobTarget:
             self.sql("set_session_timeouts", lock_timeout_ms=_lock_timeout_ms(lock_timeout)),
             {"lock_timeout": pg_interval(lock_timeout), "statement_timeout": pg_interval(statement_timeout)},
         )
+
+
+    def reset_session_timeouts(self, conn: Connection) -> None:
+        """Undo set_session_timeouts on a connection about to go back to the pool."""
+        conn.execute(self.sql("reset_session_timeouts"))
 
 
 def sleep_unless_stopped(stop: threading.Event | None, seconds: float) -> bool:

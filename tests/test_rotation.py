@@ -466,7 +466,7 @@ def history_insert_order(engine: sa.Engine, queue: Queue, slot: int) -> list[int
 
 
 def test_the_copy_to_history_inserts_in_id_order_whatever_order_its_join_yields(engine):
-    """Two rotators copying the same generation insert the same history keys; ON CONFLICT
+    """Two rotators copying the same generation insert the same history keys; the unique key
     makes one wait on the other's uncommitted key, so both must insert in one order or they
     can deadlock (40P01 in rot_copy). Here half the slot's
     payload rows have newer versions, so a scan of the data table meets ids 21-40 before
@@ -657,24 +657,127 @@ def test_a_backlog_in_the_previous_generation_is_claimed_where_it_is_until_the_c
 
 def test_the_truncate_copies_only_what_finished_since_the_precopy(engine, orders):
     """rot_copy passes over the rows already in history before it reads their payloads: the
-    truncate's copy under its lock reads what finished since the precopy, not the generation."""
+    truncate's copy under its lock reads what finished since the precopy, not the generation.
+    A batch names its last id for the next one only when it found a whole batch of finished
+    rows; a shorter batch, or a call without one, read the slot to its end."""
     fn = orders.names.qualified
     ids = orders.enqueue_many([f"m{i}".encode() for i in range(10)])
     taken = orders.dequeue(10)
     assert orders.ack(taken[:6]) == 6
     sealed_not_emptied(engine, orders)
 
-    def copy(after: int = 0) -> tuple[int, int | None]:
+    def copy(after: int = 0, batch: int | None = None) -> tuple[int, int | None]:
         with engine.begin() as conn:
-            return tuple(conn.execute(sa.text(f"SELECT * FROM {fn('rot_copy')}(CAST(0 AS smallint), :after, NULL)"),
-                                      {"after": after}).one())
+            return tuple(conn.execute(sa.text(f"SELECT * FROM {fn('rot_copy')}(CAST(0 AS smallint), :after, :batch)"),
+                                      {"after": after, "batch": batch}).one())
 
-    assert copy() == (6, max(m.id for m in taken[:6]))
+    assert copy() == (6, None)
     assert orders.ack(taken[6:]) == 4
-    assert copy() == (4, max(ids))  # the last id looked at: every finished row of the slot
-    assert copy() == (0, max(ids))
-    assert copy(max(ids)) == (0, None)
+    assert copy() == (4, None)  # only what finished since
+    assert copy() == (0, None)
+    assert copy(0, 5) == (0, ids[4])  # a whole batch: the next starts after its last id
+    assert copy(ids[4], 5) == (0, ids[9])
+    assert copy(ids[9], 5) == (0, None)  # nothing above
+    assert copy(ids[6], 5) == (0, None)  # three finished rows above: the end of the slot
     assert ledger(engine, orders)["count"] == Counter({i: 2 for i in ids})  # in meta and in history
+
+
+def test_a_batch_finds_its_end_and_copies_what_finished_above_a_row_still_leased(engine, orders):
+    """A precopy batch stops after p_batch finished rows and copies them, passing over the
+    leased rows between them (the truncate moves those); its last id is the last finished row
+    it counted, and the batch after it starts there."""
+    fn = orders.names.qualified
+    ids = orders.enqueue_many([f"m{i}".encode() for i in range(9)])
+    taken = orders.dequeue(9)
+    assert orders.ack(taken[0:2] + taken[3:5] + taken[6:9]) == 7  # ids[2] and ids[5] stay leased
+    sealed_not_emptied(engine, orders)
+    batch = sa.text(f"SELECT * FROM {fn('rot_copy')}(CAST(0 AS smallint), :after, 3)")
+    with engine.begin() as conn:
+        assert tuple(conn.execute(batch, {"after": 0}).one()) == (3, ids[3])
+        assert tuple(conn.execute(batch, {"after": ids[3]}).one()) == (3, ids[7])
+        assert tuple(conn.execute(batch, {"after": ids[7]}).one()) == (1, None)
+    assert history_ids(engine, orders) == [i for i in ids if i not in (ids[2], ids[5])]
+
+
+def test_a_precopy_batch_another_rotator_copied_first_is_sent_again_and_copies_nothing_twice(engine, orders):
+    """Two rotators precopying the same generation at once both find its rows missing from
+    history: the second's insert waits on the first's uncommitted keys and fails with
+    unique_violation once the first commits. The archive job sends that batch again, finds the
+    rows in history and goes on to empty the generation: every row in history once."""
+    ids = orders.enqueue_many([f"m{i}".encode() for i in range(10)])
+    assert orders.ack(orders.dequeue(10)) == 10
+    sealed_not_emptied(engine, orders)
+    rot = rotator(engine, items=1000)
+    done: list = []
+    with engine.connect() as first:
+        copy = sa.text(f"SELECT copied FROM {orders.names.qualified('rot_copy')}(CAST(0 AS smallint), 0, 1000)")
+        assert first.execute(copy).scalar_one() == 10
+        second = threading.Thread(target=lambda: done.append(rot.rotate()))
+        second.start()
+        deadline = time.monotonic() + 20
+        while not waiting_on_a_transaction(engine) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert waiting_on_a_transaction(engine)
+        first.commit()
+        second.join(20)
+    assert len(done) == 1 and done[0].emptied == 1 and done[0].copied == 0
+    assert history_ids(engine, orders) == ids
+
+
+def waiting_on_a_transaction(engine: sa.Engine) -> bool:
+    """A session of this database waits on another's transaction (a row or key it wrote)."""
+    with engine.connect() as conn:
+        return conn.execute(sa.text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                    "AND wait_event_type = 'Lock' AND wait_event = 'transactionid'")).scalar_one() > 0
+
+
+def test_a_pass_runs_under_the_jobs_timeouts_and_gives_its_connection_back_with_the_servers(engine, orders):
+    """A pass sets the job's timeouts once on its connection (not in each transaction) and
+    resets them before the connection goes back to the pool, also when the pass fails."""
+    own = sa.create_engine(engine.url, pool_size=1, max_overflow=0)
+    show = sa.text("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')")
+    try:
+        with own.connect() as conn:
+            before = tuple(conn.execute(show).one())
+        target = JobTarget.resolve(own, "orders", "queuectl", ("reliable",))
+        rot = Rotator(own, target, ArchiveConfig(rotate_items=10, lock_timeout=1.5, statement_timeout=7))
+        rot._sql["rot_state"] = sa.text(f"SELECT s.*, current_setting('lock_timeout') AS lock_timeout, "
+                                         f"current_setting('statement_timeout') AS statement_timeout "
+                                         f"FROM {orders.names.qualified('rot_state')}() s")
+        seen = []
+        one = rot._one
+        rot._one = lambda name, **params: seen.append(row := one(name, **params)) or row
+        orders.enqueue_many([b"x"] * 11)
+        rot.rotate()
+        assert (seen[0].lock_timeout, seen[0].statement_timeout) == ("1500ms", "7s")
+        with own.connect() as conn:
+            assert tuple(conn.execute(show).one()) == before
+        rot._sql["rot_next_empty"] = sa.text("SELECT no_such_column")
+        with pytest.raises(DBAPIError):
+            rot.rotate()
+        with own.connect() as conn:
+            assert tuple(conn.execute(show).one()) == before
+    finally:
+        own.dispose()
+
+
+def test_beside_the_rotation_the_continuous_job_looks_for_rows_old_enough_to_move_once_a_second(
+        engine, orders, monkeypatch):
+    """On a rotated queue finished rows leave with their slot's truncate, so the row-by-row
+    archive batch (rows older than min_age, which only an epoch kept open holds) runs once a
+    second, not at every round of the job; it still moves what it finds."""
+    from queuectl.jobs import archive
+
+    calls = []
+    move_batch = archive.Archiver.move_batch
+    monkeypatch.setattr(archive.Archiver, "move_batch", lambda self: calls.append(1) or move_batch(self))
+    ids = orders.enqueue_many([f"m{i}".encode() for i in range(5)])
+    assert orders.ack(orders.dequeue(5)) == 5
+    config = ArchiveConfig(min_age=0, delay=0.01, idle_delay=0.01, max_seconds=1.5, rotate_items=1000)
+    result = archive.run_continuous(engine, "orders", config)
+    assert result.batches >= 20  # rounds of the job
+    assert 1 <= len(calls) <= 3
+    assert result.rows == 5 and history_ids(engine, orders) == ids
 
 
 def horizon(engine: sa.Engine) -> str:

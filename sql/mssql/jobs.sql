@@ -19,6 +19,12 @@
 SET LOCK_TIMEOUT {{lock_timeout_ms}};
 SET DEADLOCK_PRIORITY LOW;
 
+-- name: reset_session_timeouts
+-- Back to SQL Server's defaults (wait for locks without limit, normal deadlock priority),
+-- before a connection that ran with set_session_timeouts goes back to the pool.
+SET LOCK_TIMEOUT -1;
+SET DEADLOCK_PRIORITY NORMAL;
+
 -- name: set_local_timeouts
 -- The per-batch limits of archive, stale reset and inspect (PostgreSQL sets them for one
 -- transaction). SQL Server has no transaction-local lock timeout: the setting holds for

@@ -1792,9 +1792,12 @@ END
 
 -- name: create_rot_copy
 -- reliable_0014 on PostgreSQL: the copy to history inserts in id order, so that two rotators
--- copying the same generation never wait on each other's keys. SQL Server's rot_copy (in
+-- copying the same generation never deadlock on each other's keys. SQL Server's rot_copy (in
 -- create_rotator above) picks its rows WITH (UPDLOCK, READPAST) and moves them: two rotators
--- never take the same row, so neither inserts a key the other holds. Empty on purpose.
+-- never take the same row, so neither inserts a key the other holds. reliable_0015, 0017 and
+-- 0018 on PostgreSQL change how its rot_copy looks rows up in history and inserts them
+-- (without ON CONFLICT since 0018); SQL Server's inserts only the rows it moves out of the
+-- slot. Empty on purpose.
 
 -- name: create_rot_empty
 -- reliable_0017 on PostgreSQL: rot_empty takes the epoch its caller precopied and the

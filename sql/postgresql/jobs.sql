@@ -14,6 +14,12 @@ SELECT set_config('lock_timeout', :lock_timeout, true),
 SELECT set_config('lock_timeout', :lock_timeout, false),
        set_config('statement_timeout', :statement_timeout, false)
 
+-- name: reset_session_timeouts
+-- Back to the values RESET restores (the server's, the role's or the database's), before a
+-- connection that ran with set_session_timeouts goes back to the pool.
+SELECT set_config(s.name, s.reset_val, false) FROM pg_settings s
+WHERE s.name IN ('lock_timeout', 'statement_timeout')
+
 -- name: archive_batch
 -- Move one batch of finished rows, with their payloads, from meta/data to history.
 -- DONE rows older than :min_age_seconds and DEAD rows older than :dead_min_age_seconds,

@@ -50,7 +50,8 @@
 --     are not transactional), so the claims' READY walk always covers every epoch that can
 --     still hold a READY row other than a late or skipped one.
 --  4. Finished rows never change again: the precopy copies them to history without a lock
---     (ON CONFLICT DO NOTHING: an id already there stays as it is).
+--     (an id already there is passed over; a second rotator that copies the same ids at the
+--     same moment fails its batch with unique_violation and sends it again).
 --  5. The truncate locks the slot's meta and data tables ACCESS EXCLUSIVE under a short
 --     lock_timeout (it retries rather than queue claims and acks behind it), copies what
 --     finished since the precopy, moves every unfinished row (PROCESSING, and READY rows of
@@ -981,25 +982,32 @@ LANGUAGE sql VOLATILE AS $$
 $$;
 
 -- name: create_rot_copy
--- reliable_0017: the rotator's copy of a generation's finished rows to history, with the
--- horizon of the caller's precopy (reliable_0015's body, without it, is in
--- history/reliable.sql). rot_empty calls it. Created beside the older signature: the
--- revision gives it that one's grants (grant.sql: carry_function_grants), then drops it.
+-- reliable_0018: the rotator's copy of a generation's finished rows to history, at about
+-- three quarters of reliable_0017's cost a row (whose body is in history/reliable.sql; the
+-- signature is the same). rot_empty calls it.
 
 -- Copy finished rows of slot p_slot, with their payloads, to history: those with an id above
 -- p_after, at most p_batch of them (NULL: all), in id order, so the archive job copies a
 -- large generation in short transactions (a queue migrated with millions of rows in slot 0).
--- Returns how many were copied and the last id looked at (the next call's p_after).
--- A row already in history is passed over before its payload is read: the truncate copies
--- what finished since the precopy (p_after 0) under its lock. The look-up is a correlated
--- subquery, not NOT EXISTS: the planner would make that an anti-join, which it may run as a
--- hash or merge join reading all of history, where a subquery is one probe of history's
--- primary key per row picked. Each call is planned for its own arguments
--- (force_custom_plan): the slot's own tables, and for a batch a walk of the slot's primary
--- key in id order that stops after p_batch finished rows. A generic plan (plpgsql's choice
--- after five calls) knows neither: it read every finished row of the slot above p_after and
--- sorted them, at every batch, so a precopy in batches of 1,000 of a generation of 7,000 ids
--- read 28,000 rows.
+-- Returns how many were copied and the last id of the batch (the next call's p_after), or a
+-- NULL last_id when the batch found fewer than p_batch finished rows (it read the slot's
+-- finished rows to their end: there is no next batch) and always when p_batch is NULL.
+-- Two statements: the batch's last id (a walk of the slot's primary key in id order that
+-- stops after p_batch finished rows), then one INSERT of the finished rows up to it, joined
+-- to their payloads. Each call is planned for its own arguments (force_custom_plan): a
+-- generic plan (plpgsql's choice after five calls) knows neither the slot nor the batch, and
+-- read every finished row of the slot above p_after and sorted them, at every batch. A row
+-- finished between the two statements is copied too.
+-- A row already in history is passed over before its payload is read (a pass that stopped
+-- halfway leaves its generation copied in part, and the next precopies it again). The
+-- look-up is a correlated subquery, not NOT EXISTS: the planner would make that an anti-join,
+-- which it may run as a hash or merge join reading all of history, where a subquery is one
+-- probe of history's primary key per row. There is no ON CONFLICT besides: it probed the key
+-- again and made each insert speculative (a WAL record more a row), 2.3 us a row of the copy's
+-- 9 (python bench/lab/copy_cost.py). Two rotators copying the same rows at once both find
+-- them missing; the second waits on the first's uncommitted keys and fails with
+-- unique_violation (23505) once the first commits, and the archive job sends the batch again
+-- (it then finds the rows in history): a retry, never a row lost or copied twice.
 -- p_copied_before (NULL: none) is a transaction horizon the caller took before a precopy
 -- that then read the slot's finished rows to the end, batch after batch in id order, and
 -- committed: every row that a transaction below the horizon finished was visible to each
@@ -1013,12 +1021,11 @@ $$;
 -- generation: each probe reads history's heap (its new pages are not all-visible yet). For a
 -- generation of 2,000 rows, 20 finished since: 2.2 ms under the lock against 7.0-7.3, about
 -- 2.5 us a row (python bench/lab/empty_look.py).
--- The rows go into history in id order (the ORDER BY of the INSERT's SELECT; the executor
--- inserts them as its sort yields them): two rotators copying the same generation insert
--- the same keys, and ON CONFLICT makes the second wait on the first's uncommitted key; in
--- the same order no two wait on each other, while in the join's order (which may follow the
--- data table's physical order, where rot_move put stragglers after newer rows) two could
--- each wait on a key the other inserted first, a deadlock.
+-- The rows go into history in id order (the INSERT's ORDER BY; the executor inserts them as
+-- its sort yields them): two rotators copying the same rows wait on each other's keys only
+-- in one direction, from the lower ids up, so neither ever waits on a key the other is
+-- waiting to insert (a deadlock), whatever order the join would yield them in (it may follow
+-- the data table's physical order, where rot_move put stragglers after newer rows).
 CREATE OR REPLACE FUNCTION {{fn_rot_copy}}(p_slot smallint, p_after bigint, p_batch integer,
                                          p_copied_before xid8 DEFAULT NULL,
                                          OUT copied bigint, OUT last_id bigint)
@@ -1027,29 +1034,31 @@ SET plan_cache_mode = force_custom_plan
 AS $fn$
 DECLARE
     v_cut integer := age(p_copied_before::xid);
+    v_upto bigint;
+    v_found bigint;
 BEGIN
-    WITH picked AS MATERIALIZED (
-        SELECT m.id, m.priority, m.due_at, m.status, m.title, m.attempts, m.max_attempts, m.lease_owner,
-               m.enqueued_at, m.dequeued_at, m.finished_at, m.last_error
-        FROM {{meta}} m
-        WHERE m.slot = p_slot AND m.id > p_after AND m.status >= 2
-          AND (v_cut IS NULL OR age(m.xmin) <= v_cut OR age(m.xmin) = 2147483647)
-        ORDER BY m.id
-        LIMIT p_batch
-    ), fresh AS MATERIALIZED (
-        SELECT p.* FROM picked p
-        WHERE (SELECT true FROM {{history}} h WHERE h.id = p.id) IS NULL
-    ), copied AS (
-        INSERT INTO {{history}} (id, priority, due_at, status, title, attempts, max_attempts, lease_owner,
-                                 enqueued_at, dequeued_at, finished_at, last_error, payload, headers, archived_at)
-        SELECT p.id, p.priority, p.due_at, p.status, p.title, p.attempts, p.max_attempts, p.lease_owner,
-               p.enqueued_at, p.dequeued_at, p.finished_at, p.last_error, d.payload, d.headers, now()
-        FROM fresh p LEFT JOIN {{data}} d ON d.id = p.id AND d.slot = p_slot
-        ORDER BY p.id
-        ON CONFLICT (id) DO NOTHING
-        RETURNING 1
-    )
-    SELECT (SELECT count(*) FROM copied), (SELECT max(p.id) FROM picked p) INTO copied, last_id;
+    IF p_batch IS NOT NULL THEN
+        SELECT max(b.id), count(*) INTO v_upto, v_found
+        FROM (SELECT m.id FROM {{meta}} m
+              WHERE m.slot = p_slot AND m.id > p_after AND m.status >= 2
+              ORDER BY m.id
+              LIMIT p_batch) b;
+        IF v_upto IS NULL THEN
+            copied := 0;
+            RETURN;
+        END IF;
+    END IF;
+    INSERT INTO {{history}} (id, priority, due_at, status, title, attempts, max_attempts, lease_owner,
+                             enqueued_at, dequeued_at, finished_at, last_error, payload, headers, archived_at)
+    SELECT m.id, m.priority, m.due_at, m.status, m.title, m.attempts, m.max_attempts, m.lease_owner,
+           m.enqueued_at, m.dequeued_at, m.finished_at, m.last_error, d.payload, d.headers, now()
+    FROM {{meta}} m LEFT JOIN {{data}} d ON d.id = m.id AND d.slot = p_slot
+    WHERE m.slot = p_slot AND m.id > p_after AND (v_upto IS NULL OR m.id <= v_upto) AND m.status >= 2
+      AND (v_cut IS NULL OR age(m.xmin) <= v_cut OR age(m.xmin) = 2147483647)
+      AND (SELECT true FROM {{history}} h WHERE h.id = m.id) IS NULL
+    ORDER BY m.id;
+    GET DIAGNOSTICS copied = ROW_COUNT;
+    last_id := CASE WHEN v_found = p_batch THEN v_upto END;
 END
 $fn$;
 

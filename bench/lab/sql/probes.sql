@@ -247,3 +247,12 @@ SELECT * FROM {{fn_rot_copy}}(CAST(:slot AS smallint), :after, :batch)
 -- empty_look.py: the copy rot_empty runs under its lock, without a horizon (every finished
 -- row of the slot looked up in history) or with the precopy's (NULL: without).
 SELECT * FROM {{fn_rot_copy}}(CAST(:slot AS smallint), 0, NULL, CAST(:horizon AS xid8))
+
+-- name: copy_cost_batch
+-- copy_cost.py: one batch of the archive job's precopy (jobs.sql: rot_copy).
+SELECT * FROM {{fn_rot_copy}}(CAST(:slot AS smallint), :after, :batch)
+
+-- name: copy_cost_vacuum
+-- copy_cost.py: history's dead index entries, left by the previous round's rollback, gone
+-- before the next round looks rows up there.
+VACUUM {{history}}
