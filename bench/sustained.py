@@ -239,18 +239,21 @@ class Upkeep(threading.Thread):
     def run(self) -> None:
         from queuectl.jobs import archive, compact
 
+        cpu = time.thread_time()  # the job's own CPU in this process (its statements' share is the server's)
         try:
             if self.kind in archive.KINDS:
                 done = archive.run_continuous(self.bench.engine, self.names.queue,
                                               self.archive_config or archive.ArchiveConfig(),
                                               schema=self.names.schema, stop=self.stopped)
                 self.result = {"job": "archive", "rows": done.rows, "generations_emptied": done.rotations,
-                               "errors": done.errors, "last_error": done.last_error}
+                               "errors": done.errors, "last_error": done.last_error, "rounds": done.batches,
+                               "cpu_seconds": round(time.thread_time() - cpu, 3)}
                 return
             result = compact.run_continuous(self.bench.engine, self.names.queue, compact.CompactConfig(),
                                             schema=self.names.schema, stop=self.stopped)
             locks = sorted(result.lock_seconds)
-            self.result = {"job": "compact", "compactions": result.compactions, "rows": result.rows,
+            self.result = {"job": "compact", "cpu_seconds": round(time.thread_time() - cpu, 3),
+                           "compactions": result.compactions, "rows": result.rows,
                            "lock_ms_p50": round(locks[len(locks) // 2] * 1000, 2) if locks else None,
                            "lock_ms_max": round(locks[-1] * 1000, 2) if locks else None,
                            "lock_ms": [round(x * 1000, 2) for x in result.lock_seconds],

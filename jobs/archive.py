@@ -355,6 +355,10 @@ class Rotator:
         from the consumers), and reset before it goes back to the pool."""
         c = self.config
         with self.engine.connect() as conn:
+            if self.target.sql_dir == "postgresql":
+                # a step of one statement runs as its own transaction: no BEGIN and COMMIT
+                # round trips around it (_several_steps opens a real transaction)
+                conn.execution_options(isolation_level="AUTOCOMMIT")
             self.target.set_session_timeouts(conn, c.lock_timeout, c.statement_timeout)
             conn.commit()
             self._conn = conn
@@ -404,7 +408,21 @@ class Rotator:
         one transaction, the mark last (_switch says why), so the claims walk both open slots
         on the parents' tables for the seal's own statement only; on SQL Server a transaction
         per step, the mark after the seal's commit."""
-        return self._transaction() if self.target.sql_dir == "postgresql" else nullcontext(self._one)
+        return self._several_steps() if self.target.sql_dir == "postgresql" else nullcontext(self._one)
+
+    @contextmanager
+    def _several_steps(self) -> Iterator[Callable[..., Any]]:
+        """Steps in one transaction on PostgreSQL, where the pass's connection otherwise runs
+        each statement as a transaction of its own (rotate)."""
+        conn = self._conn
+        assert conn is not None, "a step runs within rotate()"
+        conn.execution_options(isolation_level=conn.default_isolation_level)
+        try:
+            with self._transaction() as step:
+                yield step
+        finally:
+            if not conn.invalidated:
+                conn.execution_options(isolation_level="AUTOCOMMIT")
 
     def _empty_sealed(self, p: RotationPass, stopping: Callable[[], bool]) -> bool:
         """Copy and empty every sealed epoch not emptied yet, oldest first; False when told to stop.
