@@ -1,4 +1,4 @@
-"""Probe: the archive job's own time per generation, alone on the server: the pass that switches, seals, precopies and empties a generation of the reliable queue.
+"""Probe: the archive job's own time per generation, alone on the server, and its client's CPU: the pass that switches, seals, precopies and empties a generation of the reliable queue.
 
     python bench/lab/job_alone.py [--items 2000] [--rounds 12] [--late 20] [--url URL]
 
@@ -7,7 +7,8 @@ A queue of its own (lab_job_alone, reliable, generations of --items ids). Each r
 pass, and the truncate moves them forward; the next round acks them), then times the archive
 job's rotation (queuectl.jobs.archive.Rotator, as the scheduler runs it: two passes, the first
 switching and sealing, the second emptying what the first could not). Reported: each round's
-time and what the passes did, and the median over the rounds after the first two. Run it from
+time, the job's client CPU (this process's) and what the passes did, and the medians over the
+rounds after the first two. Run it from
 two checkouts in turn to compare revisions (the queue is installed at the checkout's head);
 with pg_stat_statements the job's statements can be read per call. Without --url the embedded
 server is used (as `queuectl` itself does).
@@ -44,6 +45,7 @@ def main() -> None:
         target = JobTarget.resolve(engine, QUEUE, names.schema, ("reliable",))
         rotator = Rotator(engine, target, ArchiveConfig(rotate_items=args.items))
         times: list[float] = []
+        cpus: list[float] = []  # this process's CPU: the job's own client side
         held: list = []
         with Queue(engine, QUEUE) as q:
             for r in range(args.rounds):
@@ -54,12 +56,14 @@ def main() -> None:
                     taken += batch
                 q.ack(held + taken[:len(taken) - args.late])
                 held = taken[len(taken) - args.late:]
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 passes = (rotator.rotate(), rotator.rotate())
                 times.append((time.perf_counter() - t0) * 1000)
+                cpus.append((time.process_time() - c0) * 1000)
                 done = "; ".join(f"switched {p.switched}, emptied {p.emptied}, copied {p.copied}" for p in passes)
-                print(f"round {r + 1}: {times[-1]:.1f} ms ({done})", flush=True)
-        print(f"{target.info.schema_version}: median {statistics.median(times[2:]):.1f} ms a generation of {args.items} ids")
+                print(f"round {r + 1}: {times[-1]:.1f} ms, client CPU {cpus[-1]:.1f} ms ({done})", flush=True)
+        print(f"{target.info.schema_version}: median {statistics.median(times[2:]):.1f} ms a generation of {args.items} ids, "
+              f"the job's client CPU {statistics.median(cpus[2:]):.1f} ms")
     finally:
         uninstall_queue(engine, QUEUE, names.schema)
 
