@@ -182,7 +182,6 @@ class JobTarget:
             {"lock_timeout": pg_interval(lock_timeout), "statement_timeout": pg_interval(statement_timeout)},
         )
 
-
     def reset_session_timeouts(self, conn: Connection) -> None:
         """Undo set_session_timeouts on a connection about to go back to the pool."""
         conn.execute(self.sql("reset_session_timeouts"))

@@ -1083,41 +1083,11 @@ $fn$;
 -- name: create_rot_copy_0017
 -- reliable_0017's copy of a generation's finished rows to history (reliable_0018's downgrade
 -- puts it back): its batch picked into a materialized CTE, looked up in history into another,
--- joined to the payloads and sorted, and inserted with ON CONFLICT DO NOTHING besides.
-
--- Copy finished rows of slot p_slot, with their payloads, to history: those with an id above
--- p_after, at most p_batch of them (NULL: all), in id order, so the archive job copies a
--- large generation in short transactions (a queue migrated with millions of rows in slot 0).
--- Returns how many were copied and the last id looked at (the next call's p_after).
--- A row already in history is passed over before its payload is read: the truncate copies
--- what finished since the precopy (p_after 0) under its lock. The look-up is a correlated
--- subquery, not NOT EXISTS: the planner would make that an anti-join, which it may run as a
--- hash or merge join reading all of history, where a subquery is one probe of history's
--- primary key per row picked. Each call is planned for its own arguments
--- (force_custom_plan): the slot's own tables, and for a batch a walk of the slot's primary
--- key in id order that stops after p_batch finished rows. A generic plan (plpgsql's choice
--- after five calls) knows neither: it read every finished row of the slot above p_after and
--- sorted them, at every batch, so a precopy in batches of 1,000 of a generation of 7,000 ids
--- read 28,000 rows.
--- p_copied_before (NULL: none) is a transaction horizon the caller took before a precopy
--- that then read the slot's finished rows to the end, batch after batch in id order, and
--- committed: every row that a transaction below the horizon finished was visible to each
--- batch, so it is in history, and it is not looked up there again. Such a row's version is
--- older than the horizon by its xmin: every transaction below a snapshot's xmin had ended
--- when the snapshot was taken (pg_snapshot_xmin), a subtransaction's xid is above its
--- parent's, and age() counts back from this transaction, so the older the greater. A row
--- finished later, or by a transaction open across the horizon, is looked up as before, and
--- so is a version that reads as frozen (age 2147483647). The truncate's look under its lock
--- then probes history for the few rows finished since the precopy, not for every row of the
--- generation: each probe reads history's heap (its new pages are not all-visible yet). For a
--- generation of 2,000 rows, 20 finished since: 2.2 ms under the lock against 7.0-7.3, about
--- 2.5 us a row (python bench/lab/empty_look.py).
--- The rows go into history in id order (the ORDER BY of the INSERT's SELECT; the executor
--- inserts them as its sort yields them): two rotators copying the same generation insert
--- the same keys, and ON CONFLICT makes the second wait on the first's uncommitted key; in
--- the same order no two wait on each other, while in the join's order (which may follow the
--- data table's physical order, where rot_move put stragglers after newer rows) two could
--- each wait on a key the other inserted first, a deadlock.
+-- joined to the payloads and sorted, and inserted with ON CONFLICT DO NOTHING besides, the
+-- last id looked at returned for every batch (a last call finds none). What the arguments
+-- promise, p_copied_before's horizon included, is as the current rot_copy says
+-- (reliable.sql: create_rot_copy); the rows go into history in id order, so two rotators
+-- copying the same rows never deadlock on each other's keys.
 CREATE OR REPLACE FUNCTION {{fn_rot_copy}}(p_slot smallint, p_after bigint, p_batch integer,
                                          p_copied_before xid8 DEFAULT NULL,
                                          OUT copied bigint, OUT last_id bigint)
