@@ -19,7 +19,7 @@ import time
 
 import sqlalchemy as sa
 
-from lab_helpers import probe_sql
+from lab_helpers import claimed_items, probe_sql
 from queuectl.bench.drivers import reinstall_queue
 from queuectl.client import Queue
 from queuectl.engine import make_engine
@@ -44,10 +44,7 @@ def main() -> None:
         for way, names in queues.items():
             reinstall_queue(engine, names.queue, revision=args.old if way == "old" else None)
             with Queue(engine, names.queue) as q:
-                for start in range(0, args.rows, 500):
-                    q.enqueue_many([b"x" * 300] * min(500, args.rows - start))
-                while batch := q.dequeue(100):
-                    q.ack(batch)
+                q.ack(claimed_items(q, args.rows))
         times: dict[str, list[float]] = {"old": [], "new": []}
         copied: dict[str, int] = {}
         calls: dict[str, int] = {}

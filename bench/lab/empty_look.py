@@ -21,7 +21,7 @@ import time
 
 import sqlalchemy as sa
 
-from lab_helpers import probe_sql
+from lab_helpers import claimed_items, probe_sql
 from queuectl.bench.drivers import reinstall_queue
 from queuectl.client import Queue
 from queuectl.engine import make_engine
@@ -49,11 +49,7 @@ def main() -> None:
     reinstall_queue(engine, QUEUE)
     try:
         with Queue(engine, QUEUE) as q:
-            for start in range(0, args.rows, 500):
-                q.enqueue_many([b"x" * 300] * min(500, args.rows - start))
-            taken = []
-            while batch := q.dequeue(100):
-                taken += batch
+            taken = claimed_items(q, args.rows)
             q.ack(taken[:len(taken) - args.late])
             with engine.begin() as conn:
                 epoch = conn.execute(sql("switch")).scalar_one()

@@ -20,6 +20,7 @@ import argparse
 import statistics
 import time
 
+from lab_helpers import claimed_items
 from queuectl.bench.drivers import reinstall_queue
 from queuectl.client import Queue
 from queuectl.engine import make_engine
@@ -49,11 +50,7 @@ def main() -> None:
         held: list = []
         with Queue(engine, QUEUE) as q:
             for r in range(args.rounds):
-                for start in range(0, args.items, 500):
-                    q.enqueue_many([b"x" * 300] * min(500, args.items - start))
-                taken = []
-                while batch := q.dequeue(100):
-                    taken += batch
+                taken = claimed_items(q, args.items)
                 q.ack(held + taken[:len(taken) - args.late])
                 held = taken[len(taken) - args.late:]
                 t0, c0 = time.perf_counter(), time.process_time()

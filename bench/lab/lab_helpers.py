@@ -1,5 +1,6 @@
 """What the lab's probes share beyond the product bench: their own SQL (sql/probes.sql
-beside them, or a probe's own sql/<name>.sql) and autovacuum_off, a set-up step only probes take. Imported by the probes as
+beside them, or a probe's own sql/<name>.sql), and the set-up steps only probes take
+(autovacuum_off, claimed_items). Imported by the probes as
 `lab_helpers` (they run as `python bench/lab/<probe>.py`, which puts this folder first on
 sys.path)."""
 
@@ -9,6 +10,7 @@ import re
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.engine import Engine
 
@@ -39,3 +41,14 @@ def autovacuum_off(engine: Engine, tables: Sequence[str]) -> None:
     with engine.begin() as conn:
         for table in tables:
             conn.exec_driver_sql(probe_sql("plan_guard_no_autovacuum", {"table": table}))
+
+
+def claimed_items(queue: Any, items: int, payload: bytes = b"x" * 300) -> list[Any]:
+    """`items` messages of `payload` enqueued on a queue.Queue (500 a call), then all claimed
+    (100 a call): the claimed messages, for the probe to ack or to leave leased."""
+    for start in range(0, items, 500):
+        queue.enqueue_many([payload] * min(500, items - start))
+    taken: list[Any] = []
+    while batch := queue.dequeue(100):
+        taken += batch
+    return taken
