@@ -44,12 +44,12 @@ WORKER_STOP_TIMEOUT = 120.0
 COMMIT_TABLE = "bench_commit"
 # The comparisons the targets are set for: full cycles at batch 100, the split at batch 10, ghosts one
 # item per dequeue call, the ring's soak at batch 10.
-DEFAULT_BATCH = {"split": 10, "ghosts": 1, "ring": 10, "sustained": 10, "consumers": 10, "cost": 10}
+DEFAULT_BATCH = {"split": 10, "ghosts": 1, "ring": 10, "sustained": 10, "consumers": 10, "cost": 10, "archive": 10}
 # The sustained scenario offers a modest fixed rate from few processes (the table it is read against); the
 # consumers curve asks what many consumers cost two producers.
-DEFAULT_PRODUCERS = {"sustained": 2, "consumers": 2, "cost": 2}
-# the consumers curve's full cycles need about 20 s to reach a steady state (docs/benchmarks.md)
-DEFAULT_SECONDS = {"consumers": 20.0}
+DEFAULT_PRODUCERS = {"sustained": 2, "consumers": 2, "cost": 2, "archive": 2}
+# the consumers and archive curves' full cycles need about 20 s to reach a steady state (docs/benchmarks.md)
+DEFAULT_SECONDS = {"consumers": 20.0, "archive": 20.0}
 DEFAULT_CONSUMERS = {"sustained": 2, "cost": 2}
 HOLDS = ("none", "snapshot", "idle-in-transaction", "both", "all")
 # what --kinds may also name in the sustained scenario (the keys of queuectl.bench.sustained_peers.PEERS)
@@ -57,7 +57,7 @@ SUSTAINED_PEERS = ("pgq", "pgqueuer", "pgboss")
 DEFAULT_ROWS = {"ghosts": [30_000, 60_000], "cost": [10_000, 1_000_000, 10_000_000]}
 DEFAULT_BATCHES = {"ring": [1, 10, 100]}
 DEFAULT_SIZES = {"split": [300, 1024, 4096, 16384], "cost": [300, 1024, 4096, 16384, 65536]}
-DEFAULT_CONSUMER_COUNTS = {"consumers": [1, 2, 4, 8, 16, 32]}
+DEFAULT_CONSUMER_COUNTS = {"consumers": [1, 2, 4, 8, 16, 32], "archive": [1, 2, 4, 8, 16, 32]}
 
 
 @dataclass

@@ -328,4 +328,5 @@ from queuectl.bench import ghosts as _ghosts  # noqa: E402,F401
 from queuectl.bench import ring as _ring  # noqa: E402,F401
 from queuectl.bench import sustained as _sustained  # noqa: E402,F401
 from queuectl.bench import cost as _cost  # noqa: E402,F401
+from queuectl.bench import archiving as _archiving  # noqa: E402,F401
 from queuectl.bench import fanout as _fanout  # noqa: E402,F401

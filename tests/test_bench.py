@@ -481,7 +481,8 @@ def test_every_bench_option_is_read_by_some_scenario() -> None:
     from queuectl.bench.core import COMMON_OPTIONS, SCENARIO_OPTIONS, BenchOptions
 
     BenchOptions().validate()  # registers the built-in scenarios
-    assert set(SCENARIO_OPTIONS) == {"kinds", "peers", "split", "ghosts", "ring", "sustained", "consumers", "cost", "fanout"}
+    assert set(SCENARIO_OPTIONS) == {"kinds", "peers", "split", "ghosts", "ring", "sustained", "consumers", "archive",
+                                     "cost", "fanout"}
     named = set(COMMON_OPTIONS).union(*SCENARIO_OPTIONS.values())
     assert {f.name for f in fields(BenchOptions)} - {"given"} <= named
     assert BenchOptions(scenario="ring", sizes=[300]).validate().sizes == [300]  # given by a caller, not the command line
@@ -729,6 +730,40 @@ def test_tiny_consumers_curve_measures_each_count_against_four_and_plots(db_url:
     assert proc.returncode == 2
     assert proc.stderr.decode() == ("error: --consumers is not used by scenario 'consumers' "
                                     "(it is read by: cost, kinds, peers, ring, split, sustained)\n")
+
+
+@pytest.mark.slow
+def test_tiny_archive_curve_runs_each_count_with_the_job_and_without_and_plots(db_url: str, tmp_path: Path) -> None:
+    """`--scenario archive`: at each count the full cycle from an emptied queue twice, with the
+    archive job beside it and without, the rate with it read against the rate without in the
+    same repeat; the job's generations and CPU on its runs only; the target at 4 consumers;
+    a PNG of the curve beside the JSON."""
+    result = _run_json(db_url, tmp_path, "--scenario", "archive", "--consumer-counts", "4,1", "--seconds", "1",
+                       "--repeat", "1", "--batch", "5", "--producers", "1")
+    sc = result["scenario"]
+    assert result["options"]["consumer_counts"] == [1, 4]
+    rows = {(r["params"]["consumers"], r["params"]["archive_job"]): r for r in sc["rows"]}
+    assert set(rows) == {(n, job) for n in (1, 4) for job in (False, True)}
+    for (n, job), row in rows.items():
+        assert row["rate"]["median"] > 0 and row["params"]["batch"] == 5 and row["params"]["producers"] == 1
+        assert row["phase"] == "full-cycle" and 0 < row["latency_ms"]["p50"]["median"] <= row["latency_ms"]["p99"]["median"]
+        assert row["metrics"]["producer_cpu"]["median"] > 0 and row["metrics"]["consumer_cpu"]["median"] > 0
+        if job:
+            without = rows[(n, False)]["rate"]["median"]
+            assert row["metrics"]["vs_without"]["median"] == pytest.approx(row["rate"]["median"] / without)
+            # the job ran beside this cycle (its own CPU), without an error
+            assert row["metrics"]["job_cpu"]["median"] > 0 and row["metrics"]["errors"]["median"] == 0
+            assert row["metrics"]["generations_emptied"]["median"] >= 0
+        else:
+            assert "vs_without" not in row["metrics"] and "generations_emptied" not in row["metrics"]
+    [target] = sc["targets"]
+    assert target["threshold"] == 0.9 and target["value"] == rows[(4, True)]["metrics"]["vs_without"]["median"]
+    assert target["met"] == (target["value"] >= 0.9)
+    assert (tmp_path / "bench-reliable.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # without 4 among the counts there is no target (it reads 4 consumers)
+    bare = _run_json(db_url, tmp_path, "--scenario", "archive", "--consumer-counts", "1", "--seconds", "0.5",
+                     "--repeat", "1", "--batch", "5", "--producers", "1")["scenario"]
+    assert bare["targets"] == [] and len(bare["rows"]) == 2
 
 
 @pytest.mark.slow

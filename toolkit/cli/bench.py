@@ -41,14 +41,14 @@ def bench(
     ] = "random",
     seconds: Annotated[
         Optional[float],
-        typer.Option(help="Length of each measured phase. Default: 10; consumers: 20, which its full cycles need "
-                     "to reach a steady state."),
+        typer.Option(help="Length of each measured phase. Default: 10; consumers and archive: 20, which their full "
+                     "cycles need to reach a steady state."),
     ] = None,
     repeat: Annotated[int, typer.Option(help="Repeats; medians are reported.")] = 3,
     scenario: Annotated[
         str,
-        typer.Option(help="kinds (default), peers, split, ghosts, ring, sustained, consumers, cost, fanout; see the "
-                     "README's bench section."),
+        typer.Option(help="kinds (default), peers, split, ghosts, ring, sustained, consumers, archive, cost, fanout; "
+                     "see the README's bench section."),
     ] = "kinds",
     rows: Annotated[
         Optional[str],
@@ -104,11 +104,12 @@ def bench(
         Optional[str],
         typer.Option(help="consumers: consumer process counts of the curve, comma-separated; each count runs a "
                      "dequeue-only phase and a full cycle with --producers, read against 4 consumers in the same "
-                     "repeat. Default: 1,2,4,8,16,32."),
+                     "repeat. archive: the counts at which the full cycle runs with the archive job beside and "
+                     "without. Default: 1,2,4,8,16,32."),
     ] = None,
     plots: Annotated[
         Optional[Path],
-        typer.Option(help="sustained, consumers, cost: folder for the PNG plots (<scenario>-<kind>.png; cost: "
+        typer.Option(help="sustained, consumers, archive, cost: folder for the PNG plots (<scenario>-<kind>.png; cost: "
                      "cost-backlog.png and cost-payload.png). Default: beside the --json file (<its name>-<kind or "
                      "curve>.png); none without either. Needs matplotlib (pip install 'queuectl[bench]')."),
     ] = None,
@@ -133,6 +134,8 @@ def bench(
     --scenario sustained asks whether a queue keeps up over time when something holds the database's cleanup back (a long report, a forgotten open transaction): producers offer a steady rate, consumers take and acknowledge, and every few seconds it records how many messages were done, how many wait, how long each took from enqueue to ack, how many dead row versions the queue's tables carry and how big they are, how often autovacuum ran, whether producers were turned away, and how long an unrelated query on another table takes meanwhile, first with nothing held, then with the hold.
 
     --scenario consumers asks what more consumer processes cost: at each --consumer-counts it runs a dequeue-only phase (draining a filled queue) and a full cycle (--producers and that many consumers at once), and reads each point against 4 consumers in the same repeat. Idle consumers wait as `queuectl worker` does (asleep on the queue's channel, or polling with back-off), so the curve shows what many mostly idle workers cost. With --json or --plots it also draws the curve as a PNG.
+
+    --scenario archive asks what archiving costs a queue at full speed: at each --consumer-counts the reliable queue's full cycle runs twice from an emptied queue, alone and with the archive job beside it (copying finished rows to history and rotating the generations, as the scheduler runs it), and reads the rate with the job against the rate without it in the same repeat. With --json or --plots it also draws the curve as a PNG.
 
     --scenario cost asks what a message costs as the work grows: one consumer's claim and ack at backlogs of ten thousand to ten million waiting messages, and the full cycle, the claim and the WAL written per message at payloads from 300 bytes to 64 KB.
     """  # noqa: E501 (one line per paragraph: --help wraps them itself)
@@ -168,11 +171,11 @@ def _given(ctx: typer.Context) -> frozenset[str]:
 
 
 def _plots_prefix(folder: Path | None, json_file: Path | None, scenario: str) -> str | None:
-    """Where the sustained, consumers and cost scenarios' PNGs go, as a prefix of <prefix>-<kind or
+    """Where the sustained, consumers, archive and cost scenarios' PNGs go, as a prefix of <prefix>-<kind or
     curve>.png: in --plots, else beside the --json file and named after it; None when neither is given."""
     if folder is not None:
         return str(folder / scenario)
-    if scenario in ("sustained", "consumers", "cost") and json_file is not None and str(json_file) != "-":
+    if scenario in ("sustained", "consumers", "archive", "cost") and json_file is not None and str(json_file) != "-":
         return str(json_file.with_suffix(""))
     return None
 
