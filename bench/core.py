@@ -27,7 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from queuectl.bench.drivers import BENCH_KINDS, KindDriver, PgbenchScripts, bench_sql, driver_for
 from queuectl.bench.pgbench import Pgbench, PgbenchUnavailable, find_pgbench, pgbench_version
-from queuectl.bench.workers import PAYLOAD_CONTENTS, Backlog, WorkerSpec, payload_pool, run_worker
+from queuectl.bench.workers import PAYLOAD_CONTENTS, Backlog, WorkerSpec, payload_pool, run_worker, worker_main
 from queuectl.engine import make_engine, resolve_url
 from queuectl.engine.urls import mask_url
 from queuectl.errors import QueuectlError, UsageError
@@ -360,7 +360,8 @@ class BenchRun:
         slots = ctx.Array("q", len(specs), lock=False)
         producers = sum(1 for s in specs if s.role == "producer")
         procs = [
-            ctx.Process(target=target, args=(s, ready, go, stop, results, Backlog(slots, producers, limit, i)), daemon=True)
+            ctx.Process(target=worker_main, daemon=True,
+                        args=(target, os.getpid(), s, ready, go, stop, results, Backlog(slots, producers, limit, i)))
             for i, s in enumerate(specs)
         ]
         for p in procs:

@@ -112,6 +112,19 @@ def _json_like(rng: random.Random, size: int) -> bytes:
     return ("[" + ",".join(records) + "]").encode()[:size]
 
 
+def worker_main(target: Callable[..., None], bench: int, *args: Any) -> None:
+    """Every bench worker process's entry point: target(*args), ended as soon as the bench
+    process that started it (pid `bench`) is gone. A bench killed without its cleanup (SIGKILL, a cancelled CI job,
+    `timeout`) cannot stop its daemon workers; the fork server they were forked from ends with
+    it, so each worker is left to another parent, and would otherwise go on loading the
+    server at full speed under whatever runs next. The server rolls back a session whose
+    client is gone: nothing else to clean up."""
+    from queuectl.worker import exit_when_orphaned
+
+    exit_when_orphaned(bench, every=0.5)
+    target(*args)
+
+
 def run_worker(spec: WorkerSpec, ready: Any, go: Any, stop: Any, results: Any, backlog: Backlog) -> None:
     """Process entry point of the bench's producers and consumers (see run_loop)."""
     loop = _producer if spec.role == "producer" else _consumer

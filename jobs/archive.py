@@ -42,7 +42,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from queuectl.engine import adapter_for
-from queuectl.engine.urls import error_text
+from queuectl.engine.urls import error_text, sqlstate
 from queuectl.jobs.base import JobTarget, check_number, format_duration, lock_holders, sleep_unless_stopped
 from queuectl.names import DEFAULT_SCHEMA, QueueNames
 
@@ -317,14 +317,14 @@ class Rotator:
 
     def _lost_race(self, exc: DBAPIError) -> bool:
         """Another rotator copied the same rows first (or the two deadlocked)."""
-        if getattr(exc.orig, "sqlstate", None) in (DEADLOCK_DETECTED, UNIQUE_VIOLATION):
+        if sqlstate(exc) in (DEADLOCK_DETECTED, UNIQUE_VIOLATION):
             return True
         return self.target.sql_dir == "mssql" and adapter_for(self.engine).canceled(exc)
 
     def _lock_timed_out(self, exc: DBAPIError) -> bool:
         """The truncate gave up waiting for its slot's lock: lock_not_available on PostgreSQL,
         lock request time out (1222) or a lost deadlock on SQL Server (the adapter's canceled)."""
-        if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+        if sqlstate(exc) == LOCK_NOT_AVAILABLE:
             return True
         return self.target.sql_dir == "mssql" and adapter_for(self.engine).canceled(exc)
 
@@ -453,7 +453,7 @@ class Rotator:
                                         horizon=horizon)
                     break
                 except DBAPIError as exc:
-                    if horizon is not None and getattr(exc.orig, "sqlstate", None) == UNDEFINED_FUNCTION:
+                    if horizon is not None and sqlstate(exc) == UNDEFINED_FUNCTION:
                         # the queue was taken back below reliable_0017 while this job ran: its
                         # rot_empty takes no horizon, and looks every finished row up
                         log.warning("archive %s: rot_empty takes no horizon (the queue was downgraded?): "

@@ -40,7 +40,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
-from queuectl.engine.urls import error_text
+from queuectl.engine.urls import error_text, sqlstate
 from queuectl.jobs.base import JobTarget, check_number, lock_holders, sleep_unless_stopped
 from queuectl.kindspec import DESTRUCTIVE_KINDS
 from queuectl.names import DEFAULT_SCHEMA
@@ -199,7 +199,7 @@ class Compactor:
                 conn.commit()
             except DBAPIError as exc:
                 conn.rollback()
-                if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+                if sqlstate(exc) == LOCK_NOT_AVAILABLE:
                     return None
                 raise
         rows, seconds = compacted.split()
@@ -228,7 +228,7 @@ class Compactor:
             try:
                 done = self.compact(due)
             except DBAPIError as exc:
-                if getattr(exc.orig, "sqlstate", None) != TOO_MANY_ROWS:
+                if sqlstate(exc) != TOO_MANY_ROWS:
                     raise
                 result.skipped = error_text(exc)
                 return

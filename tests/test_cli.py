@@ -244,6 +244,39 @@ def _spawned_children(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
+def test_a_killed_demo_leaves_no_producer_or_consumer_running(db_url, engine):
+    """The demo killed without its cleanup (SIGKILL, a closed terminal's job killed): its
+    producers and consumers end within seconds instead of going on for the run's length."""
+    from queuectl.install import uninstall_queue
+
+    env = {**os.environ, "QUEUECTL_URL": db_url, "COLUMNS": "200"}
+    proc = subprocess.Popen([sys.executable, "-m", "queuectl.cli", "demo", "--seconds", "120"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(children) < 4:  # every worker started
+            assert time.monotonic() < deadline and proc.poll() is None, "the demo did not get going"
+            time.sleep(0.2)
+            children = _spawned_children(proc.pid)
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while (left := [p for p in children if Path(f"/proc/{p}").exists()
+                        and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]) \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left == [], f"demo workers still running after the demo was killed: {left}"
+    finally:
+        proc.kill()
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        uninstall_queue(engine, "queuectl_demo")  # the demo was killed before its own cleanup
+
+
 def test_demo_process_that_dies_stops_the_demo_in_one_line_and_it_cleans_up(db_url, engine):
     env = {**os.environ, "QUEUECTL_URL": db_url, "COLUMNS": "200"}
     proc = subprocess.Popen([sys.executable, "-m", "queuectl.cli", "demo", "--seconds", "120"], env=env,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 
 from queuectl import locks
@@ -57,3 +58,14 @@ def test_sessions_are_named_queuectl_unless_the_url_or_pgappname_names_them(engi
         assert _application_name(by_env) == "nightly-report"
     finally:
         by_env.dispose()
+
+
+def test_sqlstate_reads_the_server_code_of_a_wrapped_or_bare_driver_error(engine):
+    """The SQLSTATE the jobs and the adapter test an error by: on SQLAlchemy's wrapper and on
+    the driver's own error alike; None for an error that carries none."""
+    from queuectl.engine.urls import sqlstate
+
+    with engine.connect() as conn, pytest.raises(sa.exc.DBAPIError) as caught:
+        conn.exec_driver_sql("SELECT 1 / 0")
+    assert sqlstate(caught.value) == "22012" and sqlstate(caught.value.orig) == "22012"
+    assert sqlstate(ValueError("no server here")) is None

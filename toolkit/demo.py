@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import queue as queue_module
 import random
 import statistics
@@ -32,6 +33,7 @@ from queuectl.engine import make_engine, resolve_url
 from queuectl.engine.urls import error_text
 from queuectl.errors import QueuectlError, UsageError
 from queuectl.install import install_queue, uninstall_queue
+from queuectl.worker import exit_when_orphaned
 from queuectl.registry import get_queue
 from queuectl.stats import queue_counts
 
@@ -120,9 +122,11 @@ def _consumer(
     waits.put(samples)
 
 
-def _reporting(target: Callable[..., None], url: str, errors: mp.Queue, *args: object) -> None:
+def _reporting(target: Callable[..., None], parent: int, url: str, errors: mp.Queue, *args: object) -> None:
     """A demo process: runs `target`; a failure becomes one line (no password) on `errors`
-    and exit code 1, instead of a traceback on the user's terminal."""
+    and exit code 1, instead of a traceback on the user's terminal. It ends with the demo: a
+    demo killed without its cleanup leaves no producer or consumer running."""
+    exit_when_orphaned(parent)
     try:
         target(url, *args)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the demo itself says so
@@ -249,11 +253,13 @@ def _run(engine, url: str, queue: str, seconds: float, producers: int, consumers
     waits: mp.Queue = ctx.Queue()
     errors: mp.Queue = ctx.Queue()
     procs += [
-        ctx.Process(target=_reporting, args=(_producer, url, errors, queue, stop, enqueued, rate / producers, i, ready, go),
+        ctx.Process(target=_reporting,
+                    args=(_producer, os.getpid(), url, errors, queue, stop, enqueued, rate / producers, i, ready, go),
                     name=f"producer {i + 1}", daemon=True)
         for i in range(producers)
     ] + [
-        ctx.Process(target=_reporting, args=(_consumer, url, errors, queue, drain, completed, batch, waits, ready, go),
+        ctx.Process(target=_reporting,
+                    args=(_consumer, os.getpid(), url, errors, queue, drain, completed, batch, waits, ready, go),
                     name=f"consumer {i + 1}", daemon=True)
         for i in range(consumers)
     ]

@@ -507,23 +507,46 @@ class HandlerProcessDied(RuntimeError):
     the kernel's OOM killer): the failure of the item it was running."""
 
 
-ORPHAN_CHECK_S = 1.0  # how often a handler process checks that its worker is alive
+ORPHAN_CHECK_S = 1.0  # how often a child process checks that the process that started it is alive
 
 
-def _exit_when_orphaned(parent: int) -> None:
-    """A handler process's watch on its worker: when the worker is gone (SIGKILL, OOM), end
-    at once, whatever the handler is doing. Its item was the dead worker's: it comes back
-    when its lease expires, and nobody is left to record its outcome."""
-    while os.getppid() == parent:
-        time.sleep(ORPHAN_CHECK_S)
-    os._exit(1)
+def exit_when_orphaned(parent: int, every: float = ORPHAN_CHECK_S) -> None:
+    """Start a watch, in a child process, that ends the process at once when `parent` (the
+    process that started it, its pid taken there: a child that read its parent's pid itself
+    could read it after the parent died) is gone (SIGKILL, OOM, a cancelled job), or lingers
+    unreaped: its children cannot be stopped by it any more and would go on working for
+    nobody. Its users: a handler process (its item was the dead worker's: it comes back when
+    its lease expires, and nobody is left to record its outcome), the demo's and the bench's
+    producers and consumers (they would go on loading the server)."""
+
+    def watch() -> None:
+        while _running(parent):
+            time.sleep(every)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="queuectl-orphan-watch", daemon=True).start()
+
+
+def _running(pid: int) -> bool:
+    """The process is there and not a zombie (one that has exited, waiting to be reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # there, under another user
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):  # no /proc: being there is all there is to know
+        return True
 
 
 def _serve_handler(handler: Handler, conn: mp_connection.Connection, parent: int) -> None:
     """A handler process's body: run the handler on each item received, reply with its error
     text (None on success), until the parent closes the pipe or dies."""
     _ignore_signals()
-    threading.Thread(target=_exit_when_orphaned, args=(parent,), name="queuectl-orphan-watch", daemon=True).start()
+    exit_when_orphaned(parent)
     while True:
         try:
             message = conn.recv()

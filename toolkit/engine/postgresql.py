@@ -23,7 +23,7 @@ from queuectl.engine.base import (
     Adapter, AdviceWords, Fmt, IndexMeasure, IndexUpkeep, Leftover, ServerAbilities, Target, Thresholds, num,
     statements_watched, through_sqlalchemy,
 )
-from queuectl.engine.urls import error_text, first_line
+from queuectl.engine.urls import error_text, first_line, sqlstate
 from queuectl.errors import QueuectlError
 from queuectl.names import quote_ident
 from queuectl.sqlfiles import split_statements
@@ -210,14 +210,14 @@ class PostgresAdapter(Adapter):
         """The server's message when an enqueue refused an oversized payload (reliable_0003:
         SQLSTATE QC413), else None."""
         orig = exc.orig
-        if getattr(orig, "sqlstate", None) != "QC413":
+        if sqlstate(exc) != "QC413":
             return None
         diag = getattr(orig, "diag", None)
         return getattr(diag, "message_primary", None) or first_line(orig)
 
     def canceled(self, exc: DBAPIError) -> bool:
         """The server canceled the statement (a timeout, a deadlock): it rolled back whole."""
-        return getattr(exc.orig, "sqlstate", None) in self._CANCELED
+        return sqlstate(exc) in self._CANCELED
 
     # undefined table or column: a call that started on the queue's old objects while
     # an upgrade or downgrade replaced them (reliable_0012 drops and renames what the earlier
@@ -225,7 +225,7 @@ class PostgresAdapter(Adapter):
     _SCHEMA_CHANGED = ("42P01", "42703")
 
     def schema_changed(self, exc: DBAPIError) -> bool:
-        state = getattr(exc.orig, "sqlstate", None)
+        state = sqlstate(exc)
         if state == "23514":  # an earlier body's insert into the partitioned meta table, without its slot
             diag = getattr(exc.orig, "diag", None)
             return (getattr(diag, "message_primary", None) or "").startswith("no partition of relation")
@@ -235,7 +235,7 @@ class PostgresAdapter(Adapter):
         """The server's message when a queue's call refused a REPEATABLE READ or SERIALIZABLE
         transaction (SQLSTATE QC400: reliable_0012, ring_0008, watermark_0005), else None."""
         orig = exc.orig
-        if getattr(orig, "sqlstate", None) != "QC400":
+        if sqlstate(exc) != "QC400":
             return None
         diag = getattr(orig, "diag", None)
         return getattr(diag, "message_primary", None) or first_line(orig)

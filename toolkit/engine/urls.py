@@ -148,6 +148,13 @@ def with_password_file(url: URL) -> URL:
     return url.set(password=password)
 
 
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a PostgreSQL error: psycopg's, on the driver error SQLAlchemy wraps
+    (`exc.orig`) or on the driver error itself; None for other errors (pyodbc's keep theirs in
+    their arguments: the SQL Server adapter reads those)."""
+    return getattr(getattr(exc, "orig", exc), "sqlstate", None)
+
+
 def first_line(exc: BaseException | None) -> str:
     text = str(exc or "").strip()
     return text.splitlines()[0] if text else type(exc).__name__
