@@ -457,7 +457,7 @@ def test_an_option_the_scenario_does_not_read_is_a_one_line_usage_error(db_url: 
     cases = (
         (("--scenario", "ring", "--sizes", "300"), "--sizes is not used by scenario 'ring' (it is read by: cost, split)"),
         (("--scenario", "split", "--payload-bytes", "4096"),
-         "--payload-bytes is not used by scenario 'split' (it is read by: consumers, cost, fanout, kinds, peers, ring, sustained; the split's payload sizes are --sizes)"),
+         "--payload-bytes is not used by scenario 'split' (it is read by: archive, consumers, cost, fanout, kinds, peers, ring, sustained; the split's payload sizes are --sizes)"),
         (("--scenario", "ghosts", "--seconds", "3"), "--seconds is not used by scenario 'ghosts'"),
         (("--scenario", "peers", "--kind", "fifo"), "--kind is not used by scenario 'peers' (it is read by: consumers, cost, kinds, sustained)"),
         (("--items", "500"), "--items is not used by scenario 'kinds' (it is read by: cost, fanout)"),
