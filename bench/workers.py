@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from queuectl.names import QueueNames
-from queuectl.worker import IN_FLIGHT_FIRST_WAIT, Gather, PollBackoff, SeatTimes
+from queuectl.worker import IN_FLIGHT_FIRST_WAIT, Gather, PollBackoff, SeatTimes, exit_when_orphaned
 
 STAMP = struct.Struct("<d")
 WARMUP_CALLS = 6
@@ -114,13 +114,11 @@ def _json_like(rng: random.Random, size: int) -> bytes:
 
 def worker_main(target: Callable[..., None], bench: int, *args: Any) -> None:
     """Every bench worker process's entry point: target(*args), ended as soon as the bench
-    process that started it (pid `bench`) is gone. A bench killed without its cleanup (SIGKILL, a cancelled CI job,
-    `timeout`) cannot stop its daemon workers; the fork server they were forked from ends with
-    it, so each worker is left to another parent, and would otherwise go on loading the
-    server at full speed under whatever runs next. The server rolls back a session whose
-    client is gone: nothing else to clean up."""
-    from queuectl.worker import exit_when_orphaned
-
+    process that started it (pid `bench`) is gone. A bench killed without its cleanup
+    (SIGKILL, a cancelled CI job, `timeout`) cannot stop its daemon workers; the fork server
+    they were forked from ends with it, so each worker is left to another parent, and would
+    otherwise go on loading the server at full speed under whatever runs next. The server
+    rolls back a session whose client is gone: nothing else to clean up."""
     exit_when_orphaned(bench, every=0.5)
     target(*args)
 

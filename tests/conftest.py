@@ -173,6 +173,14 @@ def orders(engine: Engine) -> Iterator[Queue]:
     queue.close()
 
 
+def process_alive(pid: int) -> bool:
+    """The process is there and has not exited (a zombie, exited but not reaped, counts as gone)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def run_cli(
     *args: str,
     url: str | None = None,

@@ -22,7 +22,7 @@ from queuectl.engine import make_engine
 from queuectl.registry import get_queue, list_queues
 from queuectl.stats import queue_counts
 
-from conftest import run_cli
+from conftest import process_alive, run_cli
 from test_install import psql_command, schema_objects
 
 BAD_NAMES = ["Orders", "a-b", "x; drop table t", "a" * 60, "1abc", "", "ordérs", 'o"rders', "alembic"]
@@ -262,9 +262,7 @@ def test_a_killed_demo_leaves_no_producer_or_consumer_running(db_url, engine):
         proc.kill()
         proc.wait(timeout=10)
         deadline = time.monotonic() + 15
-        while (left := [p for p in children if Path(f"/proc/{p}").exists()
-                        and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]) \
-                and time.monotonic() < deadline:
+        while (left := [p for p in children if process_alive(p)]) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert left == [], f"demo workers still running after the demo was killed: {left}"
     finally:

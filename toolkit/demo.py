@@ -33,9 +33,9 @@ from queuectl.engine import make_engine, resolve_url
 from queuectl.engine.urls import error_text
 from queuectl.errors import QueuectlError, UsageError
 from queuectl.install import install_queue, uninstall_queue
-from queuectl.worker import exit_when_orphaned
 from queuectl.registry import get_queue
 from queuectl.stats import queue_counts
+from queuectl.worker import exit_when_orphaned
 
 DEMO_QUEUE = "queuectl_demo"
 PRODUCER_BATCH = 20
